@@ -60,13 +60,13 @@ struct RopeArgs {
 };
 
 //! Paged KV layout of one layer: cache[block][slot][kv_dim], kv_dim = n_kv_heads * head_dim.
-//! Token t of sequence s at position p lives in block block_tables[s * max_blocks + p / block_size],
-//! slot p % block_size.
+//! Token t of sequence s at position p lives in block block_tables[s * max_blocks + p /
+//! block_size], slot p % block_size.
 struct PagedKv {
-  float* k = nullptr;                    //!< [num_blocks, block_size, kv_dim]
-  float* v = nullptr;                    //!< [num_blocks, block_size, kv_dim]
+  float* k = nullptr;                     //!< [num_blocks, block_size, kv_dim]
+  float* v = nullptr;                     //!< [num_blocks, block_size, kv_dim]
   const int32_t* block_tables = nullptr;  //!< [n_seqs, max_blocks]
-  int64_t max_blocks = 0;                //!< row stride of block_tables
+  int64_t max_blocks = 0;                 //!< row stride of block_tables
   int64_t block_size = 0;
   int64_t kv_dim = 0;
 };
@@ -92,9 +92,9 @@ struct AttentionArgs {
   const int32_t* pos = nullptr;        //!< [n_tokens]
   int64_t n_tokens = 0;
   int64_t n_heads = 0;
-  int64_t n_kv_heads = 0;              //!< n_heads % n_kv_heads == 0 (GQA)
+  int64_t n_kv_heads = 0;  //!< n_heads % n_kv_heads == 0 (GQA)
   int64_t head_dim = 0;
-  float scale = 1.0f;                  //!< usually 1/sqrt(head_dim)
+  float scale = 1.0f;  //!< usually 1/sqrt(head_dim)
 };
 
 //! out[t, i] = silu(gate[t, i]) * up[t, i], silu(x) = x / (1 + exp(-x)).
@@ -108,9 +108,9 @@ struct SwiGluArgs {
 
 //! out[t, :] = table[ids[t], :] as f32. ids must be in [0, table.rows) (checked by the caller).
 struct EmbeddingArgs {
-  WeightView table;               //!< [vocab, dim]
-  const int32_t* ids = nullptr;   //!< [n_tokens]
-  float* out = nullptr;           //!< [n_tokens, dim]
+  WeightView table;              //!< [vocab, dim]
+  const int32_t* ids = nullptr;  //!< [n_tokens]
+  float* out = nullptr;          //!< [n_tokens, dim]
   int64_t n_tokens = 0;
 };
 

@@ -32,12 +32,12 @@ uint16_t F32ToF16(float f) {
   std::memcpy(&bits, &f, sizeof bits);
   const uint16_t sign = static_cast<uint16_t>((bits >> 16) & 0x8000u);
   const uint32_t abs = bits & 0x7fffffffu;
-  if (abs > 0x7f800000u) return sign | 0x7e00u;             // NaN
-  if (abs >= 0x477ff000u) return sign | 0x7c00u;            // overflow (incl. inf) -> inf
-  if (abs < 0x38800000u) {                                   // subnormal or zero in f16
+  if (abs > 0x7f800000u) return sign | 0x7e00u;   // NaN
+  if (abs >= 0x477ff000u) return sign | 0x7c00u;  // overflow (incl. inf) -> inf
+  if (abs < 0x38800000u) {                        // subnormal or zero in f16
     float a;
     std::memcpy(&a, &abs, sizeof a);
-    const float scaled = a * 16777216.0f;                    // 2^24: units of the f16 subnormal
+    const float scaled = a * 16777216.0f;  // 2^24: units of the f16 subnormal
     return sign | static_cast<uint16_t>(std::nearbyint(scaled));
   }
   // Normal: round to nearest even on the 13 dropped mantissa bits.

@@ -1,0 +1,67 @@
+#include "kernels/cpu/matmul.h"
+
+#include <algorithm>
+#include <cstdint>
+
+#include "absl/strings/string_view.h"
+#include "common/util/status_macros.h"
+#include "kernels/cpu/validate.h"
+
+namespace specd::kernels::cpu {
+namespace {
+
+static_assert(static_cast<int>(WeightType::kF32) == static_cast<int>(DType::kF32));
+static_assert(static_cast<int>(WeightType::kF16) == static_cast<int>(DType::kF16));
+static_assert(static_cast<int>(WeightType::kBF16) == static_cast<int>(DType::kBF16));
+
+// A chunk should carry enough multiply-adds to hide the cost of handing it out, and there
+// should be a few chunks per thread so a descheduled thread's share is picked up by others.
+constexpr int64_t kMinMacsPerChunk = 64 * 1024;
+constexpr int64_t kChunksPerThread = 4;
+constexpr int64_t kRowAlign = 16;
+
+int64_t RowGrain(int64_t rows, int64_t cols, int64_t n_tokens, int threads) {
+  const int64_t balanced = (rows + threads * kChunksPerThread - 1) / (threads * kChunksPerThread);
+  const int64_t min_rows = (kMinMacsPerChunk + cols * n_tokens - 1) / (cols * n_tokens);
+  const int64_t grain = std::max(balanced, min_rows);
+  return (grain + kRowAlign - 1) / kRowAlign * kRowAlign;
+}
+
+}  // namespace
+
+absl::Status CpuMatmul(const MatmulArgs& args, const CpuContext& ctx) {
+  constexpr absl::string_view kOp = "Matmul";
+  SPECD_RETURN_IF_ERROR(CheckDType(kOp, "w.dtype", args.w.dtype));
+  SPECD_RETURN_IF_ERROR(CheckPositive(kOp, "w.rows", args.w.rows));
+  SPECD_RETURN_IF_ERROR(CheckPositive(kOp, "w.cols", args.w.cols));
+  SPECD_RETURN_IF_ERROR(CheckNonNegative(kOp, "n_tokens", args.n_tokens));
+  SPECD_RETURN_IF_ERROR(CheckElementCount(kOp, "w.rows x w.cols", args.w.rows, args.w.cols));
+  SPECD_RETURN_IF_ERROR(CheckElementCount(kOp, "n_tokens x w.cols", args.n_tokens, args.w.cols));
+  SPECD_RETURN_IF_ERROR(CheckElementCount(kOp, "n_tokens x w.rows", args.n_tokens, args.w.rows));
+  if (args.n_tokens == 0) return absl::OkStatus();
+  SPECD_RETURN_IF_ERROR(CheckNotNull(kOp, "x", args.x));
+  SPECD_RETURN_IF_ERROR(CheckNotNull(kOp, "w.data", args.w.data));
+  SPECD_RETURN_IF_ERROR(CheckNotNull(kOp, "y", args.y));
+  const int64_t y_bytes = args.n_tokens * args.w.rows * 4;
+  SPECD_RETURN_IF_ERROR(
+      CheckNoOverlap(kOp, "y", args.y, y_bytes, "x", args.x, args.n_tokens * args.w.cols * 4));
+  SPECD_RETURN_IF_ERROR(CheckNoOverlap(kOp, "y", args.y, y_bytes, "w.data", args.w.data,
+                                       args.w.rows * args.w.cols * DTypeSize(args.w.dtype)));
+
+  const MatmulTask task{
+      .x = args.x,
+      .w = args.w.data,
+      .wtype = static_cast<WeightType>(args.w.dtype),
+      .y = args.y,
+      .n_tokens = args.n_tokens,
+      .rows = args.w.rows,
+      .cols = args.w.cols,
+  };
+  const SimdOps& ops = *ctx.ops;
+  ctx.pool->ParallelFor(task.rows,
+                        RowGrain(task.rows, task.cols, task.n_tokens, ctx.pool->num_threads()),
+                        [&](int64_t begin, int64_t end) { ops.matmul_rows(task, begin, end); });
+  return absl::OkStatus();
+}
+
+}  // namespace specd::kernels::cpu

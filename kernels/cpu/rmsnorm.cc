@@ -1,0 +1,47 @@
+#include "kernels/cpu/rmsnorm.h"
+
+#include <cmath>
+#include <cstdint>
+
+#include "absl/strings/string_view.h"
+#include "common/util/status_macros.h"
+#include "kernels/cpu/validate.h"
+
+namespace specd::kernels::cpu {
+namespace {
+
+// Rows are cheap; only a batch this big is worth waking the other threads for.
+constexpr int64_t kMinElementsPerChunk = 32 * 1024;
+
+}  // namespace
+
+absl::Status CpuRmsNorm(const RmsNormArgs& args, const CpuContext& ctx) {
+  constexpr absl::string_view kOp = "RmsNorm";
+  SPECD_RETURN_IF_ERROR(CheckPositive(kOp, "dim", args.dim));
+  SPECD_RETURN_IF_ERROR(CheckNonNegative(kOp, "n_tokens", args.n_tokens));
+  SPECD_RETURN_IF_ERROR(CheckElementCount(kOp, "n_tokens x dim", args.n_tokens, args.dim));
+  if (!(args.eps >= 0.0f) || !std::isfinite(args.eps)) {
+    return absl::InvalidArgumentError("RmsNorm: eps must be finite and >= 0");
+  }
+  if (args.n_tokens == 0) return absl::OkStatus();
+  SPECD_RETURN_IF_ERROR(CheckNotNull(kOp, "x", args.x));
+  SPECD_RETURN_IF_ERROR(CheckNotNull(kOp, "weight", args.weight));
+  SPECD_RETURN_IF_ERROR(CheckNotNull(kOp, "y", args.y));
+
+  const SimdOps& ops = *ctx.ops;
+  const int64_t dim = args.dim;
+  const auto rows = [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const float* x = args.x + t * dim;
+      float* y = args.y + t * dim;
+      const float mean_sq = ops.dot(x, x, dim) / static_cast<float>(dim);
+      const float r = 1.0f / std::sqrt(mean_sq + args.eps);
+      for (int64_t i = 0; i < dim; ++i) y[i] = (x[i] * r) * args.weight[i];
+    }
+  };
+  const int64_t grain = (kMinElementsPerChunk + dim - 1) / dim;
+  ctx.pool->ParallelFor(args.n_tokens, grain, rows);
+  return absl::OkStatus();
+}
+
+}  // namespace specd::kernels::cpu

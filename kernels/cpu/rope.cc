@@ -1,0 +1,66 @@
+#include "kernels/cpu/rope.h"
+
+#include <cmath>
+#include <cstdint>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "common/util/status_macros.h"
+#include "kernels/cpu/validate.h"
+
+namespace specd::kernels::cpu {
+namespace {
+
+constexpr int64_t kMinElementsPerChunk = 32 * 1024;
+
+}  // namespace
+
+absl::Status CpuRope(const RopeArgs& args, const CpuContext& ctx) {
+  constexpr absl::string_view kOp = "Rope";
+  SPECD_RETURN_IF_ERROR(CheckPositive(kOp, "n_heads", args.n_heads));
+  SPECD_RETURN_IF_ERROR(CheckPositive(kOp, "head_dim", args.head_dim));
+  if (args.head_dim % 2 != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Rope: head_dim must be even, got ", args.head_dim));
+  }
+  SPECD_RETURN_IF_ERROR(CheckNonNegative(kOp, "n_tokens", args.n_tokens));
+  SPECD_RETURN_IF_ERROR(CheckElementCount(kOp, "n_heads x head_dim", args.n_heads, args.head_dim));
+  const int64_t width = args.n_heads * args.head_dim;
+  SPECD_RETURN_IF_ERROR(
+      CheckElementCount(kOp, "n_tokens x n_heads x head_dim", args.n_tokens, width));
+  if (args.n_tokens == 0) return absl::OkStatus();
+  SPECD_RETURN_IF_ERROR(CheckNotNull(kOp, "x", args.x));
+  SPECD_RETURN_IF_ERROR(CheckNotNull(kOp, "pos", args.pos));
+  SPECD_RETURN_IF_ERROR(CheckNotNull(kOp, "inv_freq", args.inv_freq));
+  for (int64_t t = 0; t < args.n_tokens; ++t) {
+    if (args.pos[t] < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("Rope: pos[", t, "] must be >= 0, got ", args.pos[t]));
+    }
+  }
+
+  const int64_t half = args.head_dim / 2;
+  const auto tokens = [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      float* x = args.x + t * width;
+      const float p = static_cast<float>(args.pos[t]);
+      for (int64_t i = 0; i < half; ++i) {
+        const float angle = p * args.inv_freq[i];
+        const float c = static_cast<float>(std::cos(static_cast<double>(angle)));
+        const float s = static_cast<float>(std::sin(static_cast<double>(angle)));
+        for (int64_t h = 0; h < args.n_heads; ++h) {
+          float* head = x + h * args.head_dim;
+          const float x0 = head[i];
+          const float x1 = head[i + half];
+          head[i] = x0 * c - x1 * s;
+          head[i + half] = x1 * c + x0 * s;
+        }
+      }
+    }
+  };
+  const int64_t grain = (kMinElementsPerChunk + width - 1) / width;
+  ctx.pool->ParallelFor(args.n_tokens, grain, tokens);
+  return absl::OkStatus();
+}
+
+}  // namespace specd::kernels::cpu

@@ -1,0 +1,40 @@
+// Cheap argument checks shared by the CPU ops. Each returns INVALID_ARGUMENT with a message that
+// names the op and the field, e.g. "Matmul: w.cols must be > 0, got 0".
+#ifndef SPECD_KERNELS_CPU_VALIDATE_H_
+#define SPECD_KERNELS_CPU_VALIDATE_H_
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+#include "kernels/backend.h"
+#include "kernels/dtype.h"
+
+namespace specd::kernels::cpu {
+
+absl::Status CheckNotNull(absl::string_view op, absl::string_view field, const void* p);
+absl::Status CheckPositive(absl::string_view op, absl::string_view field, int64_t value);
+absl::Status CheckNonNegative(absl::string_view op, absl::string_view field, int64_t value);
+absl::Status CheckDType(absl::string_view op, absl::string_view field, DType dtype);
+
+// a * b elements must stay far below the int64 range, so offsets never overflow.
+absl::Status CheckElementCount(absl::string_view op, absl::string_view what, int64_t a, int64_t b);
+
+// Fails when the byte ranges [a, a + a_bytes) and [b, b + b_bytes) overlap.
+absl::Status CheckNoOverlap(absl::string_view op, absl::string_view a_name, const void* a,
+                            int64_t a_bytes, absl::string_view b_name, const void* b,
+                            int64_t b_bytes);
+
+// The PagedKv fields an op reads (named "cache.<field>" in messages): both caches and the block
+// table non-null, the sizes positive.
+absl::Status CheckPagedKv(absl::string_view op, const PagedKv& cache);
+
+// Token t of a paged op: its row of block_tables and its position are in range, and every block
+// that holds positions [0, pos] (all of them when `whole_prefix`, else only the block of pos) is
+// a valid (non-negative) block id.
+absl::Status CheckTokenInCache(absl::string_view op, const PagedKv& cache, const int32_t* token_seq,
+                               const int32_t* pos, int64_t t, bool whole_prefix);
+
+}  // namespace specd::kernels::cpu
+
+#endif  // SPECD_KERNELS_CPU_VALIDATE_H_
