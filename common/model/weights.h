@@ -16,22 +16,22 @@
 namespace specd {
 
 struct LayerWeights {
-  kernels::WeightView wq;      // [q_dim, hidden]
-  kernels::WeightView wk;      // [kv_dim, hidden]
-  kernels::WeightView wv;      // [kv_dim, hidden]
-  kernels::WeightView wo;      // [hidden, q_dim]
-  kernels::WeightView w_gate;  // [intermediate, hidden]
-  kernels::WeightView w_up;    // [intermediate, hidden]
-  kernels::WeightView w_down;  // [hidden, intermediate]
+  kernels::WeightView wq;        // [q_dim, hidden]
+  kernels::WeightView wk;        // [kv_dim, hidden]
+  kernels::WeightView wv;        // [kv_dim, hidden]
+  kernels::WeightView wo;        // [hidden, q_dim]
+  kernels::WeightView w_gate;    // [intermediate, hidden]
+  kernels::WeightView w_up;      // [intermediate, hidden]
+  kernels::WeightView w_down;    // [hidden, intermediate]
   std::vector<float> attn_norm;  // [hidden], converted to f32 at load (tiny)
   std::vector<float> ffn_norm;   // [hidden]
 };
 
 struct ModelWeights {
-  ModelConfig config;               // num_layers reflects exit_layer when set
-  kernels::WeightView embed;        // [vocab, hidden]
-  kernels::WeightView lm_head;      // [vocab, hidden]; == embed when tied
-  std::vector<float> final_norm;    // [hidden]
+  ModelConfig config;             // num_layers reflects exit_layer when set
+  kernels::WeightView embed;      // [vocab, hidden]
+  kernels::WeightView lm_head;    // [vocab, hidden]; == embed when tied
+  std::vector<float> final_norm;  // [hidden]
   std::vector<LayerWeights> layers;
   std::unique_ptr<Checkpoint> checkpoint;  // owns the mapped memory the views point into
 };
