@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "absl/memory/memory.h"
 #include "absl/strings/str_cat.h"
 
 namespace specd {
@@ -10,25 +11,26 @@ namespace {
 // Block ids are int32 in block tables; stay well inside that and inside host memory for tables.
 constexpr int64_t kMaxBlocks = int64_t{1} << 30;
 
-int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+// a / b rounded up, without the overflow of (a + b - 1) / b near INT64_MAX.
+int64_t CeilDiv(int64_t a, int64_t b) { return a / b + (a % b != 0); }
 
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<KvPool>> KvPool::Create(const KvPoolConfig& config) {
   if (config.num_blocks <= 0 || config.num_blocks > kMaxBlocks) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("KV pool: num_blocks must be in [1, ", kMaxBlocks, "], got ",
-                     config.num_blocks));
+    return absl::InvalidArgumentError(absl::StrCat("KV pool: num_blocks must be in [1, ",
+                                                   kMaxBlocks, "], got ", config.num_blocks));
   }
   if (config.block_size <= 0 || config.block_size > 4096) {
     return absl::InvalidArgumentError(
         absl::StrCat("KV pool: block_size must be in [1, 4096], got ", config.block_size));
   }
   if (config.max_blocks_per_seq <= 0 || config.max_blocks_per_seq > kMaxBlocks) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "KV pool: max_blocks_per_seq must be positive, got ", config.max_blocks_per_seq));
+    return absl::InvalidArgumentError(absl::StrCat("KV pool: max_blocks_per_seq must be in [1, ",
+                                                   kMaxBlocks, "], got ",
+                                                   config.max_blocks_per_seq));
   }
-  return std::unique_ptr<KvPool>(new KvPool(config));
+  return absl::WrapUnique(new KvPool(config));
 }
 
 KvPool::KvPool(const KvPoolConfig& config) : config_(config) {

@@ -16,8 +16,8 @@ namespace specd {
 
 struct KvPoolConfig {
   int64_t num_blocks = 0;
-  int64_t block_size = 16;          // tokens per block
-  int64_t max_blocks_per_seq = 0;   // ceil(max_seq_len / block_size)
+  int64_t block_size = 16;         // tokens per block
+  int64_t max_blocks_per_seq = 0;  // ceil(max_seq_len / block_size)
 };
 
 class KvPool {

@@ -1,0 +1,30 @@
+// Per-request sampling parameters, with the ranges vLLM and the OpenAI API accept.
+#ifndef SPECD_COMMON_SAMPLING_PARAMS_H_
+#define SPECD_COMMON_SAMPLING_PARAMS_H_
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+
+namespace specd {
+
+struct SamplingParams {
+  float temperature = 1.0f;         // 0 = greedy
+  int32_t top_k = 0;                // 0 = disabled; >= vocab size keeps everything
+  float top_p = 1.0f;               // (0, 1]; 1 = disabled
+  float min_p = 0.0f;               // [0, 1]; 0 = disabled
+  float repetition_penalty = 1.0f;  // > 0; 1 = off. Over prompt + output.
+  float presence_penalty = 0.0f;    // [-2, 2] like OpenAI/vLLM. Over output only.
+  float frequency_penalty = 0.0f;   // [-2, 2]. Over output only.
+
+  bool greedy() const { return temperature == 0.0f; }
+};
+
+// OK, or INVALID_ARGUMENT naming the first bad field and its value, e.g.
+// "temperature must be >= 0, got -1". NaN and infinities are rejected everywhere; vocab_size
+// must be in [1, 2^31 - 1] because token ids are int32.
+absl::Status ValidateSamplingParams(const SamplingParams& p, int64_t vocab_size);
+
+}  // namespace specd
+
+#endif  // SPECD_COMMON_SAMPLING_PARAMS_H_
