@@ -50,12 +50,12 @@ class ScopedTempDir {
 }  // namespace specd::testing
 
 // Skips the current test, with a message saying why, when ../shared is absent.
-#define SPECD_REQUIRE_SHARED_DIR(var)                                                        \
-  const auto var##_opt = ::specd::testing::SharedDir();                                      \
-  if (!var##_opt) {                                                                          \
+#define SPECD_REQUIRE_SHARED_DIR(var)                                                         \
+  const auto var##_opt = ::specd::testing::SharedDir();                                       \
+  if (!var##_opt) {                                                                           \
     GTEST_SKIP() << "SPECD_SHARED_DIR is not set or missing; the shared golden data is only " \
-                    "in the project's checkout (CI sets it)";                                \
-  }                                                                                          \
+                    "in the project's checkout (CI sets it)";                                 \
+  }                                                                                           \
   const std::filesystem::path var = *var##_opt
 
 #endif  // SPECD_TESTS_TEST_UTIL_H_

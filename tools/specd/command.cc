@@ -2,9 +2,9 @@
 
 #include <iostream>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/match.h"
 
 namespace specd::cli {
 
@@ -44,7 +44,9 @@ absl::StatusOr<Args> Args::Parse(const std::vector<std::string>& argv,
       continue;
     }
     if (!has_value) {
-      if (i + 1 >= argv.size()) {
+      // "--server --prompt x" is a forgotten value, not a server named "--prompt"; a value that
+      // really starts with "--" can be given as --name=--value.
+      if (i + 1 >= argv.size() || absl::StartsWith(argv[i + 1], "--")) {
         return absl::InvalidArgumentError(absl::StrCat("--", name, " needs a value"));
       }
       value = argv[++i];
@@ -70,7 +72,7 @@ absl::StatusOr<int64_t> Args::GetInt(std::string_view name) const {
   int64_t v = 0;
   if (!absl::SimpleAtoi(Get(name), &v)) {
     return absl::InvalidArgumentError(
-        absl::StrCat("--", name, " must be an integer, got '", Get(name), "'"));
+        absl::StrCat("--", std::string(name), " must be an integer, got '", Get(name), "'"));
   }
   return v;
 }
@@ -79,7 +81,7 @@ absl::StatusOr<double> Args::GetDouble(std::string_view name) const {
   double v = 0;
   if (!absl::SimpleAtod(Get(name), &v)) {
     return absl::InvalidArgumentError(
-        absl::StrCat("--", name, " must be a number, got '", Get(name), "'"));
+        absl::StrCat("--", std::string(name), " must be a number, got '", Get(name), "'"));
   }
   return v;
 }
@@ -112,7 +114,8 @@ std::optional<Args> ParseOrExit(std::string_view command, std::string_view summa
                                 const std::vector<Args::Flag>& flags, int* exit_code) {
   for (const std::string& a : argv) {
     if (a == "--help" || a == "-h") {
-      std::cout << "usage: specd " << command << " [flags]\n" << summary << "\n\n"
+      std::cout << "usage: specd " << command << " [flags]\n"
+                << summary << "\n\n"
                 << Args::Usage(flags);
       *exit_code = 0;
       return std::nullopt;

@@ -1,0 +1,135 @@
+// A sequence's logits are bit-identical whether it feeds its tokens one at a time, K+1 at once or
+// in a batch with other sequences of different lengths, and whatever the thread count. This is
+// what makes greedy speculative decoding token-for-token identical to plain decoding.
+#include <cstring>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "tests/common/engine/engine_test_util.h"
+#include "tests/test_util.h"
+
+namespace specd {
+namespace {
+
+using testing::ScopedTempDir;
+
+std::vector<int32_t> Tokens(int n, int salt, int vocab) {
+  std::vector<int32_t> t;
+  for (int i = 0; i < n; ++i) t.push_back((i * 131 + salt * 17 + 3) % vocab);
+  return t;
+}
+
+// Logits of every position of `tokens`, fed in chunks of the given sizes (cycled).
+std::vector<float> FeedInChunks(LlamaEngine& engine, KvPool::SeqId seq,
+                                const std::vector<int32_t>& tokens,
+                                const std::vector<int>& chunks) {
+  EXPECT_TRUE(engine.AddSequence(seq).ok());
+  std::vector<float> all;
+  size_t pos = 0;
+  for (size_t c = 0; pos < tokens.size(); ++c) {
+    const size_t n = std::min<size_t>(chunks[c % chunks.size()], tokens.size() - pos);
+    SequenceInput in;
+    in.seq = seq;
+    in.tokens = std::span<const int32_t>(tokens).subspan(pos, n);
+    in.start_pos = static_cast<int64_t>(pos);
+    for (size_t i = 0; i < n; ++i) in.logit_indices.push_back(static_cast<int32_t>(i));
+    absl::StatusOr<ForwardResult> out = engine.Forward(std::span<const SequenceInput>(&in, 1));
+    EXPECT_TRUE(out.ok()) << out.status();
+    if (!out.ok()) return {};
+    all.insert(all.end(), out->logits.begin(), out->logits.end());
+    pos += n;
+  }
+  EXPECT_TRUE(engine.Release(seq).ok());
+  return all;
+}
+
+class BatchInvarianceTest : public ::testing::TestWithParam<kernels::DType> {
+ protected:
+  void SetUp() override {
+    SynthSpec spec;
+    spec.config = testing::SmallConfig();
+    spec.config.num_layers = 2;
+    spec.dtype = GetParam();
+    spec.residual_scale = 0.7;
+    testing::WriteSynth(spec, tmp_.path());
+    vocab_ = static_cast<int>(spec.config.vocab_size);
+  }
+  ScopedTempDir tmp_;
+  int vocab_ = 0;
+};
+
+TEST_P(BatchInvarianceTest, ChunkingAndThreadsDoNotChangeBits) {
+  auto one = testing::MakeEngine(tmp_.path(), 1);
+  auto two = testing::MakeEngine(tmp_.path(), 2);
+  ASSERT_NE(one, nullptr);
+  ASSERT_NE(two, nullptr);
+  const std::vector<int32_t> tokens = Tokens(45, 1, vocab_);
+  const std::vector<float> whole = FeedInChunks(*one, 1, tokens, {45});
+  const std::vector<float> single = FeedInChunks(*one, 2, tokens, {1});
+  const std::vector<float> verify_like = FeedInChunks(*one, 3, tokens, {5, 1, 3, 9});
+  const std::vector<float> threaded = FeedInChunks(*two, 4, tokens, {7, 2});
+  ASSERT_EQ(whole.size(), tokens.size() * static_cast<size_t>(vocab_));
+  for (const auto* other : {&single, &verify_like, &threaded}) {
+    ASSERT_EQ(other->size(), whole.size());
+    EXPECT_EQ(std::memcmp(other->data(), whole.data(), whole.size() * sizeof(float)), 0);
+  }
+}
+
+TEST_P(BatchInvarianceTest, OtherSequencesInTheBatchDoNotChangeBits) {
+  auto engine = testing::MakeEngine(tmp_.path(), 2);
+  ASSERT_NE(engine, nullptr);
+  const std::vector<int32_t> a = Tokens(30, 1, vocab_);
+  const std::vector<float> alone = FeedInChunks(*engine, 10, a, {30});
+
+  // Now `a` is fed 6 tokens at a time (like K = 5 verification) next to three sequences with
+  // different lengths and prompt sizes, in varying batch positions.
+  const std::vector<std::vector<int32_t>> others = {Tokens(50, 2, vocab_), Tokens(7, 3, vocab_),
+                                                    Tokens(64, 4, vocab_)};
+  for (KvPool::SeqId s = 20; s <= 23; ++s) ASSERT_TRUE(engine->AddSequence(s).ok());
+  std::vector<size_t> done(4, 0);
+  std::vector<float> batched;
+  for (int round = 0; done[0] < a.size(); ++round) {
+    std::vector<SequenceInput> batch;
+    std::vector<size_t> fed(4, 0);
+    for (int j = 0; j < 4; ++j) {
+      const int k = (j + round) % 4;  // rotate batch order each round
+      const std::vector<int32_t>& toks = k == 0 ? a : others[static_cast<size_t>(k - 1)];
+      if (done[k] >= toks.size()) continue;
+      const size_t n =
+          std::min<size_t>(k == 0 ? 6 : 1 + (round * 7 + k) % 13, toks.size() - done[k]);
+      SequenceInput in;
+      in.seq = 20 + static_cast<KvPool::SeqId>(k);
+      in.tokens = std::span<const int32_t>(toks).subspan(done[k], n);
+      in.start_pos = static_cast<int64_t>(done[k]);
+      for (size_t i = 0; i < n; ++i) in.logit_indices.push_back(static_cast<int32_t>(i));
+      batch.push_back(in);
+      fed[k] = n;
+    }
+    absl::StatusOr<ForwardResult> out = engine->Forward(batch);
+    ASSERT_TRUE(out.ok()) << out.status();
+    // Pick out a's rows.
+    int64_t row = 0;
+    for (const SequenceInput& in : batch) {
+      if (in.seq == 20) {
+        for (size_t i = 0; i < in.tokens.size(); ++i) {
+          const auto r = out->row(row + static_cast<int64_t>(i));
+          batched.insert(batched.end(), r.begin(), r.end());
+        }
+      }
+      row += static_cast<int64_t>(in.logit_indices.size());
+    }
+    for (int k = 0; k < 4; ++k) done[k] += fed[k];
+  }
+  ASSERT_EQ(batched.size(), alone.size());
+  EXPECT_EQ(std::memcmp(batched.data(), alone.data(), alone.size() * sizeof(float)), 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, BatchInvarianceTest,
+                         ::testing::Values(kernels::DType::kF32, kernels::DType::kBF16,
+                                           kernels::DType::kF16),
+                         [](const auto& info) {
+                           return std::string(kernels::DTypeName(info.param));
+                         });
+
+}  // namespace
+}  // namespace specd

@@ -1,0 +1,67 @@
+// Shared fixtures for engine tests: synthetic checkpoints and small engines.
+#ifndef SPECD_TESTS_COMMON_ENGINE_ENGINE_TEST_UTIL_H_
+#define SPECD_TESTS_COMMON_ENGINE_ENGINE_TEST_UTIL_H_
+
+#include <filesystem>
+#include <memory>
+#include <string>
+
+#include "common/engine/llama_engine.h"
+#include "common/synth/synth.h"
+#include "gtest/gtest.h"
+
+namespace specd::testing {
+
+// A small model with GQA (8 heads, 4 KV heads); other features are set by the caller.
+inline ModelConfig SmallConfig() {
+  ModelConfig c;
+  c.vocab_size = 300;
+  c.hidden_size = 64;
+  c.intermediate_size = 96;
+  c.num_layers = 3;
+  c.num_heads = 8;
+  c.num_kv_heads = 4;
+  c.head_dim = 8;
+  c.max_position_embeddings = 256;
+  c.rms_norm_eps = 1e-5;
+  c.rope_theta = 10000.0;
+  c.bos_token_ids = {1};
+  c.eos_token_ids = {2};
+  return c;
+}
+
+inline void WriteSynth(const SynthSpec& spec, const std::filesystem::path& dir) {
+  const absl::Status st = WriteSyntheticModel(spec, dir);
+  ASSERT_TRUE(st.ok()) << st;
+}
+
+inline std::unique_ptr<LlamaEngine> MakeEngine(const std::filesystem::path& dir, int threads,
+                                               int64_t kv_tokens = 2048, int64_t exit_layer = 0) {
+  EngineOptions options;
+  options.kv_capacity_tokens = kv_tokens;
+  options.kv_block_size = 16;
+  LoadOptions load;
+  load.exit_layer = exit_layer;
+  absl::StatusOr<std::unique_ptr<LlamaEngine>> engine =
+      CreateCpuEngine(dir, threads, options, load);
+  EXPECT_TRUE(engine.ok()) << engine.status();
+  return engine.ok() ? *std::move(engine) : nullptr;
+}
+
+// Feeds `tokens` to a fresh sequence in one call and returns the logits at every position.
+inline std::vector<float> PrefillAll(LlamaEngine& engine, KvPool::SeqId seq,
+                                     const std::vector<int32_t>& tokens) {
+  EXPECT_TRUE(engine.AddSequence(seq).ok());
+  SequenceInput in;
+  in.seq = seq;
+  in.tokens = tokens;
+  in.start_pos = 0;
+  for (size_t i = 0; i < tokens.size(); ++i) in.logit_indices.push_back(static_cast<int32_t>(i));
+  absl::StatusOr<ForwardResult> out = engine.Forward(std::span<const SequenceInput>(&in, 1));
+  EXPECT_TRUE(out.ok()) << out.status();
+  return out.ok() ? out->logits : std::vector<float>();
+}
+
+}  // namespace specd::testing
+
+#endif  // SPECD_TESTS_COMMON_ENGINE_ENGINE_TEST_UTIL_H_
