@@ -22,10 +22,12 @@ struct EncodeOptions {
   // post-processor's template).
   std::optional<bool> add_bos;
   // Recognise special/added tokens such as "<|eot_id|>" written in the text. Off by default, so
-  // user text cannot inject control tokens.
+  // user text cannot inject control tokens. Added tokens that are not special are always
+  // recognised, as Hugging Face does.
   bool parse_special = false;
 };
 
+// Encode and Decode may be called from several threads at once.
 class Tokenizer {
  public:
   virtual ~Tokenizer() = default;
@@ -34,15 +36,16 @@ class Tokenizer {
   static absl::StatusOr<std::unique_ptr<Tokenizer>> LoadFromDir(const std::filesystem::path& dir);
 
   // The same from file contents; the two config texts may be empty.
-  static absl::StatusOr<std::unique_ptr<Tokenizer>> FromJson(std::string_view tokenizer_json,
-                                                             std::string_view tokenizer_config_json,
-                                                             std::string_view generation_config_json);
+  static absl::StatusOr<std::unique_ptr<Tokenizer>> FromJson(
+      std::string_view tokenizer_json, std::string_view tokenizer_config_json,
+      std::string_view generation_config_json);
 
   virtual absl::StatusOr<std::vector<int32_t>> Encode(std::string_view text,
                                                       const EncodeOptions& options = {}) const = 0;
 
   // Full decode. Out-of-range ids are INVALID_ARGUMENT naming the id. Invalid UTF-8 produced by
-  // byte tokens becomes U+FFFD, as Hugging Face does.
+  // byte tokens becomes U+FFFD, as Hugging Face does. transformers' clean_up_tokenization_spaces
+  // is never applied: it is a lossy edit that streamed output could not reproduce.
   virtual absl::StatusOr<std::string> Decode(std::span<const int32_t> ids,
                                              bool skip_special_tokens = false) const = 0;
 
@@ -64,15 +67,20 @@ class IncrementalDetokenizer {
   explicit IncrementalDetokenizer(const Tokenizer& tokenizer, bool skip_special_tokens = false);
   absl::StatusOr<std::string> Push(std::span<const int32_t> ids);
   // Whatever is still held back (e.g. an incomplete UTF-8 tail, emitted as U+FFFD as Decode would).
+  // Call it once, at the end of the stream.
   absl::StatusOr<std::string> Flush();
 
  private:
+  absl::StatusOr<std::string> DecodeRange(size_t begin, size_t end) const;
+
   const Tokenizer& tokenizer_;
   bool skip_special_tokens_;
-  std::vector<int32_t> ids_;
-  size_t prefix_offset_ = 0;  // ids before this are fully emitted and need no context
-  size_t read_offset_ = 0;
-  std::string emitted_prefix_text_;
+  std::vector<int32_t> ids_;  // kept from the window's start; emitted ids are trimmed away
+  size_t prefix_offset_ = 0;  // start of the decode window in ids_
+  size_t read_offset_ = 0;    // ids_ before this have been emitted
+  std::string prefix_text_;   // Decode(ids_[prefix_offset_, read_offset_))
+  // Emission points from prefix_offset_ to read_offset_: where a window may start.
+  std::vector<size_t> boundaries_;
 };
 
 }  // namespace specd
