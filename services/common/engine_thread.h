@@ -1,0 +1,52 @@
+// The single owner of a worker's WorkerRuntime: a job queue drained by one thread. gRPC
+// reactions never block; they post a job here and return, and the job finishes their call.
+// Jobs run one at a time in posting order, so the runtime needs no locks (an actor, as TGI's
+// router queue).
+#ifndef SPECD_SERVICES_COMMON_ENGINE_THREAD_H_
+#define SPECD_SERVICES_COMMON_ENGINE_THREAD_H_
+
+#include <deque>
+#include <memory>
+#include <thread>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/functional/any_invocable.h"
+#include "absl/synchronization/mutex.h"
+#include "common/worker/worker_runtime.h"
+
+namespace specd {
+
+class EngineThread {
+ public:
+  using Job = absl::AnyInvocable<void(WorkerRuntime&) &&>;
+
+  explicit EngineThread(std::unique_ptr<WorkerRuntime> runtime);
+  ~EngineThread();  // Stop()
+
+  EngineThread(const EngineThread&) = delete;
+  EngineThread& operator=(const EngineThread&) = delete;
+
+  // Queues `job`. Every posted job runs exactly once, even one posted after Stop() (it then runs
+  // on the caller's thread), so a reactor waiting on it always finishes.
+  void Post(Job job);
+
+  // Runs every queued job, then joins the thread. Idempotent.
+  void Stop();
+
+ private:
+  void Loop();
+  bool HasWorkOrStopping() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  std::unique_ptr<WorkerRuntime> runtime_;
+  absl::Mutex mu_;
+  std::deque<Job> queue_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  bool stopped_ ABSL_GUARDED_BY(mu_) = false;
+  // Serialises the jobs run inline after Stop() with each other.
+  absl::Mutex inline_mu_;
+  std::thread thread_;
+};
+
+}  // namespace specd
+
+#endif  // SPECD_SERVICES_COMMON_ENGINE_THREAD_H_

@@ -1,0 +1,150 @@
+#include "services/common/worker_convert.h"
+
+#include <string>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+
+namespace specd {
+namespace {
+
+void FillSequence(uint64_t seq_id, const google::protobuf::RepeatedField<int32_t>& catch_up,
+                  int64_t expected_cached_len, const pb::SamplingParams& sampling, uint64_t seed,
+                  int64_t prompt_len, SequenceRequest* out) {
+  out->seq = seq_id;
+  out->catch_up.assign(catch_up.begin(), catch_up.end());
+  out->expected_cached_len = expected_cached_len;
+  out->sampling = SamplingFromProto(sampling);
+  out->seed = seed;
+  out->prompt_len = prompt_len;
+}
+
+// The whole-call checks both streaming RPCs share.
+template <typename Sequences>
+absl::Status CheckBatch(const Sequences& sequences, const char* rpc) {
+  if (sequences.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(rpc, ": the request has no sequences"));
+  }
+  absl::flat_hash_set<uint64_t> seen;
+  for (const auto& s : sequences) {
+    if (!seen.insert(s.seq_id()).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(rpc, ": seq_id ", s.seq_id(), " appears more than once in the request"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+SamplingParams SamplingFromProto(const pb::SamplingParams& proto) {
+  SamplingParams p;
+  p.temperature = proto.temperature();
+  p.top_k = proto.top_k();
+  p.top_p = proto.top_p() == 0.0f ? 1.0f : proto.top_p();
+  p.min_p = proto.min_p();
+  p.repetition_penalty = proto.repetition_penalty() == 0.0f ? 1.0f : proto.repetition_penalty();
+  p.presence_penalty = proto.presence_penalty();
+  p.frequency_penalty = proto.frequency_penalty();
+  return p;
+}
+
+DraftSequenceRequest DraftFromProto(const pb::DraftSequence& proto) {
+  DraftSequenceRequest r;
+  FillSequence(proto.seq_id(), proto.catch_up_tokens(), proto.expected_cached_len(),
+               proto.sampling(), proto.seed(), proto.prompt_len(), &r);
+  r.num_draft_tokens = proto.num_draft_tokens();
+  r.mode = proto.mode() == pb::DRAFT_MODE_GREEDY ? DraftMode::kGreedy : DraftMode::kProbabilistic;
+  return r;
+}
+
+VerifySequenceRequest VerifyFromProto(const pb::VerifySequence& proto) {
+  VerifySequenceRequest r;
+  FillSequence(proto.seq_id(), proto.catch_up_tokens(), proto.expected_cached_len(),
+               proto.sampling(), proto.seed(), proto.prompt_len(), &r);
+  r.drafts.assign(proto.draft_tokens().begin(), proto.draft_tokens().end());
+  r.num_candidates = proto.num_candidates();
+  return r;
+}
+
+absl::Status ValidateDraftRequest(const pb::DraftRequest& request) {
+  if (absl::Status st = CheckBatch(request.sequences(), "Draft"); !st.ok()) return st;
+  for (const pb::DraftSequence& s : request.sequences()) {
+    if (s.num_draft_tokens() > kMaxDraftTokens) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("Draft: seq_id ", s.seq_id(), " asks for num_draft_tokens ",
+                       s.num_draft_tokens(), ", at most ", kMaxDraftTokens, " are allowed"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateVerifyRequest(const pb::VerifyRequest& request) {
+  if (absl::Status st = CheckBatch(request.sequences(), "Verify"); !st.ok()) return st;
+  for (const pb::VerifySequence& s : request.sequences()) {
+    if (s.draft_tokens_size() > kMaxDraftTokens) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("Verify: seq_id ", s.seq_id(), " has ", s.draft_tokens_size(),
+                       " draft_tokens, at most ", kMaxDraftTokens, " are allowed"));
+    }
+    if (s.num_candidates() > kMaxCandidates) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("Verify: seq_id ", s.seq_id(), " asks for num_candidates ",
+                       s.num_candidates(), ", at most ", kMaxCandidates, " are allowed"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+void StatusToProto(const absl::Status& status, pb::SequenceStatus* out) {
+  out->set_code(static_cast<int32_t>(status.code()));
+  out->set_message(std::string(status.message()));
+}
+
+void CacheStateToProto(int64_t cached_len, const KvPool& kv, pb::CacheState* out) {
+  out->set_cached_len(cached_len);
+  out->set_free_kv_blocks(kv.free_blocks());
+  out->set_free_kv_tokens(kv.free_blocks() * kv.block_size());
+}
+
+void VerifyResultToProto(const VerifySequenceResult& result, const KvPool& kv,
+                         pb::VerifyResult* out) {
+  out->set_seq_id(result.seq);
+  StatusToProto(result.status, out->mutable_status());
+  CacheStateToProto(result.cached_len, kv, out->mutable_cache());
+  if (!result.status.ok()) return;
+  out->mutable_p_draft()->Assign(result.p_draft.begin(), result.p_draft.end());
+  out->mutable_argmax()->Assign(result.argmax.begin(), result.argmax.end());
+  out->set_bonus_token(result.bonus_token);
+  for (size_t i = 0; i < result.candidate_tokens.size(); ++i) {
+    pb::Candidates* c = out->add_candidates();
+    c->mutable_tokens()->Assign(result.candidate_tokens[i].begin(),
+                                result.candidate_tokens[i].end());
+    c->mutable_p_probs()->Assign(result.candidate_probs[i].begin(),
+                                 result.candidate_probs[i].end());
+  }
+  out->set_position(result.position);
+}
+
+void DraftStepToProto(const DraftStep& step, const KvPool& kv, pb::DraftResponse* out) {
+  out->set_step(step.step);
+  out->set_forward_ns(step.forward_ns);
+  for (const DraftToken& t : step.tokens) {
+    pb::DraftToken* token = out->add_tokens();
+    token->set_seq_id(t.seq);
+    token->set_token(t.token);
+    token->set_q_prob(t.q_prob);
+  }
+  for (const SequenceOutcome& f : step.failed) {
+    pb::DraftToken* token = out->add_tokens();
+    token->set_seq_id(f.seq);
+    StatusToProto(f.status, token->mutable_status());
+  }
+  for (const SequenceOutcome& o : step.outcomes) {
+    pb::CacheStateEntry* entry = out->add_cache();
+    entry->set_seq_id(o.seq);
+    CacheStateToProto(o.cached_len, kv, entry->mutable_state());
+  }
+}
+
+}  // namespace specd

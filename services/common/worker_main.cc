@@ -1,0 +1,250 @@
+#include "services/common/worker_main.h"
+
+#include <pthread.h>
+#include <signal.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "common/engine/llama_engine.h"
+#include "common/model/config.h"
+#include "common/tokenizer/tokenizer.h"
+#include "common/util/status_macros.h"
+#include "grpcpp/ext/proto_server_reflection_plugin.h"
+#include "grpcpp/health_check_service_interface.h"
+#include "services/common/engine_thread.h"
+#include "services/common/flags.h"
+#include "services/common/worker_metrics.h"
+
+namespace specd {
+namespace {
+
+namespace pb = ::specd::worker::v1;
+
+std::vector<FlagSpec> WorkerFlags() {
+  return {
+      {"listen", "gRPC address host:port; port 0 picks a free one", "127.0.0.1:0"},
+      {"model", "model directory (Hugging Face format)", "", true},
+      {"exit-layer", "run only the first L layers (early-exit self-speculation draft); 0 = all",
+       "0"},
+      {"kv-tokens", "KV cache capacity in tokens, across all sequences", "16384"},
+      {"kv-block-size", "tokens per KV cache block", "16"},
+      {"max-seq-len", "longest sequence served; 0 = the model's max_position_embeddings", "0"},
+      {"prefill-chunk", "longest catch-up fed in one forward pass per sequence", "512"},
+      {"threads", "CPU threads for the forward pass; 0 = one per core", "0"},
+      {"metrics-port", "port of the Prometheus /metrics endpoint; 0 = a free one, -1 = off", "0"},
+      {"drain-seconds", "on SIGTERM, how long in-flight calls may take before they are cancelled",
+       "10"},
+  };
+}
+
+struct WorkerConfig {
+  std::string listen;
+  std::filesystem::path model;
+  int64_t exit_layer = 0;
+  int64_t threads = 0;
+  int64_t metrics_port = 0;
+  int64_t drain_seconds = 10;
+  EngineOptions engine;
+  WorkerRuntimeOptions runtime;
+};
+
+absl::StatusOr<WorkerConfig> ReadConfig(const Flags& flags) {
+  WorkerConfig c;
+  c.listen = flags.Get("listen");
+  if (c.listen.rfind(':') == std::string::npos) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--listen must be host:port, got '", c.listen, "'"));
+  }
+  c.model = flags.Get("model");
+  SPECD_ASSIGN_OR_RETURN(c.exit_layer, flags.GetInt("exit-layer", 0, 1 << 20));
+  SPECD_ASSIGN_OR_RETURN(c.engine.kv_capacity_tokens,
+                         flags.GetInt("kv-tokens", 1, int64_t{1} << 40));
+  SPECD_ASSIGN_OR_RETURN(c.engine.kv_block_size, flags.GetInt("kv-block-size", 1, 1 << 16));
+  SPECD_ASSIGN_OR_RETURN(c.engine.max_seq_len, flags.GetInt("max-seq-len", 0, int64_t{1} << 31));
+  SPECD_ASSIGN_OR_RETURN(c.runtime.prefill_chunk, flags.GetInt("prefill-chunk", 1, 1 << 20));
+  SPECD_ASSIGN_OR_RETURN(c.threads, flags.GetInt("threads", 0, 4096));
+  SPECD_ASSIGN_OR_RETURN(c.metrics_port, flags.GetInt("metrics-port", -1, 65535));
+  SPECD_ASSIGN_OR_RETURN(c.drain_seconds, flags.GetInt("drain-seconds", 0, 3600));
+  return c;
+}
+
+std::string HostOf(const std::string& address) { return address.substr(0, address.rfind(':')); }
+
+absl::StatusOr<std::string> ReadFile(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", path.string()));
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+// The parts of Info that never change; the tokenizer files travel so the coordinator needs no
+// model volume of its own.
+absl::StatusOr<pb::InfoResponse> StaticInfo(const WorkerMainSpec& spec, const WorkerConfig& config,
+                                            LlamaEngine& engine) {
+  pb::InfoResponse info;
+  info.set_role(spec.role);
+  const std::filesystem::path dir = std::filesystem::weakly_canonical(config.model);
+  info.set_model_name(dir.filename().string());
+  info.set_model_config_json(ModelConfigToJson(engine.config()));
+  info.set_vocab_size(engine.config().vocab_size);
+  info.set_kv_block_size(engine.kv().block_size());
+  info.set_kv_total_blocks(engine.kv().total_blocks());
+  info.set_max_seq_len(engine.max_seq_len());
+  std::random_device random;
+  info.set_epoch((uint64_t{random()} << 32) | random());
+  info.set_num_threads(engine.backend().num_threads());
+  info.set_backend(std::string(engine.backend().name()));
+  info.set_prefill_chunk_tokens(config.runtime.prefill_chunk);
+  info.set_max_draft_tokens(kMaxDraftTokens);
+  info.set_max_candidates(kMaxCandidates);
+  for (const char* file : {"tokenizer.json", "tokenizer_config.json", "generation_config.json"}) {
+    if (!std::filesystem::exists(dir / file)) continue;
+    SPECD_ASSIGN_OR_RETURN(std::string text, ReadFile(dir / file));
+    (*info.mutable_tokenizer_files())[file] = std::move(text);
+  }
+  if (info.tokenizer_files().contains("tokenizer.json")) {
+    absl::StatusOr<std::unique_ptr<Tokenizer>> tokenizer = Tokenizer::LoadFromDir(dir);
+    if (!tokenizer.ok()) {
+      return absl::Status(
+          tokenizer.status().code(),
+          absl::StrCat("tokenizer of ", dir.string(), ": ", tokenizer.status().message()));
+    }
+    if ((*tokenizer)->vocab_size() > engine.config().vocab_size) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(dir.string(), ": tokenizer.json has ", (*tokenizer)->vocab_size(),
+                       " tokens but config.json's vocab_size is ", engine.config().vocab_size));
+    }
+    info.set_tokenizer_fingerprint((*tokenizer)->Fingerprint());
+  } else {
+    std::cerr << spec.program << ": warning: " << dir.string()
+              << " has no tokenizer.json; Info will carry no tokenizer" << std::endl;
+  }
+  return info;
+}
+
+absl::StatusOr<std::unique_ptr<LlamaEngine>> LoadEngine(const WorkerMainSpec& spec,
+                                                        const WorkerConfig& config) {
+  std::cerr << spec.program << ": loading " << config.model.string();
+  if (config.exit_layer > 0) std::cerr << " (first " << config.exit_layer << " layers)";
+  std::cerr << std::endl;
+  const auto start = std::chrono::steady_clock::now();
+  LoadOptions load;
+  load.exit_layer = config.exit_layer;
+  int last_decile = -1;
+  load.progress = [&](int64_t done, int64_t total) {
+    const int decile = total > 0 ? static_cast<int>(10 * done / total) : 10;
+    if (decile == last_decile) return;
+    last_decile = decile;
+    std::cerr << spec.program << ": loading weights " << 10 * decile << "% (" << done << "/"
+              << total << " tensors)" << std::endl;
+  };
+  SPECD_ASSIGN_OR_RETURN(
+      std::unique_ptr<LlamaEngine> engine,
+      CreateCpuEngine(config.model, static_cast<int>(config.threads), config.engine, load));
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const ModelConfig& c = engine->config();
+  std::cerr << spec.program << ": loaded " << c.num_layers << " layers, hidden " << c.hidden_size
+            << ", vocab " << c.vocab_size << " in " << seconds << " s; KV "
+            << engine->kv().total_blocks() << " blocks of " << engine->kv().block_size()
+            << " tokens; max_seq_len " << engine->max_seq_len() << "; " << engine->backend().name()
+            << " back end, " << engine->backend().num_threads() << " threads" << std::endl;
+  return engine;
+}
+
+int Fail(const WorkerMainSpec& spec, const absl::Status& status) {
+  std::cerr << spec.program << ": " << status.message() << std::endl;
+  return 1;
+}
+
+}  // namespace
+
+int WorkerMain(int argc, char** argv, const WorkerMainSpec& spec) {
+  // Every thread started from here on inherits this mask, so SIGTERM/SIGINT reach only the
+  // sigwait below and the drain runs on this thread, not in a signal handler.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGTERM);
+  sigaddset(&stop_signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+
+  const std::vector<FlagSpec> specs = WorkerFlags();
+  const std::vector<std::string> args(argv + 1, argv + argc);
+  for (const std::string& a : args) {
+    if (a == "--help" || a == "-h") {
+      std::cout << "usage: " << spec.program << " --model DIR [flags]\n"
+                << spec.summary << "\n\n"
+                << Flags::Usage(specs);
+      return 0;
+    }
+  }
+  absl::StatusOr<Flags> flags = Flags::Parse(args, specs);
+  absl::StatusOr<WorkerConfig> config =
+      flags.ok() ? ReadConfig(*flags) : absl::StatusOr<WorkerConfig>(flags.status());
+  if (!config.ok()) {
+    std::cerr << spec.program << ": " << config.status().message() << "\n\n" << Flags::Usage(specs);
+    return 2;
+  }
+  WorkerMetrics metrics;
+  absl::StatusOr<std::unique_ptr<LlamaEngine>> engine = LoadEngine(spec, *config);
+  if (!engine.ok()) return Fail(spec, engine.status());
+  absl::StatusOr<pb::InfoResponse> info = StaticInfo(spec, *config, **engine);
+  if (!info.ok()) return Fail(spec, info.status());
+  metrics.OnKvChanged((*engine)->kv());
+
+  WorkerRuntimeOptions runtime_options = config->runtime;
+  runtime_options.observer = &metrics;
+  EngineThread engine_thread(std::make_unique<WorkerRuntime>(*std::move(engine), runtime_options));
+  WorkerRpcs rpcs(&engine_thread, *std::move(info));
+  const std::unique_ptr<grpc::Service> service = spec.make_service(&rpcs);
+
+  const std::string host = HostOf(config->listen);
+  if (config->metrics_port >= 0) {
+    absl::StatusOr<int> port = metrics.Serve(host, static_cast<int>(config->metrics_port));
+    if (!port.ok()) return Fail(spec, port.status());
+    std::cout << "metrics on " << host << ":" << *port << std::endl;
+  }
+
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort(config->listen, grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(service.get());
+  const std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr || port == 0) {
+    return Fail(
+        spec, absl::UnavailableError(absl::StrCat("--listen: cannot listen on ", config->listen)));
+  }
+  server->GetHealthCheckService()->SetServingStatus(spec.service_name, true);
+  std::cout << "listening on " << host << ":" << port << std::endl;
+  std::cerr << spec.program << ": serving " << spec.service_name << " on " << host << ":" << port
+            << std::endl;
+
+  int signal_number = 0;
+  sigwait(&stop_signals, &signal_number);
+  std::cerr << spec.program << ": " << (signal_number == SIGTERM ? "SIGTERM" : "SIGINT")
+            << ": draining (up to " << config->drain_seconds << " s)" << std::endl;
+  // New calls are refused from here; in-flight ones finish (their jobs still run on the engine
+  // thread) or are cancelled at the deadline. Shutdown returns once every reactor is done.
+  server->GetHealthCheckService()->SetServingStatus(false);
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(config->drain_seconds));
+  server->Wait();
+  engine_thread.Stop();
+  std::cerr << spec.program << ": stopped" << std::endl;
+  return 0;
+}
+
+}  // namespace specd

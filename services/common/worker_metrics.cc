@@ -1,0 +1,95 @@
+#include "services/common/worker_metrics.h"
+
+#include <exception>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+
+namespace specd {
+namespace {
+
+constexpr std::array<ForwardKind, 3> kKinds = {ForwardKind::kCatchUp, ForwardKind::kDraftStep,
+                                               ForwardKind::kVerify};
+
+// 100 us .. ~26 s in factors of 2: a tiny draft step to a long prefill chunk.
+prometheus::Histogram::BucketBoundaries DurationBuckets() {
+  prometheus::Histogram::BucketBoundaries b;
+  for (double s = 1e-4; s < 30.0; s *= 2.0) b.push_back(s);
+  return b;
+}
+
+// Sequences per forward pass: 1 .. 1024 in factors of 2.
+prometheus::Histogram::BucketBoundaries BatchBuckets() {
+  prometheus::Histogram::BucketBoundaries b;
+  for (double n = 1; n <= 1024; n *= 2.0) b.push_back(n);
+  return b;
+}
+
+}  // namespace
+
+WorkerMetrics::WorkerMetrics() : registry_(std::make_shared<prometheus::Registry>()) {
+  kv_used_ = &prometheus::BuildGauge()
+                  .Name("specd_worker_kv_blocks_used")
+                  .Help("KV cache blocks held by sequences")
+                  .Register(*registry_)
+                  .Add({});
+  kv_free_ = &prometheus::BuildGauge()
+                  .Name("specd_worker_kv_blocks_free")
+                  .Help("KV cache blocks free for new tokens")
+                  .Register(*registry_)
+                  .Add({});
+  auto& durations = prometheus::BuildHistogram()
+                        .Name("specd_worker_forward_duration_seconds")
+                        .Help("Duration of one batched forward pass, by kind")
+                        .Register(*registry_);
+  auto& batches = prometheus::BuildHistogram()
+                      .Name("specd_worker_batch_size")
+                      .Help("Sequences in one batched forward pass, by kind")
+                      .Register(*registry_);
+  auto& tokens = prometheus::BuildCounter()
+                     .Name("specd_worker_tokens_processed_total")
+                     .Help("Tokens fed through the model, by forward kind")
+                     .Register(*registry_);
+  for (const ForwardKind kind : kKinds) {
+    const prometheus::Labels labels = {{"kind", std::string(ForwardKindName(kind))}};
+    const size_t k = static_cast<size_t>(kind);
+    forward_seconds_[k] = &durations.Add(labels, DurationBuckets());
+    batch_size_[k] = &batches.Add(labels, BatchBuckets());
+    tokens_[k] = &tokens.Add(labels);
+  }
+}
+
+WorkerMetrics::~WorkerMetrics() = default;
+
+absl::StatusOr<int> WorkerMetrics::Serve(const std::string& host, int port) {
+  const std::string address = absl::StrCat(host, ":", port);
+  // prometheus-cpp reports a failed bind by throwing; keep that inside this module.
+  try {
+    exposer_ = std::make_unique<prometheus::Exposer>(address, /*num_threads=*/1);
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(
+        absl::StrCat("--metrics-port: cannot serve /metrics on ", address, ": ", e.what()));
+  }
+  exposer_->RegisterCollectable(registry_);
+  const std::vector<int> ports = exposer_->GetListeningPorts();
+  if (ports.empty()) {
+    return absl::UnavailableError(absl::StrCat("--metrics-port: nothing listens on ", address));
+  }
+  return ports.front();
+}
+
+void WorkerMetrics::OnForward(ForwardKind kind, int64_t batch_size, int64_t tokens,
+                              absl::Duration elapsed) {
+  const size_t k = static_cast<size_t>(kind);
+  forward_seconds_[k]->Observe(absl::ToDoubleSeconds(elapsed));
+  batch_size_[k]->Observe(static_cast<double>(batch_size));
+  tokens_[k]->Increment(static_cast<double>(tokens));
+}
+
+void WorkerMetrics::OnKvChanged(const KvPool& kv) {
+  kv_used_->Set(static_cast<double>(kv.used_blocks()));
+  kv_free_->Set(static_cast<double>(kv.free_blocks()));
+}
+
+}  // namespace specd

@@ -1,0 +1,50 @@
+// A worker's Prometheus metrics on /metrics: KV blocks used/free, forward durations, batch sizes
+// and tokens processed by forward kind (catch_up, draft_step, verify). Labels never carry
+// request or sequence ids.
+#ifndef SPECD_SERVICES_COMMON_WORKER_METRICS_H_
+#define SPECD_SERVICES_COMMON_WORKER_METRICS_H_
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "common/kv/kv_pool.h"
+#include "common/worker/worker_runtime.h"
+#include "prometheus/counter.h"
+#include "prometheus/exposer.h"
+#include "prometheus/gauge.h"
+#include "prometheus/histogram.h"
+#include "prometheus/registry.h"
+
+namespace specd {
+
+class WorkerMetrics final : public RuntimeObserver {
+ public:
+  WorkerMetrics();
+  ~WorkerMetrics() override;
+
+  // Serves /metrics over HTTP on host:port (port 0 picks a free one) and returns the bound port.
+  // UNAVAILABLE naming the address when it cannot bind.
+  absl::StatusOr<int> Serve(const std::string& host, int port);
+
+  void OnForward(ForwardKind kind, int64_t batch_size, int64_t tokens,
+                 absl::Duration elapsed) override;
+  void OnKvChanged(const KvPool& kv) override;
+
+ private:
+  static constexpr size_t kNumKinds = 3;
+
+  std::shared_ptr<prometheus::Registry> registry_;
+  prometheus::Gauge* kv_used_;
+  prometheus::Gauge* kv_free_;
+  std::array<prometheus::Histogram*, kNumKinds> forward_seconds_{};
+  std::array<prometheus::Histogram*, kNumKinds> batch_size_{};
+  std::array<prometheus::Counter*, kNumKinds> tokens_{};
+  std::unique_ptr<prometheus::Exposer> exposer_;
+};
+
+}  // namespace specd
+
+#endif  // SPECD_SERVICES_COMMON_WORKER_METRICS_H_

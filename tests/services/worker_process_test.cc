@@ -1,0 +1,385 @@
+// The worker processes as operators and the coordinator see them: precise gRPC status codes and
+// messages for every error, per-sequence failures that leave the rest of the batch alone,
+// health, reflection, /metrics, SIGTERM draining, cancellation, and flag errors.
+#include "tests/services/worker_process.h"
+
+#include <signal.h>
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "grpc/health/v1/health.grpc.pb.h"
+#include "grpc/reflection/v1alpha/reflection.grpc.pb.h"
+#include "gtest/gtest.h"
+#include "tests/common/worker/worker_reference.h"
+#include "tests/services/worker_fixture.h"
+#include "tests/test_util.h"
+
+namespace specd::testing {
+namespace {
+
+using ::testing::HasSubstr;
+
+SamplingParams Sampled() {
+  SamplingParams p;
+  p.temperature = 0.8f;
+  p.top_k = 30;
+  return p;
+}
+
+std::vector<int32_t> Tokens(int n, int salt) {
+  std::vector<int32_t> t;
+  for (int i = 0; i < n; ++i) t.push_back((i * 29 + salt * 13 + 4) % 500 + 3);
+  return t;
+}
+
+class WorkerProcessTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    tmp_ = new ScopedTempDir();
+    const absl::Status st = PrepareModel(ModelKind::kSynthetic, model());
+    ASSERT_TRUE(st.ok()) << st;
+  }
+  static void TearDownTestSuite() {
+    delete tmp_;
+    tmp_ = nullptr;
+  }
+  static std::filesystem::path model() { return tmp_->path() / "model"; }
+
+  // A worker of its own, so every test starts from an empty KV pool.
+  static std::unique_ptr<ChildProcess> Start(bool draft,
+                                             const std::vector<std::string>& extra = {}) {
+    absl::StatusOr<std::unique_ptr<ChildProcess>> p = ChildProcess::Start(
+        draft ? DraftWorkerBinary() : TargetWorkerBinary(), WorkerArgs(model(), extra));
+    EXPECT_TRUE(p.ok()) << p.status();
+    return p.ok() ? *std::move(p) : nullptr;
+  }
+
+  static ScopedTempDir* tmp_;
+};
+
+ScopedTempDir* WorkerProcessTest::tmp_ = nullptr;
+
+TEST_F(WorkerProcessTest, WholeCallErrorsAreTheRpcStatus) {
+  auto draft = Start(true);
+  auto target = Start(false);
+  ASSERT_TRUE(draft && target);
+  auto ds = pb::DraftWorker::NewStub(draft->Channel());
+  auto ts = pb::TargetWorker::NewStub(target->Channel());
+
+  DraftCall empty = CallDraft(*ds, pb::DraftRequest());
+  EXPECT_EQ(empty.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(empty.status.error_message(), "Draft: the request has no sequences");
+  EXPECT_TRUE(empty.messages.empty());
+
+  pb::DraftRequest dup;
+  *dup.add_sequences() = DraftSeq(5, {1}, 0, 2, Sampled(), 1, 1);
+  *dup.add_sequences() = DraftSeq(5, {1}, 0, 2, Sampled(), 1, 1);
+  EXPECT_EQ(CallDraft(*ds, dup).status.error_message(),
+            "Draft: seq_id 5 appears more than once in the request");
+
+  pb::DraftRequest big_k;
+  *big_k.add_sequences() = DraftSeq(6, {1}, 0, 65, Sampled(), 1, 1);
+  const DraftCall k_call = CallDraft(*ds, big_k);
+  EXPECT_EQ(k_call.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(k_call.status.error_message(),
+            "Draft: seq_id 6 asks for num_draft_tokens 65, at most 64 are allowed");
+
+  EXPECT_EQ(CallVerify(*ts, pb::VerifyRequest()).status.error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+  pb::VerifyRequest big_m;
+  *big_m.add_sequences() = VerifySeq(7, {1}, 0, {2}, Sampled(), 1, 1, 65);
+  const VerifyCall m_call = CallVerify(*ts, big_m);
+  EXPECT_EQ(m_call.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(m_call.status.error_message(),
+            "Verify: seq_id 7 asks for num_candidates 65, at most 64 are allowed");
+  pb::VerifyRequest many_drafts;
+  *many_drafts.add_sequences() =
+      VerifySeq(8, {1}, 0, std::vector<int32_t>(65, 3), Sampled(), 1, 1, 1);
+  EXPECT_EQ(CallVerify(*ts, many_drafts).status.error_message(),
+            "Verify: seq_id 8 has 65 draft_tokens, at most 64 are allowed");
+  // Nothing was created by the rejected calls.
+  grpc::ClientContext context;
+  pb::InfoResponse info;
+  ASSERT_TRUE(ts->Info(&context, {}, &info).ok());
+  EXPECT_EQ(info.kv_free_blocks(), info.kv_total_blocks());
+}
+
+TEST_F(WorkerProcessTest, PerSequenceErrorsLeaveTheBatchAlone) {
+  // 4 blocks of 16 tokens, sequences of at most 40 tokens.
+  auto target = Start(false, {"--kv-tokens", "64", "--max-seq-len", "40"});
+  ASSERT_TRUE(target);
+  auto ts = pb::TargetWorker::NewStub(target->Channel());
+  pb::VerifyRequest setup;
+  *setup.add_sequences() = VerifySeq(1, Tokens(10, 1), 0, {}, Sampled(), 1, 10, 0);
+  ASSERT_EQ(CallVerify(*ts, setup).results.at(1).status().code(), 0);
+
+  pb::VerifyRequest req;
+  *req.add_sequences() = VerifySeq(2, Tokens(5, 2), 0, {7, 8}, Sampled(), 9, 5, 3);  // fine
+  *req.add_sequences() = VerifySeq(3, {4}, 6, {}, Sampled(), 1, 0, 0);               // unknown
+  *req.add_sequences() = VerifySeq(1, {4}, 3, {}, Sampled(), 1, 0, 0);               // holds 10
+  *req.add_sequences() = VerifySeq(4, {4, 512}, 0, {}, Sampled(), 1, 0, 0);          // vocab is 512
+  *req.add_sequences() = VerifySeq(5, Tokens(38, 5), 0, {1, 2, 3}, Sampled(), 1, 0, 0);  // 41
+  *req.add_sequences() = VerifySeq(6, Tokens(35, 6), 0, {}, Sampled(), 1, 0, 0);         // 3 blocks
+  const VerifyCall call = CallVerify(*ts, req);
+  ASSERT_TRUE(call.status.ok()) << call.status.error_message();
+  const std::map<uint64_t, std::pair<int, std::string>> want = {
+      {3, {5, "unknown sequence 3 (expected 6 cached tokens; the worker may have restarted"}},
+      {1, {9, "sequence 1: coordinator expects 3 cached tokens, worker holds 10"}},
+      {4, {3, "sequence 4: token id 512 at catch-up index 1 is outside [0, 512)"}},
+      {5, {11, "sequence 5 would reach 41 tokens, over max_seq_len 40"}},
+      {6, {8, "sequence 6 needs 3 more KV blocks for 35 tokens but only 2 are free"}},
+  };
+  for (const auto& [seq, code_message] : want) {
+    const pb::VerifyResult& r = call.results.at(seq);
+    EXPECT_EQ(r.status().code(), code_message.first) << seq << ": " << r.status().message();
+    EXPECT_THAT(r.status().message(), HasSubstr(code_message.second));
+  }
+  EXPECT_EQ(call.results.at(1).cache().cached_len(), 10);
+  // The good sequence is exactly what it would be alone.
+  EngineOptions options;
+  absl::StatusOr<std::unique_ptr<LlamaEngine>> engine = CreateCpuEngine(model(), 1, options);
+  ASSERT_TRUE(engine.ok());
+  RowOracle oracle(*std::move(engine));
+  const ExpectedVerify expected = ReferenceVerify(oracle, Tokens(5, 2), 5, {7, 8}, Sampled(), 9, 3);
+  const pb::VerifyResult& good = call.results.at(2);
+  ASSERT_EQ(good.status().code(), 0) << good.status().message();
+  EXPECT_EQ(good.bonus_token(), expected.bonus);
+  EXPECT_TRUE(
+      SameBits(std::vector<float>(good.p_draft().begin(), good.p_draft().end()), expected.p_draft));
+  EXPECT_EQ(good.cache().cached_len(), 7);
+  EXPECT_EQ(good.cache().free_kv_blocks(), 2);
+  EXPECT_EQ(good.cache().free_kv_tokens(), 32);
+  // Failures arrive first, then the verified sequence.
+  EXPECT_EQ(call.order.back(), 2u);
+}
+
+TEST_F(WorkerProcessTest, DraftReportsEachFailureOnceAndDraftsTheRest) {
+  auto draft = Start(true, {"--exit-layer", "2"});
+  ASSERT_TRUE(draft);
+  auto ds = pb::DraftWorker::NewStub(draft->Channel());
+  pb::DraftRequest req;
+  *req.add_sequences() = DraftSeq(1, Tokens(6, 1), 0, 3, Sampled(), 5, 6);
+  *req.add_sequences() = DraftSeq(2, {4}, 9, 3, Sampled(), 5, 0);  // unknown
+  *req.add_sequences() = DraftSeq(3, {-1}, 0, 3, Sampled(), 5, 0);
+  *req.add_sequences() = DraftSeq(4, {4}, 0, 0, Sampled(), 5, 0);  // K = 0
+  const DraftCall call = CallDraft(*ds, req);
+  ASSERT_TRUE(call.status.ok()) << call.status.error_message();
+  ASSERT_EQ(call.messages.size(), 3u);
+  EXPECT_EQ(call.messages[0].tokens_size(), 4);  // t_1 of sequence 1 and the three failures
+  EXPECT_EQ(call.failed.at(2).code(), 5);
+  EXPECT_EQ(call.failed.at(3).code(), 3);
+  EXPECT_THAT(call.failed.at(3).message(), HasSubstr("token id -1 at catch-up index 0"));
+  EXPECT_THAT(call.failed.at(4).message(), HasSubstr("num_draft_tokens must be in [1, 64], got 0"));
+  EXPECT_EQ(call.tokens.at(1).size(), 3u);
+  EXPECT_EQ(call.messages.back().cache_size(), 4);
+  EXPECT_EQ(call.cache.at(1).cached_len(), 8);
+  EXPECT_EQ(call.cache.at(2).cached_len(), 0);
+
+  // Unary errors.
+  auto unary = [&](auto method, auto request, auto* reply) {
+    grpc::ClientContext context;
+    return ((*ds).*method)(&context, request, reply);
+  };
+  pb::TruncateRequest tr;
+  tr.set_seq_id(77);
+  pb::TruncateResponse tr_reply;
+  grpc::Status st = unary(&pb::DraftWorker::Stub::Truncate, tr, &tr_reply);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_EQ(st.error_message(), "unknown sequence 77");
+  tr.set_seq_id(1);
+  tr.set_new_len(-2);
+  EXPECT_EQ(unary(&pb::DraftWorker::Stub::Truncate, tr, &tr_reply).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+  tr.set_new_len(7);
+  tr.set_query_step(4);
+  tr.add_query_tokens(3);
+  st = unary(&pb::DraftWorker::Stub::Truncate, tr, &tr_reply);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_EQ(
+      st.error_message(),
+      "sequence 1: no kept row for query_step 4 (3 rows are kept from the last Draft/Verify)");
+  pb::ReadRowsRequest rr;
+  rr.set_seq_id(1);
+  rr.set_step(0);
+  pb::ReadRowsResponse rr_reply;
+  EXPECT_EQ(unary(&pb::DraftWorker::Stub::ReadRows, rr, &rr_reply).error_code(),
+            grpc::StatusCode::FAILED_PRECONDITION);
+  rr.set_step(3);
+  ASSERT_TRUE(unary(&pb::DraftWorker::Stub::ReadRows, rr, &rr_reply).ok());
+  EXPECT_FALSE(rr_reply.dense());  // top-k 30 of 512: sparse
+  EXPECT_EQ(rr_reply.ids_size(), 30);
+  EXPECT_EQ(rr_reply.cache().cached_len(), 8);
+  pb::ReleaseRequest rel;
+  rel.set_seq_id(99);
+  pb::ReleaseResponse rel_reply;
+  st = unary(&pb::DraftWorker::Stub::Release, rel, &rel_reply);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_EQ(st.error_message(), "unknown sequence 99");
+  // Rejected sequences were never created; the drafted one gives back all its blocks.
+  rel.set_seq_id(2);
+  EXPECT_EQ(unary(&pb::DraftWorker::Stub::Release, rel, &rel_reply).error_code(),
+            grpc::StatusCode::NOT_FOUND);
+  rel.set_seq_id(1);
+  ASSERT_TRUE(unary(&pb::DraftWorker::Stub::Release, rel, &rel_reply).ok());
+  EXPECT_EQ(rel_reply.free_kv_blocks(), 4096 / 16);
+  EXPECT_EQ(rel_reply.cache().cached_len(), 0);
+}
+
+TEST_F(WorkerProcessTest, HealthReflectionAndMetrics) {
+  auto draft = Start(true);
+  ASSERT_TRUE(draft);
+  auto health = grpc::health::v1::Health::NewStub(draft->Channel());
+  for (const std::string service : {"", "specd.worker.v1.DraftWorker"}) {
+    grpc::ClientContext context;
+    grpc::health::v1::HealthCheckRequest req;
+    req.set_service(service);
+    grpc::health::v1::HealthCheckResponse reply;
+    ASSERT_TRUE(health->Check(&context, req, &reply).ok()) << "service '" << service << "'";
+    EXPECT_EQ(reply.status(), grpc::health::v1::HealthCheckResponse::SERVING);
+  }
+
+  auto reflection = grpc::reflection::v1alpha::ServerReflection::NewStub(draft->Channel());
+  grpc::ClientContext context;
+  auto stream = reflection->ServerReflectionInfo(&context);
+  grpc::reflection::v1alpha::ServerReflectionRequest list;
+  list.set_list_services("");
+  ASSERT_TRUE(stream->Write(list));
+  grpc::reflection::v1alpha::ServerReflectionRequest file;
+  file.set_file_containing_symbol("specd.worker.v1.DraftWorker");
+  ASSERT_TRUE(stream->Write(file));
+  stream->WritesDone();
+  grpc::reflection::v1alpha::ServerReflectionResponse reply;
+  ASSERT_TRUE(stream->Read(&reply));
+  std::vector<std::string> services;
+  for (const auto& s : reply.list_services_response().service()) services.push_back(s.name());
+  EXPECT_THAT(services,
+              ::testing::IsSupersetOf({"specd.worker.v1.DraftWorker", "grpc.health.v1.Health",
+                                       "grpc.reflection.v1alpha.ServerReflection"}));
+  ASSERT_TRUE(stream->Read(&reply));
+  ASSERT_EQ(reply.file_descriptor_response().file_descriptor_proto_size(), 1);
+  EXPECT_THAT(reply.file_descriptor_response().file_descriptor_proto(0),
+              HasSubstr("specd/worker/v1/worker.proto"));
+  EXPECT_TRUE(stream->Finish().ok());
+
+  auto ds = pb::DraftWorker::NewStub(draft->Channel());
+  pb::DraftRequest req;
+  *req.add_sequences() = DraftSeq(1, Tokens(20, 1), 0, 3, Sampled(), 5, 20);
+  ASSERT_TRUE(CallDraft(*ds, req).status.ok());
+  absl::StatusOr<std::string> metrics = HttpGet(draft->metrics_port(), "/metrics");
+  ASSERT_TRUE(metrics.ok()) << metrics.status();
+  for (const char* name : {"specd_worker_kv_blocks_used 2", "specd_worker_kv_blocks_free 254",
+                           "specd_worker_forward_duration_seconds_count{kind=\"draft_step\"} 3",
+                           "specd_worker_forward_duration_seconds_bucket{kind=\"verify\"",
+                           "specd_worker_batch_size_count{kind=\"draft_step\"} 3",
+                           "specd_worker_tokens_processed_total{kind=\"draft_step\"} 22",
+                           "specd_worker_tokens_processed_total{kind=\"catch_up\"} 0"}) {
+    EXPECT_THAT(*metrics, HasSubstr(name));
+  }
+}
+
+TEST_F(WorkerProcessTest, SigtermDrainsInFlightCallsAndExitsZero) {
+  auto draft = Start(true);
+  ASSERT_TRUE(draft);
+  auto ds = pb::DraftWorker::NewStub(draft->Channel());
+  pb::DraftRequest req;
+  for (int i = 0; i < 16; ++i) {
+    *req.add_sequences() = DraftSeq(10 + i, Tokens(100, i), 0, 64, Sampled(), i, 100);
+  }
+  bool signalled = false;
+  const DraftCall call = CallDraft(*ds, req, [&](grpc::ClientContext&, const pb::DraftResponse&) {
+    if (!signalled) draft->Signal(SIGTERM);
+    signalled = true;
+  });
+  // The call was in flight when SIGTERM came, so it completes in full.
+  EXPECT_TRUE(call.status.ok()) << call.status.error_message();
+  EXPECT_EQ(call.messages.size(), 64u);
+  EXPECT_EQ(draft->Terminate(), 0) << draft->StderrText();
+  EXPECT_THAT(draft->StderrText(), HasSubstr("SIGTERM: draining"));
+}
+
+TEST_F(WorkerProcessTest, CancelledDraftKeepsTheCacheConsistent) {
+  auto draft = Start(true, {"--metrics-port", "-1"});
+  ASSERT_TRUE(draft);
+  auto ds = pb::DraftWorker::NewStub(draft->Channel());
+  pb::DraftRequest req;
+  for (int i = 0; i < 16; ++i) {
+    *req.add_sequences() = DraftSeq(10 + i, Tokens(200, i), 0, 64, Sampled(), i, 100);
+  }
+  const DraftCall call = CallDraft(
+      *ds, req,
+      [](grpc::ClientContext& context, const pb::DraftResponse&) { context.TryCancel(); });
+  // Usually CANCELLED; OK when the whole stream was already on its way.
+  EXPECT_TRUE(call.status.error_code() == grpc::StatusCode::CANCELLED || call.status.ok())
+      << call.status.error_message();
+  // The worker still serves, and each sequence is either complete or absent.
+  for (int i = 0; i < 16; ++i) {
+    grpc::ClientContext context;
+    pb::TruncateRequest tr;
+    tr.set_seq_id(10 + i);
+    tr.set_new_len(1000);
+    pb::TruncateResponse reply;
+    const grpc::Status st = ds->Truncate(&context, tr, &reply);
+    if (st.ok()) {
+      EXPECT_EQ(reply.cache().cached_len(), 200 + 63);
+      grpc::ClientContext rc;
+      pb::ReleaseRequest rel;
+      rel.set_seq_id(10 + i);
+      pb::ReleaseResponse rel_reply;
+      EXPECT_TRUE(ds->Release(&rc, rel, &rel_reply).ok());
+    } else {
+      EXPECT_EQ(st.error_code(), grpc::StatusCode::NOT_FOUND);
+    }
+  }
+  grpc::ClientContext context;
+  pb::InfoResponse info;
+  ASSERT_TRUE(ds->Info(&context, {}, &info).ok());
+  EXPECT_EQ(info.kv_free_blocks(), info.kv_total_blocks());
+  // Nothing is left hanging: the drain completes at once (and leak-free under ASan).
+  EXPECT_EQ(draft->Terminate(), 0) << draft->StderrText();
+}
+
+TEST_F(WorkerProcessTest, BadFlagsAndModelsFailClearly) {
+  std::string err;
+  absl::StatusOr<int> code = ChildProcess::Run(
+      DraftWorkerBinary(), {"--model", model().string(), "--kv-tokens", "lots"}, &err);
+  ASSERT_TRUE(code.ok()) << code.status();
+  EXPECT_EQ(*code, 2);
+  EXPECT_THAT(err, HasSubstr("--kv-tokens must be an integer, got 'lots'"));
+
+  code =
+      ChildProcess::Run(TargetWorkerBinary(), {"--model", model().string(), "--colour", "1"}, &err);
+  EXPECT_EQ(*code, 2);
+  EXPECT_THAT(err, HasSubstr("unknown flag --colour"));
+
+  code = ChildProcess::Run(TargetWorkerBinary(), {"--listen", "127.0.0.1:0"}, &err);
+  EXPECT_EQ(*code, 2);
+  EXPECT_THAT(err, HasSubstr("--model is required"));
+
+  code =
+      ChildProcess::Run(TargetWorkerBinary(), {"--model", (tmp_->path() / "nope").string()}, &err);
+  EXPECT_EQ(*code, 1);
+  EXPECT_THAT(err, HasSubstr("nope"));
+
+  code = ChildProcess::Run(
+      DraftWorkerBinary(),
+      {"--model", model().string(), "--exit-layer", "9", "--metrics-port", "-1"}, &err);
+  EXPECT_EQ(*code, 1);
+  EXPECT_THAT(err, HasSubstr("exit_layer (9)"));
+
+  code = ChildProcess::Run(DraftWorkerBinary(), {"--help"}, &err);
+  EXPECT_EQ(*code, 0);
+}
+
+TEST_F(WorkerProcessTest, MetricsCanBeTurnedOff) {
+  auto target = Start(false, {"--metrics-port", "-1"});
+  ASSERT_TRUE(target);
+  EXPECT_EQ(target->metrics_port(), 0);
+  EXPECT_EQ(target->Terminate(), 0);
+}
+
+}  // namespace
+}  // namespace specd::testing
