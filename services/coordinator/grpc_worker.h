@@ -1,0 +1,57 @@
+// WorkerApi over gRPC: the coordinator's client of a draft or target worker. Every transport
+// failure becomes UNAVAILABLE naming the worker ("draft worker at 127.0.0.1:7001: ...").
+#ifndef SPECD_SERVICES_COORDINATOR_GRPC_WORKER_H_
+#define SPECD_SERVICES_COORDINATOR_GRPC_WORKER_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "grpcpp/grpcpp.h"
+#include "services/coordinator/worker_api.h"
+#include "specd/worker/v1/worker.grpc.pb.h"
+
+namespace specd {
+
+class GrpcWorker final : public WorkerApi {
+ public:
+  enum class Role { kDraft, kTarget };
+
+  // Connects and reads Info, retrying until `wait` has passed (workers may still be loading).
+  // FAILED_PRECONDITION if the process at `address` has the other role.
+  static absl::StatusOr<std::unique_ptr<GrpcWorker>> Connect(Role role, const std::string& address,
+                                                             absl::Duration wait);
+
+  absl::StatusOr<std::vector<SequenceOutcome>> Draft(
+      std::span<const DraftSequenceRequest> batch,
+      const std::function<void(const DraftStep&)>& on_step) override;
+  absl::StatusOr<std::vector<VerifySequenceResult>> Verify(
+      std::span<const VerifySequenceRequest> batch) override;
+  absl::StatusOr<TruncateResult> Truncate(KvPool::SeqId seq, int64_t new_len, int32_t query_step,
+                                          std::span<const int32_t> query_tokens) override;
+  absl::StatusOr<ProbRow> ReadRow(KvPool::SeqId seq, int32_t step) override;
+  absl::Status Release(KvPool::SeqId seq) override;
+
+  const worker::v1::InfoResponse& info() const { return info_; }
+  const std::string& name() const { return name_; }
+
+ private:
+  GrpcWorker(Role role, std::string address, std::shared_ptr<grpc::Channel> channel);
+  // Fails with UNAVAILABLE (transport) or the worker's own status, naming the worker.
+  absl::Status Check(const grpc::Status& status, const char* rpc) const;
+  void SetDeadline(grpc::ClientContext* context) const;
+
+  Role role_;
+  std::string address_;
+  std::string name_;  // "draft worker at ADDR"
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<worker::v1::DraftWorker::Stub> draft_stub_;
+  std::unique_ptr<worker::v1::TargetWorker::Stub> target_stub_;
+  worker::v1::InfoResponse info_;
+  absl::Duration call_timeout_ = absl::Seconds(120);
+};
+
+}  // namespace specd
+
+#endif  // SPECD_SERVICES_COORDINATOR_GRPC_WORKER_H_

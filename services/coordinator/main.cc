@@ -1,0 +1,215 @@
+// specd-coordinator: the public gRPC API over a draft and a target worker. It owns every request,
+// runs accept/reject, and is NOT_SERVING (health) until both workers are reachable and agree on
+// the vocabulary.
+#include <pthread.h>
+#include <signal.h>
+
+#include <chrono>
+#include <iostream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/model/config.h"
+#include "common/tokenizer/tokenizer.h"
+#include "grpcpp/ext/proto_server_reflection_plugin.h"
+#include "grpcpp/grpcpp.h"
+#include "grpcpp/health_check_service_interface.h"
+#include "services/common/flags.h"
+#include "services/coordinator/generation_service.h"
+#include "services/coordinator/grpc_worker.h"
+
+namespace specd {
+namespace {
+
+constexpr char kProgram[] = "specd-coordinator";
+
+std::vector<FlagSpec> CoordinatorFlags() {
+  return {
+      {"listen", "public gRPC address host:port; port 0 picks a free one", "127.0.0.1:50051"},
+      {"target", "target worker address host:port", "", true},
+      {"draft", "draft worker address host:port; without one, decoding is plain (K = 0)", ""},
+      {"default-k", "num_speculative_tokens when a request does not say", "4"},
+      {"max-k", "largest num_speculative_tokens a request may ask for", "16"},
+      {"num-candidates", "residual candidates M the target draws per draft position", "4"},
+      {"max-running", "sequences in the running batch", "32"},
+      {"max-queued", "requests waiting beyond the running batch", "256"},
+      {"default-max-new-tokens", "max_new_tokens when a request does not say", "256"},
+      {"worker-wait-seconds", "how long to wait for the workers at start-up", "120"},
+      {"drain-seconds", "on SIGTERM, how long in-flight requests may take", "10"},
+  };
+}
+
+int Fail(const absl::Status& st) {
+  std::cerr << kProgram << ": " << st.message() << std::endl;
+  return 1;
+}
+
+v1::ModelInfo ModelInfoOf(const worker::v1::InfoResponse& info) {
+  v1::ModelInfo m;
+  m.set_name(info.model_name());
+  m.set_vocab_size(info.vocab_size());
+  m.set_max_seq_len(info.max_seq_len());
+  absl::StatusOr<ModelConfig> c = ParseModelConfig(info.model_config_json());
+  if (c.ok()) m.set_num_layers(static_cast<int32_t>(c->num_layers));
+  return m;
+}
+
+int Run(int argc, char** argv) {
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGTERM);
+  sigaddset(&stop_signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+
+  const std::vector<FlagSpec> specs = CoordinatorFlags();
+  const std::vector<std::string> args(argv + 1, argv + argc);
+  for (const std::string& a : args) {
+    if (a == "--help" || a == "-h") {
+      std::cout << "usage: " << kProgram << " --target ADDR [--draft ADDR] [flags]\n"
+                << "The specd public API over a draft and a target worker.\n\n"
+                << Flags::Usage(specs);
+      return 0;
+    }
+  }
+  absl::StatusOr<Flags> flags = Flags::Parse(args, specs);
+  if (!flags.ok()) {
+    std::cerr << kProgram << ": " << flags.status().message() << "\n\n" << Flags::Usage(specs);
+    return 2;
+  }
+  int64_t n[8];
+  const char* int_flags[8] = {"default-k",           "max-k",        "num-candidates",
+                              "max-running",         "max-queued",   "default-max-new-tokens",
+                              "worker-wait-seconds", "drain-seconds"};
+  const int64_t maxes[8] = {64, 64, 64, 4096, 1 << 20, 1 << 20, 86400, 3600};
+  for (int i = 0; i < 8; ++i) {
+    absl::StatusOr<int64_t> v = flags->GetInt(int_flags[i], 0, maxes[i]);
+    if (!v.ok()) {
+      std::cerr << kProgram << ": " << v.status().message() << "\n";
+      return 2;
+    }
+    n[i] = *v;
+  }
+  const auto [default_k, max_k, num_candidates, max_running, max_queued, default_max_new,
+              wait_seconds, drain_seconds] =
+      std::tuple{n[0], n[1], n[2], n[3], n[4], n[5], n[6], n[7]};
+  if (default_k > max_k) {
+    std::cerr << kProgram << ": --default-k (" << default_k << ") exceeds --max-k (" << max_k
+              << ")\n";
+    return 2;
+  }
+
+  // Serve first (NOT_SERVING), so health checks answer while the workers load.
+  GenerationService service;
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort(flags->Get("listen"), grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(&service);
+  const std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr || port == 0) {
+    return Fail(
+        absl::UnavailableError(absl::StrCat("--listen: cannot listen on ", flags->Get("listen"))));
+  }
+  grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService();
+  health->SetServingStatus(false);
+  const std::string listen = flags->Get("listen");
+  const std::string host = listen.substr(0, listen.rfind(':'));
+  std::cout << "listening on " << host << ":" << port << std::endl;
+
+  const absl::Duration wait = absl::Seconds(static_cast<double>(wait_seconds));
+  absl::StatusOr<std::unique_ptr<GrpcWorker>> target =
+      GrpcWorker::Connect(GrpcWorker::Role::kTarget, flags->Get("target"), wait);
+  if (!target.ok()) return Fail(target.status());
+  std::unique_ptr<GrpcWorker> draft;
+  if (!flags->Get("draft").empty()) {
+    absl::StatusOr<std::unique_ptr<GrpcWorker>> d =
+        GrpcWorker::Connect(GrpcWorker::Role::kDraft, flags->Get("draft"), wait);
+    if (!d.ok()) return Fail(d.status());
+    draft = *std::move(d);
+  }
+  const worker::v1::InfoResponse& ti = (*target)->info();
+  if (draft != nullptr) {
+    const worker::v1::InfoResponse& di = draft->info();
+    if (di.vocab_size() != ti.vocab_size() ||
+        di.tokenizer_fingerprint() != ti.tokenizer_fingerprint()) {
+      return Fail(absl::FailedPreconditionError(absl::StrCat(
+          "the draft worker's vocabulary differs from the target's (vocab ", di.vocab_size(),
+          " vs ", ti.vocab_size(), ", tokenizer ", di.tokenizer_fingerprint().substr(0, 12), " vs ",
+          ti.tokenizer_fingerprint().substr(0, 12),
+          "); speculative decoding needs one tokenizer")));
+    }
+  }
+
+  // The tokenizer comes from the target worker, so the coordinator needs no model volume.
+  std::unique_ptr<Tokenizer> tokenizer;
+  const auto& files = ti.tokenizer_files();
+  if (files.contains("tokenizer.json")) {
+    auto text = [&](const char* name) {
+      const auto it = files.find(name);
+      return it == files.end() ? std::string() : it->second;
+    };
+    absl::StatusOr<std::unique_ptr<Tokenizer>> tok = Tokenizer::FromJson(
+        text("tokenizer.json"), text("tokenizer_config.json"), text("generation_config.json"));
+    if (!tok.ok()) return Fail(tok.status());
+    tokenizer = *std::move(tok);
+  }
+  std::vector<int32_t> eos;
+  if (tokenizer != nullptr) {
+    eos = tokenizer->eos_ids();
+  } else if (absl::StatusOr<ModelConfig> c = ParseModelConfig(ti.model_config_json()); c.ok()) {
+    eos = c->eos_token_ids;
+  }
+
+  ServingState state;
+  state.tokenizer = tokenizer.get();
+  state.limits.vocab_size = ti.vocab_size();
+  state.limits.max_seq_len =
+      draft ? std::min(ti.max_seq_len(), draft->info().max_seq_len()) : ti.max_seq_len();
+  state.limits.default_max_new_tokens = default_max_new;
+  state.limits.default_num_speculative_tokens = static_cast<int32_t>(default_k);
+  state.limits.max_num_speculative_tokens = static_cast<int32_t>(max_k);
+  state.limits.has_draft = draft != nullptr;
+  SchedulerOptions so;
+  so.max_running = max_running;
+  so.max_queued = max_queued;
+  so.max_seq_len = state.limits.max_seq_len;
+  so.num_candidates = static_cast<int32_t>(num_candidates);
+  so.eos_token_ids = eos;
+  // Without a draft worker every request runs with K = 0 and never calls it; the target stands
+  // in so the scheduler always has two workers.
+  WorkerApi& draft_api = draft ? static_cast<WorkerApi&>(*draft) : **target;
+  Scheduler scheduler(draft_api, **target, tokenizer.get(), so);
+  state.scheduler = &scheduler;
+  *state.info.mutable_target() = ModelInfoOf(ti);
+  if (draft) *state.info.mutable_draft() = ModelInfoOf(draft->info());
+  state.info.set_default_num_speculative_tokens(static_cast<uint32_t>(draft ? default_k : 0));
+  state.info.set_max_num_speculative_tokens(static_cast<uint32_t>(max_k));
+  state.info.set_default_max_new_tokens(static_cast<uint32_t>(default_max_new));
+  state.info.set_max_running_requests(static_cast<uint32_t>(max_running));
+  state.info.set_max_queued_requests(static_cast<uint32_t>(max_queued));
+  state.info.mutable_eos_token_ids()->Add(eos.begin(), eos.end());
+  state.info.set_version("0.1.0");
+  service.SetServing(&state);
+  health->SetServingStatus(true);
+  std::cerr << kProgram << ": serving on " << host << ":" << port << " (target "
+            << flags->Get("target")
+            << (draft ? absl::StrCat(", draft ", flags->Get("draft")) : std::string(", no draft"))
+            << ")" << std::endl;
+
+  int signal_number = 0;
+  sigwait(&stop_signals, &signal_number);
+  std::cerr << kProgram << ": " << (signal_number == SIGTERM ? "SIGTERM" : "SIGINT")
+            << ": draining (up to " << drain_seconds << " s)" << std::endl;
+  health->SetServingStatus(false);
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(drain_seconds));
+  server->Wait();
+  return 0;
+}
+
+}  // namespace
+}  // namespace specd
+
+int main(int argc, char** argv) { return specd::Run(argc, argv); }

@@ -1,0 +1,148 @@
+#include "services/coordinator/request_validation.h"
+
+#include "absl/strings/str_cat.h"
+#include "common/sampling/params.h"
+
+namespace specd {
+namespace {
+
+absl::Status Invalid(const std::string& message) { return absl::InvalidArgumentError(message); }
+
+bool IsValidUtf8(const std::string& s) {
+  size_t i = 0;
+  while (i < s.size()) {
+    const unsigned char c = static_cast<unsigned char>(s[i]);
+    size_t n = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xe ? 3 : (c >> 3) == 0x1e ? 4 : 0;
+    if (n == 0 || i + n > s.size()) return false;
+    uint32_t cp = n == 1 ? c : c & (0x7f >> n);
+    for (size_t k = 1; k < n; ++k) {
+      const unsigned char cc = static_cast<unsigned char>(s[i + k]);
+      if ((cc & 0xc0) != 0x80) return false;
+      cp = (cp << 6) | (cc & 0x3f);
+    }
+    // Overlong forms, surrogates and values past U+10FFFF are not UTF-8.
+    if ((n == 2 && cp < 0x80) || (n == 3 && cp < 0x800) || (n == 4 && cp < 0x10000) ||
+        (cp >= 0xd800 && cp <= 0xdfff) || cp > 0x10ffff) {
+      return false;
+    }
+    i += n;
+  }
+  return true;
+}
+
+}  // namespace
+
+absl::StatusOr<GenerationRequest> BuildGenerationRequest(const v1::GenerateRequest& request,
+                                                         const Tokenizer* tokenizer,
+                                                         const ServerLimits& limits,
+                                                         uint64_t random_seed) {
+  GenerationRequest out;
+  // Prompt.
+  switch (request.prompt_case()) {
+    case v1::GenerateRequest::kText: {
+      const std::string& text = request.text();
+      if (text.empty()) return Invalid("prompt text is empty");
+      if (static_cast<int64_t>(text.size()) > limits.max_prompt_bytes) {
+        return Invalid(absl::StrCat("prompt text is ", text.size(), " bytes, over the limit of ",
+                                    limits.max_prompt_bytes));
+      }
+      if (tokenizer == nullptr) {
+        return Invalid("the served model has no tokenizer; send prompt token_ids instead of text");
+      }
+      if (!IsValidUtf8(text)) return Invalid("prompt text is not valid UTF-8");
+      absl::StatusOr<std::vector<int32_t>> ids = tokenizer->Encode(text);
+      if (!ids.ok()) return Invalid(absl::StrCat("prompt text: ", ids.status().message()));
+      out.prompt = *std::move(ids);
+      break;
+    }
+    case v1::GenerateRequest::kTokenIds:
+      out.prompt.assign(request.token_ids().ids().begin(), request.token_ids().ids().end());
+      break;
+    case v1::GenerateRequest::PROMPT_NOT_SET:
+      return Invalid("the request has no prompt: set text or token_ids");
+  }
+  if (out.prompt.empty()) return Invalid("the prompt is empty");
+  for (size_t i = 0; i < out.prompt.size(); ++i) {
+    if (out.prompt[i] < 0 || out.prompt[i] >= limits.vocab_size) {
+      return Invalid(absl::StrCat("prompt token id ", out.prompt[i], " at index ", i,
+                                  " is outside the vocabulary [0, ", limits.vocab_size, ")"));
+    }
+  }
+
+  // Sampling. Zero means "unset" for the fields whose neutral value is not zero.
+  const v1::SamplingParameters& s = request.sampling();
+  out.sampling.temperature = s.temperature();
+  out.sampling.top_k = s.top_k();
+  out.sampling.top_p = s.top_p() == 0.0f ? 1.0f : s.top_p();
+  out.sampling.min_p = s.min_p();
+  out.sampling.repetition_penalty = s.repetition_penalty() == 0.0f ? 1.0f : s.repetition_penalty();
+  out.sampling.presence_penalty = s.presence_penalty();
+  out.sampling.frequency_penalty = s.frequency_penalty();
+  if (absl::Status st = ValidateSamplingParams(out.sampling, limits.vocab_size); !st.ok()) {
+    return st;
+  }
+  out.seed = s.has_seed() ? s.seed() : random_seed;
+
+  // Stopping.
+  const v1::StoppingCriteria& stop = request.stopping();
+  out.max_new_tokens =
+      stop.max_new_tokens() == 0 ? limits.default_max_new_tokens : stop.max_new_tokens();
+  const int64_t room = limits.max_seq_len - static_cast<int64_t>(out.prompt.size());
+  if (room < 1) {
+    return Invalid(absl::StrCat("the prompt has ", out.prompt.size(),
+                                " tokens; the model's limit is ", limits.max_seq_len,
+                                " tokens including the output"));
+  }
+  if (out.max_new_tokens > room) {
+    if (stop.max_new_tokens() != 0) {
+      return Invalid(absl::StrCat("prompt (", out.prompt.size(), " tokens) + max_new_tokens (",
+                                  out.max_new_tokens, ") exceeds the model's limit of ",
+                                  limits.max_seq_len, " tokens"));
+    }
+    out.max_new_tokens = room;  // the default shrinks to fit; an explicit value does not
+  }
+  if (stop.stop_size() > limits.max_stop_strings) {
+    return Invalid(absl::StrCat(stop.stop_size(), " stop strings; at most ",
+                                limits.max_stop_strings, " are allowed"));
+  }
+  for (int i = 0; i < stop.stop_size(); ++i) {
+    const std::string& st = stop.stop(i);
+    if (st.empty()) return Invalid(absl::StrCat("stop string ", i, " is empty"));
+    if (static_cast<int64_t>(st.size()) > limits.max_stop_string_bytes) {
+      return Invalid(absl::StrCat("stop string ", i, " is ", st.size(), " bytes; at most ",
+                                  limits.max_stop_string_bytes, " are allowed"));
+    }
+    if (!IsValidUtf8(st)) return Invalid(absl::StrCat("stop string ", i, " is not valid UTF-8"));
+    if (tokenizer == nullptr) {
+      return Invalid("stop strings need a tokenizer, and the served model has none");
+    }
+    out.stop_strings.push_back(st);
+  }
+  for (const int32_t id : stop.stop_token_ids()) {
+    if (id < 0 || id >= limits.vocab_size) {
+      return Invalid(absl::StrCat("stop token id ", id, " is outside the vocabulary [0, ",
+                                  limits.vocab_size, ")"));
+    }
+    out.stop_token_ids.push_back(id);
+  }
+  out.ignore_eos = stop.ignore_eos();
+
+  // Speculation.
+  const v1::SpeculationParameters& spec = request.speculation();
+  const int64_t k = spec.has_num_speculative_tokens() ? spec.num_speculative_tokens()
+                                                      : limits.default_num_speculative_tokens;
+  if (k > limits.max_num_speculative_tokens) {
+    return Invalid(absl::StrCat("num_speculative_tokens must be in [0, ",
+                                limits.max_num_speculative_tokens, "], got ", k));
+  }
+  out.num_speculative_tokens = limits.has_draft ? static_cast<int32_t>(k) : 0;
+  out.draft_mode = spec.draft_sampling() == v1::DRAFT_SAMPLING_GREEDY ? DraftMode::kGreedy
+                                                                      : DraftMode::kProbabilistic;
+  if (request.request_id().size() > 256) {
+    return Invalid(absl::StrCat("request_id is ", request.request_id().size(),
+                                " bytes; at most 256 are allowed"));
+  }
+  return out;
+}
+
+}  // namespace specd

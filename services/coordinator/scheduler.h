@@ -1,0 +1,131 @@
+// The coordinator's scheduler: the single owner of every request (TGI's router queue is the
+// model). RPC handlers only Submit and Cancel; one thread admits waiting requests between rounds
+// (continuous batching), runs speculation rounds over the running batch, applies stop conditions,
+// streams events and releases finished sequences on both workers.
+#ifndef SPECD_SERVICES_COORDINATOR_SCHEDULER_H_
+#define SPECD_SERVICES_COORDINATOR_SCHEDULER_H_
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "common/tokenizer/tokenizer.h"
+#include "services/coordinator/speculation_round.h"
+#include "services/coordinator/text_output.h"
+
+namespace specd {
+
+enum class FinishReason { kNone, kLength, kEosToken, kStopToken, kStopString };
+
+// A validated, tokenized request.
+struct GenerationRequest {
+  std::vector<int32_t> prompt;
+  SamplingParams sampling;
+  uint64_t seed = 0;
+  int64_t max_new_tokens = 128;
+  std::vector<std::string> stop_strings;
+  std::vector<int32_t> stop_token_ids;
+  bool ignore_eos = false;
+  int32_t num_speculative_tokens = 4;
+  DraftMode draft_mode = DraftMode::kProbabilistic;
+};
+
+struct GenerationUsage {
+  int64_t prompt_tokens = 0;
+  int64_t completion_tokens = 0;
+  int64_t rounds = 0;
+  int64_t draft_tokens = 0;
+  int64_t accepted_tokens = 0;
+  std::vector<int64_t> accepted_per_position;  // [k]: rounds that accepted draft k+1
+};
+
+// One streamed update: the tokens committed by a round (after stop trimming) and their text.
+struct GenerationEvent {
+  std::vector<int32_t> tokens;
+  std::string text;
+  FinishReason finish = FinishReason::kNone;  // set on the last event
+  GenerationUsage usage;                      // on the last event
+  absl::Status error;                         // a failed request's last event
+};
+
+struct SchedulerOptions {
+  int64_t max_running = 32;
+  int64_t max_queued = 256;
+  int64_t max_seq_len = 0;
+  int32_t num_candidates = 4;
+  std::vector<int32_t> eos_token_ids;
+};
+
+class Scheduler {
+ public:
+  using EventSink = std::function<void(GenerationEvent)>;
+  using RequestHandle = uint64_t;
+
+  // `tokenizer` may be null (then text is empty). The workers and tokenizer must outlive it.
+  Scheduler(WorkerApi& draft, WorkerApi& target, const Tokenizer* tokenizer,
+            const SchedulerOptions& options);
+  ~Scheduler();  // stops the thread; pending requests get CANCELLED
+
+  // Queues a request. RESOURCE_EXHAUSTED when the queue is full. `sink` is called from the
+  // scheduler thread and must not block; its last call has finish or error set.
+  absl::StatusOr<RequestHandle> Submit(GenerationRequest request, EventSink sink);
+
+  // Frees the request's sequence on both workers within one round; the sink gets no more calls
+  // after the CANCELLED event.
+  void Cancel(RequestHandle handle);
+
+  int64_t running() const { return running_count_.load(); }
+  int64_t waiting() const { return waiting_count_.load(); }
+  // Sequences released and requeued because a worker's KV pool was full.
+  int64_t preemptions() const { return preemptions_.load(); }
+
+ private:
+  struct Active {
+    RequestHandle handle = 0;
+    GenerationRequest request;
+    EventSink sink;
+    SpeculativeSequence seq;
+    std::unique_ptr<TextOutput> text;
+    GenerationUsage usage;
+  };
+
+  void Loop();
+  // Applies one round's tokens to `a`; returns true when the request finished.
+  bool Commit(Active& a, const RoundStats& stats);
+  void Finish(Active& a, FinishReason reason, absl::Status error, GenerationEvent event);
+  void ReleaseOnWorkers(Active& a);
+
+  WorkerApi& draft_;
+  WorkerApi& target_;
+  const Tokenizer* tokenizer_;
+  SchedulerOptions options_;
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::unique_ptr<Active>> waiting_;   // guarded by mu_
+  absl::flat_hash_set<RequestHandle> cancelled_;  // guarded by mu_
+  bool stopping_ = false;                         // guarded by mu_
+  RequestHandle next_handle_ = 1;                 // guarded by mu_
+
+  std::vector<std::unique_ptr<Active>> running_;  // scheduler thread only
+  std::atomic<int64_t> running_count_{0};
+  std::atomic<int64_t> waiting_count_{0};
+  std::atomic<int64_t> preemptions_{0};
+  std::thread thread_;
+};
+
+}  // namespace specd
+
+#endif  // SPECD_SERVICES_COORDINATOR_SCHEDULER_H_

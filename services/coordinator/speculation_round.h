@@ -1,0 +1,57 @@
+// One speculation round for a batch of running sequences (DESIGN.md, "One speculation round"):
+// Draft on the draft worker, Verify on the target worker, accept/reject here, Truncate both, and
+// append the accepted tokens plus the correction or bonus token.
+#ifndef SPECD_SERVICES_COORDINATOR_SPECULATION_ROUND_H_
+#define SPECD_SERVICES_COORDINATOR_SPECULATION_ROUND_H_
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "common/sampling/params.h"
+#include "common/worker/worker_runtime.h"
+#include "services/coordinator/worker_api.h"
+
+namespace specd {
+
+// The coordinator's record of one running sequence: the committed tokens x are the truth;
+// the workers' cached lengths are what the coordinator believes each worker holds.
+struct SpeculativeSequence {
+  KvPool::SeqId id = 0;
+  std::vector<int32_t> tokens;  // x: prompt + generated
+  int64_t prompt_len = 0;
+  SamplingParams sampling;
+  uint64_t seed = 0;
+  int32_t num_speculative_tokens = 4;  // K requested; 0 = plain decoding
+  DraftMode draft_mode = DraftMode::kProbabilistic;
+  int32_t num_candidates = 4;  // M
+  int64_t draft_cached = 0;
+  int64_t target_cached = 0;
+};
+
+struct RoundStats {
+  int32_t drafted = 0;            // K used this round
+  int32_t accepted = 0;           // n
+  std::vector<int32_t> appended;  // tokens committed this round (n accepted + 1)
+  bool used_read_rows = false;
+  absl::Status status;
+};
+
+struct RoundOptions {
+  int64_t max_seq_len = 0;  // the smaller of the workers' limits
+};
+
+// Runs one round for `batch`, appending to each sequence's tokens. Per-sequence failures land in
+// that sequence's RoundStats; a failed call to a worker fails every sequence that needed it.
+std::vector<RoundStats> RunSpeculationRound(WorkerApi& draft, WorkerApi& target,
+                                            std::span<SpeculativeSequence* const> batch,
+                                            const RoundOptions& options);
+
+// The K a sequence can use this round: near max_seq_len it shrinks so that x never grows past
+// max_seq_len, and for the last token decoding falls back to K = 0.
+int32_t EffectiveK(const SpeculativeSequence& s, int64_t max_seq_len);
+
+}  // namespace specd
+
+#endif  // SPECD_SERVICES_COORDINATOR_SPECULATION_ROUND_H_

@@ -1,0 +1,77 @@
+// The coordinator's view of a worker: the five calls of DESIGN.md's speculation round. The gRPC
+// clients implement it over the wire; LocalWorker implements it over an in-process WorkerRuntime,
+// so the round logic is tested without processes and served with them.
+#ifndef SPECD_SERVICES_COORDINATOR_WORKER_API_H_
+#define SPECD_SERVICES_COORDINATOR_WORKER_API_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "common/worker/worker_runtime.h"
+#include "services/coordinator/accept_reject.h"
+
+namespace specd {
+
+class WorkerApi {
+ public:
+  virtual ~WorkerApi() = default;
+
+  // Draft worker: one callback per step (see DraftStep); returns per-sequence outcomes. A non-OK
+  // return is a failure of the whole call (e.g. the worker is unreachable).
+  virtual absl::StatusOr<std::vector<SequenceOutcome>> Draft(
+      std::span<const DraftSequenceRequest> batch,
+      const std::function<void(const DraftStep&)>& on_step) = 0;
+
+  // Target worker.
+  virtual absl::StatusOr<std::vector<VerifySequenceResult>> Verify(
+      std::span<const VerifySequenceRequest> batch) = 0;
+
+  virtual absl::StatusOr<TruncateResult> Truncate(KvPool::SeqId seq, int64_t new_len,
+                                                  int32_t query_step,
+                                                  std::span<const int32_t> query_tokens) = 0;
+  virtual absl::StatusOr<ProbRow> ReadRow(KvPool::SeqId seq, int32_t step) = 0;
+  virtual absl::Status Release(KvPool::SeqId seq) = 0;
+};
+
+// A worker in this process (tests, and a future single-process mode).
+class LocalWorker final : public WorkerApi {
+ public:
+  explicit LocalWorker(std::unique_ptr<WorkerRuntime> runtime) : runtime_(std::move(runtime)) {}
+
+  absl::StatusOr<std::vector<SequenceOutcome>> Draft(
+      std::span<const DraftSequenceRequest> batch,
+      const std::function<void(const DraftStep&)>& on_step) override {
+    return runtime_->Draft(batch, on_step);
+  }
+  absl::StatusOr<std::vector<VerifySequenceResult>> Verify(
+      std::span<const VerifySequenceRequest> batch) override {
+    return runtime_->Verify(batch);
+  }
+  absl::StatusOr<TruncateResult> Truncate(KvPool::SeqId seq, int64_t new_len, int32_t query_step,
+                                          std::span<const int32_t> query_tokens) override {
+    return runtime_->Truncate(seq, new_len, query_step, query_tokens);
+  }
+  absl::StatusOr<ProbRow> ReadRow(KvPool::SeqId seq, int32_t step) override {
+    absl::StatusOr<KeptRow> kept = runtime_->ReadRow(seq, step);
+    if (!kept.ok()) return kept.status();
+    ProbRow out;
+    if (!kept->dense) out.ids = std::move(kept->row.ids);
+    out.probs = std::move(kept->row.probs);
+    return out;
+  }
+  absl::Status Release(KvPool::SeqId seq) override { return runtime_->Release(seq); }
+
+  WorkerRuntime& runtime() { return *runtime_; }
+
+ private:
+  std::unique_ptr<WorkerRuntime> runtime_;
+};
+
+}  // namespace specd
+
+#endif  // SPECD_SERVICES_COORDINATOR_WORKER_API_H_

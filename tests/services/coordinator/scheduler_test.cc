@@ -1,0 +1,305 @@
+// The scheduler over in-process workers: concurrent requests with mixed parameters, stop
+// conditions, cancellation, a full queue, and preemption when the KV pools run out.
+#include "services/coordinator/scheduler.h"
+
+#include <algorithm>
+#include <chrono>
+#include <future>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "common/engine/decode_loop.h"
+#include "common/synth/synth.h"
+#include "common/tokenizer/tokenizer.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/common/engine/engine_test_util.h"
+#include "tests/test_util.h"
+
+namespace specd {
+namespace {
+
+using ::testing::HasSubstr;
+using testing::ScopedTempDir;
+
+// Collects a request's events; Wait() returns once the last one arrived.
+class Collector {
+ public:
+  Scheduler::EventSink Sink() {
+    return [this](GenerationEvent e) {
+      std::lock_guard<std::mutex> lock(mu_);
+      tokens_.insert(tokens_.end(), e.tokens.begin(), e.tokens.end());
+      text_ += e.text;
+      ++events_;
+      if (e.finish != FinishReason::kNone || !e.error.ok()) {
+        last_ = std::move(e);
+        done_.set_value();
+      }
+    };
+  }
+  void Wait() { done_future_.wait(); }
+  bool WaitFor(std::chrono::seconds s) {
+    return done_future_.wait_for(s) == std::future_status::ready;
+  }
+  std::vector<int32_t> tokens() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return tokens_;
+  }
+  std::string text() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return text_;
+  }
+  GenerationEvent last() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return last_;
+  }
+  int events() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return events_;
+  }
+
+ private:
+  std::mutex mu_;
+  std::vector<int32_t> tokens_;
+  std::string text_;
+  int events_ = 0;
+  GenerationEvent last_;
+  std::promise<void> done_;
+  std::future<void> done_future_ = done_.get_future();
+};
+
+class SchedulerTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new ScopedTempDir();
+    SynthSpec spec;
+    spec.config = testing::SmallConfig();
+    spec.config.vocab_size = 1000;  // a synthetic tokenizer with plenty of letter pieces
+    spec.config.num_layers = 3;
+    spec.config.max_position_embeddings = 256;
+    spec.residual_scale = 0.2;
+    spec.seed = 9;
+    testing::WriteSynth(spec, dir_->path());
+  }
+  static void TearDownTestSuite() { delete dir_; }
+
+  void MakeWorkers(int64_t kv_tokens) {
+    for (int role = 0; role < 2; ++role) {
+      auto engine = testing::MakeEngine(dir_->path(), 1, kv_tokens, role == 0 ? 1 : 0);
+      auto worker = std::make_unique<LocalWorker>(
+          std::make_unique<WorkerRuntime>(std::move(engine), WorkerRuntimeOptions{}));
+      (role == 0 ? draft_ : target_) = std::move(worker);
+    }
+    absl::StatusOr<std::unique_ptr<Tokenizer>> tok = Tokenizer::LoadFromDir(dir_->path());
+    ASSERT_TRUE(tok.ok()) << tok.status();
+    tokenizer_ = *std::move(tok);
+  }
+
+  std::unique_ptr<Scheduler> MakeScheduler(int64_t max_running = 32, int64_t max_queued = 256) {
+    SchedulerOptions o;
+    o.max_running = max_running;
+    o.max_queued = max_queued;
+    o.max_seq_len = 256;
+    o.eos_token_ids = {2};
+    return std::make_unique<Scheduler>(*draft_, *target_, tokenizer_.get(), o);
+  }
+
+  std::vector<int32_t> Solo(const std::vector<int32_t>& prompt, int64_t n) {
+    auto engine = testing::MakeEngine(dir_->path(), 1);
+    DecodeRequest req;
+    req.prompt = prompt;
+    req.sampling.temperature = 0.0f;
+    req.max_new_tokens = n;
+    absl::StatusOr<DecodeResult> out = DecodePlain(*engine, 1, req);
+    EXPECT_TRUE(out.ok());
+    return out->tokens;
+  }
+
+  static GenerationRequest Greedy(std::vector<int32_t> prompt, int64_t n, int32_t k) {
+    GenerationRequest r;
+    r.prompt = std::move(prompt);
+    r.sampling.temperature = 0.0f;
+    r.max_new_tokens = n;
+    r.ignore_eos = true;
+    r.num_speculative_tokens = k;
+    return r;
+  }
+
+  void ExpectNoBlocksUsed() {
+    EXPECT_EQ(target_->runtime().engine().kv().used_blocks(), 0);
+    EXPECT_EQ(draft_->runtime().engine().kv().used_blocks(), 0);
+  }
+
+  static inline ScopedTempDir* dir_ = nullptr;
+  std::unique_ptr<LocalWorker> draft_, target_;
+  std::unique_ptr<Tokenizer> tokenizer_;
+};
+
+TEST_F(SchedulerTest, ThirtyTwoMixedConcurrentRequestsFinishAndGreedyOnesMatchSolo) {
+  MakeWorkers(8192);
+  auto scheduler = MakeScheduler(/*max_running=*/8);  // forces queueing and continuous batching
+  std::vector<std::unique_ptr<Collector>> out;
+  std::vector<GenerationRequest> reqs;
+  for (int i = 0; i < 32; ++i) {
+    std::vector<int32_t> prompt = {1};
+    for (int j = 0; j < 1 + i % 9; ++j) prompt.push_back(3 + (i * 41 + j * 13) % 290);
+    GenerationRequest r = Greedy(prompt, 10 + i % 13, i % 6);
+    if (i % 2 == 1) {  // sampled, with assorted transforms
+      r.sampling.temperature = 0.6f + 0.1f * static_cast<float>(i % 5);
+      r.sampling.top_k = i % 3 == 0 ? 0 : 30;
+      r.sampling.top_p = i % 4 == 1 ? 0.9f : 1.0f;
+      r.sampling.repetition_penalty = i % 5 == 0 ? 1.1f : 1.0f;
+      r.seed = 77 + static_cast<uint64_t>(i);
+    }
+    reqs.push_back(r);
+    out.push_back(std::make_unique<Collector>());
+    ASSERT_TRUE(scheduler->Submit(r, out.back()->Sink()).ok());
+  }
+  for (int i = 0; i < 32; ++i) {
+    ASSERT_TRUE(out[i]->WaitFor(std::chrono::seconds(60))) << "request " << i;
+    const GenerationEvent last = out[i]->last();
+    ASSERT_TRUE(last.error.ok()) << last.error;
+    EXPECT_EQ(last.finish, FinishReason::kLength);
+    EXPECT_EQ(static_cast<int64_t>(out[i]->tokens().size()), reqs[i].max_new_tokens);
+    EXPECT_EQ(last.usage.completion_tokens, reqs[i].max_new_tokens);
+    if (i % 2 == 0) {
+      EXPECT_EQ(out[i]->tokens(), Solo(reqs[i].prompt, reqs[i].max_new_tokens)) << "request " << i;
+    }
+  }
+  scheduler.reset();
+  ExpectNoBlocksUsed();
+}
+
+TEST_F(SchedulerTest, StopStringEndsExactlyAtTheStringAndTrimsIt) {
+  MakeWorkers(4096);
+  auto scheduler = MakeScheduler();
+  // A random model also emits byte tokens that decode to U+FFFD; look for a prompt whose text has
+  // a run of plain letters in its second half to use as the stop string.
+  for (int32_t seed_token = 40; seed_token < 80; ++seed_token) {
+    const std::vector<int32_t> prompt = {1, seed_token, 50};
+    Collector free_run;
+    ASSERT_TRUE(scheduler->Submit(Greedy(prompt, 40, 3), free_run.Sink()).ok());
+    free_run.Wait();
+    const std::string full = free_run.text();
+    size_t at = std::string::npos;
+    for (size_t i = full.size() / 3; i + 4 <= full.size(); ++i) {
+      if (std::all_of(full.begin() + i, full.begin() + i + 4,
+                      [](char ch) { return ch >= 'a' && ch <= 'z'; })) {
+        at = i;
+        break;
+      }
+    }
+    if (at == std::string::npos) continue;
+    const std::string stop = full.substr(at, 4);
+    GenerationRequest r = Greedy(prompt, 40, 3);
+    r.stop_strings = {"never-occurs-here", stop};
+    Collector stopped;
+    ASSERT_TRUE(scheduler->Submit(r, stopped.Sink()).ok());
+    stopped.Wait();
+    EXPECT_EQ(stopped.last().finish, FinishReason::kStopString);
+    EXPECT_EQ(stopped.text(), full.substr(0, full.find(stop)));
+    EXPECT_LT(stopped.tokens().size(), free_run.tokens().size());
+    scheduler.reset();
+    ExpectNoBlocksUsed();
+    return;
+  }
+  FAIL() << "no prompt produced a usable stop string";
+}
+
+TEST_F(SchedulerTest, StopTokenAndEos) {
+  MakeWorkers(4096);
+  auto scheduler = MakeScheduler();
+  const std::vector<int32_t> prompt = {1, 60};
+  const std::vector<int32_t> solo = Solo(prompt, 30);
+  GenerationRequest r = Greedy(prompt, 30, 4);
+  r.stop_token_ids = {solo[7]};
+  const size_t first = std::find(solo.begin(), solo.end(), solo[7]) - solo.begin();
+  Collector c;
+  ASSERT_TRUE(scheduler->Submit(r, c.Sink()).ok());
+  c.Wait();
+  EXPECT_EQ(c.last().finish, FinishReason::kStopToken);
+  EXPECT_EQ(c.tokens(), std::vector<int32_t>(solo.begin(), solo.begin() + first + 1));
+  scheduler.reset();
+  ExpectNoBlocksUsed();
+}
+
+TEST_F(SchedulerTest, CancelFreesTheSequenceWithinARound) {
+  MakeWorkers(4096);
+  auto scheduler = MakeScheduler();
+  Collector c;
+  absl::StatusOr<Scheduler::RequestHandle> h =
+      scheduler->Submit(Greedy({1, 5, 6}, 200, 2), c.Sink());
+  ASSERT_TRUE(h.ok());
+  while (c.events() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  scheduler->Cancel(*h);
+  ASSERT_TRUE(c.WaitFor(std::chrono::seconds(10)));
+  EXPECT_EQ(c.last().error.code(), absl::StatusCode::kCancelled);
+  EXPECT_LT(c.tokens().size(), 200u);
+  scheduler.reset();
+  ExpectNoBlocksUsed();
+}
+
+TEST_F(SchedulerTest, FullQueueIsResourceExhausted) {
+  MakeWorkers(4096);
+  auto scheduler = MakeScheduler(/*max_running=*/1, /*max_queued=*/2);
+  std::vector<std::unique_ptr<Collector>> cs;
+  int rejected = 0;
+  for (int i = 0; i < 8; ++i) {
+    cs.push_back(std::make_unique<Collector>());
+    absl::StatusOr<Scheduler::RequestHandle> h =
+        scheduler->Submit(Greedy({1, 9}, 50, 1), cs.back()->Sink());
+    if (!h.ok()) {
+      EXPECT_EQ(h.status().code(), absl::StatusCode::kResourceExhausted);
+      EXPECT_THAT(h.status().message(), HasSubstr("queue is full"));
+      ++rejected;
+      cs.pop_back();
+    }
+  }
+  EXPECT_GT(rejected, 0);
+  for (auto& c : cs) c->Wait();
+  scheduler.reset();
+  ExpectNoBlocksUsed();
+}
+
+TEST_F(SchedulerTest, SmallKvPoolPreemptsAndOutputsAreUnchanged) {
+  // Each request needs about 5 blocks of 16 tokens (prompt 10 + 60 new); the pools hold 16.
+  MakeWorkers(16 * 16);
+  auto scheduler = MakeScheduler(/*max_running=*/12);
+  std::vector<std::unique_ptr<Collector>> cs;
+  std::vector<GenerationRequest> reqs;
+  for (int i = 0; i < 12; ++i) {
+    std::vector<int32_t> prompt = {1};
+    for (int j = 0; j < 9; ++j) prompt.push_back(3 + (i * 7 + j * 29) % 290);
+    GenerationRequest r = Greedy(prompt, 60, 1 + i % 4);
+    if (i % 3 == 0) {
+      r.sampling.temperature = 0.9f;
+      r.seed = 5 + static_cast<uint64_t>(i);
+    }
+    reqs.push_back(r);
+    cs.push_back(std::make_unique<Collector>());
+    ASSERT_TRUE(scheduler->Submit(r, cs.back()->Sink()).ok());
+  }
+  std::vector<std::vector<int32_t>> small_pool;
+  for (auto& c : cs) {
+    ASSERT_TRUE(c->WaitFor(std::chrono::seconds(120)));
+    ASSERT_TRUE(c->last().error.ok()) << c->last().error;
+    small_pool.push_back(c->tokens());
+  }
+  EXPECT_GT(scheduler->preemptions(), 0);
+  scheduler.reset();
+  ExpectNoBlocksUsed();
+
+  // The same requests with ample KV, one at a time.
+  MakeWorkers(8192);
+  auto ample = MakeScheduler(1);
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    Collector c;
+    ASSERT_TRUE(ample->Submit(reqs[i], c.Sink()).ok());
+    c.Wait();
+    EXPECT_EQ(c.tokens(), small_pool[i]) << "request " << i;
+  }
+}
+
+}  // namespace
+}  // namespace specd
