@@ -174,7 +174,8 @@ void Scheduler::Loop() {
     std::vector<SpeculativeSequence*> batch;
     for (auto& a : running_) {
       if (a->text == nullptr) {  // newly admitted
-        a->text = std::make_unique<TextOutput>(tokenizer_, a->request.stop_strings);
+        a->text =
+            std::make_unique<TextOutput>(tokenizer_, a->request.stop_strings, a->request.prompt);
         a->seq.id = a->handle;
         a->seq.tokens = a->request.prompt;
         a->seq.prompt_len = static_cast<int64_t>(a->request.prompt.size());

@@ -4,10 +4,13 @@
 
 namespace specd {
 
-TextOutput::TextOutput(const Tokenizer* tokenizer, std::vector<std::string> stop_strings)
+TextOutput::TextOutput(const Tokenizer* tokenizer, std::vector<std::string> stop_strings,
+                       std::span<const int32_t> prompt)
     : stops_(std::move(stop_strings)) {
   if (tokenizer != nullptr) {
     detok_ = std::make_unique<IncrementalDetokenizer>(*tokenizer, /*skip_special_tokens=*/true);
+    // The prompt's own text is the client's; only what follows it is streamed.
+    (void)detok_->Push(prompt);
   }
   stops_.erase(std::remove(stops_.begin(), stops_.end(), std::string()), stops_.end());
 }

@@ -17,8 +17,10 @@ namespace specd {
 class TextOutput {
  public:
   // `tokenizer` may be null (token-id-only models): then text is always empty and stop strings
-  // are not allowed.
-  TextOutput(const Tokenizer* tokenizer, std::vector<std::string> stop_strings);
+  // are not allowed. The prompt primes the detokenizer, so the first generated piece is a
+  // continuation (e.g. SentencePiece keeps its leading space) rather than the start of a text.
+  TextOutput(const Tokenizer* tokenizer, std::vector<std::string> stop_strings,
+             std::span<const int32_t> prompt);
 
   struct Chunk {
     std::string text;        // safe to send now

@@ -1,0 +1,363 @@
+// The whole service as users run it: a target worker, a draft worker and the coordinator as
+// three processes on loopback (ephemeral ports), driven through specd.v1.Generation.
+#include <chrono>
+#include <fstream>
+#include <future>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/synth/synth.h"
+#include "gmock/gmock.h"
+#include "grpc/health/v1/health.grpc.pb.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "specd/v1/generation.grpc.pb.h"
+#include "specd/worker/v1/worker.grpc.pb.h"
+#include "tests/services/worker_fixture.h"
+#include "tests/services/worker_process.h"
+#include "tests/test_util.h"
+
+namespace specd {
+namespace {
+
+using ::testing::HasSubstr;
+using testing::ChildProcess;
+using testing::ScopedTempDir;
+
+struct Stream {
+  grpc::Status status;
+  std::vector<int32_t> tokens;
+  std::string text;
+  v1::GenerateResponse last;
+};
+
+// Three processes: target, draft, coordinator.
+class Service {
+ public:
+  static std::unique_ptr<Service> Start(const std::filesystem::path& target_model,
+                                        const std::filesystem::path& draft_model,
+                                        int64_t draft_exit_layer, int64_t kv_tokens = 16384) {
+    auto s = std::make_unique<Service>();
+    const std::vector<std::string> kv = {"--kv-tokens", std::to_string(kv_tokens)};
+    auto target = ChildProcess::Start(testing::TargetWorkerBinary(),
+                                      testing::WorkerArgs(target_model, kv));
+    EXPECT_TRUE(target.ok()) << target.status();
+    if (!target.ok()) return nullptr;
+    s->target = *std::move(target);
+    std::vector<std::string> dargs = kv;
+    if (draft_exit_layer > 0) {
+      dargs.insert(dargs.end(), {"--exit-layer", std::to_string(draft_exit_layer)});
+    }
+    auto draft =
+        ChildProcess::Start(testing::DraftWorkerBinary(), testing::WorkerArgs(draft_model, dargs));
+    EXPECT_TRUE(draft.ok()) << draft.status();
+    if (!draft.ok()) return nullptr;
+    s->draft = *std::move(draft);
+    auto coord = ChildProcess::Start(
+        testing::BuiltBinary("services/coordinator/specd-coordinator"),
+        {"--listen", "127.0.0.1:0", "--target", s->target->address(), "--draft",
+         s->draft->address(), "--max-running", "16"});
+    EXPECT_TRUE(coord.ok()) << coord.status();
+    if (!coord.ok()) return nullptr;
+    s->coordinator = *std::move(coord);
+    s->stub = v1::Generation::NewStub(s->coordinator->Channel());
+    // The coordinator listens before it has checked its workers; health says when it serves.
+    auto health = grpc::health::v1::Health::NewStub(s->coordinator->Channel());
+    for (int i = 0; i < 300; ++i) {
+      grpc::ClientContext ctx;
+      grpc::health::v1::HealthCheckRequest req;
+      grpc::health::v1::HealthCheckResponse reply;
+      if (health->Check(&ctx, req, &reply).ok() &&
+          reply.status() == grpc::health::v1::HealthCheckResponse::SERVING) {
+        return s;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    ADD_FAILURE() << "coordinator never became SERVING: " << s->coordinator->StderrText();
+    return nullptr;
+  }
+
+  Stream Generate(const v1::GenerateRequest& req, int deadline_ms = 60000) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(deadline_ms));
+    Stream out;
+    auto reader = stub->Generate(&ctx, req);
+    v1::GenerateResponse msg;
+    while (reader->Read(&msg)) {
+      out.tokens.insert(out.tokens.end(), msg.token_ids().begin(), msg.token_ids().end());
+      out.text += msg.text();
+      out.last = msg;
+    }
+    out.status = reader->Finish();
+    return out;
+  }
+
+  // Used KV blocks on a worker, from its Info.
+  template <typename StubT>
+  static int64_t UsedBlocks(StubT& stub) {
+    grpc::ClientContext ctx;
+    worker::v1::InfoResponse info;
+    EXPECT_TRUE(stub.Info(&ctx, worker::v1::InfoRequest(), &info).ok());
+    return info.kv_total_blocks() - info.kv_free_blocks();
+  }
+  void ExpectNoBlocksUsed() {
+    auto t = worker::v1::TargetWorker::NewStub(target->Channel());
+    auto d = worker::v1::DraftWorker::NewStub(draft->Channel());
+    // Releases are issued right after the last message; give them a moment to land.
+    for (int i = 0; i < 100 && (UsedBlocks(*t) != 0 || UsedBlocks(*d) != 0); ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    EXPECT_EQ(UsedBlocks(*t), 0);
+    EXPECT_EQ(UsedBlocks(*d), 0);
+  }
+
+  std::unique_ptr<ChildProcess> target, draft, coordinator;
+  std::unique_ptr<v1::Generation::Stub> stub;
+};
+
+v1::GenerateRequest TextRequest(const std::string& text, uint32_t max_new, uint32_t k) {
+  v1::GenerateRequest r;
+  r.set_text(text);
+  r.mutable_stopping()->set_max_new_tokens(max_new);
+  r.mutable_stopping()->set_ignore_eos(true);
+  r.mutable_speculation()->set_num_speculative_tokens(k);
+  return r;
+}
+
+class GoldenE2eTest : public ::testing::TestWithParam<bool /*synthetic draft*/> {};
+
+TEST_P(GoldenE2eTest, Stories260KStreamsTheGoldenTextForEveryK) {
+  SPECD_REQUIRE_SHARED_DIR(shared);
+  ScopedTempDir tmp;
+  const std::filesystem::path model = tmp.path() / "stories260K";
+  ASSERT_TRUE(testing::PrepareModel(testing::ModelKind::kStories260K, model).ok());
+  std::filesystem::path draft_model = model;
+  int64_t exit_layer = testing::DraftExitLayer(testing::ModelKind::kStories260K);
+  if (GetParam()) {
+    // A random draft over the same vocabulary and tokenizer.
+    SynthSpec spec;
+    absl::StatusOr<ModelConfig> c = LoadModelConfig(model);
+    ASSERT_TRUE(c.ok());
+    spec.config = *c;
+    spec.config.num_layers = 2;
+    spec.seed = 3;
+    draft_model = tmp.path() / "synthetic-draft";
+    ASSERT_TRUE(WriteSyntheticModel(spec, draft_model).ok());
+    for (const char* f : {"tokenizer.json", "tokenizer_config.json", "generation_config.json"}) {
+      std::filesystem::copy_file(model / f, draft_model / f,
+                                 std::filesystem::copy_options::overwrite_existing);
+    }
+    exit_layer = 0;
+  }
+  auto service = Service::Start(model, draft_model, exit_layer);
+  ASSERT_NE(service, nullptr);
+
+  std::ifstream f(shared / "models/stories260K/golden-greedy.json");
+  const nlohmann::json golden = nlohmann::json::parse(f);
+  for (const auto& c : golden["cases"]) {
+    const std::string prompt = c["prompt"].get<std::string>();
+    const std::vector<int32_t> ids = c["token_ids"].get<std::vector<int32_t>>();
+    std::string text = c["text"].get<std::string>();
+    text.pop_back();  // run.c prints a newline of its own at the end
+    // How many of the golden ids are prompt: the coordinator's own tokenizer says.
+    grpc::ClientContext tctx;
+    v1::TokenizeRequest treq;
+    treq.set_text(prompt);
+    treq.set_add_special_tokens(true);
+    v1::TokenizeResponse tresp;
+    const size_t n = prompt.empty() ? 1 : (service->stub->Tokenize(&tctx, treq, &tresp).ok()
+                                               ? static_cast<size_t>(tresp.token_ids_size())
+                                               : 0);
+    ASSERT_GT(n, 0u);
+    for (const uint32_t k : {0u, 1u, 2u, 4u, 8u}) {
+      v1::GenerateRequest r;
+      if (prompt.empty()) {
+        r.mutable_token_ids()->add_ids(1);
+      } else {
+        r.set_text(prompt);
+      }
+      r.mutable_stopping()->set_max_new_tokens(static_cast<uint32_t>(ids.size() - n));
+      r.mutable_stopping()->set_ignore_eos(true);
+      r.mutable_speculation()->set_num_speculative_tokens(k);
+      const Stream s = service->Generate(r);
+      ASSERT_TRUE(s.status.ok()) << s.status.error_message();
+      EXPECT_EQ(s.tokens, std::vector<int32_t>(ids.begin() + static_cast<std::ptrdiff_t>(n),
+                                               ids.end()))
+          << "prompt '" << prompt << "', K = " << k;
+      EXPECT_EQ(prompt + s.text, text) << "prompt '" << prompt << "', K = " << k;
+      EXPECT_EQ(s.last.finish_reason(), v1::FINISH_REASON_LENGTH);
+      if (k > 0) EXPECT_EQ(s.last.usage().draft_tokens() > 0, true);
+    }
+  }
+  service->ExpectNoBlocksUsed();
+}
+
+INSTANTIATE_TEST_SUITE_P(Drafts, GoldenE2eTest, ::testing::Values(false, true),
+                         [](const auto& info) { return info.param ? "synthetic" : "early_exit"; });
+
+class SyntheticE2eTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    model_ = tmp_.path() / "target";
+    SynthSpec spec;
+    absl::StatusOr<ModelConfig> c = ShapePreset("tiny");
+    ASSERT_TRUE(c.ok());
+    spec.config = *c;
+    spec.config.vocab_size = 1000;
+    spec.residual_scale = 0.1;
+    ASSERT_TRUE(WriteSyntheticModel(spec, model_).ok());
+    service_ = Service::Start(model_, model_, 1);
+    ASSERT_NE(service_, nullptr);
+  }
+  ScopedTempDir tmp_;
+  std::filesystem::path model_;
+  std::unique_ptr<Service> service_;
+};
+
+TEST_F(SyntheticE2eTest, GreedySpeculativeEqualsPlainOverTheWire) {
+  for (int p = 0; p < 30; ++p) {
+    v1::GenerateRequest r;
+    r.mutable_token_ids()->add_ids(1);
+    for (int j = 0; j < 1 + p % 5; ++j) r.mutable_token_ids()->add_ids(300 + (p * 37 + j) % 600);
+    r.mutable_stopping()->set_max_new_tokens(16);
+    r.mutable_stopping()->set_ignore_eos(true);
+    r.mutable_speculation()->set_num_speculative_tokens(0);
+    const Stream plain = service_->Generate(r);
+    ASSERT_TRUE(plain.status.ok()) << plain.status.error_message();
+    ASSERT_EQ(plain.tokens.size(), 16u);
+    for (const uint32_t k : {1u, 3u, 8u}) {
+      r.mutable_speculation()->set_num_speculative_tokens(k);
+      const Stream spec = service_->Generate(r);
+      ASSERT_TRUE(spec.status.ok());
+      EXPECT_EQ(spec.tokens, plain.tokens) << "prompt " << p << ", K = " << k;
+    }
+  }
+  service_->ExpectNoBlocksUsed();
+}
+
+TEST_F(SyntheticE2eTest, ThirtyTwoConcurrentMixedStreams) {
+  std::vector<v1::GenerateRequest> reqs;
+  for (int i = 0; i < 32; ++i) {
+    v1::GenerateRequest r = TextRequest(absl::StrCat("the story ", i), 8 + i % 17, i % 5);
+    if (i % 2 == 1) {
+      r.mutable_sampling()->set_temperature(0.8f);
+      r.mutable_sampling()->set_top_p(0.9f);
+      r.mutable_sampling()->set_seed(1000 + i);
+    }
+    if (i % 7 == 3) r.mutable_stopping()->add_stop("e");
+    reqs.push_back(r);
+  }
+  std::vector<std::future<Stream>> futures;
+  for (const auto& r : reqs) {
+    futures.push_back(std::async(std::launch::async, [&, r] { return service_->Generate(r); }));
+  }
+  std::vector<Stream> results;
+  for (auto& f : futures) results.push_back(f.get());
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    ASSERT_TRUE(results[i].status.ok()) << i << ": " << results[i].status.error_message();
+    EXPECT_NE(results[i].last.finish_reason(), v1::FINISH_REASON_UNSPECIFIED);
+    if (i % 2 == 0) {
+      const Stream solo = service_->Generate(reqs[i]);
+      EXPECT_EQ(results[i].tokens, solo.tokens) << "request " << i;
+      EXPECT_EQ(results[i].text, solo.text) << "request " << i;
+    }
+  }
+  service_->ExpectNoBlocksUsed();
+}
+
+TEST_F(SyntheticE2eTest, InvalidRequestsAreRejectedWithPreciseMessages) {
+  struct Case {
+    std::function<void(v1::GenerateRequest*)> mutate;
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {[](v1::GenerateRequest* r) { r->mutable_sampling()->set_temperature(-1); },
+       "temperature must be >= 0"},
+      {[](v1::GenerateRequest* r) { r->mutable_sampling()->set_top_p(1.5f); },
+       "top_p must be in (0, 1]"},
+      {[](v1::GenerateRequest* r) { r->set_text(""); }, "prompt text is empty"},
+      {[](v1::GenerateRequest* r) { r->clear_prompt(); }, "has no prompt"},
+      {[](v1::GenerateRequest* r) { r->mutable_token_ids()->add_ids(5000); },
+       "outside the vocabulary"},
+      {[](v1::GenerateRequest* r) { r->mutable_stopping()->set_max_new_tokens(100000); },
+       "exceeds the model's limit"},
+      {[](v1::GenerateRequest* r) {
+         r->mutable_speculation()->set_num_speculative_tokens(1000);
+       },
+       "num_speculative_tokens must be in [0, 16]"},
+  };
+  for (const Case& c : cases) {
+    v1::GenerateRequest r = TextRequest("hello", 4, 2);
+    c.mutate(&r);
+    const Stream s = service_->Generate(r);
+    EXPECT_EQ(s.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << c.message;
+    EXPECT_THAT(s.status.error_message(), HasSubstr(c.message));
+  }
+  // A bad request harms nothing: a good one still works.
+  EXPECT_TRUE(service_->Generate(TextRequest("hello", 4, 2)).status.ok());
+}
+
+TEST_F(SyntheticE2eTest, DeadlineAndCancellationFreeTheSequence) {
+  // tiny's limit is 512 tokens; a 1 ms deadline expires mid-generation.
+  const Stream s = service_->Generate(TextRequest("a long one", 400, 2), /*deadline_ms=*/1);
+  EXPECT_EQ(s.status.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  grpc::ClientContext ctx;
+  auto reader = service_->stub->Generate(&ctx, TextRequest("another long one", 400, 2));
+  v1::GenerateResponse msg;
+  ASSERT_TRUE(reader->Read(&msg));
+  ctx.TryCancel();
+  while (reader->Read(&msg)) {
+  }
+  EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::CANCELLED);
+  service_->ExpectNoBlocksUsed();
+}
+
+TEST_F(SyntheticE2eTest, ServerInfoTokenizeDetokenize) {
+  grpc::ClientContext c1;
+  v1::GetServerInfoResponse info;
+  ASSERT_TRUE(service_->stub->GetServerInfo(&c1, v1::GetServerInfoRequest(), &info).ok());
+  EXPECT_EQ(info.target().vocab_size(), 1000);
+  EXPECT_EQ(info.draft().num_layers(), 1);
+  EXPECT_EQ(info.default_num_speculative_tokens(), 4u);
+  grpc::ClientContext c2;
+  v1::TokenizeRequest treq;
+  treq.set_text("hello world");
+  v1::TokenizeResponse tresp;
+  ASSERT_TRUE(service_->stub->Tokenize(&c2, treq, &tresp).ok());
+  grpc::ClientContext c3;
+  v1::DetokenizeRequest dreq;
+  dreq.mutable_token_ids()->CopyFrom(tresp.token_ids());
+  v1::DetokenizeResponse dresp;
+  ASSERT_TRUE(service_->stub->Detokenize(&c3, dreq, &dresp).ok());
+  EXPECT_EQ(dresp.text(), "hello world");
+}
+
+TEST(CoordinatorStartupTest, RefusesADraftWithAnotherVocabulary) {
+  ScopedTempDir tmp;
+  SynthSpec spec;
+  spec.config = *ShapePreset("tiny");
+  ASSERT_TRUE(WriteSyntheticModel(spec, tmp.path() / "a").ok());
+  spec.config.vocab_size = 600;
+  ASSERT_TRUE(WriteSyntheticModel(spec, tmp.path() / "b").ok());
+  auto target = ChildProcess::Start(testing::TargetWorkerBinary(),
+                                    testing::WorkerArgs(tmp.path() / "a"));
+  auto draft =
+      ChildProcess::Start(testing::DraftWorkerBinary(), testing::WorkerArgs(tmp.path() / "b"));
+  ASSERT_TRUE(target.ok() && draft.ok());
+  std::string err;
+  absl::StatusOr<int> rc = ChildProcess::Run(
+      testing::BuiltBinary("services/coordinator/specd-coordinator"),
+      {"--listen", "127.0.0.1:0", "--target", (*target)->address(), "--draft",
+       (*draft)->address()},
+      &err);
+  ASSERT_TRUE(rc.ok());
+  EXPECT_EQ(*rc, 1);
+  EXPECT_THAT(err, HasSubstr("vocabulary differs"));
+}
+
+}  // namespace
+}  // namespace specd
