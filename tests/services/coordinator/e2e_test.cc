@@ -336,6 +336,46 @@ TEST_F(SyntheticE2eTest, ServerInfoTokenizeDetokenize) {
   EXPECT_EQ(dresp.text(), "hello world");
 }
 
+// Runs `command` and parses the one JSON line it prints.
+nlohmann::json RunClient(const std::string& command) {
+  FILE* pipe = popen((command + " 2>&1").c_str(), "r");
+  std::string out;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, pipe)) > 0) out.append(buf, n);
+  const int status = pclose(pipe);
+  EXPECT_EQ(WEXITSTATUS(status), 0) << command << "\n" << out;
+  const nlohmann::json j = nlohmann::json::parse(out, nullptr, false);
+  EXPECT_FALSE(j.is_discarded()) << out;
+  return j;
+}
+
+TEST_F(SyntheticE2eTest, PythonAndNodeClientsStreamTheSameTokens) {
+  const std::vector<int32_t> prompt = {1, 500, 501, 502};
+  v1::GenerateRequest r;
+  r.mutable_token_ids()->mutable_ids()->Add(prompt.begin(), prompt.end());
+  r.mutable_stopping()->set_max_new_tokens(20);
+  r.mutable_stopping()->set_ignore_eos(true);
+  r.mutable_speculation()->set_num_speculative_tokens(3);
+  const Stream expected = service_->Generate(r);
+  ASSERT_TRUE(expected.status.ok());
+  const std::string src = testing::SourceDir().string();
+  const std::string addr = service_->coordinator->address();
+  const std::string ids = "1 500 501 502";
+  const nlohmann::json py = RunClient(absl::StrCat(
+      "/usr/bin/python3 ", src, "/tests/clients/python_client.py ", src, " ",
+      (tmp_.path() / "py_stubs").string(), " ", addr, " 20 ", ids));
+  const nlohmann::json js =
+      RunClient(absl::StrCat("node ", src, "/tests/clients/node_client.mjs ", src, " ", addr,
+                             " 20 ", ids));
+  for (const nlohmann::json* j : {&py, &js}) {
+    if (j->is_discarded()) continue;
+    EXPECT_EQ((*j)["token_ids"].get<std::vector<int32_t>>(), expected.tokens);
+    EXPECT_EQ((*j)["text"].get<std::string>(), expected.text);
+    EXPECT_EQ((*j)["finish_reason"].get<std::string>(), "FINISH_REASON_LENGTH");
+  }
+}
+
 TEST(CoordinatorStartupTest, RefusesADraftWithAnotherVocabulary) {
   ScopedTempDir tmp;
   SynthSpec spec;
