@@ -6,6 +6,7 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
+#include "common/model/resident_weights.h"
 #include "common/util/status_macros.h"
 
 namespace specd {
@@ -254,6 +255,8 @@ absl::StatusOr<std::unique_ptr<LlamaEngine>> CreateCpuEngine(const std::filesyst
                                                              const EngineOptions& options,
                                                              const LoadOptions& load) {
   SPECD_ASSIGN_OR_RETURN(std::unique_ptr<ModelWeights> weights, LoadModelWeights(dir, load));
+  // The CPU back end streams weights from host memory; huge pages make that much faster.
+  SPECD_RETURN_IF_ERROR(MakeWeightsResident(weights.get()));
   SPECD_ASSIGN_OR_RETURN(std::unique_ptr<kernels::Backend> backend,
                          kernels::CreateCpuBackend(num_threads));
   return LlamaEngine::Create(std::move(weights), std::move(backend), options);

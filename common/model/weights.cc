@@ -5,6 +5,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/model/resident_weights.h"
 #include "common/util/status_macros.h"
 
 namespace specd {
@@ -54,6 +55,9 @@ class Binder {
 };
 
 }  // namespace
+
+ModelWeights::ModelWeights() = default;
+ModelWeights::~ModelWeights() = default;
 
 absl::StatusOr<std::unique_ptr<ModelWeights>> LoadModelWeights(const std::filesystem::path& dir,
                                                                const LoadOptions& options) {

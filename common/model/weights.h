@@ -27,6 +27,8 @@ struct LayerWeights {
   std::vector<float> ffn_norm;   // [hidden]
 };
 
+class AnonymousMapping;  // common/model/resident_weights.h
+
 struct ModelWeights {
   ModelConfig config;             // num_layers reflects exit_layer when set
   kernels::WeightView embed;      // [vocab, hidden]
@@ -34,6 +36,11 @@ struct ModelWeights {
   std::vector<float> final_norm;  // [hidden]
   std::vector<LayerWeights> layers;
   std::unique_ptr<Checkpoint> checkpoint;  // owns the mapped memory the views point into
+  // Set by MakeWeightsResident: the views then point here and `checkpoint` is released.
+  std::unique_ptr<AnonymousMapping> resident;
+
+  ModelWeights();
+  ~ModelWeights();
 };
 
 struct LoadOptions {
