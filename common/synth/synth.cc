@@ -293,12 +293,9 @@ absl::Status WriteSyntheticModel(const SynthSpec& spec, const std::filesystem::p
   // A tokenizer needs 3 special and 256 byte tokens; smaller vocabularies (used by the exact
   // distribution tests) make a model driven by token ids alone.
   if (c.vocab_size >= kMinTokenizerVocab) {
-    SPECD_RETURN_IF_ERROR(
-        WriteText(out_dir / "tokenizer.json", SyntheticTokenizerJson(c.vocab_size)));
-    SPECD_RETURN_IF_ERROR(WriteText(
-        out_dir / "tokenizer_config.json",
-        R"({"add_bos_token": true, "add_eos_token": false, "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"})"
-        "\n"));
+    SPECD_ASSIGN_OR_RETURN(const HfTokenizerFiles tok, SyntheticTokenizer(c.vocab_size));
+    SPECD_RETURN_IF_ERROR(WriteText(out_dir / "tokenizer.json", tok.tokenizer_json));
+    SPECD_RETURN_IF_ERROR(WriteText(out_dir / "tokenizer_config.json", tok.tokenizer_config_json));
   }
 
   const std::vector<TensorPlan> plan = PlanTensors(spec);

@@ -20,6 +20,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "common/model/config.h"
+#include "common/tokenizer/llama2c_import.h"
 
 namespace specd {
 
@@ -54,9 +55,9 @@ absl::Status WriteEarlyExitDraft(const std::filesystem::path& target_dir, int64_
                                  const std::filesystem::path& out_dir,
                                  const SynthProgress& progress = {});
 
-// The text of a tokenizer.json for `vocab_size` ids (>= 259): <unk>, <s>, </s>, 256 byte
+// Tokenizer files for `vocab_size` ids (>= kMinTokenizerVocab): <unk>, <s>, </s>, 256 byte
 // tokens, then pieces built by deterministic merges of printable characters.
-std::string SyntheticTokenizerJson(int64_t vocab_size);
+absl::StatusOr<HfTokenizerFiles> SyntheticTokenizer(int64_t vocab_size);
 
 }  // namespace specd
 

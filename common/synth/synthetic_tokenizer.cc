@@ -1,13 +1,15 @@
 // A deterministic SentencePiece-style BPE tokenizer for synthetic models, in the same
 // tokenizer.json layout as Llama 2's, so synthetic checkpoints are complete model directories.
+#include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <string>
 #include <vector>
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_format.h"
 #include "common/synth/synth.h"
-#include "nlohmann/json.hpp"
+#include "common/tokenizer/llama2c_import.h"
 
 namespace specd {
 namespace {
@@ -23,8 +25,7 @@ size_t CodePoints(const std::string& s) {
 
 }  // namespace
 
-std::string SyntheticTokenizerJson(int64_t vocab_size) {
-  using nlohmann::json;
+absl::StatusOr<HfTokenizerFiles> SyntheticTokenizer(int64_t vocab_size) {
   std::vector<std::string> pieces = {"<unk>", "<s>", "</s>"};
   for (int b = 0; b < 256; ++b) pieces.push_back(absl::StrFormat("<0x%02X>", b));
   absl::flat_hash_set<std::string> seen(pieces.begin(), pieces.end());
@@ -39,7 +40,6 @@ std::string SyntheticTokenizerJson(int64_t vocab_size) {
   }
   // Merges grow words from "▁" + letters, favouring frequent English letters, so that decoded
   // synthetic text reads as word-like strings.
-  std::vector<std::pair<std::string, std::string>> merges;
   std::vector<std::string> words = {kSpace};
   uint64_t state = 0x2545f4914f6cdd1dULL;
   auto next = [&state]() {
@@ -60,7 +60,6 @@ std::string SyntheticTokenizerJson(int64_t vocab_size) {
     if (fresh) {
       seen.insert(merged);
       pieces.push_back(merged);
-      merges.emplace_back(left, right);
       words.push_back(std::move(merged));
     } else if (attempts % 64 == 0) {
       // Rare fallback so that large vocabularies always complete: extend with a numbered piece.
@@ -73,58 +72,24 @@ std::string SyntheticTokenizerJson(int64_t vocab_size) {
     }
   }
 
-  json vocab = json::object();
-  for (size_t i = 0; i < pieces.size(); ++i) vocab[pieces[i]] = static_cast<int64_t>(i);
-  json merge_list = json::array();
-  for (const auto& [a, b] : merges) merge_list.push_back(a + " " + b);
-  json added = json::array();
-  for (int id = 0; id < 3; ++id) {
-    added.push_back({{"id", id},
-                     {"content", pieces[static_cast<size_t>(id)]},
-                     {"single_word", false},
-                     {"lstrip", false},
-                     {"rstrip", false},
-                     {"normalized", false},
-                     {"special", true}});
+  // Written as a llama2.c tokenizer.bin (score, length, bytes per piece; spaces instead of "▁")
+  // and imported like any llama2.c tokenizer, so synthetic and converted models share one
+  // tokenizer.json writer. Earlier merges score higher, as BPE training would rank them.
+  std::string bin(4, '\0');
+  int32_t max_len = 0;
+  for (size_t id = 0; id < pieces.size(); ++id) {
+    std::string piece = pieces[id];
+    for (size_t at = piece.find(kSpace); at != std::string::npos; at = piece.find(kSpace, at)) {
+      piece.replace(at, sizeof(kSpace) - 1, " ");
+    }
+    const float score = id < 259 ? 0.0f : -static_cast<float>(id);
+    const int32_t len = static_cast<int32_t>(piece.size());
+    max_len = std::max(max_len, len);
+    bin.append(reinterpret_cast<const char*>(&score), sizeof score);
+    bin.append(reinterpret_cast<const char*>(&len), sizeof len);
+    bin += piece;
   }
-  json j;
-  j["version"] = "1.0";
-  j["truncation"] = nullptr;
-  j["padding"] = nullptr;
-  j["added_tokens"] = added;
-  j["normalizer"] = {
-      {"type", "Sequence"},
-      {"normalizers",
-       {{{"type", "Prepend"}, {"prepend", kSpace}},
-        {{"type", "Replace"}, {"pattern", {{"String", " "}}}, {"content", kSpace}}}}};
-  j["pre_tokenizer"] = nullptr;
-  json bos = {{"SpecialToken", {{"id", "<s>"}, {"type_id", 0}}}};
-  j["post_processor"] = {
-      {"type", "TemplateProcessing"},
-      {"single", {bos, {{"Sequence", {{"id", "A"}, {"type_id", 0}}}}}},
-      {"pair",
-       {bos,
-        {{"Sequence", {{"id", "A"}, {"type_id", 0}}}},
-        bos,
-        {{"Sequence", {{"id", "B"}, {"type_id", 1}}}}}},
-      {"special_tokens", {{"<s>", {{"id", "<s>"}, {"ids", {1}}, {"tokens", {"<s>"}}}}}}};
-  j["decoder"] = {{"type", "Sequence"},
-                  {"decoders",
-                   {{{"type", "Replace"}, {"pattern", {{"String", kSpace}}}, {"content", " "}},
-                    {{"type", "ByteFallback"}},
-                    {{"type", "Fuse"}},
-                    {{"type", "Strip"}, {"content", " "}, {"start", 1}, {"stop", 0}}}}};
-  j["model"] = {{"type", "BPE"},
-                {"dropout", nullptr},
-                {"unk_token", "<unk>"},
-                {"continuing_subword_prefix", nullptr},
-                {"end_of_word_suffix", nullptr},
-                {"fuse_unk", true},
-                {"byte_fallback", true},
-                {"ignore_merges", false},
-                {"vocab", vocab},
-                {"merges", merge_list}};
-  return j.dump() + "\n";
+  std::memcpy(bin.data(), &max_len, sizeof max_len);
+  return ConvertLlama2cTokenizerBytes(bin, static_cast<int32_t>(vocab_size), "synthetic tokenizer");
 }
-
 }  // namespace specd
