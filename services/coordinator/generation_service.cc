@@ -42,6 +42,54 @@ void UsageToProto(const GenerationUsage& u, v1::Usage* out) {
   }
 }
 
+const char* FinishReasonName(FinishReason r) {
+  switch (r) {
+    case FinishReason::kLength:
+      return "length";
+    case FinishReason::kEosToken:
+      return "eos_token";
+    case FinishReason::kStopToken:
+      return "stop_token";
+    case FinishReason::kStopString:
+      return "stop_string";
+    case FinishReason::kNone:
+      break;
+  }
+  return "none";
+}
+
+// A streamed request's clock: latencies are measured where the events leave the scheduler.
+struct RequestTiming {
+  absl::Time arrival = absl::Now();
+  absl::Time last_tokens = absl::InfinitePast();
+};
+
+void RecordEvent(CoordinatorMetrics& metrics, RequestTiming& timing, const GenerationEvent& e) {
+  const absl::Time now = absl::Now();
+  if (!e.tokens.empty()) {
+    if (timing.last_tokens == absl::InfinitePast()) {
+      metrics.OnFirstToken(now - timing.arrival);
+    } else {
+      metrics.OnTokens(static_cast<int64_t>(e.tokens.size()), now - timing.last_tokens);
+    }
+    timing.last_tokens = now;
+  }
+  if (!e.error.ok()) {
+    metrics.OnRequestError(e.error.code());
+  } else if (e.finish != FinishReason::kNone) {
+    RequestMetrics r;
+    r.finish_reason = FinishReasonName(e.finish);
+    r.prompt_tokens = e.usage.prompt_tokens;
+    r.completion_tokens = e.usage.completion_tokens;
+    r.rounds = e.usage.rounds;
+    r.draft_tokens = e.usage.draft_tokens;
+    r.accepted_tokens = e.usage.accepted_tokens;
+    r.accepted_per_position = e.usage.accepted_per_position;
+    r.duration = now - timing.arrival;
+    metrics.OnRequestFinished(r);
+  }
+}
+
 grpc::ServerUnaryReactor* Reply(grpc::CallbackServerContext* context, grpc::Status status) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   reactor->Finish(std::move(status));
@@ -65,7 +113,9 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* GenerationService::Generate(
   }
   absl::StatusOr<GenerationRequest> req =
       BuildGenerationRequest(*request, state->tokenizer, state->limits, RandomSeed());
+  CoordinatorMetrics* const metrics = state->metrics;
   if (!req.ok()) {
+    if (metrics != nullptr) metrics->OnRequestError(req.status().code());
     reactor->Close(ToGrpcStatus(req.status()));
     return reactor;
   }
@@ -75,13 +125,16 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* GenerationService::Generate(
   // The handle becomes known after Submit returns, but events may start before that.
   auto handle = std::make_shared<std::atomic<Scheduler::RequestHandle>>(0);
   auto first = std::make_shared<bool>(true);
-  auto sink = [reactor, scheduler, handle, first, seed, request_id](GenerationEvent event) {
+  auto timing = std::make_shared<RequestTiming>();
+  auto sink = [reactor, scheduler, handle, first, seed, request_id, metrics,
+               timing](GenerationEvent event) {
     const bool last = event.finish != FinishReason::kNone || !event.error.ok();
     if (!last && reactor->cancelled()) {
       // The client went away or its deadline passed: free the sequence within a round.
       if (const Scheduler::RequestHandle h = handle->load(); h != 0) scheduler->Cancel(h);
       return;
     }
+    if (metrics != nullptr) RecordEvent(*metrics, *timing, event);
     if (!event.error.ok()) {
       reactor->Close(ToGrpcStatus(event.error));
       return;
@@ -103,6 +156,7 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* GenerationService::Generate(
   };
   absl::StatusOr<Scheduler::RequestHandle> h = scheduler->Submit(*std::move(req), sink);
   if (!h.ok()) {
+    if (metrics != nullptr) metrics->OnRequestError(h.status().code());
     reactor->Close(ToGrpcStatus(h.status()));
     return reactor;
   }

@@ -10,6 +10,7 @@
 
 #include "absl/synchronization/mutex.h"
 #include "common/tokenizer/tokenizer.h"
+#include "services/coordinator/coordinator_metrics.h"
 #include "services/coordinator/request_validation.h"
 #include "services/coordinator/scheduler.h"
 #include "specd/v1/generation.grpc.pb.h"
@@ -19,7 +20,8 @@ namespace specd {
 // What the service needs once the workers are up; owned by the coordinator's main.
 struct ServingState {
   Scheduler* scheduler = nullptr;
-  const Tokenizer* tokenizer = nullptr;  // null for token-id-only models
+  const Tokenizer* tokenizer = nullptr;   // null for token-id-only models
+  CoordinatorMetrics* metrics = nullptr;  // null when /metrics is off
   ServerLimits limits;
   v1::GetServerInfoResponse info;
 };

@@ -72,6 +72,7 @@ absl::StatusOr<std::unique_ptr<GrpcWorker>> GrpcWorker::Connect(Role role,
                      role == Role::kDraft ? "DraftWorker" : "TargetWorker", " service"));
   }
   if (!last.ok()) return w->Check(last, "Info");
+  w->free_kv_tokens_ = w->info_.kv_free_blocks() * w->info_.kv_block_size();
   const pb::WorkerRole expected =
       role == Role::kDraft ? pb::WORKER_ROLE_DRAFT : pb::WORKER_ROLE_TARGET;
   if (w->info_.role() != expected) {
@@ -100,6 +101,14 @@ void GrpcWorker::SetDeadline(grpc::ClientContext* context) const {
   context->set_deadline(absl::ToChronoTime(absl::Now() + call_timeout_));
 }
 
+void GrpcWorker::RecordRpc(absl::Time start, size_t request_bytes, size_t response_bytes) const {
+  if (metrics_ == nullptr) return;
+  metrics_->OnRpc(role_ == Role::kDraft ? CoordinatorMetrics::Worker::kDraft
+                                        : CoordinatorMetrics::Worker::kTarget,
+                  static_cast<int64_t>(request_bytes), static_cast<int64_t>(response_bytes),
+                  absl::Now() - start);
+}
+
 absl::StatusOr<std::vector<SequenceOutcome>> GrpcWorker::Draft(
     std::span<const DraftSequenceRequest> batch,
     const std::function<void(const DraftStep&)>& on_step) {
@@ -119,6 +128,8 @@ absl::StatusOr<std::vector<SequenceOutcome>> GrpcWorker::Draft(
   }
   grpc::ClientContext ctx;
   SetDeadline(&ctx);
+  const absl::Time start = absl::Now();
+  size_t response_bytes = 0;
   std::unique_ptr<grpc::ClientReader<pb::DraftResponse>> reader = draft_stub_->Draft(&ctx, req);
   absl::flat_hash_map<uint64_t, SequenceOutcome> outcomes;
   for (const DraftSequenceRequest& r : batch) outcomes[r.seq].seq = r.seq;
@@ -126,6 +137,7 @@ absl::StatusOr<std::vector<SequenceOutcome>> GrpcWorker::Draft(
   std::vector<DraftToken> tokens;
   std::vector<SequenceOutcome> failed;
   while (reader->Read(&msg)) {
+    response_bytes += msg.ByteSizeLong();
     tokens.clear();
     failed.clear();
     for (const pb::DraftToken& t : msg.tokens()) {
@@ -139,6 +151,7 @@ absl::StatusOr<std::vector<SequenceOutcome>> GrpcWorker::Draft(
     }
     for (const pb::CacheStateEntry& c : msg.cache()) {
       outcomes[c.seq_id()].cached_len = c.state().cached_len();
+      free_kv_tokens_ = c.state().free_kv_tokens();
     }
     if (on_step) {
       DraftStep step;
@@ -149,7 +162,9 @@ absl::StatusOr<std::vector<SequenceOutcome>> GrpcWorker::Draft(
       on_step(step);
     }
   }
-  if (absl::Status st = Check(reader->Finish(), "Draft"); !st.ok()) return st;
+  const grpc::Status finished = reader->Finish();
+  RecordRpc(start, req.ByteSizeLong(), response_bytes);
+  if (absl::Status st = Check(finished, "Draft"); !st.ok()) return st;
   std::vector<SequenceOutcome> out;
   for (const DraftSequenceRequest& r : batch) out.push_back(outcomes[r.seq]);
   return out;
@@ -172,10 +187,13 @@ absl::StatusOr<std::vector<VerifySequenceResult>> GrpcWorker::Verify(
   }
   grpc::ClientContext ctx;
   SetDeadline(&ctx);
+  const absl::Time start = absl::Now();
+  size_t response_bytes = 0;
   std::unique_ptr<grpc::ClientReader<pb::VerifyResponse>> reader = target_stub_->Verify(&ctx, req);
   absl::flat_hash_map<uint64_t, VerifySequenceResult> results;
   pb::VerifyResponse msg;
   while (reader->Read(&msg)) {
+    response_bytes += msg.ByteSizeLong();
     for (const pb::VerifyResult& v : msg.results()) {
       VerifySequenceResult& r = results[v.seq_id()];
       r.seq = v.seq_id();
@@ -189,10 +207,13 @@ absl::StatusOr<std::vector<VerifySequenceResult>> GrpcWorker::Verify(
         r.candidate_probs.emplace_back(c.p_probs().begin(), c.p_probs().end());
       }
       r.cached_len = v.cache().cached_len();
+      free_kv_tokens_ = v.cache().free_kv_tokens();
       r.forward_ns = msg.forward_ns();
     }
   }
-  if (absl::Status st = Check(reader->Finish(), "Verify"); !st.ok()) return st;
+  const grpc::Status finished = reader->Finish();
+  RecordRpc(start, req.ByteSizeLong(), response_bytes);
+  if (absl::Status st = Check(finished, "Verify"); !st.ok()) return st;
   std::vector<VerifySequenceResult> out;
   for (const VerifySequenceRequest& r : batch) {
     auto it = results.find(r.seq);
@@ -216,11 +237,14 @@ absl::StatusOr<TruncateResult> GrpcWorker::Truncate(KvPool::SeqId seq, int64_t n
   pb::TruncateResponse resp;
   grpc::ClientContext ctx;
   SetDeadline(&ctx);
+  const absl::Time start = absl::Now();
   const grpc::Status st = draft_stub_ ? draft_stub_->Truncate(&ctx, req, &resp)
                                       : target_stub_->Truncate(&ctx, req, &resp);
+  RecordRpc(start, req.ByteSizeLong(), resp.ByteSizeLong());
   if (absl::Status s = Check(st, "Truncate"); !s.ok()) return s;
   TruncateResult out;
   out.cached_len = resp.cache().cached_len();
+  free_kv_tokens_ = resp.cache().free_kv_tokens();
   out.q_probs.assign(resp.q_probs().begin(), resp.q_probs().end());
   return out;
 }
@@ -232,8 +256,10 @@ absl::StatusOr<ProbRow> GrpcWorker::ReadRow(KvPool::SeqId seq, int32_t step) {
   pb::ReadRowsResponse resp;
   grpc::ClientContext ctx;
   SetDeadline(&ctx);
+  const absl::Time start = absl::Now();
   const grpc::Status st = draft_stub_ ? draft_stub_->ReadRows(&ctx, req, &resp)
                                       : target_stub_->ReadRows(&ctx, req, &resp);
+  RecordRpc(start, req.ByteSizeLong(), resp.ByteSizeLong());
   if (absl::Status s = Check(st, "ReadRows"); !s.ok()) return s;
   ProbRow row;
   if (!resp.dense()) row.ids.assign(resp.ids().begin(), resp.ids().end());
@@ -247,8 +273,11 @@ absl::Status GrpcWorker::Release(KvPool::SeqId seq) {
   pb::ReleaseResponse resp;
   grpc::ClientContext ctx;
   SetDeadline(&ctx);
+  const absl::Time start = absl::Now();
   const grpc::Status st = draft_stub_ ? draft_stub_->Release(&ctx, req, &resp)
                                       : target_stub_->Release(&ctx, req, &resp);
+  RecordRpc(start, req.ByteSizeLong(), resp.ByteSizeLong());
+  if (st.ok()) free_kv_tokens_ = resp.cache().free_kv_tokens();
   return Check(st, "Release");
 }
 

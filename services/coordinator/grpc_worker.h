@@ -3,12 +3,14 @@
 #ifndef SPECD_SERVICES_COORDINATOR_GRPC_WORKER_H_
 #define SPECD_SERVICES_COORDINATOR_GRPC_WORKER_H_
 
+#include <atomic>
 #include <memory>
 #include <string>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "grpcpp/grpcpp.h"
+#include "services/coordinator/coordinator_metrics.h"
 #include "services/coordinator/worker_api.h"
 #include "specd/worker/v1/worker.grpc.pb.h"
 
@@ -32,8 +34,12 @@ class GrpcWorker final : public WorkerApi {
                                           std::span<const int32_t> query_tokens) override;
   absl::StatusOr<ProbRow> ReadRow(KvPool::SeqId seq, int32_t step) override;
   absl::Status Release(KvPool::SeqId seq) override;
+  int64_t FreeKvTokens() const override { return free_kv_tokens_.load(); }
 
   const worker::v1::InfoResponse& info() const { return info_; }
+  // Records each later RPC's bytes and duration under this worker's role; null turns it off.
+  // `metrics` must outlive this worker.
+  void SetMetrics(CoordinatorMetrics* metrics) { metrics_ = metrics; }
   const std::string& name() const { return name_; }
 
  private:
@@ -41,6 +47,7 @@ class GrpcWorker final : public WorkerApi {
   // Fails with UNAVAILABLE (transport) or the worker's own status, naming the worker.
   absl::Status Check(const grpc::Status& status, const char* rpc) const;
   void SetDeadline(grpc::ClientContext* context) const;
+  void RecordRpc(absl::Time start, size_t request_bytes, size_t response_bytes) const;
 
   Role role_;
   std::string address_;
@@ -50,6 +57,8 @@ class GrpcWorker final : public WorkerApi {
   std::unique_ptr<worker::v1::TargetWorker::Stub> target_stub_;
   worker::v1::InfoResponse info_;
   absl::Duration call_timeout_ = absl::Seconds(120);
+  std::atomic<int64_t> free_kv_tokens_{0};
+  CoordinatorMetrics* metrics_ = nullptr;
 };
 
 }  // namespace specd

@@ -17,6 +17,7 @@
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "services/common/flags.h"
+#include "services/coordinator/coordinator_metrics.h"
 #include "services/coordinator/generation_service.h"
 #include "services/coordinator/grpc_worker.h"
 
@@ -38,6 +39,7 @@ std::vector<FlagSpec> CoordinatorFlags() {
       {"default-max-new-tokens", "max_new_tokens when a request does not say", "256"},
       {"worker-wait-seconds", "how long to wait for the workers at start-up", "120"},
       {"drain-seconds", "on SIGTERM, how long in-flight requests may take", "10"},
+      {"metrics-port", "port of the Prometheus /metrics endpoint; 0 = a free one, -1 = off", "0"},
   };
 }
 
@@ -94,12 +96,28 @@ int Run(int argc, char** argv) {
   const auto [default_k, max_k, num_candidates, max_running, max_queued, default_max_new,
               wait_seconds, drain_seconds] =
       std::tuple{n[0], n[1], n[2], n[3], n[4], n[5], n[6], n[7]};
+  const absl::StatusOr<int64_t> metrics_port = flags->GetInt("metrics-port", -1, 65535);
+  if (!metrics_port.ok()) {
+    std::cerr << kProgram << ": " << metrics_port.status().message() << "\n";
+    return 2;
+  }
   if (default_k > max_k) {
     std::cerr << kProgram << ": --default-k (" << default_k << ") exceeds --max-k (" << max_k
               << ")\n";
     return 2;
   }
 
+  const std::string listen = flags->Get("listen");
+  const std::string host = listen.substr(0, listen.rfind(':'));
+  // Declared before everything it observes, so it outlives them.
+  CoordinatorMetrics metrics;
+  // Printed before "listening on", as the workers do, so launchers that stop reading at the
+  // address have seen both.
+  if (*metrics_port >= 0) {
+    absl::StatusOr<int> mport = metrics.Serve(host, static_cast<int>(*metrics_port));
+    if (!mport.ok()) return Fail(mport.status());
+    std::cout << "metrics on " << host << ":" << *mport << std::endl;
+  }
   // Serve first (NOT_SERVING), so health checks answer while the workers load.
   GenerationService service;
   grpc::EnableDefaultHealthCheckService(true);
@@ -115,8 +133,6 @@ int Run(int argc, char** argv) {
   }
   grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService();
   health->SetServingStatus(false);
-  const std::string listen = flags->Get("listen");
-  const std::string host = listen.substr(0, listen.rfind(':'));
   std::cout << "listening on " << host << ":" << port << std::endl;
 
   const absl::Duration wait = absl::Seconds(static_cast<double>(wait_seconds));
@@ -130,6 +146,8 @@ int Run(int argc, char** argv) {
     if (!d.ok()) return Fail(d.status());
     draft = *std::move(d);
   }
+  (*target)->SetMetrics(&metrics);
+  if (draft != nullptr) draft->SetMetrics(&metrics);
   const worker::v1::InfoResponse& ti = (*target)->info();
   if (draft != nullptr) {
     const worker::v1::InfoResponse& di = draft->info();
@@ -183,6 +201,9 @@ int Run(int argc, char** argv) {
   WorkerApi& draft_api = draft ? static_cast<WorkerApi&>(*draft) : **target;
   Scheduler scheduler(draft_api, **target, tokenizer.get(), so);
   state.scheduler = &scheduler;
+  state.metrics = &metrics;
+  metrics.SetQueueSource([&scheduler] { return scheduler.running(); },
+                         [&scheduler] { return scheduler.waiting(); });
   *state.info.mutable_target() = ModelInfoOf(ti);
   if (draft) *state.info.mutable_draft() = ModelInfoOf(draft->info());
   state.info.set_default_num_speculative_tokens(static_cast<uint32_t>(draft ? default_k : 0));
@@ -206,6 +227,8 @@ int Run(int argc, char** argv) {
   health->SetServingStatus(false);
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(drain_seconds));
   server->Wait();
+  // A scrape after this point must not read the scheduler, which goes before the metrics do.
+  metrics.SetQueueSource(nullptr, nullptr);
   return 0;
 }
 

@@ -147,7 +147,18 @@ void Scheduler::Loop() {
         if (a != nullptr && cancelled_.erase(a->handle) > 0) dropped.push_back(std::move(a));
       }
       running_.erase(std::remove(running_.begin(), running_.end(), nullptr), running_.end());
+      // Admission against the workers' free KV as of their latest replies: a request joins only
+      // if its tokens so far plus one full round fit in both pools. With nothing running the head
+      // is admitted anyway, so one that can never fit gets its error instead of waiting forever.
+      int64_t budget = std::min(draft_.FreeKvTokens(), target_.FreeKvTokens());
       while (!waiting_.empty() && static_cast<int64_t>(running_.size()) < options_.max_running) {
+        const Active& next = *waiting_.front();
+        const int64_t need =
+            static_cast<int64_t>(next.seq.tokens.empty() ? next.request.prompt.size()
+                                                         : next.seq.tokens.size()) +
+            next.request.num_speculative_tokens + 1;
+        if (need > budget && !running_.empty()) break;
+        budget -= need;
         running_.push_back(std::move(waiting_.front()));
         waiting_.pop_front();
       }

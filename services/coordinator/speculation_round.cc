@@ -18,6 +18,9 @@ std::vector<RoundStats> RunSpeculationRound(WorkerApi& draft, WorkerApi& target,
                                             std::span<SpeculativeSequence* const> batch,
                                             const RoundOptions& options) {
   std::vector<RoundStats> stats(batch.size());
+  RoundPhaseTimes unused_times;
+  RoundPhaseTimes& times = options.phase_times != nullptr ? *options.phase_times : unused_times;
+  times = RoundPhaseTimes();
   std::vector<int32_t> k(batch.size());
   for (size_t i = 0; i < batch.size(); ++i) {
     k[i] = EffectiveK(*batch[i], options.max_seq_len);
@@ -49,6 +52,7 @@ std::vector<RoundStats> RunSpeculationRound(WorkerApi& draft, WorkerApi& target,
   std::vector<std::vector<int32_t>> drafts(batch.size());
   std::vector<std::vector<float>> q_draft(batch.size());
   if (!draft_reqs.empty()) {
+    const absl::Time draft_start = absl::Now();
     absl::StatusOr<std::vector<SequenceOutcome>> outcomes =
         draft.Draft(draft_reqs, [&](const DraftStep& step) {
           for (const DraftToken& t : step.tokens) {
@@ -57,6 +61,7 @@ std::vector<RoundStats> RunSpeculationRound(WorkerApi& draft, WorkerApi& target,
             q_draft[i].push_back(t.q_prob);
           }
         });
+    times.draft = absl::Now() - draft_start;
     for (const DraftSequenceRequest& r : draft_reqs) {
       const size_t i = index[r.seq];
       if (!outcomes.ok()) {
@@ -93,7 +98,9 @@ std::vector<RoundStats> RunSpeculationRound(WorkerApi& draft, WorkerApi& target,
     verify_reqs.push_back(std::move(r));
   }
   if (verify_reqs.empty()) return stats;
+  const absl::Time verify_start = absl::Now();
   absl::StatusOr<std::vector<VerifySequenceResult>> verified = target.Verify(verify_reqs);
+  times.verify = absl::Now() - verify_start;
   if (!verified.ok()) {
     for (const VerifySequenceRequest& r : verify_reqs)
       stats[index[r.seq]].status = verified.status();
@@ -101,6 +108,7 @@ std::vector<RoundStats> RunSpeculationRound(WorkerApi& draft, WorkerApi& target,
   }
 
   // 3-5. Accept/reject, truncate, append.
+  const absl::Time accept_start = absl::Now();
   for (const VerifySequenceResult& v : *verified) {
     const size_t i = index[v.seq];
     SpeculativeSequence& s = *batch[i];
@@ -133,6 +141,13 @@ std::vector<RoundStats> RunSpeculationRound(WorkerApi& draft, WorkerApi& target,
     if (needs_residual) ys = v.candidate_tokens[static_cast<size_t>(n)];
     std::vector<float> q_ys;
     if (K > 0) {
+      const absl::Time truncate_start = absl::Now();
+      // Added on every path out of this block, failures included.
+      struct AddElapsed {
+        absl::Time start;
+        absl::Duration* total;
+        ~AddElapsed() { *total += absl::Now() - start; }
+      } add_elapsed{truncate_start, &times.truncate};
       const int64_t keep = std::min(s.draft_cached, len_old + n);
       absl::StatusOr<TruncateResult> tr =
           draft.Truncate(s.id, keep, needs_residual ? r_step : 0, ys);
@@ -188,6 +203,7 @@ std::vector<RoundStats> RunSpeculationRound(WorkerApi& draft, WorkerApi& target,
     s.tokens.insert(s.tokens.end(), appended.begin(), appended.end());
     st.appended = std::move(appended);
   }
+  times.accept = absl::Now() - accept_start - times.truncate;
   return stats;
 }
 

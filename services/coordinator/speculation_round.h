@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/time/time.h"
 #include "common/sampling/params.h"
 #include "common/worker/worker_runtime.h"
 #include "services/coordinator/worker_api.h"
@@ -38,8 +39,18 @@ struct RoundStats {
   absl::Status status;
 };
 
+// Wall time of a round's phases, for metrics. Accept covers accept/reject and the choice of the
+// correction token (ReadRows included); truncate covers both workers' Truncate calls.
+struct RoundPhaseTimes {
+  absl::Duration draft;
+  absl::Duration verify;
+  absl::Duration accept;
+  absl::Duration truncate;
+};
+
 struct RoundOptions {
-  int64_t max_seq_len = 0;  // the smaller of the workers' limits
+  int64_t max_seq_len = 0;                 // the smaller of the workers' limits
+  RoundPhaseTimes* phase_times = nullptr;  // when set, receives this round's phase times
 };
 
 // Runs one round for `batch`, appending to each sequence's tokens. Per-sequence failures land in

@@ -36,6 +36,10 @@ class WorkerApi {
                                                   std::span<const int32_t> query_tokens) = 0;
   virtual absl::StatusOr<ProbRow> ReadRow(KvPool::SeqId seq, int32_t step) = 0;
   virtual absl::Status Release(KvPool::SeqId seq) = 0;
+
+  // Free KV capacity in tokens as of the worker's latest reply; the scheduler admits new requests
+  // against it (and preempts if a round still runs out).
+  virtual int64_t FreeKvTokens() const = 0;
 };
 
 // A worker in this process (tests, and a future single-process mode).
@@ -65,6 +69,10 @@ class LocalWorker final : public WorkerApi {
     return out;
   }
   absl::Status Release(KvPool::SeqId seq) override { return runtime_->Release(seq); }
+  int64_t FreeKvTokens() const override {
+    const KvPool& kv = runtime_->engine().kv();
+    return kv.free_blocks() * kv.block_size();
+  }
 
   WorkerRuntime& runtime() { return *runtime_; }
 

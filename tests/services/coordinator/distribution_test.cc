@@ -52,6 +52,7 @@ class BrokenResidualDraft final : public WorkerApi {
     return inner_.ReadRow(seq, step);
   }
   absl::Status Release(KvPool::SeqId seq) override { return inner_.Release(seq); }
+  int64_t FreeKvTokens() const override { return inner_.FreeKvTokens(); }
 
  private:
   WorkerApi& inner_;

@@ -24,8 +24,8 @@
 namespace specd {
 namespace {
 
-using ::testing::HasSubstr;
 using testing::ChildProcess;
+using ::testing::HasSubstr;
 using testing::ScopedTempDir;
 
 struct Stream {
@@ -43,8 +43,8 @@ class Service {
                                         int64_t draft_exit_layer, int64_t kv_tokens = 16384) {
     auto s = std::make_unique<Service>();
     const std::vector<std::string> kv = {"--kv-tokens", std::to_string(kv_tokens)};
-    auto target = ChildProcess::Start(testing::TargetWorkerBinary(),
-                                      testing::WorkerArgs(target_model, kv));
+    auto target =
+        ChildProcess::Start(testing::TargetWorkerBinary(), testing::WorkerArgs(target_model, kv));
     EXPECT_TRUE(target.ok()) << target.status();
     if (!target.ok()) return nullptr;
     s->target = *std::move(target);
@@ -57,10 +57,9 @@ class Service {
     EXPECT_TRUE(draft.ok()) << draft.status();
     if (!draft.ok()) return nullptr;
     s->draft = *std::move(draft);
-    auto coord = ChildProcess::Start(
-        testing::BuiltBinary("services/coordinator/specd-coordinator"),
-        {"--listen", "127.0.0.1:0", "--target", s->target->address(), "--draft",
-         s->draft->address(), "--max-running", "16"});
+    auto coord = ChildProcess::Start(testing::BuiltBinary("services/coordinator/specd-coordinator"),
+                                     {"--listen", "127.0.0.1:0", "--target", s->target->address(),
+                                      "--draft", s->draft->address(), "--max-running", "16"});
     EXPECT_TRUE(coord.ok()) << coord.status();
     if (!coord.ok()) return nullptr;
     s->coordinator = *std::move(coord);
@@ -169,9 +168,10 @@ TEST_P(GoldenE2eTest, Stories260KStreamsTheGoldenTextForEveryK) {
     treq.set_text(prompt);
     treq.set_add_special_tokens(true);
     v1::TokenizeResponse tresp;
-    const size_t n = prompt.empty() ? 1 : (service->stub->Tokenize(&tctx, treq, &tresp).ok()
-                                               ? static_cast<size_t>(tresp.token_ids_size())
-                                               : 0);
+    const size_t n = prompt.empty() ? 1
+                                    : (service->stub->Tokenize(&tctx, treq, &tresp).ok()
+                                           ? static_cast<size_t>(tresp.token_ids_size())
+                                           : 0);
     ASSERT_GT(n, 0u);
     for (const uint32_t k : {0u, 1u, 2u, 4u, 8u}) {
       v1::GenerateRequest r;
@@ -185,8 +185,8 @@ TEST_P(GoldenE2eTest, Stories260KStreamsTheGoldenTextForEveryK) {
       r.mutable_speculation()->set_num_speculative_tokens(k);
       const Stream s = service->Generate(r);
       ASSERT_TRUE(s.status.ok()) << s.status.error_message();
-      EXPECT_EQ(s.tokens, std::vector<int32_t>(ids.begin() + static_cast<std::ptrdiff_t>(n),
-                                               ids.end()))
+      EXPECT_EQ(s.tokens,
+                std::vector<int32_t>(ids.begin() + static_cast<std::ptrdiff_t>(n), ids.end()))
           << "prompt '" << prompt << "', K = " << k;
       EXPECT_EQ(prompt + s.text, text) << "prompt '" << prompt << "', K = " << k;
       EXPECT_EQ(s.last.finish_reason(), v1::FINISH_REASON_LENGTH);
@@ -285,9 +285,7 @@ TEST_F(SyntheticE2eTest, InvalidRequestsAreRejectedWithPreciseMessages) {
        "outside the vocabulary"},
       {[](v1::GenerateRequest* r) { r->mutable_stopping()->set_max_new_tokens(100000); },
        "exceeds the model's limit"},
-      {[](v1::GenerateRequest* r) {
-         r->mutable_speculation()->set_num_speculative_tokens(1000);
-       },
+      {[](v1::GenerateRequest* r) { r->mutable_speculation()->set_num_speculative_tokens(1000); },
        "num_speculative_tokens must be in [0, 16]"},
   };
   for (const Case& c : cases) {
@@ -362,12 +360,11 @@ TEST_F(SyntheticE2eTest, PythonAndNodeClientsStreamTheSameTokens) {
   const std::string src = testing::SourceDir().string();
   const std::string addr = service_->coordinator->address();
   const std::string ids = "1 500 501 502";
-  const nlohmann::json py = RunClient(absl::StrCat(
-      "/usr/bin/python3 ", src, "/tests/clients/python_client.py ", src, " ",
-      (tmp_.path() / "py_stubs").string(), " ", addr, " 20 ", ids));
-  const nlohmann::json js =
-      RunClient(absl::StrCat("node ", src, "/tests/clients/node_client.mjs ", src, " ", addr,
-                             " 20 ", ids));
+  const nlohmann::json py =
+      RunClient(absl::StrCat("/usr/bin/python3 ", src, "/tests/clients/python_client.py ", src, " ",
+                             (tmp_.path() / "py_stubs").string(), " ", addr, " 20 ", ids));
+  const nlohmann::json js = RunClient(
+      absl::StrCat("node ", src, "/tests/clients/node_client.mjs ", src, " ", addr, " 20 ", ids));
   for (const nlohmann::json* j : {&py, &js}) {
     if (j->is_discarded()) continue;
     EXPECT_EQ((*j)["token_ids"].get<std::vector<int32_t>>(), expected.tokens);
@@ -383,16 +380,15 @@ TEST(CoordinatorStartupTest, RefusesADraftWithAnotherVocabulary) {
   ASSERT_TRUE(WriteSyntheticModel(spec, tmp.path() / "a").ok());
   spec.config.vocab_size = 600;
   ASSERT_TRUE(WriteSyntheticModel(spec, tmp.path() / "b").ok());
-  auto target = ChildProcess::Start(testing::TargetWorkerBinary(),
-                                    testing::WorkerArgs(tmp.path() / "a"));
+  auto target =
+      ChildProcess::Start(testing::TargetWorkerBinary(), testing::WorkerArgs(tmp.path() / "a"));
   auto draft =
       ChildProcess::Start(testing::DraftWorkerBinary(), testing::WorkerArgs(tmp.path() / "b"));
   ASSERT_TRUE(target.ok() && draft.ok());
   std::string err;
   absl::StatusOr<int> rc = ChildProcess::Run(
       testing::BuiltBinary("services/coordinator/specd-coordinator"),
-      {"--listen", "127.0.0.1:0", "--target", (*target)->address(), "--draft",
-       (*draft)->address()},
+      {"--listen", "127.0.0.1:0", "--target", (*target)->address(), "--draft", (*draft)->address()},
       &err);
   ASSERT_TRUE(rc.ok());
   EXPECT_EQ(*rc, 1);

@@ -262,6 +262,28 @@ TEST_F(SchedulerTest, FullQueueIsResourceExhausted) {
   ExpectNoBlocksUsed();
 }
 
+TEST_F(SchedulerTest, AdmissionWaitsForKvInsteadOfThrashing) {
+  // Pools of 4 blocks (64 tokens). Each request grows to 30 tokens (2 blocks), so two run at a
+  // time; admitting all eight at once would run out of KV in the first round and preempt.
+  MakeWorkers(64);
+  auto scheduler = MakeScheduler(/*max_running=*/8);
+  std::vector<std::unique_ptr<Collector>> cs;
+  for (int i = 0; i < 8; ++i) {
+    std::vector<int32_t> prompt(20, 0);
+    for (int j = 0; j < 20; ++j) prompt[j] = 3 + (i * 11 + j * 7) % 290;
+    cs.push_back(std::make_unique<Collector>());
+    ASSERT_TRUE(scheduler->Submit(Greedy(prompt, 10, 2), cs.back()->Sink()).ok());
+  }
+  for (auto& c : cs) {
+    ASSERT_TRUE(c->WaitFor(std::chrono::seconds(60)));
+    EXPECT_TRUE(c->last().error.ok()) << c->last().error;
+    EXPECT_EQ(c->tokens().size(), 10u);
+  }
+  EXPECT_EQ(scheduler->preemptions(), 0);
+  scheduler.reset();
+  ExpectNoBlocksUsed();
+}
+
 TEST_F(SchedulerTest, SmallKvPoolPreemptsAndOutputsAreUnchanged) {
   // Each request needs about 5 blocks of 16 tokens (prompt 10 + 60 new); the pools hold 16.
   MakeWorkers(16 * 16);

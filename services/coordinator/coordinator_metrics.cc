@@ -1,0 +1,237 @@
+#include "services/coordinator/coordinator_metrics.h"
+
+#include <algorithm>
+#include <exception>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "prometheus/text_serializer.h"
+
+namespace specd {
+namespace {
+
+constexpr std::array<const char*, 4> kPhaseNames = {"draft", "verify", "accept", "truncate"};
+constexpr std::array<const char*, 2> kWorkerNames = {"draft", "target"};
+
+// Factors of 2 from `first` up to past `last`.
+prometheus::Histogram::BucketBoundaries Exponential(double first, double last) {
+  prometheus::Histogram::BucketBoundaries b;
+  for (double v = first; v < last * 2.0; v *= 2.0) b.push_back(v);
+  return b;
+}
+
+// 0.05 .. 1.0: the per-request acceptance rate is a fraction.
+prometheus::Histogram::BucketBoundaries RateBuckets() {
+  prometheus::Histogram::BucketBoundaries b;
+  for (int i = 1; i <= 20; ++i) b.push_back(i / 20.0);
+  return b;
+}
+
+// 0 .. 16 accepted drafts per round, one bucket each (K is at most 64, larger ones land in +Inf).
+prometheus::Histogram::BucketBoundaries LengthBuckets() {
+  prometheus::Histogram::BucketBoundaries b;
+  for (int i = 0; i <= 16; ++i) b.push_back(i);
+  return b;
+}
+
+}  // namespace
+
+// Refreshes the queue gauges from their sources at scrape time, so they are never stale and
+// the scheduler needs no hook.
+class CoordinatorMetrics::QueueCollectable final : public prometheus::Collectable {
+ public:
+  explicit QueueCollectable(CoordinatorMetrics* metrics) : metrics_(metrics) {}
+
+  std::vector<prometheus::MetricFamily> Collect() const override {
+    {
+      absl::MutexLock lock(&metrics_->mu_);
+      if (metrics_->running_source_) {
+        metrics_->running_->Set(static_cast<double>(metrics_->running_source_()));
+      }
+      if (metrics_->waiting_source_) {
+        metrics_->waiting_->Set(static_cast<double>(metrics_->waiting_source_()));
+      }
+    }
+    return metrics_->registry_->Collect();
+  }
+
+ private:
+  CoordinatorMetrics* metrics_;
+};
+
+CoordinatorMetrics::CoordinatorMetrics(int max_position)
+    : registry_(std::make_shared<prometheus::Registry>()),
+      collectable_(std::make_shared<QueueCollectable>(this)) {
+  auto counter = [&](const char* name, const char* help) -> prometheus::Counter& {
+    return prometheus::BuildCounter().Name(name).Help(help).Register(*registry_).Add({});
+  };
+  auto histogram = [&](const char* name, const char* help,
+                       prometheus::Histogram::BucketBoundaries buckets) -> prometheus::Histogram& {
+    return prometheus::BuildHistogram()
+        .Name(name)
+        .Help(help)
+        .Register(*registry_)
+        .Add({}, std::move(buckets));
+  };
+  num_drafts_ = &counter("specd_spec_decode_num_drafts_total",
+                         "Sequence rounds that drafted (K > 0), as vLLM counts drafts");
+  num_draft_tokens_ =
+      &counter("specd_spec_decode_num_draft_tokens_total", "Draft tokens proposed (sum of K)");
+  num_accepted_tokens_ = &counter("specd_spec_decode_num_accepted_tokens_total",
+                                  "Draft tokens the target accepted (sum of n)");
+  per_pos_family_ = &prometheus::BuildCounter()
+                         .Name("specd_spec_decode_num_accepted_tokens_per_pos_total")
+                         .Help("Rounds that accepted the draft token at position (0-based)")
+                         .Register(*registry_);
+  acceptance_rate_ = &histogram("specd_request_acceptance_rate",
+                                "Accepted / drafted tokens of one finished request", RateBuckets());
+  accepted_length_ = &histogram("specd_spec_decode_accepted_length",
+                                "Draft tokens accepted in one sequence round", LengthBuckets());
+  finished_family_ = &prometheus::BuildCounter()
+                          .Name("specd_request_success_total")
+                          .Help("Requests that finished, by finish reason")
+                          .Register(*registry_);
+  errors_family_ = &prometheus::BuildCounter()
+                        .Name("specd_request_errors_total")
+                        .Help("Requests that failed, by gRPC status code")
+                        .Register(*registry_);
+  prompt_tokens_ = &counter("specd_prompt_tokens_total", "Prompt tokens of finished requests");
+  generation_tokens_ =
+      &counter("specd_generation_tokens_total", "Generated tokens of finished requests");
+  ttft_ =
+      &histogram("specd_time_to_first_token_seconds",
+                 "From a request's arrival to its first streamed token", Exponential(1e-3, 60.0));
+  itl_ = &histogram("specd_inter_token_latency_seconds",
+                    "Time between streamed tokens (a round's tokens share its gap)",
+                    Exponential(1e-4, 10.0));
+  request_duration_ =
+      &histogram("specd_request_duration_seconds", "From a request's arrival to its last event",
+                 Exponential(1e-2, 600.0));
+  running_ = &prometheus::BuildGauge()
+                  .Name("specd_num_requests_running")
+                  .Help("Requests in the running batch")
+                  .Register(*registry_)
+                  .Add({});
+  waiting_ = &prometheus::BuildGauge()
+                  .Name("specd_num_requests_waiting")
+                  .Help("Requests queued for the running batch")
+                  .Register(*registry_)
+                  .Add({});
+  auto& phases = prometheus::BuildHistogram()
+                     .Name("specd_round_phase_duration_seconds")
+                     .Help("Duration of one phase of a speculation round, by phase")
+                     .Register(*registry_);
+  for (size_t i = 0; i < kPhaseNames.size(); ++i) {
+    phase_seconds_[i] = &phases.Add({{"phase", kPhaseNames[i]}}, Exponential(1e-5, 30.0));
+  }
+  auto& rpc_seconds = prometheus::BuildHistogram()
+                          .Name("specd_worker_rpc_duration_seconds")
+                          .Help("Duration of one RPC to a worker, by worker role")
+                          .Register(*registry_);
+  auto& sent = prometheus::BuildCounter()
+                   .Name("specd_worker_rpc_request_bytes_total")
+                   .Help("Serialized request bytes sent to a worker, by worker role")
+                   .Register(*registry_);
+  auto& received = prometheus::BuildCounter()
+                       .Name("specd_worker_rpc_response_bytes_total")
+                       .Help("Serialized response bytes received from a worker, by worker role")
+                       .Register(*registry_);
+  for (size_t i = 0; i < kWorkerNames.size(); ++i) {
+    const prometheus::Labels labels = {{"worker", kWorkerNames[i]}};
+    rpc_seconds_[i] = &rpc_seconds.Add(labels, Exponential(1e-5, 30.0));
+    rpc_sent_bytes_[i] = &sent.Add(labels);
+    rpc_received_bytes_[i] = &received.Add(labels);
+  }
+  absl::MutexLock lock(&mu_);
+  for (int k = 0; k < max_position; ++k) PositionCounter(static_cast<size_t>(k));
+}
+
+CoordinatorMetrics::~CoordinatorMetrics() = default;
+
+absl::StatusOr<int> CoordinatorMetrics::Serve(const std::string& host, int port) {
+  const std::string address = absl::StrCat(host, ":", port);
+  // prometheus-cpp reports a failed bind by throwing; keep that inside this module.
+  try {
+    exposer_ = std::make_unique<prometheus::Exposer>(address, /*num_threads=*/1);
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(
+        absl::StrCat("--metrics-port: cannot serve /metrics on ", address, ": ", e.what()));
+  }
+  exposer_->RegisterCollectable(collectable_);
+  const std::vector<int> ports = exposer_->GetListeningPorts();
+  if (ports.empty()) {
+    return absl::UnavailableError(absl::StrCat("--metrics-port: nothing listens on ", address));
+  }
+  return ports.front();
+}
+
+void CoordinatorMetrics::SetQueueSource(std::function<int64_t()> running,
+                                        std::function<int64_t()> waiting) {
+  absl::MutexLock lock(&mu_);
+  running_source_ = std::move(running);
+  waiting_source_ = std::move(waiting);
+}
+
+prometheus::Counter& CoordinatorMetrics::PositionCounter(size_t k) {
+  while (per_pos_.size() <= k) {
+    per_pos_.push_back(&per_pos_family_->Add({{"position", absl::StrCat(per_pos_.size())}}));
+  }
+  return *per_pos_[k];
+}
+
+void CoordinatorMetrics::OnRequestFinished(const RequestMetrics& r) {
+  finished_family_->Add({{"finished_reason", r.finish_reason}}).Increment();
+  prompt_tokens_->Increment(static_cast<double>(r.prompt_tokens));
+  generation_tokens_->Increment(static_cast<double>(r.completion_tokens));
+  request_duration_->Observe(absl::ToDoubleSeconds(r.duration));
+  if (r.draft_tokens <= 0) return;
+  num_drafts_->Increment(static_cast<double>(r.rounds));
+  num_draft_tokens_->Increment(static_cast<double>(r.draft_tokens));
+  num_accepted_tokens_->Increment(static_cast<double>(r.accepted_tokens));
+  acceptance_rate_->Observe(static_cast<double>(r.accepted_tokens) /
+                            static_cast<double>(r.draft_tokens));
+  // A round that accepted draft k+1 accepted every draft before it, so the rounds that accepted
+  // exactly n drafts are per_pos[n-1] - per_pos[n] (per_pos[-1] being every drafting round).
+  const std::vector<int64_t>& pp = r.accepted_per_position;
+  for (size_t n = 0; n <= pp.size(); ++n) {
+    const int64_t at_least = n == 0 ? r.rounds : pp[n - 1];
+    const int64_t more = n < pp.size() ? pp[n] : 0;
+    for (int64_t i = 0; i < at_least - more; ++i) accepted_length_->Observe(static_cast<double>(n));
+  }
+  absl::MutexLock lock(&mu_);
+  for (size_t k = 0; k < pp.size(); ++k) {
+    if (pp[k] > 0) PositionCounter(k).Increment(static_cast<double>(pp[k]));
+  }
+}
+
+void CoordinatorMetrics::OnRequestError(absl::StatusCode code) {
+  errors_family_->Add({{"code", absl::StatusCodeToString(code)}}).Increment();
+}
+
+void CoordinatorMetrics::OnFirstToken(absl::Duration since_arrival) {
+  ttft_->Observe(absl::ToDoubleSeconds(since_arrival));
+}
+
+void CoordinatorMetrics::OnTokens(int64_t tokens, absl::Duration gap) {
+  if (tokens <= 0) return;
+  const double each = absl::ToDoubleSeconds(gap) / static_cast<double>(tokens);
+  for (int64_t i = 0; i < tokens; ++i) itl_->Observe(each);
+}
+
+void CoordinatorMetrics::OnRoundPhase(Phase phase, absl::Duration elapsed) {
+  phase_seconds_[static_cast<size_t>(phase)]->Observe(absl::ToDoubleSeconds(elapsed));
+}
+
+void CoordinatorMetrics::OnRpc(Worker worker, int64_t request_bytes, int64_t response_bytes,
+                               absl::Duration elapsed) {
+  const size_t w = static_cast<size_t>(worker);
+  rpc_seconds_[w]->Observe(absl::ToDoubleSeconds(elapsed));
+  rpc_sent_bytes_[w]->Increment(static_cast<double>(request_bytes));
+  rpc_received_bytes_[w]->Increment(static_cast<double>(response_bytes));
+}
+
+std::string CoordinatorMetrics::Text() const {
+  return prometheus::TextSerializer().Serialize(collectable_->Collect());
+}
+
+}  // namespace specd

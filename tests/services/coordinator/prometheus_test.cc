@@ -1,0 +1,292 @@
+// The coordinator's /metrics as a real Prometheus (Debian's `prometheus`) sees them: three specd
+// processes on loopback run a known workload while Prometheus scrapes every second. The PromQL
+// acceptance rate must match the one computed from the responses' usage fields, the per-position
+// series must be present and monotone, and every query of the Grafana dashboard must run.
+#include <netinet/in.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "grpc/health/v1/health.grpc.pb.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "specd/v1/generation.grpc.pb.h"
+#include "tests/services/worker_fixture.h"
+#include "tests/services/worker_process.h"
+#include "tests/test_util.h"
+
+extern char** environ;
+
+namespace specd {
+namespace {
+
+using testing::ChildProcess;
+using testing::ScopedTempDir;
+using json = nlohmann::json;
+
+constexpr char kPrometheus[] = "/usr/bin/prometheus";
+constexpr int kNumPositions = 4;  // K of the workload
+
+// A port the kernel considers free right now (Prometheus takes no port 0).
+int FreePort() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  socklen_t len = sizeof(addr);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  close(fd);
+  return ntohs(addr.sin_port);
+}
+
+std::string UrlEncode(const std::string& s) {
+  std::string out;
+  for (const unsigned char c : s) {
+    if (std::isalnum(c) || c == '-' || c == '_' || c == '.' || c == '~') {
+      out.push_back(static_cast<char>(c));
+    } else {
+      char buf[4];
+      std::snprintf(buf, sizeof(buf), "%%%02X", c);
+      out += buf;
+    }
+  }
+  return out;
+}
+
+// A Prometheus server on 127.0.0.1 with its own data directory; killed when destroyed.
+class PrometheusServer {
+ public:
+  PrometheusServer(const std::filesystem::path& dir, const std::string& config) : dir_(dir) {
+    port_ = FreePort();
+    std::ofstream(dir / "prometheus.yml") << config;
+    const std::vector<std::string> args = {
+        kPrometheus, absl::StrCat("--config.file=", (dir / "prometheus.yml").string()),
+        absl::StrCat("--storage.tsdb.path=", (dir / "data").string()),
+        absl::StrCat("--web.listen-address=127.0.0.1:", port_), "--log.level=warn"};
+    std::vector<char*> argv;
+    for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    const std::string log = (dir / "prometheus.log").string();
+    posix_spawn_file_actions_addopen(&actions, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    posix_spawn_file_actions_adddup2(&actions, 1, 2);
+    if (posix_spawn(&pid_, kPrometheus, &actions, nullptr, argv.data(), environ) != 0) pid_ = -1;
+    posix_spawn_file_actions_destroy(&actions);
+  }
+  ~PrometheusServer() {
+    if (pid_ > 0) {
+      kill(pid_, SIGKILL);
+      waitpid(pid_, nullptr, 0);
+    }
+  }
+
+  bool started() const { return pid_ > 0; }
+  std::string Log() const {
+    std::ifstream f(dir_ / "prometheus.log");
+    return std::string(std::istreambuf_iterator<char>(f), {});
+  }
+
+  // GET /api/v1/<path>; the parsed body, or a discarded json when unreachable or not JSON.
+  json Api(const std::string& path) const {
+    absl::StatusOr<std::string> body = testing::HttpGet(port_, "/api/v1/" + path);
+    if (!body.ok()) return json(json::value_t::discarded);
+    return json::parse(*body, nullptr, /*allow_exceptions=*/false);
+  }
+  json Query(const std::string& promql) const { return Api("query?query=" + UrlEncode(promql)); }
+
+  bool WaitReady() const {
+    for (int i = 0; i < 300; ++i) {
+      if (testing::HttpGet(port_, "/-/ready").ok()) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    return false;
+  }
+
+ private:
+  std::filesystem::path dir_;
+  int port_ = 0;
+  pid_t pid_ = -1;
+};
+
+// The single value of an instant-vector query, or -1 when the result is not exactly one sample.
+double Scalar(const json& r) {
+  if (r.is_discarded() || r.value("status", "") != "success") return -1;
+  const json& result = r["data"]["result"];
+  if (result.size() != 1) return -1;
+  return std::stod(result[0]["value"][1].get<std::string>());
+}
+
+bool WaitServing(ChildProcess& coordinator) {
+  auto health = grpc::health::v1::Health::NewStub(coordinator.Channel());
+  for (int i = 0; i < 300; ++i) {
+    grpc::ClientContext ctx;
+    grpc::health::v1::HealthCheckResponse reply;
+    if (health->Check(&ctx, grpc::health::v1::HealthCheckRequest(), &reply).ok() &&
+        reply.status() == grpc::health::v1::HealthCheckResponse::SERVING) {
+      return true;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return false;
+}
+
+TEST(PrometheusTest, PromqlAcceptanceRateMatchesUsageAndDashboardQueriesRun) {
+  SPECD_REQUIRE_SHARED_DIR(shared);
+  if (!std::filesystem::exists(kPrometheus)) {
+    GTEST_SKIP() << kPrometheus << " is missing (Debian package prometheus)";
+  }
+  ScopedTempDir tmp;
+  const std::filesystem::path model = tmp.path() / "stories260K";
+  ASSERT_TRUE(testing::PrepareModel(testing::ModelKind::kStories260K, model).ok());
+  auto target = ChildProcess::Start(testing::TargetWorkerBinary(), testing::WorkerArgs(model));
+  ASSERT_TRUE(target.ok()) << target.status();
+  auto draft = ChildProcess::Start(
+      testing::DraftWorkerBinary(),
+      testing::WorkerArgs(model, {"--exit-layer", std::to_string(testing::DraftExitLayer(
+                                                      testing::ModelKind::kStories260K))}));
+  ASSERT_TRUE(draft.ok()) << draft.status();
+  auto coordinator =
+      ChildProcess::Start(testing::BuiltBinary("services/coordinator/specd-coordinator"),
+                          {"--listen", "127.0.0.1:0", "--target", (*target)->address(), "--draft",
+                           (*draft)->address(), "--metrics-port", "0"});
+  ASSERT_TRUE(coordinator.ok()) << coordinator.status();
+  ASSERT_GT((*coordinator)->metrics_port(), 0);
+  ASSERT_TRUE(WaitServing(**coordinator)) << (*coordinator)->StderrText();
+
+  const std::string config = absl::StrCat(
+      "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
+      "scrape_configs:\n"
+      "  - job_name: specd-coordinator\n"
+      "    static_configs: [{targets: ['127.0.0.1:",
+      (*coordinator)->metrics_port(),
+      "']}]\n"
+      "  - job_name: specd-workers\n"
+      "    static_configs:\n"
+      "      - {targets: ['127.0.0.1:",
+      (*draft)->metrics_port(),
+      "'], labels: {worker: draft}}\n"
+      "      - {targets: ['127.0.0.1:",
+      (*target)->metrics_port(), "'], labels: {worker: target}}\n");
+  PrometheusServer prometheus(tmp.path(), config);
+  ASSERT_TRUE(prometheus.started());
+  ASSERT_TRUE(prometheus.WaitReady()) << prometheus.Log();
+  const auto window_start = std::chrono::steady_clock::now();
+  // The window must open on a scrape of the idle coordinator, whose counters are all zero: then
+  // increase() extrapolates the two counters alike and their ratio is exact.
+  bool scraped = false;
+  for (int i = 0; i < 100 && !scraped; ++i) {
+    scraped = Scalar(prometheus.Query("specd_spec_decode_num_draft_tokens_total")) == 0;
+    if (!scraped) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  ASSERT_TRUE(scraped) << prometheus.Log();
+
+  // The workload: sampled requests with different seeds, so acceptance is neither 0 nor 1.
+  auto stub = v1::Generation::NewStub((*coordinator)->Channel());
+  int64_t drafted = 0;
+  int64_t accepted = 0;
+  std::vector<int64_t> per_position(kNumPositions, 0);
+  for (int i = 0; i < 6; ++i) {
+    v1::GenerateRequest r;
+    r.set_text(i % 2 == 0 ? "Once upon a time" : "The little dog");
+    r.mutable_stopping()->set_max_new_tokens(48);
+    r.mutable_stopping()->set_ignore_eos(true);
+    r.mutable_speculation()->set_num_speculative_tokens(kNumPositions);
+    r.mutable_sampling()->set_temperature(1.0f);
+    r.set_seed(static_cast<uint64_t>(100 + i));
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+    auto reader = stub->Generate(&ctx, r);
+    v1::GenerateResponse msg;
+    v1::Usage usage;
+    while (reader->Read(&msg)) {
+      if (msg.has_usage()) usage = msg.usage();
+    }
+    const grpc::Status st = reader->Finish();
+    ASSERT_TRUE(st.ok()) << st.error_message();
+    drafted += usage.draft_tokens();
+    accepted += usage.accepted_tokens();
+    for (int k = 0; k < usage.accepted_per_position_size() && k < kNumPositions; ++k) {
+      per_position[static_cast<size_t>(k)] += usage.accepted_per_position(k);
+    }
+  }
+  ASSERT_GT(drafted, 0);
+  const double usage_rate = static_cast<double>(accepted) / static_cast<double>(drafted);
+
+  // Wait for a scrape that saw the whole workload.
+  bool caught_up = false;
+  for (int i = 0; i < 100 && !caught_up; ++i) {
+    caught_up = Scalar(prometheus.Query("specd_spec_decode_num_draft_tokens_total")) ==
+                static_cast<double>(drafted);
+    if (!caught_up) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  ASSERT_TRUE(caught_up) << "Prometheus never saw " << drafted << " draft tokens";
+  const int64_t window_s = std::chrono::duration_cast<std::chrono::seconds>(
+                               std::chrono::steady_clock::now() - window_start)
+                               .count() +
+                           3;
+  const std::string w = absl::StrCat("[", window_s, "s]");
+  const double promql_rate = Scalar(prometheus.Query(
+      absl::StrCat("increase(specd_spec_decode_num_accepted_tokens_total", w,
+                   ") / increase(specd_spec_decode_num_draft_tokens_total", w, ")")));
+  EXPECT_NEAR(promql_rate, usage_rate, 0.01 * usage_rate)
+      << "usage says " << accepted << " / " << drafted;
+  EXPECT_EQ(Scalar(prometheus.Query("specd_spec_decode_num_accepted_tokens_total")),
+            static_cast<double>(accepted));
+
+  // Per-position series: present for every position, monotone over the window, and ending at
+  // the usage totals.
+  const json range = prometheus.Query("specd_spec_decode_num_accepted_tokens_per_pos_total" + w);
+  ASSERT_EQ(range.value("status", ""), "success") << range.dump();
+  std::vector<bool> seen(kNumPositions, false);
+  for (const json& series : range["data"]["result"]) {
+    const int position = std::stoi(series["metric"]["position"].get<std::string>());
+    double previous = 0;
+    for (const json& sample : series["values"]) {
+      const double v = std::stod(sample[1].get<std::string>());
+      EXPECT_GE(v, previous) << "position " << position << " went down";
+      previous = v;
+    }
+    if (position < kNumPositions) {
+      seen[static_cast<size_t>(position)] = true;
+      EXPECT_EQ(previous, static_cast<double>(per_position[static_cast<size_t>(position)]))
+          << "position " << position;
+    }
+  }
+  for (int k = 0; k < kNumPositions; ++k) EXPECT_TRUE(seen[k]) << "no series for position " << k;
+
+  // Every dashboard query parses and evaluates.
+  std::ifstream f(testing::SourceDir() / "deploy/grafana/dashboards/specd.json");
+  const json dashboard = json::parse(f, nullptr, /*allow_exceptions=*/false);
+  ASSERT_FALSE(dashboard.is_discarded()) << "deploy/grafana/dashboards/specd.json is not JSON";
+  int queries = 0;
+  for (const json& panel : dashboard["panels"]) {
+    for (const json& t : panel["targets"]) {
+      const std::string expr = t["expr"].get<std::string>();
+      const json r = prometheus.Query(expr);
+      EXPECT_EQ(r.value("status", ""), "success")
+          << "panel '" << panel["title"].get<std::string>() << "': " << expr << "\n"
+          << r.dump();
+      ++queries;
+    }
+  }
+  EXPECT_GT(queries, 10);
+}
+
+}  // namespace
+}  // namespace specd
