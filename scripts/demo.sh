@@ -20,10 +20,10 @@ log=$(mktemp)
 server=$!
 trap 'kill -INT $server 2>/dev/null; wait $server 2>/dev/null; rm -f "$log"' EXIT
 for _ in $(seq 1 600); do
-  grep -q "specd serving on" "$log" && break
+  grep -q "^listening on" "$log" && break
   kill -0 $server 2>/dev/null || { echo "specd serve failed to start" >&2; exit 1; }
   sleep 0.1
 done
-address=$(sed -n 's/^specd serving on //p' "$log")
+address=$(sed -n 's/^listening on //p' "$log")
 echo "[demo] specd serving on $address" >&2
 "$SPECD" generate --server "$address" --prompt "Once upon a time" --max-tokens 64 --k 4 "$@"

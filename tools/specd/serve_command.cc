@@ -24,7 +24,7 @@ namespace {
 
 constexpr char kSummary[] =
     "Serve a model with speculative decoding: a target worker, a draft worker and the\n"
-    "coordinator, on loopback. Prints `specd serving on HOST:PORT` when ready.\n"
+    "coordinator, on loopback. Prints `listening on HOST:PORT` when ready, as each service does.\n"
     "  specd serve --target DIR --draft DIR\n"
     "  specd serve --target DIR --draft-exit-layer 2";
 
@@ -127,7 +127,8 @@ int RunServe(const std::vector<std::string>& argv) {
       {"kv-tokens", "KV cache capacity per worker, in tokens", "16384"},
       {"default-k", "num_speculative_tokens when a request does not say", "4"},
       {"max-running", "sequences in the running batch", "32"},
-      {"metrics", "serve Prometheus /metrics on the workers (free ports)", "", true},
+      {"metrics", "serve Prometheus /metrics on the coordinator and workers (free ports)", "",
+       true},
       {"bin-dir", "directory of the specd-* service binaries (default: found next to specd)"},
   };
   int exit_code = 0;
@@ -181,9 +182,11 @@ int RunServe(const std::vector<std::string>& argv) {
     draft_addr = *addr;
   }
 
-  std::vector<std::string> coord_args = {
-      "--listen",    args->Get("listen"),    "--target",      *target_addr,
-      "--default-k", args->Get("default-k"), "--max-running", args->Get("max-running")};
+  std::vector<std::string> coord_args = {"--listen",       args->Get("listen"),
+                                         "--target",       *target_addr,
+                                         "--default-k",    args->Get("default-k"),
+                                         "--max-running",  args->Get("max-running"),
+                                         "--metrics-port", metrics};
   if (!draft_addr.empty()) coord_args.insert(coord_args.end(), {"--draft", draft_addr});
   absl::StatusOr<Child> coord =
       Spawn("coordinator", FindBinary("specd-coordinator", bin_dir), coord_args);
@@ -193,7 +196,7 @@ int RunServe(const std::vector<std::string>& argv) {
   if (!public_addr.ok()) return fail(public_addr.status());
   // The coordinator prints its address before it has connected; it says "serving" on stderr and
   // flips health to SERVING once the workers check out. Clients retry with wait_for_ready.
-  std::cout << "specd serving on " << *public_addr << std::endl;
+  std::cout << "listening on " << *public_addr << std::endl;
 
   int sig = 0;
   while (true) {

@@ -1,6 +1,7 @@
 // The whole service as users run it: a target worker, a draft worker and the coordinator as
 // three processes on loopback (ephemeral ports), driven through specd.v1.Generation.
 #include <chrono>
+#include <csignal>
 #include <fstream>
 #include <future>
 #include <memory>
@@ -314,6 +315,17 @@ TEST_F(SyntheticE2eTest, DeadlineAndCancellationFreeTheSequence) {
   service_->ExpectNoBlocksUsed();
 }
 
+TEST_F(SyntheticE2eTest, DeadDraftWorkerIsUnavailableNamingIt) {
+  service_->draft->Signal(SIGKILL);
+  const Stream s = service_->Generate(TextRequest("hello", 8, 2));
+  EXPECT_EQ(s.status.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_THAT(s.status.error_message(), HasSubstr("draft worker at " + service_->draft->address()));
+  // Plain decoding needs only the target, so it still works.
+  const Stream plain = service_->Generate(TextRequest("hello", 8, 0));
+  EXPECT_TRUE(plain.status.ok()) << plain.status.error_message();
+  EXPECT_EQ(plain.tokens.size(), 8u);
+}
+
 TEST_F(SyntheticE2eTest, ServerInfoTokenizeDetokenize) {
   grpc::ClientContext c1;
   v1::GetServerInfoResponse info;
@@ -371,6 +383,36 @@ TEST_F(SyntheticE2eTest, PythonAndNodeClientsStreamTheSameTokens) {
     EXPECT_EQ((*j)["text"].get<std::string>(), expected.text);
     EXPECT_EQ((*j)["finish_reason"].get<std::string>(), "FINISH_REASON_LENGTH");
   }
+}
+
+TEST(SpecdServeTest, StartsThreeProcessesServesAndStopsOnSigint) {
+  ScopedTempDir tmp;
+  SynthSpec spec;
+  spec.config = *ShapePreset("tiny");
+  ASSERT_TRUE(WriteSyntheticModel(spec, tmp.path() / "m").ok());
+  auto serve = ChildProcess::Start(
+      testing::BuiltBinary("tools/specd"),
+      {"serve", "--target", (tmp.path() / "m").string(), "--draft-exit-layer", "2", "--listen",
+       "127.0.0.1:0", "--threads", "1", "--kv-tokens", "2048"});
+  ASSERT_TRUE(serve.ok()) << serve.status();
+  const std::string addr = (*serve)->address();
+  const std::string out = [&] {
+    FILE* pipe =
+        popen(absl::StrCat(testing::BuiltBinary("tools/specd").string(), " generate --server ",
+                           addr, " --prompt-ids 1,50,60 --max-tokens 12 --k 3 --ignore-eos 2>&1")
+                  .c_str(),
+              "r");
+    std::string text;
+    char buf[4096];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof buf, pipe)) > 0) text.append(buf, n);
+    EXPECT_EQ(pclose(pipe), 0) << text;
+    return text;
+  }();
+  EXPECT_THAT(out, HasSubstr("12 generated, finish FINISH_REASON_LENGTH"));
+  EXPECT_THAT(out, HasSubstr("acceptance rate"));
+  (*serve)->Signal(SIGINT);
+  EXPECT_EQ((*serve)->Terminate(), 0);
 }
 
 TEST(CoordinatorStartupTest, RefusesADraftWithAnotherVocabulary) {

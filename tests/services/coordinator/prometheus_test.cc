@@ -2,6 +2,7 @@
 // processes on loopback run a known workload while Prometheus scrapes every second. The PromQL
 // acceptance rate must match the one computed from the responses' usage fields, the per-position
 // series must be present and monotone, and every query of the Grafana dashboard must run.
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <spawn.h>
@@ -208,7 +209,7 @@ TEST(PrometheusTest, PromqlAcceptanceRateMatchesUsageAndDashboardQueriesRun) {
     r.mutable_stopping()->set_ignore_eos(true);
     r.mutable_speculation()->set_num_speculative_tokens(kNumPositions);
     r.mutable_sampling()->set_temperature(1.0f);
-    r.set_seed(static_cast<uint64_t>(100 + i));
+    r.mutable_sampling()->set_seed(static_cast<uint64_t>(100 + i));
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
     auto reader = stub->Generate(&ctx, r);
@@ -225,7 +226,9 @@ TEST(PrometheusTest, PromqlAcceptanceRateMatchesUsageAndDashboardQueriesRun) {
       per_position[static_cast<size_t>(k)] += usage.accepted_per_position(k);
     }
   }
-  ASSERT_GT(drafted, 0);
+  // A workload whose rate is neither 0 nor 1 tells the two counters apart.
+  ASSERT_GT(accepted, 0);
+  ASSERT_LT(accepted, drafted);
   const double usage_rate = static_cast<double>(accepted) / static_cast<double>(drafted);
 
   // Wait for a scrape that saw the whole workload.
@@ -248,6 +251,24 @@ TEST(PrometheusTest, PromqlAcceptanceRateMatchesUsageAndDashboardQueriesRun) {
       << "usage says " << accepted << " / " << drafted;
   EXPECT_EQ(Scalar(prometheus.Query("specd_spec_decode_num_accepted_tokens_total")),
             static_cast<double>(accepted));
+
+  // The hooks beyond the counters fired: phases, RPCs to both workers, finished requests.
+  for (const char* q : {"specd_round_phase_duration_seconds_count{phase=\"verify\"}",
+                        "specd_round_phase_duration_seconds_count{phase=\"draft\"}",
+                        "specd_worker_rpc_request_bytes_total{worker=\"draft\"}",
+                        "specd_worker_rpc_response_bytes_total{worker=\"target\"}",
+                        "specd_time_to_first_token_seconds_count"}) {
+    EXPECT_GT(Scalar(prometheus.Query(q)), 0) << q;
+  }
+  EXPECT_EQ(Scalar(prometheus.Query("specd_request_success_total{finished_reason=\"length\"}")), 6);
+
+  // `specd health`, as the compose health checks run it, sees the coordinator SERVING.
+  std::string health_stderr;
+  const absl::StatusOr<int> health =
+      ChildProcess::Run(testing::BuiltBinary("tools/specd"),
+                        {"health", "--server", (*coordinator)->address()}, &health_stderr);
+  ASSERT_TRUE(health.ok()) << health.status();
+  EXPECT_EQ(*health, 0) << health_stderr;
 
   // Per-position series: present for every position, monotone over the window, and ending at
   // the usage totals.
