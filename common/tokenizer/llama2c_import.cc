@@ -79,7 +79,9 @@ absl::StatusOr<std::vector<Token>> ReadTokens(std::string_view bytes, int32_t vo
     return invalid("max_token_length ", max_token_length, " is not a plausible length");
   }
   std::vector<Token> tokens;
-  tokens.reserve(vocab_size);
+  // vocab_size comes from the checkpoint, so it is untrusted: reserve no more tokens than the
+  // bytes could hold (8 bytes of score and length each) rather than gigabytes for a bad value.
+  tokens.reserve(std::min(static_cast<size_t>(vocab_size), reader.remaining() / 8));
   for (int32_t id = 0; id < vocab_size; ++id) {
     const size_t offset = reader.pos();
     float score = 0;

@@ -1,11 +1,21 @@
 #!/usr/bin/python3
 """Writes the committed seed corpora for the fuzzers (run from anywhere; rewrites the files):
 corpus/safetensors/*  valid and invalid safetensors files (small),
-corpus/model_config/* valid and invalid config.json texts.
-Uses only json + struct, so the seeds do not depend on specd's writer."""
+corpus/model_config/* valid and invalid config.json texts,
+corpus/tokenizer/*    inputs of tokenizer_fuzzer (the first byte picks the mode, see its header),
+corpus/request/*      inputs of request_fuzzer (the first byte picks the mode, see its header).
+Uses only json + struct (and protoc's text-to-binary encoder for the request seeds), so the seeds
+do not depend on specd's writer. The two whole tokenizer.json seeds come from specd itself:
+  make_corpus.py --specd build/tools/specd
+runs `specd synth --shape tiny --vocab 300` and `specd convert llama2c` of
+/work/shared/models/stories260K and rewrites corpus/tokenizer/json_*; without --specd they are
+left as they are."""
+import argparse
 import json
 import os
 import struct
+import subprocess
+import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -73,8 +83,118 @@ CONFIGS = {
     "bad_huge.json": dict(STORIES, vocab_size=2000000000, hidden_size=16000000),
 }
 
+SHARED = os.environ.get("SPECD_SHARED_DIR", "/work/shared")
+TOK_CONFIG = {"add_bos_token": True, "add_eos_token": False, "bos_token": "<s>",
+              "eos_token": "</s>", "unk_token": "<unk>", "clean_up_tokenization_spaces": False}
+
+
+def llama2c_tokenizer(pieces, max_len=None):
+    """tokenizer.bin: int32 max_token_length, then per token float32 score, int32 length, bytes."""
+    out = struct.pack("<i", max_len if max_len is not None else max(len(p) for p, _ in pieces))
+    for piece, score in pieces:
+        out += struct.pack("<fi", score, len(piece)) + piece
+    return out
+
+
+def small_llama2c():
+    pieces = [(b"<unk>", 0.0), (b"\n<s>\n", 0.0), (b"\n</s>\n", 0.0)]
+    pieces += [(b"<0x%02X>" % b, 0.0) for b in range(256)]
+    pieces += [(b" ", -1.0), (b"t", -2.0), (b"h", -3.0), (b"e", -4.0), (b" t", -5.0),
+               (b"he", -6.0), (b" the", -7.0)]
+    return pieces
+
+
+def tokenizer_seeds():
+    """Mode byte + payload (see tokenizer_fuzzer.cc)."""
+    config = json.dumps(TOK_CONFIG).encode()
+    # FuzzedDataProvider ends a random-length string at a backslash followed by another byte.
+    seeds = {
+        "configs_llama2": b"\x01" + config + b"\\\n" + b'{"bos_token_id":1,"eos_token_id":[2,1]}',
+        "configs_bad": b"\x01" + b'{"add_bos_token":"yes"}' + b"\\\n" + b'{"eos_token_id":-4}',
+        "encode_spm": b"\x02\x00" + " Hello  the cat \u00e9\n\u2581x".encode(),
+        "encode_byte_level": b"\x02\x03" + "<|eot_id|> the h\u00e4llo [x]  \r\n".encode(),
+        "encode_bad_utf8": b"\x02\x01" + b"ab\xc3\x28\xed\xa0\x80\xf8",
+        "decode_spm": b"\x03\x00" + struct.pack("<8i", 1, 267, 3 + 0xC3, 3 + 0xA9, 269, 270, 2, 3),
+        "decode_out_of_range": b"\x03\x01" + struct.pack("<3i", 5, 303, -1),
+        "incremental": b"\x04" + bytes(range(1, 255, 3)),
+        "llama2c_small": b"\x05" + struct.pack("<i", 266) + llama2c_tokenizer(small_llama2c()),
+        "llama2c_truncated": b"\x05" + struct.pack("<i", 266) +
+                             llama2c_tokenizer(small_llama2c())[:200],
+        # A vocab_size of 536871424 over a few hundred bytes once reserved ~20 GB up front.
+        "llama2c_huge_vocab": b"\x05" + struct.pack("<i", 0x20000200) +
+                              llama2c_tokenizer(small_llama2c())[:300],
+    }
+    with open(os.path.join(SHARED, "models", "stories260K", "tok512.bin"), "rb") as f:
+        seeds["llama2c_tok512"] = b"\x05" + struct.pack("<i", 512) + f.read()
+    return seeds
+
+
+def request_seeds():
+    """Mode byte + a serialized specd.v1.GenerateRequest, written by protoc from text format."""
+    texts = {
+        "text_prompt": 'text: "Once upon a time" sampling { temperature: 0.7 top_p: 0.9 seed: 7 } '
+                       'stopping { max_new_tokens: 16 stop: "the" stop_token_ids: 2 } '
+                       'speculation { num_speculative_tokens: 4 '
+                       'draft_sampling: DRAFT_SAMPLING_GREEDY }',
+        "token_ids": 'token_ids { ids: [1, 267, 269] } request_id: "abc" '
+                     'sampling { top_k: 5 min_p: 0.1 repetition_penalty: 1.1 presence_penalty: -2 '
+                     'frequency_penalty: 2 }',
+        "bad_nan": 'token_ids { ids: [1] } sampling { temperature: nan top_p: inf }',
+        "bad_ids": 'token_ids { ids: [-1, 272, 2147483647] } '
+                   'stopping { max_new_tokens: 4294967295 }',
+        "bad_utf8": 'text: "ab\\xc3\\x28" stopping { stop: "\\xff" stop: "" }',
+        "bad_k": 'text: "x" speculation { num_speculative_tokens: 4294967295 }',
+    }
+    proto_dir = os.path.join(HERE, "..", "..", "proto")
+    seeds = {}
+    for name, text in texts.items():
+        encoded = subprocess.run(
+            ["protoc", "--proto_path=" + proto_dir, "--encode=specd.v1.GenerateRequest",
+             "specd/v1/generation.proto"], input=text.encode(), capture_output=True, check=True)
+        seeds[name] = b"\x00" + encoded.stdout
+    seeds["structured"] = b"\x01" + bytes(range(256))
+    seeds["structured_no_tokenizer"] = b"\x03" + bytes(range(255, -1, -2))
+    return seeds
+
+
+def specd_tokenizer_seeds(specd):
+    """Whole tokenizer.json files as specd writes them, compacted, behind mode byte 0."""
+    seeds = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        synth = os.path.join(tmp, "synth")
+        conv = os.path.join(tmp, "conv")
+        subprocess.run([specd, "synth", "--shape", "tiny", "--vocab", "300", "--out", synth],
+                       check=True, capture_output=True)
+        stories = os.path.join(SHARED, "models", "stories260K")
+        subprocess.run([specd, "convert", "llama2c", "--checkpoint",
+                        os.path.join(stories, "stories260K.bin"), "--tokenizer",
+                        os.path.join(stories, "tok512.bin"), "--out", conv],
+                       check=True, capture_output=True)
+        for name, d in (("json_synth_tiny", synth), ("json_stories260k", conv)):
+            with open(os.path.join(d, "tokenizer.json"), encoding="utf-8") as f:
+                doc = json.load(f)
+            seeds[name] = b"\x00" + json.dumps(doc, separators=(",", ":"),
+                                                ensure_ascii=False).encode()
+    return seeds
+
+
+def write(corpus, name, data):
+    os.makedirs(os.path.join(HERE, "corpus", corpus), exist_ok=True)
+    with open(os.path.join(HERE, "corpus", corpus, name), "wb") as f:
+        f.write(data)
+
 
 def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--specd", help="specd binary, to rewrite the tokenizer.json seeds")
+    args = parser.parse_args()
+    for name, data in tokenizer_seeds().items():
+        write("tokenizer", name, data)
+    if args.specd:
+        for name, data in specd_tokenizer_seeds(args.specd).items():
+            write("tokenizer", name, data)
+    for name, data in request_seeds().items():
+        write("request", name, data)
     for name, data in SAFETENSORS.items():
         with open(os.path.join(HERE, "corpus", "safetensors", name), "wb") as f:
             f.write(data)

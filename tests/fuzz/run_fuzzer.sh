@@ -1,16 +1,16 @@
 #!/bin/bash
 # Builds one libFuzzer target with clang++ (-fsanitize=fuzzer,address,undefined) and runs it for
 # a bounded time over the committed seed corpus. The main build uses g++, so the fuzzers are
-# compiled here, from the parser sources, into WORK_DIR; a rebuild happens only when a source
+# compiled here, from the library sources, into WORK_DIR; a rebuild happens only when a source
 # changed.
 #
 #   run_fuzzer.sh TARGET WORK_DIR SECONDS
-#     TARGET: safetensors_header | model_config
+#     TARGET: safetensors_header | model_config | tokenizer | request
 #     CXX (env): the clang++ to use (default clang++)
 set -euo pipefail
 
 if [[ $# -ne 3 ]]; then
-  echo "usage: $0 safetensors_header|model_config WORK_DIR SECONDS" >&2
+  echo "usage: $0 safetensors_header|model_config|tokenizer|request WORK_DIR SECONDS" >&2
   exit 2
 fi
 target=$1
@@ -19,47 +19,90 @@ seconds=$3
 src=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cxx=${CXX:-clang++}
 
+tokenizer_sources=()
+for s in added_tokens bpe byte_level decoder incremental_detokenizer json_fields llama2c_import \
+         normalizer pre_tokenizer regex sha256 tokenizer tokenizer_config tokenizer_json utf8; do
+  tokenizer_sources+=("$src/common/tokenizer/$s.cc")
+done
+
+# Per target: the sources to compile, the directories whose headers they include (a newer header
+# forces a rebuild), the pkg-config modules to link, and the corpus/dictionary name.
+pkgs=(absl_status absl_statusor absl_strings)
 case "$target" in
   safetensors_header)
-    sources=("$src/common/model/safetensors.cc")
-    corpus=safetensors
+    sources=("$src/common/model/safetensors.cc" "$src/kernels/dtype.cc")
+    header_dirs=("$src/common/model" "$src/common/util" "$src/kernels")
     ;;
   model_config)
-    sources=("$src/common/model/config.cc" "$src/common/model/mapped_file.cc")
-    corpus=model_config
+    sources=("$src/common/model/config.cc" "$src/common/model/mapped_file.cc"
+             "$src/kernels/dtype.cc")
+    header_dirs=("$src/common/model" "$src/common/util" "$src/kernels")
+    ;;
+  tokenizer)
+    sources=("${tokenizer_sources[@]}")
+    header_dirs=("$src/common/tokenizer" "$src/common/util" "$src/tests/common/tokenizer")
+    pkgs+=(absl_flat_hash_map absl_flat_hash_set absl_synchronization absl_str_format
+           libpcre2-8)
+    ;;
+  request)
+    # The public proto's C++ is generated here, as the main build does with its own protoc rule.
+    mkdir -p "$work/proto/specd/v1"
+    proto="$src/proto/specd/v1/generation.proto"
+    if [[ ! -f "$work/proto/specd/v1/generation.pb.cc" ||
+          "$proto" -nt "$work/proto/specd/v1/generation.pb.cc" ]]; then
+      protoc --proto_path="$src/proto" --cpp_out="$work/proto" "$proto"
+    fi
+    sources=("$work/proto/specd/v1/generation.pb.cc"
+             "$src/services/coordinator/request_validation.cc"
+             "$src/common/sampling/params.cc" "${tokenizer_sources[@]}")
+    header_dirs=("$src/services" "$src/common" "$src/tests/common/tokenizer" "$work/proto")
+    pkgs+=(absl_flat_hash_map absl_flat_hash_set absl_synchronization absl_str_format
+           libpcre2-8 protobuf)
     ;;
   *)
     echo "run_fuzzer.sh: unknown target '$target'" >&2
     exit 2
     ;;
 esac
-sources+=("$src/tests/fuzz/${target}_fuzzer.cc" "$src/kernels/dtype.cc")
+sources+=("$src/tests/fuzz/${target}_fuzzer.cc")
+header_dirs+=("$src/tests/fuzz")
 
-mkdir -p "$work/obj" "$work/corpus" "$work/artifacts"
+# Objects are shared by the targets (the tokenizer sources serve two of them), next to the work
+# directories; each is written under a temporary name and renamed, so fuzz tests that run in
+# parallel never see half-written objects.
+obj_dir=$(dirname "$work")/obj
+mkdir -p "$obj_dir" "$work/corpus" "$work/artifacts"
 binary="$work/${target}_fuzzer"
 flags=(-std=c++20 -g -O1 -fno-omit-frame-pointer -fsanitize=fuzzer,address,undefined
-       -fno-sanitize-recover=all -I"$src")
-# Debian's Abseil ships pkg-config files; the .a/.so were built with g++ but share its ABI.
-read -r -a absl_cflags <<<"$(pkg-config --cflags absl_status absl_statusor absl_strings)"
-read -r -a absl_libs <<<"$(pkg-config --libs absl_status absl_statusor absl_strings)"
+       -fno-sanitize-recover=all -I"$src" -I"$work/proto")
+# Debian's Abseil and protobuf ship pkg-config files; the libraries were built with g++ but share
+# its ABI.
+read -r -a pkg_cflags <<<"$(pkg-config --cflags "${pkgs[@]}")"
+read -r -a pkg_libs <<<"$(pkg-config --libs "${pkgs[@]}")"
 
 objects=()
 for s in "${sources[@]}"; do
-  o="$work/obj/$(basename "${s%.cc}").o"
+  rel=${s#"$src/"}
+  rel=${rel#"$work/"}
+  o="$obj_dir/$(tr / _ <<<"${rel%.cc}").o"
   objects+=("$o")
-  # Headers can change too: rebuild an object when any source or header under common/, kernels/
-  # or tests/fuzz/ is newer than it.
-  if [[ ! -f "$o" || -n "$(find "$s" "$src/common/model" "$src/common/util" "$src/kernels" \
-        "$src/tests/fuzz" -name '*.h' -newer "$o" -o -name "$(basename "$s")" -newer "$o" |
-        head -n 1)" ]]; then
+  if [[ ! -f "$o" || -n "$(find "$s" "${header_dirs[@]}" -name '*.h' -newer "$o" -o \
+        -name "$(basename "$s")" -newer "$o" | head -n 1)" ]]; then
     echo "compiling $s"
-    "$cxx" "${flags[@]}" "${absl_cflags[@]}" -c "$s" -o "$o"
+    "$cxx" "${flags[@]}" "${pkg_cflags[@]}" -c "$s" -o "$o.$$.tmp"
+    mv -f "$o.$$.tmp" "$o"
   fi
 done
-"$cxx" "${flags[@]}" "${objects[@]}" "${absl_libs[@]}" -o "$binary"
+"$cxx" "${flags[@]}" "${objects[@]}" "${pkg_libs[@]}" -o "$binary"
 
-dict="$src/tests/fuzz/$corpus.dict"
+# The tokenizer's seeds are whole tokenizer.json files; the other inputs are small.
+max_len=16384
+[[ "$target" == tokenizer ]] && max_len=32768
+dict="$src/tests/fuzz/$target.dict"
+[[ "$target" == safetensors_header ]] && dict="$src/tests/fuzz/safetensors.dict"
+corpus=$target
+[[ "$target" == safetensors_header ]] && corpus=safetensors
 # New inputs go to the first (writable) corpus directory; the committed seeds stay untouched.
-exec "$binary" -max_total_time="$seconds" -rss_limit_mb=2048 -timeout=10 -max_len=16384 \
+exec "$binary" -max_total_time="$seconds" -rss_limit_mb=2048 -timeout=10 -max_len="$max_len" \
   -dict="$dict" -print_final_stats=1 -artifact_prefix="$work/artifacts/" \
   "$work/corpus" "$src/tests/fuzz/corpus/$corpus"
