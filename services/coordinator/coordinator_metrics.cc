@@ -185,7 +185,7 @@ void CoordinatorMetrics::OnRequestFinished(const RequestMetrics& r) {
   generation_tokens_->Increment(static_cast<double>(r.completion_tokens));
   request_duration_->Observe(absl::ToDoubleSeconds(r.duration));
   if (r.draft_tokens <= 0) return;
-  num_drafts_->Increment(static_cast<double>(r.rounds));
+  num_drafts_->Increment(static_cast<double>(r.drafting_rounds));
   num_draft_tokens_->Increment(static_cast<double>(r.draft_tokens));
   num_accepted_tokens_->Increment(static_cast<double>(r.accepted_tokens));
   acceptance_rate_->Observe(static_cast<double>(r.accepted_tokens) /
@@ -194,7 +194,7 @@ void CoordinatorMetrics::OnRequestFinished(const RequestMetrics& r) {
   // exactly n drafts are per_pos[n-1] - per_pos[n] (per_pos[-1] being every drafting round).
   const std::vector<int64_t>& pp = r.accepted_per_position;
   for (size_t n = 0; n <= pp.size(); ++n) {
-    const int64_t at_least = n == 0 ? r.rounds : pp[n - 1];
+    const int64_t at_least = n == 0 ? r.drafting_rounds : pp[n - 1];
     const int64_t more = n < pp.size() ? pp[n] : 0;
     for (int64_t i = 0; i < at_least - more; ++i) accepted_length_->Observe(static_cast<double>(n));
   }

@@ -32,8 +32,8 @@ struct RequestMetrics {
   std::string finish_reason;  // "length", "eos_token", "stop_token", "stop_string"
   int64_t prompt_tokens = 0;
   int64_t completion_tokens = 0;
-  int64_t rounds = 0;        // rounds this request took part in
-  int64_t draft_tokens = 0;  // sum of K over its rounds
+  int64_t drafting_rounds = 0;  // its rounds with K > 0
+  int64_t draft_tokens = 0;     // sum of K over its rounds
   int64_t accepted_tokens = 0;
   std::vector<int64_t> accepted_per_position;  // [k]: rounds that accepted draft k+1
   absl::Duration duration;                     // from arrival to the last event
@@ -58,8 +58,8 @@ class CoordinatorMetrics final {
   // Read at every scrape for the running and waiting gauges (e.g. the scheduler's counts).
   void SetQueueSource(std::function<int64_t()> running, std::function<int64_t()> waiting);
 
-  // A request finished normally. Adds its speculative-decoding totals; a request that drafted
-  // (draft_tokens > 0) counts its rounds as drafts, as vLLM counts steps with K > 0.
+  // A request finished normally. Adds its speculative-decoding totals; its drafting rounds are
+  // drafts, as vLLM counts steps with K > 0.
   void OnRequestFinished(const RequestMetrics& r);
   // A request failed with `code` (absl::StatusCodeToString, e.g. "RESOURCE_EXHAUSTED").
   void OnRequestError(absl::StatusCode code);

@@ -81,7 +81,7 @@ void RecordEvent(CoordinatorMetrics& metrics, RequestTiming& timing, const Gener
     r.finish_reason = FinishReasonName(e.finish);
     r.prompt_tokens = e.usage.prompt_tokens;
     r.completion_tokens = e.usage.completion_tokens;
-    r.rounds = e.usage.rounds;
+    r.drafting_rounds = e.usage.drafting_rounds;
     r.draft_tokens = e.usage.draft_tokens;
     r.accepted_tokens = e.usage.accepted_tokens;
     r.accepted_per_position = e.usage.accepted_per_position;

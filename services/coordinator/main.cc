@@ -196,6 +196,12 @@ int Run(int argc, char** argv) {
   so.max_seq_len = state.limits.max_seq_len;
   so.num_candidates = static_cast<int32_t>(num_candidates);
   so.eos_token_ids = eos;
+  so.on_round = [&metrics](const RoundPhaseTimes& t) {
+    metrics.OnRoundPhase(CoordinatorMetrics::Phase::kDraft, t.draft);
+    metrics.OnRoundPhase(CoordinatorMetrics::Phase::kVerify, t.verify);
+    metrics.OnRoundPhase(CoordinatorMetrics::Phase::kAccept, t.accept);
+    metrics.OnRoundPhase(CoordinatorMetrics::Phase::kTruncate, t.truncate);
+  };
   // Without a draft worker every request runs with K = 0 and never calls it; the target stands
   // in so the scheduler always has two workers.
   WorkerApi& draft_api = draft ? static_cast<WorkerApi&>(*draft) : **target;

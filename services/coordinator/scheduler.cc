@@ -68,6 +68,7 @@ void Scheduler::Finish(Active& a, FinishReason reason, absl::Status error, Gener
 bool Scheduler::Commit(Active& a, const RoundStats& stats) {
   GenerationUsage& u = a.usage;
   ++u.rounds;
+  if (stats.drafted > 0) ++u.drafting_rounds;
   u.draft_tokens += stats.drafted;
   u.accepted_tokens += stats.accepted;
   if (static_cast<int64_t>(u.accepted_per_position.size()) < stats.drafted) {
@@ -199,8 +200,10 @@ void Scheduler::Loop() {
       }
       batch.push_back(&a->seq);
     }
-    const std::vector<RoundStats> stats =
-        RunSpeculationRound(draft_, target_, batch, RoundOptions{options_.max_seq_len});
+    RoundPhaseTimes phase_times;
+    const std::vector<RoundStats> stats = RunSpeculationRound(
+        draft_, target_, batch, RoundOptions{options_.max_seq_len, &phase_times});
+    if (options_.on_round) options_.on_round(phase_times);
     std::vector<std::unique_ptr<Active>> still;
     std::deque<std::unique_ptr<Active>> preempted;
     for (size_t i = 0; i < running_.size(); ++i) {

@@ -46,6 +46,7 @@ struct GenerationUsage {
   int64_t prompt_tokens = 0;
   int64_t completion_tokens = 0;
   int64_t rounds = 0;
+  int64_t drafting_rounds = 0;  // rounds with K > 0 (vLLM's "drafts")
   int64_t draft_tokens = 0;
   int64_t accepted_tokens = 0;
   std::vector<int64_t> accepted_per_position;  // [k]: rounds that accepted draft k+1
@@ -66,6 +67,9 @@ struct SchedulerOptions {
   int64_t max_seq_len = 0;
   int32_t num_candidates = 4;
   std::vector<int32_t> eos_token_ids;
+  // Called on the scheduler thread after every round with its phase times (metrics); may be
+  // empty. Must not block.
+  std::function<void(const RoundPhaseTimes&)> on_round;
 };
 
 class Scheduler {

@@ -16,6 +16,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "tools/specd/command.h"
+#include "tools/specd/health_check.h"
 
 extern char** environ;
 
@@ -107,12 +108,21 @@ absl::StatusOr<std::string> WaitForAddress(Child& child) {
       ")"));
 }
 
+// SIGTERM to every child (coordinator first), then SIGKILL to any still running after 15 s: a
+// child stuck in start-up must not keep `specd serve` from exiting.
 void StopAll(std::vector<Child>& children) {
   for (auto it = children.rbegin(); it != children.rend(); ++it) {
     if (it->pid > 0) kill(it->pid, SIGTERM);
   }
   for (auto it = children.rbegin(); it != children.rend(); ++it) {
-    if (it->pid > 0) waitpid(it->pid, nullptr, 0);
+    for (int i = 0; it->pid > 0 && i < 150; ++i) {
+      if (waitpid(it->pid, nullptr, WNOHANG) == it->pid) it->pid = -1;
+      if (it->pid > 0) usleep(100 * 1000);
+    }
+    if (it->pid > 0) {
+      kill(it->pid, SIGKILL);
+      waitpid(it->pid, nullptr, 0);
+    }
     if (it->out != nullptr) fclose(it->out);
   }
 }
@@ -194,8 +204,22 @@ int RunServe(const std::vector<std::string>& argv) {
   children.push_back(*coord);
   absl::StatusOr<std::string> public_addr = WaitForAddress(children.back());
   if (!public_addr.ok()) return fail(public_addr.status());
-  // The coordinator prints its address before it has connected; it says "serving" on stderr and
-  // flips health to SERVING once the workers check out. Clients retry with wait_for_ready.
+  // The coordinator listens before it has checked its workers; announce the address only once
+  // its health says SERVING, so a client that connects right away is served.
+  bool serving = false;
+  for (int i = 0; i < 1200 && !serving; ++i) {
+    absl::StatusOr<bool> s = IsServing(*public_addr, "", 1.0);
+    serving = s.ok() && *s;
+    if (!serving) usleep(100 * 1000);
+    int status = 0;
+    if (waitpid(children.back().pid, &status, WNOHANG) == children.back().pid) {
+      children.back().pid = -1;
+      return fail(absl::UnavailableError("the coordinator exited before serving"));
+    }
+  }
+  if (!serving) {
+    return fail(absl::DeadlineExceededError("the coordinator did not become SERVING in 120 s"));
+  }
   std::cout << "listening on " << *public_addr << std::endl;
 
   int sig = 0;

@@ -47,7 +47,7 @@ TEST(CoordinatorMetricsTest, SpecDecodeCountersFollowVllmDefinitions) {
   r.finish_reason = "length";
   r.prompt_tokens = 7;
   r.completion_tokens = 14;  // 9 accepted + 5 corrections/bonus
-  r.rounds = 5;
+  r.drafting_rounds = 5;
   r.draft_tokens = 20;
   r.accepted_tokens = 9;
   r.accepted_per_position = {4, 3, 1, 1};
@@ -58,7 +58,6 @@ TEST(CoordinatorMetricsTest, SpecDecodeCountersFollowVllmDefinitions) {
   plain.finish_reason = "eos_token";
   plain.prompt_tokens = 3;
   plain.completion_tokens = 2;
-  plain.rounds = 2;
   metrics.OnRequestFinished(plain);
 
   const std::map<std::string, double> m = ParseExposition(metrics.Text());
@@ -92,7 +91,7 @@ TEST(CoordinatorMetricsTest, PositionsBeyondThePreallocatedOnesAppear) {
   CoordinatorMetrics metrics(/*max_position=*/2);
   RequestMetrics r;
   r.finish_reason = "length";
-  r.rounds = 1;
+  r.drafting_rounds = 1;
   r.draft_tokens = 3;
   r.accepted_tokens = 3;
   r.accepted_per_position = {1, 1, 1};
