@@ -7,7 +7,7 @@
 #include "absl/memory/memory.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "common/model/string_compat.h"
+#include "common/util/absl_string.h"
 #include "common/util/status_macros.h"
 #include "nlohmann/json.hpp"
 
@@ -26,7 +26,7 @@ absl::Status CheckShardName(std::string_view shard, absl::string_view tensor,
                      shard.find_first_of(std::string_view("/\\\0", 3)) == std::string_view::npos;
   if (plain) return absl::OkStatus();
   return absl::InvalidArgumentError(
-      absl::StrCat(index_path, ": weight_map maps tensor \"", tensor, "\" to \"", AbslView(shard),
+      absl::StrCat(index_path, ": weight_map maps tensor \"", tensor, "\" to \"", ToAbsl(shard),
                    "\", which is not a plain file name in the checkpoint directory"));
 }
 
@@ -67,8 +67,8 @@ absl::StatusOr<std::unique_ptr<Checkpoint>> Checkpoint::Open(const std::filesyst
       return absl::NotFoundError(
           absl::StrCat("checkpoint directory ", dir.string(), " does not exist"));
     }
-    return absl::NotFoundError(absl::StrCat("no ", AbslView(kSingleFileName), " or ",
-                                            AbslView(kIndexFileName), " in ", dir.string()));
+    return absl::NotFoundError(absl::StrCat("no ", ToAbsl(kSingleFileName), " or ",
+                                            ToAbsl(kIndexFileName), " in ", dir.string()));
   }
   const std::string index_name = index_path.string();
   SPECD_ASSIGN_OR_RETURN(const std::unique_ptr<MappedFile> index_file,
@@ -123,7 +123,7 @@ std::vector<std::string> Checkpoint::Names() const {
 absl::StatusOr<Checkpoint::Entry> Checkpoint::Find(std::string_view name) const {
   const auto it = tensors_.find(name);
   if (it == tensors_.end()) {
-    return absl::NotFoundError(absl::StrCat("tensor ", AbslView(name), " not found in ", source_));
+    return absl::NotFoundError(absl::StrCat("tensor ", ToAbsl(name), " not found in ", source_));
   }
   return it->second;
 }
@@ -142,8 +142,8 @@ absl::StatusOr<TensorView> Checkpoint::Get(std::string_view name) const {
   const uint64_t offset = entry.shard->header.data_start + entry.tensor->data_begin;
   if (entry.tensor->numel != 0 && offset % static_cast<uint64_t>(kernels::DTypeSize(dtype)) != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
-        file, ": tensor ", AbslView(name), " starts at byte ", offset, ", not a multiple of its ",
-        kernels::DTypeSize(dtype), "-byte ", AbslView(kernels::DTypeName(dtype)),
+        file, ": tensor ", ToAbsl(name), " starts at byte ", offset, ", not a multiple of its ",
+        kernels::DTypeSize(dtype), "-byte ", ToAbsl(kernels::DTypeName(dtype)),
         " elements; rewrite the file with aligned tensors"));
   }
   const std::string_view bytes =

@@ -11,7 +11,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "common/model/mapped_file.h"
-#include "common/model/string_compat.h"
+#include "common/util/absl_string.h"
 #include "common/util/status_macros.h"
 #include "nlohmann/json.hpp"
 
@@ -49,7 +49,7 @@ class Fields {
 
   absl::Status Error(std::string_view field, absl::string_view what) const {
     return absl::InvalidArgumentError(
-        absl::StrCat(source_, ": ", prefix_, AbslView(field), " ", what));
+        absl::StrCat(source_, ": ", prefix_, ToAbsl(field), " ", what));
   }
 
   // The field, or nullptr when absent or null (transformers treats null as unset).
@@ -231,7 +231,7 @@ absl::StatusOr<ModelConfig> ParseConfigObject(const json& j, absl::string_view s
       }
     }
     if (!llama) {
-      return f.Error("architectures", absl::StrCat("must contain \"", AbslView(kArchitecture),
+      return f.Error("architectures", absl::StrCat("must contain \"", ToAbsl(kArchitecture),
                                                    "\", got ", Short(*architectures)));
     }
   }

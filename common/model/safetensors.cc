@@ -10,7 +10,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "common/model/string_compat.h"
+#include "common/util/absl_string.h"
 #include "common/util/status_macros.h"
 #include "nlohmann/json.hpp"
 
@@ -367,14 +367,14 @@ absl::StatusOr<SafetensorsHeader> ParseSafetensorsHeader(std::string_view file_b
   // nlohmann::json reports type errors and allocation failures by exception; none may escape.
   try {
     SPECD_ASSIGN_OR_RETURN(SafetensorsHeader header,
-                           ParseHeaderImpl(file_bytes, AbslView(file_name_for_errors)));
+                           ParseHeaderImpl(file_bytes, ToAbsl(file_name_for_errors)));
     for (size_t i = 0; i < header.tensors.size(); ++i) {
       header.index_.emplace(header.tensors[i].name, i);
     }
     return header;
   } catch (const std::exception& e) {
     return absl::InvalidArgumentError(absl::StrCat(
-        AbslView(file_name_for_errors), ": cannot parse the safetensors header: ", e.what()));
+        ToAbsl(file_name_for_errors), ": cannot parse the safetensors header: ", e.what()));
   }
 }
 
@@ -383,8 +383,8 @@ absl::StatusOr<kernels::DType> WeightDType(const SafetensorsTensor& tensor,
   const std::optional<kernels::DType> dtype = ToKernelDType(tensor.dtype);
   if (!dtype) {
     return absl::InvalidArgumentError(absl::StrCat(
-        AbslView(file_name_for_errors), ": tensor ", tensor.name, " has dtype ",
-        AbslView(SafetensorsDTypeName(tensor.dtype)), "; specd loads F32, F16 or BF16 weights"));
+        ToAbsl(file_name_for_errors), ": tensor ", tensor.name, " has dtype ",
+        ToAbsl(SafetensorsDTypeName(tensor.dtype)), "; specd loads F32, F16 or BF16 weights"));
   }
   return *dtype;
 }

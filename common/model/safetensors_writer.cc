@@ -10,7 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "common/model/string_compat.h"
+#include "common/util/absl_string.h"
 #include "common/util/status_macros.h"
 #include "nlohmann/json.hpp"
 
@@ -60,14 +60,14 @@ absl::Status SafetensorsWriter::Add(std::string name, SafetensorsDType dtype,
       static_cast<uint64_t>(expected) != bytes.size()) {
     return absl::InvalidArgumentError(
         absl::StrCat("safetensors: tensor ", name, " has ", bytes.size(), " bytes but shape [",
-                     absl::StrJoin(shape, ", "), "] of ", AbslView(SafetensorsDTypeName(dtype)),
+                     absl::StrJoin(shape, ", "), "] of ", ToAbsl(SafetensorsDTypeName(dtype)),
                      " needs ", expected));
   }
   // The header is padded to a multiple of 8, so an offset that is a multiple of the element size
   // in the data section is one in the file too. An empty tensor has nothing to align.
   if (!bytes.empty() && data_size_ % static_cast<uint64_t>(element_size) != 0) {
     return absl::InvalidArgumentError(
-        absl::StrCat("safetensors: tensor ", name, " (", AbslView(SafetensorsDTypeName(dtype)),
+        absl::StrCat("safetensors: tensor ", name, " (", ToAbsl(SafetensorsDTypeName(dtype)),
                      ") would start at byte ", data_size_,
                      " of the data, not a multiple of its element size; add wider dtypes first"));
   }

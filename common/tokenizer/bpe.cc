@@ -74,7 +74,7 @@ absl::StatusOr<std::unique_ptr<BpeModel>> BpeModel::Create(
   }
 
   const auto id_of = [&](std::string_view piece) -> std::optional<int32_t> {
-    const auto it = vocab.find(AsAbsl(piece));
+    const auto it = vocab.find(ToAbsl(piece));
     if (it == vocab.end()) return std::nullopt;
     return it->second;
   };
@@ -88,7 +88,7 @@ absl::StatusOr<std::unique_ptr<BpeModel>> BpeModel::Create(
       const std::string merged_piece = absl::StrCat(left, right);
       const std::string& missing_piece = !a ? left : !b ? right : merged_piece;
       const char* missing = !a ? "left part" : !b ? "right part" : "merged token";
-      return absl::InvalidArgumentError(absl::StrCat(AsAbsl(where), ": merges[", rank, "] ('", left,
+      return absl::InvalidArgumentError(absl::StrCat(ToAbsl(where), ": merges[", rank, "] ('", left,
                                                      "', '", right, "'): the ", missing, " '",
                                                      missing_piece, "' is not in the vocabulary"));
     }
@@ -97,7 +97,7 @@ absl::StatusOr<std::unique_ptr<BpeModel>> BpeModel::Create(
                                     MergeValue{static_cast<int32_t>(rank), *merged});
   }
   const std::string& c = options.chunk_before;
-  if (!c.empty() && !options.raw_byte_input && vocab.contains(AsAbsl(c))) {
+  if (!c.empty() && !options.raw_byte_input && vocab.contains(ToAbsl(c))) {
     bool chunkable = true;
     for (const auto& [left, right] : merges) {
       const std::string merged = absl::StrCat(left, right);
@@ -111,7 +111,7 @@ absl::StatusOr<std::unique_ptr<BpeModel>> BpeModel::Create(
 }
 
 std::optional<int32_t> BpeModel::Lookup(std::string_view piece) const {
-  const auto it = vocab_.find(AsAbsl(piece));
+  const auto it = vocab_.find(ToAbsl(piece));
   if (it == vocab_.end()) return std::nullopt;
   return it->second;
 }
@@ -254,7 +254,7 @@ absl::Status BpeModel::TokenizeChunk(std::string_view word, std::vector<int32_t>
       (options_.cache_words || !chunk_before_.empty()) && word.size() <= kMaxCachedWordBytes;
   if (cacheable) {
     absl::ReaderMutexLock lock(&cache_mu_);
-    if (const auto it = cache_.find(AsAbsl(word)); it != cache_.end()) {
+    if (const auto it = cache_.find(ToAbsl(word)); it != cache_.end()) {
       ids->insert(ids->end(), it->second.begin(), it->second.end());
       return absl::OkStatus();
     }

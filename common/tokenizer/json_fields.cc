@@ -17,8 +17,8 @@ const Json* Find(const Json& obj, std::string_view key) {
 
 absl::Status WrongType(std::string_view key, std::string_view where, std::string_view type,
                        const Json& value) {
-  return absl::InvalidArgumentError(absl::StrCat(AsAbsl(where), ": field '", AsAbsl(key),
-                                                 "' must be ", AsAbsl(type), ", got ",
+  return absl::InvalidArgumentError(absl::StrCat(ToAbsl(where), ": field '", ToAbsl(key),
+                                                 "' must be ", ToAbsl(type), ", got ",
                                                  value.type_name()));
 }
 
@@ -30,10 +30,10 @@ absl::StatusOr<Json> ParseJson(std::string_view text, std::string_view file) {
     return Json::parse(text);
   } catch (const Json::parse_error& e) {
     return absl::InvalidArgumentError(
-        absl::StrCat(AsAbsl(file), ": invalid JSON (parse error at byte ", e.byte, ")"));
+        absl::StrCat(ToAbsl(file), ": invalid JSON (parse error at byte ", e.byte, ")"));
   } catch (const Json::exception& e) {
     return absl::InvalidArgumentError(
-        absl::StrCat(AsAbsl(file), ": invalid JSON (", e.what(), ")"));
+        absl::StrCat(ToAbsl(file), ": invalid JSON (", e.what(), ")"));
   }
 }
 
@@ -78,7 +78,7 @@ absl::StatusOr<const Json*> RequiredField(const Json& obj, std::string_view key,
   const auto it = obj.find(key);
   if (it == obj.end()) {
     return absl::InvalidArgumentError(
-        absl::StrCat(AsAbsl(where), ": missing field '", AsAbsl(key), "'"));
+        absl::StrCat(ToAbsl(where), ": missing field '", ToAbsl(key), "'"));
   }
   return &*it;
 }
@@ -89,7 +89,7 @@ absl::StatusOr<std::string> RequiredString(const Json& obj, std::string_view key
   if (!v.ok()) return v.status();
   if (!v->has_value()) {
     return absl::InvalidArgumentError(
-        absl::StrCat(AsAbsl(where), ": missing field '", AsAbsl(key), "'"));
+        absl::StrCat(ToAbsl(where), ": missing field '", ToAbsl(key), "'"));
   }
   return **std::move(v);
 }
@@ -99,7 +99,7 @@ absl::StatusOr<int64_t> RequiredInt(const Json& obj, std::string_view key, std::
   if (!v.ok()) return v.status();
   if (!v->has_value()) {
     return absl::InvalidArgumentError(
-        absl::StrCat(AsAbsl(where), ": missing field '", AsAbsl(key), "'"));
+        absl::StrCat(ToAbsl(where), ": missing field '", ToAbsl(key), "'"));
   }
   return **v;
 }

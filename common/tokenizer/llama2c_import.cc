@@ -63,7 +63,7 @@ class Reader {
 absl::StatusOr<std::vector<Token>> ReadTokens(std::string_view bytes, int32_t vocab_size,
                                               std::string_view name) {
   const auto invalid = [&](const auto&... parts) {
-    return absl::InvalidArgumentError(absl::StrCat(tokenizer::AsAbsl(name), ": ", parts...));
+    return absl::InvalidArgumentError(absl::StrCat(ToAbsl(name), ": ", parts...));
   };
   if (vocab_size < kNumReserved) {
     return invalid("vocab_size ", vocab_size, " is too small: llama2.c tokenizers have ",
@@ -101,7 +101,7 @@ absl::StatusOr<std::vector<Token>> ReadTokens(std::string_view bytes, int32_t vo
     }
     if (!std::isfinite(score)) return invalid("token ", id, " has a non-finite score");
     if (const absl::Status s =
-            tokenizer::ValidateUtf8(piece, absl::StrCat(tokenizer::AsAbsl(name), ": token ", id));
+            tokenizer::ValidateUtf8(piece, absl::StrCat(ToAbsl(name), ": token ", id));
         !s.ok()) {
       return s;
     }
@@ -127,8 +127,8 @@ absl::StatusOr<std::vector<std::string>> PiecesOf(const std::vector<Token>& toke
     if (id < kNumReserved) {
       const std::string expected = absl::StrFormat("<0x%02X>", id - kFirstByteId);
       if (tokens[id].piece != expected) {
-        return absl::InvalidArgumentError(absl::StrCat(tokenizer::AsAbsl(name), ": token ", id,
-                                                       " is '", absl::CHexEscape(tokens[id].piece),
+        return absl::InvalidArgumentError(absl::StrCat(ToAbsl(name), ": token ", id, " is '",
+                                                       absl::CHexEscape(tokens[id].piece),
                                                        "', expected the byte token ", expected));
       }
       pieces.push_back(expected);
@@ -165,8 +165,8 @@ std::vector<Merge> GenerateMerges(const std::vector<std::string>& pieces,
     std::vector<Merge> local;
     for (size_t cut = 1; cut < piece.size(); ++cut) {
       if ((static_cast<uint8_t>(piece[cut]) & 0xC0) == 0x80) continue;  // inside a character
-      const auto left = ids.find(tokenizer::AsAbsl(std::string_view(piece).substr(0, cut)));
-      const auto right = ids.find(tokenizer::AsAbsl(std::string_view(piece).substr(cut)));
+      const auto left = ids.find(ToAbsl(std::string_view(piece).substr(0, cut)));
+      const auto right = ids.find(ToAbsl(std::string_view(piece).substr(cut)));
       if (left == ids.end() || right == ids.end()) continue;
       local.push_back({left->second, right->second, tokens[id].score,
                        CodePoints(piece.substr(0, cut)), CodePoints(piece.substr(cut))});
@@ -252,9 +252,8 @@ absl::StatusOr<HfTokenizerFiles> ConvertLlama2cTokenizerBytes(std::string_view b
   for (size_t id = 0; id < pieces->size(); ++id) {
     const auto [it, inserted] = ids.emplace((*pieces)[id], static_cast<int32_t>(id));
     if (!inserted) {
-      return absl::InvalidArgumentError(absl::StrCat(tokenizer::AsAbsl(name), ": tokens ",
-                                                     it->second, " and ", id, " are both '",
-                                                     (*pieces)[id], "'"));
+      return absl::InvalidArgumentError(absl::StrCat(ToAbsl(name), ": tokens ", it->second, " and ",
+                                                     id, " are both '", (*pieces)[id], "'"));
     }
   }
   HfTokenizerFiles files;

@@ -74,7 +74,7 @@ absl::Status PreTokenizer::Apply(std::vector<Piece>* pieces, PieceArena* arena,
         if (step.add_prefix_space) {
           for (Piece& piece : *pieces) {
             if (!piece.text.empty() && piece.text.front() != ' ') {
-              piece.text = arena->Store(absl::StrCat(" ", AsAbsl(piece.text)));
+              piece.text = arena->Store(absl::StrCat(" ", ToAbsl(piece.text)));
             }
           }
         }

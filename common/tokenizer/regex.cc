@@ -89,7 +89,7 @@ Regex::~Regex() = default;
 
 absl::StatusOr<std::unique_ptr<Regex>> Regex::Compile(std::string_view pattern,
                                                       std::string_view what) {
-  if (const absl::Status s = ValidateUtf8(pattern, absl::StrCat(AsAbsl(what), ": regex pattern"));
+  if (const absl::Status s = ValidateUtf8(pattern, absl::StrCat(ToAbsl(what), ": regex pattern"));
       !s.ok()) {
     return s;
   }
@@ -100,8 +100,8 @@ absl::StatusOr<std::unique_ptr<Regex>> Regex::Compile(std::string_view pattern,
       pcre2_compile(reinterpret_cast<PCRE2_SPTR>(translated.data()), translated.size(),
                     PCRE2_UTF | PCRE2_UCP, &error_code, &error_offset, nullptr));
   if (code == nullptr) {
-    return absl::InvalidArgumentError(absl::StrCat(AsAbsl(what), ": cannot compile regex pattern '",
-                                                   AsAbsl(pattern),
+    return absl::InvalidArgumentError(absl::StrCat(ToAbsl(what), ": cannot compile regex pattern '",
+                                                   ToAbsl(pattern),
                                                    "': ", Pcre2ErrorMessage(error_code)));
   }
   // JIT is an optimisation: where it is unavailable pcre2_match interprets the same pattern.

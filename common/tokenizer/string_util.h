@@ -1,6 +1,5 @@
-// Small string helpers for the tokenizer. Debian's Abseil is built with its own absl::string_view
-// (not an alias of std::string_view), so std::string_view values are converted explicitly where
-// an Abseil function takes them.
+// Small string helpers for the tokenizer (ToAbsl for Debian's separate absl::string_view is in
+// common/util/absl_string.h).
 #ifndef SPECD_COMMON_TOKENIZER_STRING_UTIL_H_
 #define SPECD_COMMON_TOKENIZER_STRING_UTIL_H_
 
@@ -8,12 +7,9 @@
 #include <string_view>
 
 #include "absl/strings/string_view.h"
+#include "common/util/absl_string.h"
 
 namespace specd::tokenizer {
-
-inline absl::string_view AsAbsl(std::string_view s) {
-  return absl::string_view(s.data(), s.size());
-}
 
 // Every non-overlapping occurrence of `from` (non-empty), left to right, becomes `to`.
 inline std::string ReplaceAll(std::string_view s, std::string_view from, std::string_view to) {

@@ -21,7 +21,6 @@ namespace {
 
 using tokenizer::AddedToken;
 using tokenizer::AddedTokenMatcher;
-using tokenizer::AsAbsl;
 using tokenizer::Piece;
 using tokenizer::PieceArena;
 using tokenizer::Segment;
@@ -106,9 +105,9 @@ absl::StatusOr<std::unique_ptr<HfTokenizer>> HfTokenizer::Create(
 
 absl::StatusOr<int32_t> HfTokenizer::IdOfContent(std::string_view content,
                                                  std::string_view what) const {
-  const auto it = def_.piece_to_id.find(AsAbsl(content));
+  const auto it = def_.piece_to_id.find(ToAbsl(content));
   if (it == def_.piece_to_id.end()) {
-    return absl::InvalidArgumentError(absl::StrCat(AsAbsl(what), " '", AsAbsl(content),
+    return absl::InvalidArgumentError(absl::StrCat(ToAbsl(what), " '", ToAbsl(content),
                                                    "' is not in the tokenizer's vocabulary"));
   }
   return it->second;
@@ -118,7 +117,7 @@ absl::Status HfTokenizer::ResolveSpecialTokens(const tokenizer::SpecialTokenConf
   const auto check_id = [&](int64_t id, std::string_view what) -> absl::StatusOr<int32_t> {
     if (id < 0 || id >= vocab_size() || !def_.pieces[id].has_value()) {
       return absl::InvalidArgumentError(absl::StrCat(
-          AsAbsl(what), " ", id, " is not a token id (vocabulary size ", vocab_size(), ")"));
+          ToAbsl(what), " ", id, " is not a token id (vocabulary size ", vocab_size(), ")"));
     }
     return static_cast<int32_t>(id);
   };

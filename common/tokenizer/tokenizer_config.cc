@@ -19,10 +19,10 @@ absl::StatusOr<std::optional<std::string>> TokenContent(const Json& config, std:
   if (it->is_object()) {
     SPECD_ASSIGN_OR_RETURN(
         std::string content,
-        RequiredString(*it, "content", absl::StrCat(AsAbsl(kTokenizerConfig), ": ", AsAbsl(key))));
+        RequiredString(*it, "content", absl::StrCat(ToAbsl(kTokenizerConfig), ": ", ToAbsl(key))));
     return content;
   }
-  return absl::InvalidArgumentError(absl::StrCat(AsAbsl(kTokenizerConfig), ": field '", AsAbsl(key),
+  return absl::InvalidArgumentError(absl::StrCat(ToAbsl(kTokenizerConfig), ": field '", ToAbsl(key),
                                                  "' must be a string or an object with "
                                                  "\"content\", got ",
                                                  it->type_name()));
@@ -32,7 +32,7 @@ absl::Status ParseTokenizerConfig(std::string_view text, SpecialTokenConfig* out
   SPECD_ASSIGN_OR_RETURN(const Json config, ParseJson(text, kTokenizerConfig));
   if (!config.is_object()) {
     return absl::InvalidArgumentError(
-        absl::StrCat(AsAbsl(kTokenizerConfig), ": must be a JSON object"));
+        absl::StrCat(ToAbsl(kTokenizerConfig), ": must be a JSON object"));
   }
   SPECD_ASSIGN_OR_RETURN(out->add_bos_token,
                          OptionalBool(config, "add_bos_token", kTokenizerConfig));
@@ -40,7 +40,7 @@ absl::Status ParseTokenizerConfig(std::string_view text, SpecialTokenConfig* out
                          OptionalBool(config, "add_eos_token", kTokenizerConfig));
   if (add_eos.value_or(false)) {
     return absl::InvalidArgumentError(
-        absl::StrCat(AsAbsl(kTokenizerConfig),
+        absl::StrCat(ToAbsl(kTokenizerConfig),
                      ": add_eos_token true is not supported (specd never appends EOS to a "
                      "prompt)"));
   }
@@ -53,7 +53,7 @@ absl::Status ParseGenerationConfig(std::string_view text, SpecialTokenConfig* ou
   SPECD_ASSIGN_OR_RETURN(const Json config, ParseJson(text, kGenerationConfig));
   if (!config.is_object()) {
     return absl::InvalidArgumentError(
-        absl::StrCat(AsAbsl(kGenerationConfig), ": must be a JSON object"));
+        absl::StrCat(ToAbsl(kGenerationConfig), ": must be a JSON object"));
   }
   SPECD_ASSIGN_OR_RETURN(out->bos_token_id, OptionalInt(config, "bos_token_id", kGenerationConfig));
   const auto eos = config.find("eos_token_id");
@@ -62,7 +62,7 @@ absl::Status ParseGenerationConfig(std::string_view text, SpecialTokenConfig* ou
     for (size_t i = 0; i < eos->size(); ++i) {
       const Json& v = (*eos)[i];
       if (!v.is_number_integer()) {
-        return absl::InvalidArgumentError(absl::StrCat(AsAbsl(kGenerationConfig), ": eos_token_id[",
+        return absl::InvalidArgumentError(absl::StrCat(ToAbsl(kGenerationConfig), ": eos_token_id[",
                                                        i, "] must be an integer, got ",
                                                        v.type_name()));
       }

@@ -17,7 +17,7 @@ constexpr std::string_view kFile = "tokenizer.json";
 
 absl::Status Invalid(std::string_view where, std::string_view message) {
   return absl::InvalidArgumentError(
-      absl::StrCat(AsAbsl(kFile), ": ", AsAbsl(where), ": ", AsAbsl(message)));
+      absl::StrCat(ToAbsl(kFile), ": ", ToAbsl(where), ": ", ToAbsl(message)));
 }
 
 // Every component is an object with a "type"; `where` is its path, e.g. "pre_tokenizer".
@@ -31,20 +31,20 @@ absl::StatusOr<std::string> ComponentType(const Json& j, std::string_view where)
 absl::Status UnsupportedType(std::string_view where, std::string_view type,
                              std::string_view supported) {
   return absl::InvalidArgumentError(
-      absl::StrCat(AsAbsl(kFile), ": ", AsAbsl(where), " type '", AsAbsl(type),
-                   "' is not supported (supported: ", AsAbsl(supported), ")"));
+      absl::StrCat(ToAbsl(kFile), ": ", ToAbsl(where), " type '", ToAbsl(type),
+                   "' is not supported (supported: ", ToAbsl(supported), ")"));
 }
 
 // Reads `key` of a component with the component's path in errors.
 std::string FieldPath(std::string_view where) {
-  return absl::StrCat(AsAbsl(kFile), ": ", AsAbsl(where));
+  return absl::StrCat(ToAbsl(kFile), ": ", ToAbsl(where));
 }
 
 absl::StatusOr<const Json*> ArrayField(const Json& j, std::string_view key,
                                        std::string_view where) {
   SPECD_ASSIGN_OR_RETURN(const Json* v, RequiredField(j, key, FieldPath(where)));
   if (!v->is_array())
-    return Invalid(where, absl::StrCat("field '", AsAbsl(key), "' must be an array"));
+    return Invalid(where, absl::StrCat("field '", ToAbsl(key), "' must be an array"));
   return v;
 }
 
@@ -52,10 +52,10 @@ absl::StatusOr<const Json*> ArrayField(const Json& j, std::string_view key,
 absl::StatusOr<std::string> SingleChar(const Json& j, std::string_view key,
                                        std::string_view where) {
   SPECD_ASSIGN_OR_RETURN(std::string s, RequiredString(j, key, FieldPath(where)));
-  SPECD_RETURN_IF_ERROR(ValidateUtf8(s, absl::StrCat(FieldPath(where), ": ", AsAbsl(key))));
+  SPECD_RETURN_IF_ERROR(ValidateUtf8(s, absl::StrCat(FieldPath(where), ": ", ToAbsl(key))));
   size_t pos = 0;
   if (s.empty() || (DecodeUtf8(s, &pos), pos != s.size())) {
-    return Invalid(where, absl::StrCat("field '", AsAbsl(key),
+    return Invalid(where, absl::StrCat("field '", ToAbsl(key),
                                        "' must be exactly one character, got '", s, "'"));
   }
   return s;
@@ -122,7 +122,7 @@ absl::Status ParseNormalizer(const Json& j, const std::string& where,
     SPECD_ASSIGN_OR_RETURN(const Json* list, ArrayField(j, "normalizers", where));
     for (size_t i = 0; i < list->size(); ++i) {
       SPECD_RETURN_IF_ERROR(
-          ParseNormalizer((*list)[i], absl::StrCat(AsAbsl(where), ".normalizers[", i, "]"), steps));
+          ParseNormalizer((*list)[i], absl::StrCat(ToAbsl(where), ".normalizers[", i, "]"), steps));
     }
     return absl::OkStatus();
   }
@@ -152,7 +152,7 @@ absl::Status ParsePreTokenizer(const Json& j, const std::string& where,
     SPECD_ASSIGN_OR_RETURN(const Json* list, ArrayField(j, "pretokenizers", where));
     for (size_t i = 0; i < list->size(); ++i) {
       SPECD_RETURN_IF_ERROR(ParsePreTokenizer(
-          (*list)[i], absl::StrCat(AsAbsl(where), ".pretokenizers[", i, "]"), steps));
+          (*list)[i], absl::StrCat(ToAbsl(where), ".pretokenizers[", i, "]"), steps));
     }
     return absl::OkStatus();
   }
@@ -210,7 +210,7 @@ absl::Status ParseDecoder(const Json& j, const std::string& where,
     SPECD_ASSIGN_OR_RETURN(const Json* list, ArrayField(j, "decoders", where));
     for (size_t i = 0; i < list->size(); ++i) {
       SPECD_RETURN_IF_ERROR(
-          ParseDecoder((*list)[i], absl::StrCat(AsAbsl(where), ".decoders[", i, "]"), steps));
+          ParseDecoder((*list)[i], absl::StrCat(ToAbsl(where), ".decoders[", i, "]"), steps));
     }
     return absl::OkStatus();
   }
@@ -259,7 +259,7 @@ absl::StatusOr<std::vector<int32_t>> ParseTemplate(const Json& j, const std::str
   bool seen_sequence = false;
   for (size_t i = 0; i < single->size(); ++i) {
     const Json& item = (*single)[i];
-    const std::string item_where = absl::StrCat(AsAbsl(where), ".single[", i, "]");
+    const std::string item_where = absl::StrCat(ToAbsl(where), ".single[", i, "]");
     if (item.is_object() && item.contains("Sequence")) {
       SPECD_ASSIGN_OR_RETURN(const std::string id,
                              RequiredString(item["Sequence"], "id", FieldPath(item_where)));
@@ -279,15 +279,15 @@ absl::StatusOr<std::vector<int32_t>> ParseTemplate(const Json& j, const std::str
                            RequiredString(item["SpecialToken"], "id", FieldPath(item_where)));
     const auto special = specials->find(name);
     if (special == specials->end() || !special->is_object()) {
-      return Invalid(item_where, absl::StrCat("special token '", AsAbsl(name),
+      return Invalid(item_where, absl::StrCat("special token '", ToAbsl(name),
                                               "' is not listed in special_tokens"));
     }
     SPECD_ASSIGN_OR_RETURN(
         const Json* ids,
-        ArrayField(*special, "ids", absl::StrCat(AsAbsl(where), ".special_tokens.", AsAbsl(name))));
+        ArrayField(*special, "ids", absl::StrCat(ToAbsl(where), ".special_tokens.", ToAbsl(name))));
     for (const Json& id : *ids) {
       if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() > INT32_MAX) {
-        return Invalid(where, absl::StrCat("special token '", AsAbsl(name), "' has an invalid id"));
+        return Invalid(where, absl::StrCat("special token '", ToAbsl(name), "' has an invalid id"));
       }
       prefix.push_back(static_cast<int32_t>(id.get<int64_t>()));
     }
@@ -308,7 +308,7 @@ absl::Status ParsePostProcessor(const Json& j, const std::string& where,
     SPECD_ASSIGN_OR_RETURN(const Json* list, ArrayField(j, "processors", where));
     for (size_t i = 0; i < list->size(); ++i) {
       SPECD_RETURN_IF_ERROR(ParsePostProcessor(
-          (*list)[i], absl::StrCat(AsAbsl(where), ".processors[", i, "]"), prefix));
+          (*list)[i], absl::StrCat(ToAbsl(where), ".processors[", i, "]"), prefix));
     }
     return absl::OkStatus();
   }
@@ -342,7 +342,7 @@ absl::StatusOr<ModelJson> ParseModelJson(const Json& j) {
     SPECD_ASSIGN_OR_RETURN(const std::optional<std::string> v, OptionalString(j, key, path));
     if (v.has_value() && !v->empty()) {
       return Invalid(where,
-                     absl::StrCat(AsAbsl(key), " '", *v, "' is not supported (must be null)"));
+                     absl::StrCat(ToAbsl(key), " '", *v, "' is not supported (must be null)"));
     }
   }
   SPECD_ASSIGN_OR_RETURN(const std::optional<bool> byte_fallback,
@@ -467,7 +467,7 @@ absl::Status BuildPieceTables(const ModelJson& model, TokenizerDefinition* def) 
 absl::StatusOr<TokenizerDefinition> ParseTokenizerJson(std::string_view text) {
   SPECD_ASSIGN_OR_RETURN(const Json root, ParseJson(text, kFile));
   if (!root.is_object()) {
-    return absl::InvalidArgumentError(absl::StrCat(AsAbsl(kFile), ": must be a JSON object"));
+    return absl::InvalidArgumentError(absl::StrCat(ToAbsl(kFile), ": must be a JSON object"));
   }
   for (const std::string_view key : {"truncation", "padding"}) {
     const auto it = root.find(key);

@@ -78,7 +78,7 @@ std::optional<size_t> FindInvalidUtf8(std::string_view s) {
 absl::Status ValidateUtf8(std::string_view s, std::string_view what) {
   if (const std::optional<size_t> bad = FindInvalidUtf8(s)) {
     return absl::InvalidArgumentError(
-        absl::StrCat(AsAbsl(what), " is not valid UTF-8 at byte ", *bad, " (byte 0x",
+        absl::StrCat(ToAbsl(what), " is not valid UTF-8 at byte ", *bad, " (byte 0x",
                      absl::Hex(static_cast<uint8_t>(s[*bad]), absl::kZeroPad2), ")"));
   }
   return absl::OkStatus();

@@ -1,7 +1,7 @@
 // Debian's Abseil is built with its own absl::string_view (ABSL_OPTION_USE_STD_STRING_VIEW 0),
 // which absl::StrCat and friends take; std::string_view does not convert to it implicitly.
-#ifndef SPECD_COMMON_MODEL_STRING_COMPAT_H_
-#define SPECD_COMMON_MODEL_STRING_COMPAT_H_
+#ifndef SPECD_COMMON_UTIL_ABSL_STRING_H_
+#define SPECD_COMMON_UTIL_ABSL_STRING_H_
 
 #include <string_view>
 
@@ -9,10 +9,10 @@
 
 namespace specd {
 
-inline absl::string_view AbslView(std::string_view s) {
+inline absl::string_view ToAbsl(std::string_view s) {
   return absl::string_view(s.data(), s.size());
 }
 
 }  // namespace specd
 
-#endif  // SPECD_COMMON_MODEL_STRING_COMPAT_H_
+#endif  // SPECD_COMMON_UTIL_ABSL_STRING_H_
