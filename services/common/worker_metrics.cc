@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "services/common/metrics_exposer.h"
 
 namespace specd {
 namespace {
@@ -63,20 +64,12 @@ WorkerMetrics::WorkerMetrics() : registry_(std::make_shared<prometheus::Registry
 WorkerMetrics::~WorkerMetrics() = default;
 
 absl::StatusOr<int> WorkerMetrics::Serve(const std::string& host, int port) {
-  const std::string address = absl::StrCat(host, ":", port);
-  // prometheus-cpp reports a failed bind by throwing; keep that inside this module.
-  try {
-    exposer_ = std::make_unique<prometheus::Exposer>(address, /*num_threads=*/1);
-  } catch (const std::exception& e) {
-    return absl::UnavailableError(
-        absl::StrCat("--metrics-port: cannot serve /metrics on ", address, ": ", e.what()));
-  }
-  exposer_->RegisterCollectable(registry_);
-  const std::vector<int> ports = exposer_->GetListeningPorts();
-  if (ports.empty()) {
-    return absl::UnavailableError(absl::StrCat("--metrics-port: nothing listens on ", address));
-  }
-  return ports.front();
+  int bound = 0;
+  absl::StatusOr<std::unique_ptr<prometheus::Exposer>> exposer =
+      ServeMetrics(host, port, registry_, &bound);
+  if (!exposer.ok()) return exposer.status();
+  exposer_ = *std::move(exposer);
+  return bound;
 }
 
 void WorkerMetrics::OnForward(ForwardKind kind, int64_t batch_size, int64_t tokens,

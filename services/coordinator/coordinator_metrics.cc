@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "prometheus/text_serializer.h"
+#include "services/common/metrics_exposer.h"
 
 namespace specd {
 namespace {
@@ -149,20 +150,12 @@ CoordinatorMetrics::CoordinatorMetrics(int max_position)
 CoordinatorMetrics::~CoordinatorMetrics() = default;
 
 absl::StatusOr<int> CoordinatorMetrics::Serve(const std::string& host, int port) {
-  const std::string address = absl::StrCat(host, ":", port);
-  // prometheus-cpp reports a failed bind by throwing; keep that inside this module.
-  try {
-    exposer_ = std::make_unique<prometheus::Exposer>(address, /*num_threads=*/1);
-  } catch (const std::exception& e) {
-    return absl::UnavailableError(
-        absl::StrCat("--metrics-port: cannot serve /metrics on ", address, ": ", e.what()));
-  }
-  exposer_->RegisterCollectable(collectable_);
-  const std::vector<int> ports = exposer_->GetListeningPorts();
-  if (ports.empty()) {
-    return absl::UnavailableError(absl::StrCat("--metrics-port: nothing listens on ", address));
-  }
-  return ports.front();
+  int bound = 0;
+  absl::StatusOr<std::unique_ptr<prometheus::Exposer>> exposer =
+      ServeMetrics(host, port, collectable_, &bound);
+  if (!exposer.ok()) return exposer.status();
+  exposer_ = *std::move(exposer);
+  return bound;
 }
 
 void CoordinatorMetrics::SetQueueSource(std::function<int64_t()> running,
