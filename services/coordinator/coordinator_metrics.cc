@@ -11,7 +11,8 @@
 namespace specd {
 namespace {
 
-constexpr std::array<const char*, 4> kPhaseNames = {"draft", "verify", "accept", "truncate"};
+constexpr std::array<const char*, 5> kPhaseNames = {"draft", "verify", "accept", "truncate",
+                                                    "overhead"};
 constexpr std::array<const char*, 2> kWorkerNames = {"draft", "target"};
 
 // Factors of 2 from `first` up to past `last`.

@@ -41,7 +41,9 @@ struct RequestMetrics {
 
 class CoordinatorMetrics final {
  public:
-  enum class Phase { kDraft, kVerify, kAccept, kTruncate };
+  // kOverhead: the round's wall time outside the workers' forward passes (RPC, accept/reject,
+  // scheduling); the other phases overlap it.
+  enum class Phase { kDraft, kVerify, kAccept, kTruncate, kOverhead };
   enum class Worker { kDraft, kTarget };
 
   // Positions 0 .. max_position-1 of the per-position counter exist from the start (at zero),
@@ -94,7 +96,7 @@ class CoordinatorMetrics final {
   prometheus::Histogram* request_duration_;
   prometheus::Gauge* running_;
   prometheus::Gauge* waiting_;
-  std::array<prometheus::Histogram*, 4> phase_seconds_{};
+  std::array<prometheus::Histogram*, 5> phase_seconds_{};
   std::array<prometheus::Histogram*, 2> rpc_seconds_{};
   std::array<prometheus::Counter*, 2> rpc_sent_bytes_{};
   std::array<prometheus::Counter*, 2> rpc_received_bytes_{};

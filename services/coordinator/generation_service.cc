@@ -40,6 +40,13 @@ void UsageToProto(const GenerationUsage& u, v1::Usage* out) {
   for (const int64_t n : u.accepted_per_position) {
     out->add_accepted_per_position(static_cast<uint32_t>(n));
   }
+  out->set_drafting_rounds(static_cast<uint32_t>(u.drafting_rounds));
+  v1::RoundTimings* t = out->mutable_timings();
+  t->set_rounds(static_cast<uint32_t>(u.timed_rounds));
+  t->set_draft_steps(static_cast<uint32_t>(u.timed_draft_steps));
+  t->set_draft_forward_ns(static_cast<uint64_t>(absl::ToInt64Nanoseconds(u.draft_forward)));
+  t->set_verify_forward_ns(static_cast<uint64_t>(absl::ToInt64Nanoseconds(u.verify_forward)));
+  t->set_round_ns(static_cast<uint64_t>(absl::ToInt64Nanoseconds(u.round_time)));
 }
 
 const char* FinishReasonName(FinishReason r) {

@@ -201,6 +201,8 @@ int Run(int argc, char** argv) {
     metrics.OnRoundPhase(CoordinatorMetrics::Phase::kVerify, t.verify);
     metrics.OnRoundPhase(CoordinatorMetrics::Phase::kAccept, t.accept);
     metrics.OnRoundPhase(CoordinatorMetrics::Phase::kTruncate, t.truncate);
+    metrics.OnRoundPhase(CoordinatorMetrics::Phase::kOverhead,
+                         t.round - t.draft_forward - t.verify_forward);
   };
   // Without a draft worker every request runs with K = 0 and never calls it; the target stands
   // in so the scheduler always has two workers.

@@ -136,6 +136,10 @@ absl::StatusOr<GenerationRequest> BuildGenerationRequest(const v1::GenerateReque
                                 limits.max_num_speculative_tokens, "], got ", k));
   }
   out.num_speculative_tokens = limits.has_draft ? static_cast<int32_t>(k) : 0;
+  if (!v1::KPolicy_IsValid(spec.k_policy())) {
+    return Invalid(absl::StrCat("speculation.k_policy ", spec.k_policy(), " is not a KPolicy"));
+  }
+  out.adaptive_k = spec.k_policy() != v1::K_POLICY_FIXED;
   out.draft_mode = spec.draft_sampling() == v1::DRAFT_SAMPLING_GREEDY ? DraftMode::kGreedy
                                                                       : DraftMode::kProbabilistic;
   if (request.request_id().size() > 256) {

@@ -65,8 +65,15 @@ void Scheduler::Finish(Active& a, FinishReason reason, absl::Status error, Gener
   a.sink(std::move(event));
 }
 
-bool Scheduler::Commit(Active& a, const RoundStats& stats) {
+bool Scheduler::Commit(Active& a, const RoundStats& stats, const RoundPhaseTimes& times) {
   GenerationUsage& u = a.usage;
+  if (u.rounds > 0) {
+    ++u.timed_rounds;
+    u.timed_draft_steps += stats.drafted;
+    u.draft_forward += times.draft_forward;
+    u.verify_forward += times.verify_forward;
+    u.round_time += times.round;
+  }
   ++u.rounds;
   if (stats.drafted > 0) ++u.drafting_rounds;
   u.draft_tokens += stats.drafted;
@@ -220,7 +227,7 @@ void Scheduler::Loop() {
         Finish(a, FinishReason::kNone, stats[i].status, GenerationEvent());
         continue;
       }
-      if (!Commit(a, stats[i])) still.push_back(std::move(running_[i]));
+      if (!Commit(a, stats[i], phase_times)) still.push_back(std::move(running_[i]));
     }
     running_ = std::move(still);
     if (!preempted.empty()) {

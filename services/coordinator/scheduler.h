@@ -21,6 +21,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "common/tokenizer/tokenizer.h"
 #include "services/coordinator/speculation_round.h"
 #include "services/coordinator/text_output.h"
@@ -39,6 +40,8 @@ struct GenerationRequest {
   std::vector<int32_t> stop_token_ids;
   bool ignore_eos = false;
   int32_t num_speculative_tokens = 4;
+  // The scheduler may lower K under load (never raise it); false keeps it as asked.
+  bool adaptive_k = true;
   DraftMode draft_mode = DraftMode::kProbabilistic;
 };
 
@@ -50,6 +53,12 @@ struct GenerationUsage {
   int64_t draft_tokens = 0;
   int64_t accepted_tokens = 0;
   std::vector<int64_t> accepted_per_position;  // [k]: rounds that accepted draft k+1
+  // Over the decode rounds (all but the first, which prefills): see v1::RoundTimings.
+  int64_t timed_rounds = 0;
+  int64_t timed_draft_steps = 0;
+  absl::Duration draft_forward;
+  absl::Duration verify_forward;
+  absl::Duration round_time;
 };
 
 // One streamed update: the tokens committed by a round (after stop trimming) and their text.
@@ -107,7 +116,7 @@ class Scheduler {
 
   void Loop();
   // Applies one round's tokens to `a`; returns true when the request finished.
-  bool Commit(Active& a, const RoundStats& stats);
+  bool Commit(Active& a, const RoundStats& stats, const RoundPhaseTimes& times);
   void Finish(Active& a, FinishReason reason, absl::Status error, GenerationEvent event);
   void ReleaseOnWorkers(Active& a);
 

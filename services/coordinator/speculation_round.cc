@@ -21,6 +21,13 @@ std::vector<RoundStats> RunSpeculationRound(WorkerApi& draft, WorkerApi& target,
   RoundPhaseTimes unused_times;
   RoundPhaseTimes& times = options.phase_times != nullptr ? *options.phase_times : unused_times;
   times = RoundPhaseTimes();
+  const absl::Time round_start = absl::Now();
+  // Set on every return path.
+  struct SetRoundTime {
+    absl::Time start;
+    absl::Duration* round;
+    ~SetRoundTime() { *round = absl::Now() - start; }
+  } set_round_time{round_start, &times.round};
   std::vector<int32_t> k(batch.size());
   for (size_t i = 0; i < batch.size(); ++i) {
     k[i] = EffectiveK(*batch[i], options.max_seq_len);
@@ -55,6 +62,8 @@ std::vector<RoundStats> RunSpeculationRound(WorkerApi& draft, WorkerApi& target,
     const absl::Time draft_start = absl::Now();
     absl::StatusOr<std::vector<SequenceOutcome>> outcomes =
         draft.Draft(draft_reqs, [&](const DraftStep& step) {
+          times.draft_forward += absl::Nanoseconds(step.forward_ns);
+          if (step.forward_ns > 0) ++times.draft_steps;
           for (const DraftToken& t : step.tokens) {
             const size_t i = index[t.seq];
             drafts[i].push_back(t.token);
@@ -105,6 +114,15 @@ std::vector<RoundStats> RunSpeculationRound(WorkerApi& draft, WorkerApi& target,
     for (const VerifySequenceRequest& r : verify_reqs)
       stats[index[r.seq]].status = verified.status();
     return stats;
+  }
+  // One batched forward pass: every result reports the same time (0 for those that failed first).
+  int64_t verify_forward_ns = 0;
+  for (const VerifySequenceResult& v : *verified) {
+    verify_forward_ns = std::max(verify_forward_ns, v.forward_ns);
+  }
+  times.verify_forward = absl::Nanoseconds(verify_forward_ns);
+  for (const VerifySequenceRequest& r : verify_reqs) {
+    times.verify_tokens += static_cast<int64_t>(r.catch_up.size() + r.drafts.size());
   }
 
   // 3-5. Accept/reject, truncate, append.

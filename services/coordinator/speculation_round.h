@@ -46,6 +46,13 @@ struct RoundPhaseTimes {
   absl::Duration verify;
   absl::Duration accept;
   absl::Duration truncate;
+  // The workers' own forward-pass times inside draft and verify (the rest of those phases is RPC
+  // and queueing), and the whole round's wall time: the benchmark's T_d, T_v(K) and overhead.
+  absl::Duration draft_forward;
+  int32_t draft_steps = 0;
+  absl::Duration verify_forward;
+  int64_t verify_tokens = 0;  // tokens the target processed: catch-up (>= 1) + drafts
+  absl::Duration round;
 };
 
 struct RoundOptions {

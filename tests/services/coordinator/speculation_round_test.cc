@@ -131,6 +131,46 @@ TEST(SpeculationRoundTest, NearMaxSeqLenKShrinksToZero) {
   EXPECT_EQ(EffectiveK(s, 10), 0);
 }
 
+// The phase times feed the benchmark's T_d, T_v(K) and overhead: the workers' forward passes lie
+// inside the phases that contain them, and the token counts are what the workers were sent.
+TEST(SpeculationRoundTest, PhaseTimesNestAndCountTheWork) {
+  ScopedTempDir dir;
+  SynthSpec spec;
+  spec.config = testing::SmallConfig();
+  testing::WriteSynth(spec, dir.path());
+  auto target = MakeWorker(dir.path(), 0);
+  auto draft = MakeWorker(dir.path(), 1);
+  std::vector<SpeculativeSequence> seqs(2);
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    seqs[i].id = i + 1;
+    seqs[i].tokens = {1, 5, 6, static_cast<int32_t>(10 + i)};
+    seqs[i].prompt_len = 4;
+    seqs[i].num_speculative_tokens = 3;
+  }
+  std::vector<SpeculativeSequence*> batch = {&seqs[0], &seqs[1]};
+  for (int round = 0; round < 3; ++round) {
+    std::vector<int64_t> target_cached;
+    for (const SpeculativeSequence& s : seqs) {
+      target_cached.push_back(static_cast<int64_t>(s.tokens.size()) - s.target_cached);
+    }
+    RoundPhaseTimes t;
+    const std::vector<RoundStats> stats =
+        RunSpeculationRound(*draft, *target, batch, RoundOptions{256, &t});
+    for (const RoundStats& st : stats) ASSERT_TRUE(st.status.ok()) << st.status;
+    EXPECT_EQ(t.draft_steps, 3);  // one batched forward pass per draft position
+    EXPECT_EQ(t.verify_tokens, target_cached[0] + target_cached[1] + 2 * 3);
+    EXPECT_GT(t.draft_forward, absl::ZeroDuration());
+    EXPECT_GT(t.verify_forward, absl::ZeroDuration());
+    EXPECT_LE(t.draft_forward, t.draft);
+    EXPECT_LE(t.verify_forward, t.verify);
+    EXPECT_GE(t.round, t.draft + t.verify + t.accept + t.truncate);
+  }
+  for (const auto& s : seqs) {
+    ASSERT_TRUE(target->Release(s.id).ok());
+    ASSERT_TRUE(draft->Release(s.id).ok());
+  }
+}
+
 TEST(SpeculationRoundTest, SampledRoundsRunToTheLimitAndFreeEverything) {
   ScopedTempDir dir;
   SynthSpec spec;
