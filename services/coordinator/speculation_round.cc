@@ -166,22 +166,28 @@ std::vector<RoundStats> RunSpeculationRound(WorkerApi& draft, WorkerApi& target,
         absl::Duration* total;
         ~AddElapsed() { *total += absl::Now() - start; }
       } add_elapsed{truncate_start, &times.truncate};
-      const int64_t keep = std::min(s.draft_cached, len_old + n);
-      absl::StatusOr<TruncateResult> tr =
-          draft.Truncate(s.id, keep, needs_residual ? r_step : 0, ys);
-      if (!tr.ok()) {
-        st.status = tr.status();
-        continue;
+      // A call that would neither drop tokens nor answer a query is skipped: after a round that
+      // accepted (nearly) everything the caches are already a prefix of the new x.
+      const int64_t draft_keep = std::min(s.draft_cached, len_old + n);
+      if (draft_keep < s.draft_cached || needs_residual) {
+        absl::StatusOr<TruncateResult> tr =
+            draft.Truncate(s.id, draft_keep, needs_residual ? r_step : 0, ys);
+        if (!tr.ok()) {
+          st.status = tr.status();
+          continue;
+        }
+        s.draft_cached = tr->cached_len;
+        q_ys = std::move(tr->q_probs);
       }
-      s.draft_cached = tr->cached_len;
-      q_ys = std::move(tr->q_probs);
-      absl::StatusOr<TruncateResult> tt =
-          target.Truncate(s.id, std::min(s.target_cached, len_old + n), 0, {});
-      if (!tt.ok()) {
-        st.status = tt.status();
-        continue;
+      const int64_t target_keep = std::min(s.target_cached, len_old + n);
+      if (target_keep < s.target_cached) {
+        absl::StatusOr<TruncateResult> tt = target.Truncate(s.id, target_keep, 0, {});
+        if (!tt.ok()) {
+          st.status = tt.status();
+          continue;
+        }
+        s.target_cached = tt->cached_len;
       }
-      s.target_cached = tt->cached_len;
     }
 
     int32_t next = v.bonus_token;  // n == K (incl. K == 0): the bonus / plain sampled token
