@@ -13,7 +13,7 @@ APT_PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev
   clang libclang-rt-14-dev
   python3 python3-numpy python3-sentencepiece libsentencepiece-dev python3-grpcio python3-protobuf
-  python3-yaml prometheus docker-compose
+  python3-yaml prometheus docker-compose openssl gnuplot-nox
   nodejs npm
 )
 

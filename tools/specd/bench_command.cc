@@ -1,0 +1,526 @@
+// `specd bench`: a gRPC load generator for a running `specd serve`, and with --compare the
+// side-by-side measurement of speculative decoding against plain decoding (K = 0) on the same
+// server, set against the speed-ups the workers' own step times predict.
+#include <sys/utsname.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <ctime>
+#include <fstream>
+#include <iostream>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "common/util/status_macros.h"
+#include "google/protobuf/util/json_util.h"
+#include "grpcpp/grpcpp.h"
+#include "nlohmann/json.hpp"
+#include "specd/v1/generation.grpc.pb.h"
+#include "tools/specd/bench/bench_report.h"
+#include "tools/specd/bench/bench_stats.h"
+#include "tools/specd/bench/load_generator.h"
+#include "tools/specd/command.h"
+#include "tools/specd/progress.h"
+
+namespace specd::cli {
+namespace {
+
+// The first lines, for `specd --help`'s list of commands.
+constexpr char kSummary[] =
+    "Load-test a running `specd serve` over gRPC, or with --compare measure speculative decoding\n"
+    "against plain decoding (K = 0) on the same server.";
+
+constexpr char kHelp[] =
+    "Load-test a running `specd serve` over gRPC, or with --compare measure speculative decoding\n"
+    "against plain decoding (K = 0) on the same server.\n"
+    "  specd bench --server 127.0.0.1:50051 --streams 8 --max-tokens 128 --json out.json\n"
+    "  specd bench --server 127.0.0.1:50051 --compare --k 1,2,4,8 --repeats 3\n"
+    "\n"
+    "Each arm (one K, one policy) sends --requests requests over --streams concurrent streams,\n"
+    "in a closed loop or at --rate requests/s; request i uses prompt i mod P and seed --seed + i\n"
+    "in every arm. Arms alternate within each of --repeats rounds ([K=0, K=k1, ...] with\n"
+    "--compare) so that drift hits every arm alike. Requests ask for K_POLICY_FIXED unless\n"
+    "--adaptive (then K > 0 arms ask for K_POLICY_ADAPTIVE, the server's default policy).\n"
+    "\n"
+    "Definitions (sums over an arm's requests' final Usage messages):\n"
+    "  out tok/s    output tokens received / the repeat's wall time (client clock); the\n"
+    "               median over the repeats is reported\n"
+    "  TTFT         request sent -> first message with tokens\n"
+    "  ITL          gap between consecutive token-bearing messages of a request, one sample\n"
+    "               per message (as vLLM's benchmark_serving)\n"
+    "  TPOT         (end-to-end latency - TTFT) / (output tokens - 1), per request\n"
+    "  percentiles  p50/p90/p99 by linear interpolation between the nearest ranks (numpy's\n"
+    "               default method)\n"
+    "  accept       accepted_tokens / draft_tokens (vLLM's draft acceptance rate)\n"
+    "  alpha        accepted_tokens / draft positions judged, where a round judges its drafts\n"
+    "               up to and including the first rejected one: the per-token acceptance\n"
+    "               probability alpha of Leviathan et al. 2023 (the predictions use it)\n"
+    "  tok/round    mean accepted length, (accepted_tokens + rounds) / rounds\n"
+    "  per-position accepted_per_position[k] / drafting_rounds\n"
+    "  T_fwd        verify_forward_ns / rounds of Usage.timings: T_t, one plain target step,\n"
+    "               in the K=0 arm; T_v(K), one (K+1)-token verification, in a K arm\n"
+    "  T_d          draft_forward_ns / draft_steps, one draft step\n"
+    "  overhead     sum(round_ns - draft_forward_ns - verify_forward_ns) per round and as a\n"
+    "               fraction of sum(round_ns): RPC, accept/reject, scheduling\n"
+    "  (with several streams the step times are those of whole batches)\n"
+    "  E[tokens]    (1 - alpha^(K+1)) / (1 - alpha)\n"
+    "  ideal        Leviathan et al.: E[tokens] / (K T_d/T_t + 1)\n"
+    "  engine       the engine-limited speed-up: E[tokens] T_t / (K T_d + T_v(K))\n"
+    "  measured     median out tok/s of the K arm / that of the K=0 arm\n"
+    "  efficiency   measured / engine: what the service adds beyond the forward passes\n"
+    "Under --adaptive the predictions use the K the rounds really drafted on average.";
+
+// Prompts for runs without --prompts: short story openings, as the TinyStories models expect.
+constexpr const char* kBuiltinPrompts[] = {
+    "Once upon a time, there was a little girl named Lily.",
+    "Tom and his dog went to the park to play with a big red ball.",
+    "One day, a small bird found a shiny key in the garden.",
+    "The sun was warm and the sky was blue. Max wanted to build a sandcastle.",
+    "Mom said, \"Let's bake a cake for Grandpa's birthday!\"",
+    "In a quiet forest lived an old owl who knew every story.",
+    "Sara had a new red bike, and she wanted to ride it to school.",
+    "The little boat sailed across the lake as the wind began to blow.",
+};
+
+// A prompt as text (tokenized by the server) or as token ids (used as given).
+struct Prompt {
+  std::string text;
+  std::vector<int32_t> ids;
+  bool is_ids = false;
+};
+
+absl::StatusOr<std::vector<int32_t>> IdsFromJson(const nlohmann::json& j,
+                                                 const std::string& where) {
+  if (!j.is_array()) return absl::InvalidArgumentError(absl::StrCat(where, ": not an array"));
+  std::vector<int32_t> ids;
+  for (const nlohmann::json& v : j) {
+    if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() > INT32_MAX) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": ", v.dump(), " is not a token id"));
+    }
+    ids.push_back(v.get<int32_t>());
+  }
+  if (ids.empty()) return absl::InvalidArgumentError(absl::StrCat(where, ": no token ids"));
+  return ids;
+}
+
+// One prompt per line: plain text, or a JSON object with "prompt" (text) or "prompt_ids" /
+// "token_ids" (ids). Empty lines are skipped.
+absl::StatusOr<std::vector<Prompt>> LoadPrompts(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat("--prompts: cannot read ", path));
+  std::vector<Prompt> prompts;
+  std::string line;
+  for (int64_t n = 1; std::getline(in, line); ++n) {
+    while (!line.empty() && (line.back() == '\r' || line.back() == '\n')) line.pop_back();
+    if (line.find_first_not_of(" \t") == std::string::npos) continue;
+    const std::string where = absl::StrCat(path, ":", n);
+    Prompt p;
+    if (line.front() != '{') {
+      p.text = line;
+      prompts.push_back(std::move(p));
+      continue;
+    }
+    const nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (j.is_discarded() || !j.is_object()) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": not a JSON object"));
+    }
+    if (j.contains("prompt") && j["prompt"].is_string()) {
+      p.text = j["prompt"].get<std::string>();
+    } else if (j.contains("prompt_ids") || j.contains("token_ids")) {
+      const char* key = j.contains("prompt_ids") ? "prompt_ids" : "token_ids";
+      SPECD_ASSIGN_OR_RETURN(p.ids, IdsFromJson(j[key], absl::StrCat(where, ": \"", key, "\"")));
+      p.is_ids = true;
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, ": needs \"prompt\" (a string) or \"prompt_ids\" (an array of token ids)"));
+    }
+    prompts.push_back(std::move(p));
+  }
+  if (prompts.empty())
+    return absl::InvalidArgumentError(absl::StrCat("--prompts: ", path, " is empty"));
+  return prompts;
+}
+
+// The built-in prompts as text, or, for a server without a tokenizer, fixed pseudo-random token
+// ids below its vocabulary size.
+std::vector<Prompt> BuiltinPrompts(v1::Generation::Stub& stub, int64_t vocab_size) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  v1::TokenizeRequest req;
+  req.set_text(kBuiltinPrompts[0]);
+  v1::TokenizeResponse resp;
+  const bool has_tokenizer = stub.Tokenize(&ctx, req, &resp).ok();
+  std::vector<Prompt> prompts;
+  uint64_t state = 12345;
+  for (const char* text : kBuiltinPrompts) {
+    Prompt p;
+    if (has_tokenizer) {
+      p.text = text;
+    } else {
+      p.is_ids = true;
+      for (int i = 0; i < 16; ++i) {
+        state = state * 6364136223846793005ULL + 1442695040888963407ULL;
+        const int64_t range = std::max<int64_t>(vocab_size - 3, 1);
+        p.ids.push_back(static_cast<int32_t>(3 + static_cast<int64_t>(state >> 33) % range));
+      }
+    }
+    prompts.push_back(std::move(p));
+  }
+  return prompts;
+}
+
+absl::StatusOr<std::vector<int32_t>> ParseKList(const std::string& text) {
+  std::vector<int32_t> ks;
+  for (absl::string_view part : absl::StrSplit(text, ',', absl::SkipWhitespace())) {
+    int32_t k = -1;
+    if (!absl::SimpleAtoi(part, &k) || k < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--k takes K values >= 0 separated by commas, got '", text, "'"));
+    }
+    if (std::find(ks.begin(), ks.end(), k) == ks.end()) ks.push_back(k);
+  }
+  if (ks.empty()) return absl::InvalidArgumentError("--k is empty");
+  return ks;
+}
+
+struct BenchConfig {
+  std::string server;
+  int64_t streams = 1, requests = 0, repeats = 1, warmup = 0, max_tokens = 0;
+  double rate = 0, temperature = 0, top_p = 1, timeout = 0;
+  int64_t top_k = 0;
+  bench::Arrival arrival = bench::Arrival::kPoisson;
+  std::string arrival_name;
+  uint64_t seed = 0;
+  bool ignore_eos = true, compare = false, adaptive = false, quiet = false;
+  std::vector<int32_t> ks;  // --k; empty: the server's default
+  std::vector<bench::ArmSpec> arms;
+  std::string prompts_source;
+  std::string json_path;
+};
+
+// The bounds keep absurd values (a billion streams, each a thread) from exhausting the machine.
+absl::StatusOr<int64_t> IntInRange(const Args& args, const char* name, int64_t min, int64_t max) {
+  SPECD_ASSIGN_OR_RETURN(const int64_t v, args.GetInt(name));
+  if (v < min || v > max) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--", name, " must be in [", min, ", ", max, "], got ", v));
+  }
+  return v;
+}
+
+absl::StatusOr<BenchConfig> ParseConfig(const Args& args) {
+  BenchConfig c;
+  c.server = args.Get("server");
+  SPECD_ASSIGN_OR_RETURN(c.streams, IntInRange(args, "streams", 1, 4096));
+  c.requests = c.streams * 4;
+  if (args.Has("requests")) {
+    SPECD_ASSIGN_OR_RETURN(c.requests, IntInRange(args, "requests", 1, 1000000));
+  }
+  c.compare = args.GetBool("compare");
+  c.adaptive = args.GetBool("adaptive");
+  c.repeats = c.compare ? 3 : 1;
+  if (args.Has("repeats")) {
+    SPECD_ASSIGN_OR_RETURN(c.repeats, IntInRange(args, "repeats", 1, 1000));
+  }
+  c.warmup = c.streams;
+  if (args.Has("warmup")) {
+    SPECD_ASSIGN_OR_RETURN(c.warmup, IntInRange(args, "warmup", 0, 100000));
+  }
+  SPECD_ASSIGN_OR_RETURN(c.max_tokens, IntInRange(args, "max-tokens", 1, 1 << 24));
+  SPECD_ASSIGN_OR_RETURN(c.top_k, IntInRange(args, "top-k", 0, INT32_MAX));
+  SPECD_ASSIGN_OR_RETURN(c.rate, args.GetDouble("rate"));
+  SPECD_ASSIGN_OR_RETURN(c.temperature, args.GetDouble("temperature"));
+  SPECD_ASSIGN_OR_RETURN(c.top_p, args.GetDouble("top-p"));
+  SPECD_ASSIGN_OR_RETURN(c.timeout, args.GetDouble("timeout"));
+  if (!(c.rate >= 0 && c.rate <= 1e6)) {
+    return absl::InvalidArgumentError("--rate must be in [0, 1e6] requests/s (0 = closed loop)");
+  }
+  if (!(c.temperature >= 0)) return absl::InvalidArgumentError("--temperature must be >= 0");
+  if (!(c.top_p > 0 && c.top_p <= 1))
+    return absl::InvalidArgumentError("--top-p must be in (0, 1]");
+  if (!(c.timeout > 0 && c.timeout <= 1e6)) {
+    return absl::InvalidArgumentError("--timeout must be in (0, 1e6] seconds");
+  }
+  c.arrival_name = args.Get("arrival");
+  SPECD_ASSIGN_OR_RETURN(c.arrival, bench::ParseArrival(c.arrival_name));
+  SPECD_ASSIGN_OR_RETURN(const int64_t seed, args.GetInt("seed"));
+  c.seed = static_cast<uint64_t>(seed);
+  c.ignore_eos = args.GetBool("ignore-eos");
+  c.quiet = args.GetBool("quiet");
+  c.json_path = args.Get("json");
+  if (args.Has("k")) {
+    SPECD_ASSIGN_OR_RETURN(c.ks, ParseKList(args.Get("k")));
+    if (c.compare && *std::max_element(c.ks.begin(), c.ks.end()) == 0) {
+      return absl::InvalidArgumentError("--compare needs at least one K > 0 in --k");
+    }
+  }
+  return c;
+}
+
+// The arms: the --k values (the server's default K without --k), with K = 0 first under
+// --compare.
+absl::Status ResolveArms(const v1::GetServerInfoResponse& info, BenchConfig& c) {
+  std::vector<int32_t> ks = c.ks;
+  if (ks.empty()) ks.push_back(static_cast<int32_t>(info.default_num_speculative_tokens()));
+  for (const int32_t k : ks) {
+    if (info.max_num_speculative_tokens() > 0 &&
+        static_cast<uint32_t>(k) > info.max_num_speculative_tokens()) {
+      return absl::InvalidArgumentError(absl::StrCat("--k ", k, " exceeds the server's limit of ",
+                                                     info.max_num_speculative_tokens()));
+    }
+  }
+  if (c.compare) {
+    c.arms.push_back({0, false});
+    for (const int32_t k : ks) {
+      if (k > 0) c.arms.push_back({k, c.adaptive});
+    }
+    if (c.arms.size() < 2) {
+      return absl::InvalidArgumentError("--compare needs at least one K > 0 in --k");
+    }
+  } else {
+    for (const int32_t k : ks) c.arms.push_back({k, c.adaptive && k > 0});
+  }
+  return absl::OkStatus();
+}
+
+std::vector<v1::GenerateRequest> BuildRequests(const BenchConfig& c, const bench::ArmSpec& arm,
+                                               const std::vector<Prompt>& prompts, int64_t n) {
+  std::vector<v1::GenerateRequest> out;
+  out.reserve(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    v1::GenerateRequest r;
+    const Prompt& p = prompts[static_cast<size_t>(i) % prompts.size()];
+    if (p.is_ids) {
+      r.mutable_token_ids()->mutable_ids()->Add(p.ids.begin(), p.ids.end());
+    } else {
+      r.set_text(p.text);
+    }
+    v1::SamplingParameters* s = r.mutable_sampling();
+    s->set_temperature(static_cast<float>(c.temperature));
+    s->set_top_k(static_cast<int32_t>(c.top_k));
+    s->set_top_p(static_cast<float>(c.top_p));
+    s->set_seed(c.seed + static_cast<uint64_t>(i));
+    r.mutable_stopping()->set_max_new_tokens(static_cast<uint32_t>(c.max_tokens));
+    r.mutable_stopping()->set_ignore_eos(c.ignore_eos);
+    v1::SpeculationParameters* spec = r.mutable_speculation();
+    spec->set_num_speculative_tokens(static_cast<uint32_t>(arm.k));
+    spec->set_k_policy(arm.adaptive ? v1::K_POLICY_ADAPTIVE : v1::K_POLICY_FIXED);
+    r.set_request_id(absl::StrCat("bench-", arm.Label(), "-", i));
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
+nlohmann::ordered_json MachineJson(const v1::GetServerInfoResponse& info) {
+  nlohmann::ordered_json m;
+  char host[256] = {};
+  gethostname(host, sizeof host - 1);
+  m["hostname"] = host;
+  m["nproc"] = sysconf(_SC_NPROCESSORS_ONLN);
+  utsname u;
+  if (uname(&u) == 0) m["os"] = absl::StrCat(u.sysname, " ", u.release, " ", u.machine);
+  const std::time_t now = std::time(nullptr);
+  char when[64];
+  std::strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
+  m["time_utc"] = when;
+  std::string info_json;
+  google::protobuf::util::JsonPrintOptions options;
+  options.preserve_proto_field_names = true;
+  options.always_print_primitive_fields = true;
+  if (google::protobuf::util::MessageToJsonString(info, &info_json, options).ok()) {
+    nlohmann::ordered_json parsed =
+        nlohmann::ordered_json::parse(info_json, nullptr, /*allow_exceptions=*/false);
+    if (!parsed.is_discarded()) m["server_info"] = std::move(parsed);
+  }
+  return m;
+}
+
+nlohmann::ordered_json ConfigJson(const BenchConfig& c, int64_t num_prompts) {
+  std::vector<nlohmann::ordered_json> arms;
+  for (const bench::ArmSpec& a : c.arms) {
+    arms.push_back({{"k", a.k}, {"k_policy", a.adaptive ? "K_POLICY_ADAPTIVE" : "K_POLICY_FIXED"}});
+  }
+  return {{"server", c.server},
+          {"streams", c.streams},
+          {"requests_per_arm_per_repeat", c.requests},
+          {"repeats", c.repeats},
+          {"warmup_requests_per_arm", c.warmup},
+          {"rate_requests_per_s", c.rate},
+          {"arrival", c.rate > 0 ? c.arrival_name : std::string("closed_loop")},
+          {"max_tokens", c.max_tokens},
+          {"ignore_eos", c.ignore_eos},
+          {"temperature", c.temperature},
+          {"top_k", c.top_k},
+          {"top_p", c.top_p},
+          {"seed", c.seed},
+          {"compare", c.compare},
+          {"adaptive", c.adaptive},
+          {"arms", arms},
+          {"prompts", c.prompts_source},
+          {"num_prompts", num_prompts},
+          {"percentile_method", "linear interpolation between nearest ranks (numpy default)"}};
+}
+
+absl::Status WriteJson(const std::string& path, const nlohmann::ordered_json& j) {
+  std::ofstream out(path);
+  out << j.dump(2) << "\n";
+  out.close();
+  if (!out) return absl::UnavailableError(absl::StrCat("--json: cannot write ", path));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<v1::GetServerInfoResponse> ServerInfo(v1::Generation::Stub& stub,
+                                                     const std::string& server, double timeout) {
+  grpc::ClientContext ctx;
+  ctx.set_wait_for_ready(true);  // the server may still be loading its workers
+  ctx.set_deadline(
+      std::chrono::system_clock::now() +
+      std::chrono::milliseconds(static_cast<int64_t>(std::min(timeout, 120.0) * 1000)));
+  v1::GetServerInfoResponse info;
+  const grpc::Status st = stub.GetServerInfo(&ctx, v1::GetServerInfoRequest(), &info);
+  if (!st.ok()) {
+    return absl::UnavailableError(absl::StrCat("--server ", server, ": ", st.error_message()));
+  }
+  return info;
+}
+
+int RunBench(const std::vector<std::string>& argv) {
+  const std::vector<Args::Flag> flags = {
+      {"server", "address of a running `specd serve` (its coordinator)", "", false, true},
+      {"streams", "concurrent streams (requests in flight at most)", "1"},
+      {"requests", "requests per arm and repeat (default: 4 x --streams)", ""},
+      {"rate", "requests/s; 0 = closed loop (each stream sends as soon as its last ends)", "0"},
+      {"arrival", "with --rate: poisson or fixed (evenly spaced) arrivals", "poisson"},
+      {"prompts",
+       "prompt file: one prompt per line, or JSONL with \"prompt\" or \"prompt_ids\" "
+       "(default: built-in story openings)",
+       ""},
+      {"max-tokens", "max_new_tokens of every request", "128"},
+      {"ignore-eos",
+       "keep generating past EOS, so every request makes --max-tokens tokens (=false: stop at EOS)",
+       "true", true},
+      {"temperature", "0 = greedy", "0"},
+      {"top-k", "0 = off", "0"},
+      {"top-p", "nucleus mass in (0, 1]", "1"},
+      {"seed", "request i of every arm uses seed + i", "0"},
+      {"k", "K values, comma-separated, e.g. 4 or 1,2,4,8 (default: the server's default K)", ""},
+      {"compare", "also run K = 0, alternating with the K arms, and report speed-ups", "", true},
+      {"adaptive", "K > 0 arms ask for K_POLICY_ADAPTIVE instead of FIXED", "", true},
+      {"repeats", "rounds over all arms (default: 3 with --compare, else 1)", ""},
+      {"warmup", "unrecorded requests per arm before the first round (default: --streams)", ""},
+      {"json", "write every number, the configuration and the machine to this file", ""},
+      {"timeout", "seconds a request may take", "600"},
+      {"quiet", "no progress display", "", true},
+  };
+  int exit_code = 0;
+  std::optional<Args> args = ParseOrExit("bench", kHelp, argv, flags, &exit_code);
+  if (!args) return exit_code;
+  auto fail = [](const absl::Status& st) { return ReportError("bench", st); };
+  absl::StatusOr<BenchConfig> config = ParseConfig(*args);
+  if (!config.ok()) return fail(config.status());
+  BenchConfig& c = *config;
+
+  std::vector<Prompt> prompts;
+  if (args->Has("prompts")) {
+    absl::StatusOr<std::vector<Prompt>> loaded = LoadPrompts(args->Get("prompts"));
+    if (!loaded.ok()) return fail(loaded.status());
+    prompts = *std::move(loaded);
+    c.prompts_source = args->Get("prompts");
+  }
+
+  const std::shared_ptr<grpc::Channel> channel =
+      grpc::CreateChannel(c.server, grpc::InsecureChannelCredentials());
+  const std::unique_ptr<v1::Generation::Stub> stub = v1::Generation::NewStub(channel);
+  absl::StatusOr<v1::GetServerInfoResponse> info = ServerInfo(*stub, c.server, c.timeout);
+  if (!info.ok()) return fail(info.status());
+  if (absl::Status st = ResolveArms(*info, c); !st.ok()) return fail(st);
+  if (prompts.empty()) {
+    prompts = BuiltinPrompts(*stub, info->target().vocab_size());
+    c.prompts_source = prompts.front().is_ids ? "built-in token ids" : "built-in text";
+  }
+
+  std::cout << "specd bench: " << c.server << ", target " << info->target().name() << " ("
+            << info->target().num_layers() << " layers), draft "
+            << (info->draft().name().empty() ? std::string("none") : info->draft().name()) << " ("
+            << info->draft().num_layers() << " layers)\n"
+            << c.streams << " stream(s), " << c.requests << " requests x " << c.repeats
+            << " repeat(s) per arm, " << c.max_tokens << " max tokens, "
+            << (c.rate > 0 ? absl::StrCat(c.rate, " req/s (", c.arrival_name, ")")
+                           : std::string("closed loop"))
+            << ", temperature " << c.temperature << "\n"
+            << std::endl;
+
+  bench::LoadOptions load;
+  load.streams = c.streams;
+  load.rate = c.rate;
+  load.arrival = c.arrival;
+  load.arrival_seed = c.seed;
+  load.timeout_seconds = c.timeout;
+  const int64_t total = static_cast<int64_t>(c.arms.size()) * (c.warmup + c.repeats * c.requests);
+  int64_t done = 0;
+  std::optional<Progress> progress;
+  if (!c.quiet) progress.emplace("bench");
+  auto tick = [&] {
+    ++done;
+    if (progress) progress->Update(done, total, "requests");
+  };
+
+  std::vector<std::vector<v1::GenerateRequest>> requests;
+  for (const bench::ArmSpec& arm : c.arms) {
+    requests.push_back(BuildRequests(c, arm, prompts, c.requests));
+    if (c.warmup > 0) {
+      // Warm-up pays for first-touch page faults and connection set-up in every arm alike.
+      bench::LoadOptions warm = load;
+      warm.rate = 0;
+      const bench::LoadRun run =
+          bench::RunLoad(*stub, BuildRequests(c, arm, prompts, c.warmup), warm, tick);
+      for (const bench::RequestOutcome& o : run.outcomes) {
+        if (!o.status.ok()) {
+          if (progress) progress->Done();
+          return fail(absl::Status(o.status.code(),
+                                   absl::StrCat(arm.Label(), " warm-up: ", o.status.message())));
+        }
+      }
+    }
+  }
+  std::vector<std::vector<bench::LoadRun>> runs(c.arms.size());
+  for (int64_t r = 0; r < c.repeats; ++r) {
+    for (size_t a = 0; a < c.arms.size(); ++a) {
+      runs[a].push_back(bench::RunLoad(*stub, requests[a], load, tick));
+    }
+  }
+  if (progress) progress->Done();
+
+  std::vector<bench::ArmSummary> arms;
+  for (size_t a = 0; a < c.arms.size(); ++a)
+    arms.push_back(bench::SummarizeArm(c.arms[a], runs[a]));
+  std::vector<bench::CompareRow> compare;
+  if (c.compare) {
+    for (size_t a = 1; a < arms.size(); ++a) compare.push_back(bench::CompareArm(arms[0], arms[a]));
+  }
+  std::cout << bench::FormatReport(arms, compare, c.repeats) << std::flush;
+
+  int64_t failed = 0;
+  for (const bench::ArmSummary& a : arms) failed += a.failed;
+  if (!c.json_path.empty()) {
+    nlohmann::ordered_json j;
+    j["config"] = ConfigJson(c, static_cast<int64_t>(prompts.size()));
+    j["machine"] = MachineJson(*info);
+    j["arms"] = nlohmann::ordered_json::array();
+    for (const bench::ArmSummary& a : arms) j["arms"].push_back(bench::ArmToJson(a));
+    j["compare"] = nlohmann::ordered_json::array();
+    for (const bench::CompareRow& r : compare) j["compare"].push_back(bench::CompareToJson(r));
+    j["failed_requests"] = failed;
+    if (absl::Status st = WriteJson(c.json_path, j); !st.ok()) return fail(st);
+  }
+  if (failed > 0) {
+    return fail(absl::UnavailableError(absl::StrCat(failed, " request(s) failed (see above)")));
+  }
+  return 0;
+}
+
+const CommandRegistration kRegistration({"bench", kSummary, RunBench});
+
+}  // namespace
+}  // namespace specd::cli
