@@ -3,10 +3,13 @@
 #include <pthread.h>
 #include <signal.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <iostream>
 #include <random>
 #include <sstream>
@@ -43,7 +46,9 @@ std::vector<FlagSpec> WorkerFlags() {
       {"prefill-chunk", "longest catch-up fed in one forward pass per sequence", "512"},
       {"threads", "CPU threads for the forward pass; 0 = one per core", "0"},
       {"metrics-port", "port of the Prometheus /metrics endpoint; 0 = a free one, -1 = off", "0"},
-      {"drain-seconds", "on SIGTERM, how long in-flight calls may take before they are cancelled",
+      {"drain-seconds",
+       "on SIGTERM, how long to serve on while sequences are held or calls are in flight; a "
+       "second SIGTERM stops at once",
        "10"},
   };
 }
@@ -164,6 +169,31 @@ absl::StatusOr<std::unique_ptr<LlamaEngine>> LoadEngine(const WorkerMainSpec& sp
   return engine;
 }
 
+// The first part of a drain: while the worker holds sequences a draining coordinator may still
+// need it for their last rounds (it is often stopped at the same moment, by an orchestrator or
+// `specd serve`), so it serves on until they are all released, `deadline` passes or a second
+// SIGTERM/SIGINT comes. Returns why it stopped waiting.
+enum class DrainWait { kReleased, kDeadline, kSecondSignal };
+
+DrainWait WaitForSequencesReleased(EngineThread& engine, const sigset_t& stop_signals,
+                                   std::chrono::steady_clock::time_point deadline) {
+  std::future<int64_t> held;
+  while (true) {
+    if (!held.valid()) {
+      auto count = std::make_shared<std::promise<int64_t>>();
+      held = count->get_future();
+      // Read on the engine thread, which owns the runtime; it answers between jobs.
+      engine.Post([count](WorkerRuntime& runtime) { count->set_value(runtime.num_sequences()); });
+    }
+    if (held.wait_for(std::chrono::seconds(0)) == std::future_status::ready && held.get() == 0) {
+      return DrainWait::kReleased;
+    }
+    if (std::chrono::steady_clock::now() >= deadline) return DrainWait::kDeadline;
+    const timespec poll = {0, 50'000'000};
+    if (sigtimedwait(&stop_signals, nullptr, &poll) > 0) return DrainWait::kSecondSignal;
+  }
+}
+
 int Fail(const WorkerMainSpec& spec, const absl::Status& status) {
   std::cerr << spec.program << ": " << status.message() << std::endl;
   return 1;
@@ -237,10 +267,24 @@ int WorkerMain(int argc, char** argv, const WorkerMainSpec& spec) {
   sigwait(&stop_signals, &signal_number);
   std::cerr << spec.program << ": " << (signal_number == SIGTERM ? "SIGTERM" : "SIGINT")
             << ": draining (up to " << config->drain_seconds << " s)" << std::endl;
-  // New calls are refused from here; in-flight ones finish (their jobs still run on the engine
-  // thread) or are cancelled at the deadline. Shutdown returns once every reactor is done.
   server->GetHealthCheckService()->SetServingStatus(false);
-  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(config->drain_seconds));
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::seconds(config->drain_seconds);
+  const DrainWait wait = WaitForSequencesReleased(engine_thread, stop_signals, deadline);
+  std::cerr << spec.program << ": "
+            << (wait == DrainWait::kReleased   ? "no sequences held"
+                : wait == DrainWait::kDeadline ? "drain period over"
+                                               : "second signal")
+            << "; stopping" << std::endl;
+  // New calls are refused from here; in-flight ones finish (their jobs still run on the engine
+  // thread) or are cancelled at the deadline, at once after a second signal. Shutdown returns
+  // once every reactor is done.
+  const auto left = wait == DrainWait::kSecondSignal
+                        ? std::chrono::steady_clock::duration::zero()
+                        : std::max(deadline - std::chrono::steady_clock::now(),
+                                   std::chrono::steady_clock::duration::zero());
+  server->Shutdown(std::chrono::system_clock::now() +
+                   std::chrono::duration_cast<std::chrono::system_clock::duration>(left));
   server->Wait();
   engine_thread.Stop();
   std::cerr << spec.program << ": stopped" << std::endl;

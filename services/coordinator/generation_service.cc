@@ -1,5 +1,8 @@
 #include "services/coordinator/generation_service.h"
 
+#include <utility>
+#include <vector>
+
 #include "absl/strings/str_cat.h"
 #include "services/common/grpc_status.h"
 #include "services/common/stream_reactor.h"
@@ -103,7 +106,161 @@ grpc::ServerUnaryReactor* Reply(grpc::CallbackServerContext* context, grpc::Stat
   return reactor;
 }
 
+// A Generate call refused before it became a stream.
+grpc::ServerWriteReactor<v1::GenerateResponse>* Refuse(grpc::Status status) {
+  auto* reactor = new QueuedWriteReactor<v1::GenerateResponse>();
+  reactor->Close(std::move(status));
+  return reactor;
+}
+
 }  // namespace
+
+// A counted Generate stream: its bookkeeping is undone when gRPC deletes it (OnDone), the one
+// point every stream passes however it ended (finished, failed, cancelled or ended by a drain).
+class GenerationService::GenerateReactor final : public QueuedWriteReactor<v1::GenerateResponse> {
+ public:
+  GenerateReactor(GenerationService* service, std::string peer)
+      : service_(service), peer_(std::move(peer)) {}
+  ~GenerateReactor() override {
+    if (id_ != 0) service_->CloseStream(id_, peer_);
+  }
+  // Set when the stream is counted, under the lock that also makes it visible to the drain, so
+  // nothing can finish the reactor before.
+  void set_id(uint64_t id) { id_ = id; }
+  const std::string& peer() const { return peer_; }
+
+ private:
+  GenerationService* const service_;
+  const std::string peer_;
+  uint64_t id_ = 0;
+};
+
+// One Generate stream, shared by its scheduler sink and the drain: whichever ends the stream
+// first closes the reactor, and every later Send or Close is dropped, so nothing touches the
+// reactor after its Close (which may delete it).
+class GenerationService::GenerateCall {
+ public:
+  explicit GenerateCall(QueuedWriteReactor<v1::GenerateResponse>* reactor) : reactor_(reactor) {}
+
+  // False, dropping `message`, once the stream is closed.
+  bool Send(v1::GenerateResponse message) {
+    absl::MutexLock lock(&mu_);
+    if (reactor_ == nullptr) return false;
+    reactor_->Send(std::move(message));
+    return true;
+  }
+
+  // True when this closed the stream, false when it was closed already.
+  bool Close(grpc::Status status) {
+    QueuedWriteReactor<v1::GenerateResponse>* reactor = nullptr;
+    {
+      absl::MutexLock lock(&mu_);
+      reactor = std::exchange(reactor_, nullptr);
+    }
+    // No Send can be under way: it would hold mu_ and see the reactor.
+    if (reactor == nullptr) return false;
+    reactor->Close(std::move(status));
+    return true;
+  }
+
+  // True when the client went away or the stream was ended here: the request is wasted work.
+  bool abandoned() const {
+    absl::MutexLock lock(&mu_);
+    return reactor_ == nullptr || reactor_->cancelled();
+  }
+
+  // Known once Submit returns; events may start before that.
+  std::atomic<Scheduler::RequestHandle> handle{0};
+  // Set once CancelAbandoned has cancelled the request, so it does so once.
+  std::atomic<bool> cancel_sent{false};
+
+ private:
+  mutable absl::Mutex mu_;
+  QueuedWriteReactor<v1::GenerateResponse>* reactor_ ABSL_GUARDED_BY(mu_);  // null once closed
+};
+
+grpc::Status GenerationService::OpenStream(GenerateReactor* reactor,
+                                           std::shared_ptr<GenerateCall> call) {
+  const std::string& peer = reactor->peer();
+  absl::MutexLock lock(&streams_mu_);
+  if (!admitting_) {
+    return grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                        "the coordinator is shutting down and admits no new requests; retry on "
+                        "another replica");
+  }
+  int64_t& count = streams_per_peer_[peer];
+  if (options_.max_streams_per_connection > 0 && count >= options_.max_streams_per_connection) {
+    if (count == 0) streams_per_peer_.erase(peer);
+    return grpc::Status(
+        grpc::StatusCode::RESOURCE_EXHAUSTED,
+        absl::StrCat("this connection already has ", count,
+                     " Generate streams open, the server's limit per connection "
+                     "(--max-streams-per-connection); wait for one to finish or open another "
+                     "connection"));
+  }
+  ++count;
+  const uint64_t id = next_stream_id_++;
+  reactor->set_id(id);
+  open_streams_.emplace(id, std::move(call));
+  return grpc::Status::OK;
+}
+
+void GenerationService::CloseStream(uint64_t id, const std::string& peer) {
+  absl::MutexLock lock(&streams_mu_);
+  open_streams_.erase(id);
+  const auto it = streams_per_peer_.find(peer);
+  if (it != streams_per_peer_.end() && --it->second <= 0) streams_per_peer_.erase(it);
+}
+
+void GenerationService::StopAdmitting() {
+  absl::MutexLock lock(&streams_mu_);
+  admitting_ = false;
+}
+
+int64_t GenerationService::open_streams() const {
+  absl::MutexLock lock(&streams_mu_);
+  return static_cast<int64_t>(open_streams_.size());
+}
+
+void GenerationService::CancelAbandoned() {
+  const ServingState* state = state_.load();
+  if (state == nullptr) return;
+  std::vector<std::shared_ptr<GenerateCall>> calls;
+  {
+    absl::MutexLock lock(&streams_mu_);
+    for (const auto& [id, call] : open_streams_) calls.push_back(call);
+  }
+  for (const std::shared_ptr<GenerateCall>& call : calls) {
+    const Scheduler::RequestHandle h = call->handle.load();
+    if (h != 0 && !call->cancel_sent.load() && call->abandoned()) {
+      call->cancel_sent.store(true);
+      state->scheduler->Cancel(h);
+    }
+  }
+}
+
+int64_t GenerationService::EndOpenStreams(const grpc::Status& status) {
+  std::vector<std::shared_ptr<GenerateCall>> calls;
+  {
+    // Closing under streams_mu_ could deadlock: a reactor deleted at once takes it again.
+    absl::MutexLock lock(&streams_mu_);
+    for (const auto& [id, call] : open_streams_) calls.push_back(call);
+  }
+  const ServingState* state = state_.load();
+  int64_t ended = 0;
+  for (const std::shared_ptr<GenerateCall>& call : calls) {
+    // Frees the sequence on the workers; the scheduler's own CANCELLED event is then dropped.
+    if (const Scheduler::RequestHandle h = call->handle.load(); h != 0 && state != nullptr) {
+      state->scheduler->Cancel(h);
+    }
+    if (!call->Close(status)) continue;
+    ++ended;
+    if (state != nullptr && state->metrics != nullptr) {
+      state->metrics->OnRequestError(FromGrpcStatus(status).code());
+    }
+  }
+  return ended;
+}
 
 uint64_t GenerationService::RandomSeed() {
   absl::MutexLock lock(&rng_mu_);
@@ -112,38 +269,46 @@ uint64_t GenerationService::RandomSeed() {
 
 grpc::ServerWriteReactor<v1::GenerateResponse>* GenerationService::Generate(
     grpc::CallbackServerContext* context, const v1::GenerateRequest* request) {
-  auto* reactor = new QueuedWriteReactor<v1::GenerateResponse>();
   const ServingState* state = state_.load();
-  if (state == nullptr) {
-    reactor->Close(NotReady());
+  CoordinatorMetrics* const metrics = state != nullptr ? state->metrics : nullptr;
+  auto refuse = [metrics](grpc::Status status) {
+    if (metrics != nullptr) metrics->OnRequestError(FromGrpcStatus(status).code());
+    return Refuse(std::move(status));
+  };
+  if (grpc::Status st = options_.auth.Check(*context); !st.ok()) return refuse(std::move(st));
+  if (state == nullptr) return Refuse(NotReady());
+
+  auto* reactor = new GenerateReactor(this, context->peer());
+  auto call = std::make_shared<GenerateCall>(reactor);
+  if (grpc::Status st = OpenStream(reactor, call); !st.ok()) {
+    if (metrics != nullptr) metrics->OnRequestError(FromGrpcStatus(st).code());
+    call->Close(std::move(st));
     return reactor;
   }
   absl::StatusOr<GenerationRequest> req =
       BuildGenerationRequest(*request, state->tokenizer, state->limits, RandomSeed());
-  CoordinatorMetrics* const metrics = state->metrics;
   if (!req.ok()) {
     if (metrics != nullptr) metrics->OnRequestError(req.status().code());
-    reactor->Close(ToGrpcStatus(req.status()));
+    call->Close(ToGrpcStatus(req.status()));
     return reactor;
   }
   const uint64_t seed = req->seed;
   const std::string request_id = request->request_id();
   Scheduler* scheduler = state->scheduler;
-  // The handle becomes known after Submit returns, but events may start before that.
-  auto handle = std::make_shared<std::atomic<Scheduler::RequestHandle>>(0);
   auto first = std::make_shared<bool>(true);
   auto timing = std::make_shared<RequestTiming>();
-  auto sink = [reactor, scheduler, handle, first, seed, request_id, metrics,
-               timing](GenerationEvent event) {
+  auto sink = [call, scheduler, first, seed, request_id, metrics, timing](GenerationEvent event) {
     const bool last = event.finish != FinishReason::kNone || !event.error.ok();
-    if (!last && reactor->cancelled()) {
-      // The client went away or its deadline passed: free the sequence within a round.
-      if (const Scheduler::RequestHandle h = handle->load(); h != 0) scheduler->Cancel(h);
+    if (!last && call->abandoned()) {
+      // The client went away, its deadline passed or a drain ended the stream: free the
+      // sequence within a round.
+      if (const Scheduler::RequestHandle h = call->handle.load(); h != 0) scheduler->Cancel(h);
       return;
     }
-    if (metrics != nullptr) RecordEvent(*metrics, *timing, event);
     if (!event.error.ok()) {
-      reactor->Close(ToGrpcStatus(event.error));
+      if (call->Close(ToGrpcStatus(event.error)) && metrics != nullptr) {
+        RecordEvent(*metrics, *timing, event);
+      }
       return;
     }
     v1::GenerateResponse msg;
@@ -158,23 +323,25 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* GenerationService::Generate(
       msg.set_finish_reason(ToProto(event.finish));
       UsageToProto(event.usage, msg.mutable_usage());
     }
-    reactor->Send(std::move(msg));
-    if (last) reactor->Close(grpc::Status::OK);
+    // A stream the drain already ended gets nothing more, and is not counted twice.
+    if (!call->Send(std::move(msg))) return;
+    if (metrics != nullptr) RecordEvent(*metrics, *timing, event);
+    if (last) call->Close(grpc::Status::OK);
   };
   absl::StatusOr<Scheduler::RequestHandle> h = scheduler->Submit(*std::move(req), sink);
   if (!h.ok()) {
     if (metrics != nullptr) metrics->OnRequestError(h.status().code());
-    reactor->Close(ToGrpcStatus(h.status()));
+    call->Close(ToGrpcStatus(h.status()));
     return reactor;
   }
-  handle->store(*h);
-  (void)context;
+  call->handle.store(*h);
   return reactor;
 }
 
 grpc::ServerUnaryReactor* GenerationService::Tokenize(grpc::CallbackServerContext* context,
                                                       const v1::TokenizeRequest* request,
                                                       v1::TokenizeResponse* response) {
+  if (grpc::Status st = options_.auth.Check(*context); !st.ok()) return Reply(context, st);
   const ServingState* state = state_.load();
   if (state == nullptr) return Reply(context, NotReady());
   if (state->tokenizer == nullptr) {
@@ -199,6 +366,7 @@ grpc::ServerUnaryReactor* GenerationService::Tokenize(grpc::CallbackServerContex
 grpc::ServerUnaryReactor* GenerationService::Detokenize(grpc::CallbackServerContext* context,
                                                         const v1::DetokenizeRequest* request,
                                                         v1::DetokenizeResponse* response) {
+  if (grpc::Status st = options_.auth.Check(*context); !st.ok()) return Reply(context, st);
   const ServingState* state = state_.load();
   if (state == nullptr) return Reply(context, NotReady());
   if (state->tokenizer == nullptr) {
@@ -216,6 +384,7 @@ grpc::ServerUnaryReactor* GenerationService::GetServerInfo(grpc::CallbackServerC
                                                            const v1::GetServerInfoRequest* request,
                                                            v1::GetServerInfoResponse* response) {
   (void)request;
+  if (grpc::Status st = options_.auth.Check(*context); !st.ok()) return Reply(context, st);
   const ServingState* state = state_.load();
   if (state == nullptr) return Reply(context, NotReady());
   *response = state->info;

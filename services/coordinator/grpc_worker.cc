@@ -1,5 +1,6 @@
 #include "services/coordinator/grpc_worker.h"
 
+#include <algorithm>
 #include <chrono>
 #include <thread>
 
@@ -26,19 +27,15 @@ absl::Status StatusFromProto(const pb::SequenceStatus& s) {
   return absl::Status(static_cast<absl::StatusCode>(s.code()), s.message());
 }
 
-// Both worker stubs share these four unary calls.
-template <typename Stub>
-grpc::Status CallInfo(Stub& stub, grpc::ClientContext* ctx, pb::InfoResponse* out) {
-  return stub.Info(ctx, pb::InfoRequest(), out);
-}
-
 }  // namespace
 
-GrpcWorker::GrpcWorker(Role role, std::string address, std::shared_ptr<grpc::Channel> channel)
+GrpcWorker::GrpcWorker(Role role, std::string address, std::shared_ptr<grpc::Channel> channel,
+                       absl::Duration call_timeout)
     : role_(role),
       address_(std::move(address)),
       name_(absl::StrCat(role == Role::kDraft ? "draft" : "target", " worker at ", address_)),
-      channel_(std::move(channel)) {
+      channel_(std::move(channel)),
+      call_timeout_(call_timeout) {
   if (role_ == Role::kDraft) {
     draft_stub_ = pb::DraftWorker::NewStub(channel_);
   } else {
@@ -46,22 +43,32 @@ GrpcWorker::GrpcWorker(Role role, std::string address, std::shared_ptr<grpc::Cha
   }
 }
 
+grpc::Status GrpcWorker::CallInfo(grpc::ClientContext* context, pb::InfoResponse* response) const {
+  return draft_stub_ ? draft_stub_->Info(context, pb::InfoRequest(), response)
+                     : target_stub_->Info(context, pb::InfoRequest(), response);
+}
+
 absl::StatusOr<std::unique_ptr<GrpcWorker>> GrpcWorker::Connect(Role role,
                                                                 const std::string& address,
-                                                                absl::Duration wait) {
+                                                                absl::Duration wait,
+                                                                absl::Duration call_timeout) {
   grpc::ChannelArguments args;
   // Info carries the tokenizer files (Llama 3's tokenizer.json is ~9 MB).
   args.SetMaxReceiveMessageSize(256 << 20);
+  // gRPC's default reconnect backoff grows to two minutes; a worker restarted by its supervisor
+  // is back within seconds and should be reached as soon as it listens. (The minimum backoff,
+  // which is also the connect timeout, keeps its default.)
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   auto channel = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
-  std::unique_ptr<GrpcWorker> w(new GrpcWorker(role, address, channel));
+  std::unique_ptr<GrpcWorker> w(new GrpcWorker(role, address, channel, call_timeout));
   const absl::Time give_up = absl::Now() + wait;
   grpc::Status last;
   while (true) {
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
     ctx.set_wait_for_ready(true);
-    last = role == Role::kDraft ? CallInfo(*w->draft_stub_, &ctx, &w->info_)
-                                : CallInfo(*w->target_stub_, &ctx, &w->info_);
+    last = w->CallInfo(&ctx, &w->info_);
     if (last.ok() || absl::Now() >= give_up) break;
     if (last.error_code() == grpc::StatusCode::UNIMPLEMENTED) break;  // not a worker of this role
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
@@ -82,12 +89,30 @@ absl::StatusOr<std::unique_ptr<GrpcWorker>> GrpcWorker::Connect(Role role,
   return w;
 }
 
+absl::StatusOr<WorkerProbe> GrpcWorker::Probe(absl::Duration timeout) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + std::min(timeout, call_timeout_)));
+  // Waits out a reconnect in progress instead of failing at once.
+  ctx.set_wait_for_ready(true);
+  pb::InfoResponse info;
+  const absl::Time start = absl::Now();
+  const grpc::Status st = CallInfo(&ctx, &info);
+  RecordRpc(start, 0, info.ByteSizeLong());
+  if (absl::Status s = Check(st, "Info"); !s.ok()) return s;
+  free_kv_tokens_ = info.kv_free_blocks() * info.kv_block_size();
+  return WorkerProbe{info.epoch()};
+}
+
 absl::Status GrpcWorker::Check(const grpc::Status& status, const char* rpc) const {
   if (status.ok()) return absl::OkStatus();
   const absl::Status st = FromGrpcStatus(status);
   switch (st.code()) {
-    case absl::StatusCode::kUnavailable:
     case absl::StatusCode::kDeadlineExceeded:
+      return absl::UnavailableError(absl::StrCat(
+          name_, ": ", rpc,
+          " got no reply within its deadline (a hung worker, or a call that needs more than "
+          "--worker-call-timeout-seconds)"));
+    case absl::StatusCode::kUnavailable:
     case absl::StatusCode::kCancelled:
     case absl::StatusCode::kUnknown:
     case absl::StatusCode::kInternal:

@@ -1,5 +1,7 @@
 // WorkerApi over gRPC: the coordinator's client of a draft or target worker. Every transport
-// failure becomes UNAVAILABLE naming the worker ("draft worker at 127.0.0.1:7001: ...").
+// failure, and every call past its deadline (a hung worker), becomes UNAVAILABLE naming the
+// worker ("draft worker at 127.0.0.1:7001: ..."). The channel reconnects on its own within about
+// a second when a restarted worker listens again on the same address.
 #ifndef SPECD_SERVICES_COORDINATOR_GRPC_WORKER_H_
 #define SPECD_SERVICES_COORDINATOR_GRPC_WORKER_H_
 
@@ -21,9 +23,11 @@ class GrpcWorker final : public WorkerApi {
   enum class Role { kDraft, kTarget };
 
   // Connects and reads Info, retrying until `wait` has passed (workers may still be loading).
-  // FAILED_PRECONDITION if the process at `address` has the other role.
+  // FAILED_PRECONDITION if the process at `address` has the other role. `call_timeout` bounds
+  // every later call, so it must exceed the longest one: a full-length prompt's prefill.
   static absl::StatusOr<std::unique_ptr<GrpcWorker>> Connect(Role role, const std::string& address,
-                                                             absl::Duration wait);
+                                                             absl::Duration wait,
+                                                             absl::Duration call_timeout);
 
   absl::StatusOr<std::vector<SequenceOutcome>> Draft(
       std::span<const DraftSequenceRequest> batch,
@@ -35,15 +39,19 @@ class GrpcWorker final : public WorkerApi {
   absl::StatusOr<ProbRow> ReadRow(KvPool::SeqId seq, int32_t step) override;
   absl::Status Release(KvPool::SeqId seq) override;
   int64_t FreeKvTokens() const override { return free_kv_tokens_.load(); }
+  // Info, waiting for the channel to (re)connect within `timeout`.
+  absl::StatusOr<WorkerProbe> Probe(absl::Duration timeout) override;
+  std::string Name() const override { return name_; }
 
   const worker::v1::InfoResponse& info() const { return info_; }
   // Records each later RPC's bytes and duration under this worker's role; null turns it off.
   // `metrics` must outlive this worker.
   void SetMetrics(CoordinatorMetrics* metrics) { metrics_ = metrics; }
-  const std::string& name() const { return name_; }
 
  private:
-  GrpcWorker(Role role, std::string address, std::shared_ptr<grpc::Channel> channel);
+  GrpcWorker(Role role, std::string address, std::shared_ptr<grpc::Channel> channel,
+             absl::Duration call_timeout);
+  grpc::Status CallInfo(grpc::ClientContext* context, worker::v1::InfoResponse* response) const;
   // Fails with UNAVAILABLE (transport) or the worker's own status, naming the worker.
   absl::Status Check(const grpc::Status& status, const char* rpc) const;
   void SetDeadline(grpc::ClientContext* context) const;
@@ -56,7 +64,7 @@ class GrpcWorker final : public WorkerApi {
   std::unique_ptr<worker::v1::DraftWorker::Stub> draft_stub_;
   std::unique_ptr<worker::v1::TargetWorker::Stub> target_stub_;
   worker::v1::InfoResponse info_;
-  absl::Duration call_timeout_ = absl::Seconds(120);
+  absl::Duration call_timeout_;
   std::atomic<int64_t> free_kv_tokens_{0};
   CoordinatorMetrics* metrics_ = nullptr;
 };

@@ -5,18 +5,25 @@
 #include <signal.h>
 
 #include <chrono>
+#include <cstdlib>
+#include <ctime>
 #include <iostream>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "common/model/config.h"
 #include "common/tokenizer/tokenizer.h"
+#include "common/util/status_macros.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "services/common/flags.h"
+#include "services/common/tls.h"
+#include "services/coordinator/auth.h"
 #include "services/coordinator/coordinator_metrics.h"
 #include "services/coordinator/generation_service.h"
 #include "services/coordinator/grpc_worker.h"
@@ -38,14 +45,109 @@ std::vector<FlagSpec> CoordinatorFlags() {
       {"max-queued", "requests waiting beyond the running batch", "256"},
       {"default-max-new-tokens", "max_new_tokens when a request does not say", "256"},
       {"worker-wait-seconds", "how long to wait for the workers at start-up", "120"},
-      {"drain-seconds", "on SIGTERM, how long in-flight requests may take", "10"},
+      {"worker-call-timeout-seconds",
+       "deadline of each call to a worker, after which it counts as hung; must exceed the "
+       "longest call, a full-length prompt's prefill on the target",
+       "30"},
+      {"worker-unavailable-seconds",
+       "how long a request waits for an unavailable (crashed, restarting or hung) worker before "
+       "it fails with UNAVAILABLE",
+       "30"},
+      {"drain-seconds",
+       "on SIGTERM, how long in-flight requests may take; then they end with UNAVAILABLE", "10"},
       {"metrics-port", "port of the Prometheus /metrics endpoint; 0 = a free one, -1 = off", "0"},
+      {"tls-cert", "PEM certificate chain: serve the public API over TLS (with --tls-key)", ""},
+      {"tls-key", "PEM private key of --tls-cert", ""},
+      {"auth-token-file",
+       "file holding the bearer token every Generation call must send (or set "
+       "$SPECD_AUTH_TOKEN); unset = no token",
+       ""},
+      {"max-request-bytes", "largest request message accepted (RESOURCE_EXHAUSTED above)",
+       "4194304"},
+      {"max-prompt-tokens", "longest prompt in tokens; 0 = the model's max_seq_len", "0"},
+      {"max-new-tokens-limit",
+       "largest max_new_tokens a request may ask for; 0 = up to the model's max_seq_len", "0"},
+      {"max-streams-per-connection",
+       "Generate streams one client connection may hold open at once; 0 = no limit", "128"},
   };
 }
 
 int Fail(const absl::Status& st) {
   std::cerr << kProgram << ": " << st.message() << std::endl;
   return 1;
+}
+
+// How the public API is secured and bounded (issue 9).
+struct PublicApiConfig {
+  std::shared_ptr<grpc::ServerCredentials> credentials;
+  bool tls = false;
+  PublicApiOptions options;
+  int64_t max_request_bytes = 0;
+  int64_t max_prompt_tokens = 0;
+  int64_t max_new_tokens_limit = 0;
+};
+
+absl::StatusOr<PublicApiConfig> ReadPublicApiConfig(const Flags& flags) {
+  PublicApiConfig c;
+  const std::string cert = flags.Get("tls-cert");
+  const std::string key = flags.Get("tls-key");
+  if (cert.empty() != key.empty()) {
+    return absl::InvalidArgumentError(
+        "--tls-cert and --tls-key go together: give both for TLS, or neither for plaintext");
+  }
+  c.tls = !cert.empty();
+  if (c.tls) {
+    SPECD_ASSIGN_OR_RETURN(c.credentials, TlsServerCredentials(cert, key));
+  } else {
+    c.credentials = grpc::InsecureServerCredentials();
+  }
+  SPECD_ASSIGN_OR_RETURN(c.options.auth, BearerTokenAuth::Load(flags.Get("auth-token-file"),
+                                                               std::getenv("SPECD_AUTH_TOKEN")));
+  // gRPC takes an int; 1 KiB is far below any real request, 1 GiB far above.
+  SPECD_ASSIGN_OR_RETURN(c.max_request_bytes, flags.GetInt("max-request-bytes", 1024, 1 << 30));
+  SPECD_ASSIGN_OR_RETURN(c.max_prompt_tokens, flags.GetInt("max-prompt-tokens", 0, 1 << 30));
+  SPECD_ASSIGN_OR_RETURN(c.max_new_tokens_limit, flags.GetInt("max-new-tokens-limit", 0, 1 << 30));
+  SPECD_ASSIGN_OR_RETURN(c.options.max_streams_per_connection,
+                         flags.GetInt("max-streams-per-connection", 0, 1 << 20));
+  return c;
+}
+
+bool IsLoopback(const std::string& host) {
+  return host == "localhost" || host == "[::1]" || host.rfind("127.", 0) == 0;
+}
+
+// Graceful shutdown: health turns NOT_SERVING and new Generate calls UNAVAILABLE while the open
+// streams get `drain_seconds` to finish; then the rest end with a status that says why. A second
+// SIGTERM or SIGINT ends the drain period at once.
+void Drain(GenerationService& service, grpc::Server& server, const sigset_t& stop_signals,
+           int64_t drain_seconds) {
+  // Admission stops first, so a client that sees NOT_SERVING also gets UNAVAILABLE.
+  service.StopAdmitting();
+  server.GetHealthCheckService()->SetServingStatus(false);
+  const absl::Time deadline = absl::Now() + absl::Seconds(static_cast<double>(drain_seconds));
+  bool interrupted = false;
+  while (service.open_streams() > 0 && absl::Now() < deadline) {
+    const timespec poll = {0, 50'000'000};
+    if (sigtimedwait(&stop_signals, nullptr, &poll) > 0) {
+      interrupted = true;
+      break;
+    }
+    service.CancelAbandoned();
+  }
+  if (service.open_streams() > 0) {
+    const std::string why =
+        interrupted ? std::string("the coordinator was stopped by a second signal")
+                    : absl::StrCat("the coordinator shut down after its drain period of ",
+                                   drain_seconds, " s (--drain-seconds)");
+    const int64_t ended = service.EndOpenStreams(grpc::Status(
+        grpc::StatusCode::UNAVAILABLE,
+        absl::StrCat(why, " before this request finished; retry it on another replica")));
+    std::cerr << kProgram << ": " << (interrupted ? "second signal" : "drain period over")
+              << "; ended " << ended << " unfinished stream(s)" << std::endl;
+  }
+  // The streams just ended get a moment to deliver their last messages.
+  server.Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  server.Wait();
 }
 
 v1::ModelInfo ModelInfoOf(const worker::v1::InfoResponse& info) {
@@ -106,6 +208,16 @@ int Run(int argc, char** argv) {
               << ")\n";
     return 2;
   }
+  absl::StatusOr<PublicApiConfig> api = ReadPublicApiConfig(*flags);
+  if (!api.ok()) {
+    std::cerr << kProgram << ": " << api.status().message() << "\n";
+    return 2;
+  }
+  if (api->max_new_tokens_limit > 0 && default_max_new > api->max_new_tokens_limit) {
+    std::cerr << kProgram << ": --default-max-new-tokens (" << default_max_new
+              << ") exceeds --max-new-tokens-limit (" << api->max_new_tokens_limit << ")\n";
+    return 2;
+  }
 
   const std::string listen = flags->Get("listen");
   const std::string host = listen.substr(0, listen.rfind(':'));
@@ -119,30 +231,46 @@ int Run(int argc, char** argv) {
     std::cout << "metrics on " << host << ":" << *mport << std::endl;
   }
   // Serve first (NOT_SERVING), so health checks answer while the workers load.
-  GenerationService service;
+  GenerationService service(api->options);
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort(flags->Get("listen"), grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort(flags->Get("listen"), api->credentials, &port);
+  // A bigger request is refused by gRPC with RESOURCE_EXHAUSTED before any handler sees it.
+  builder.SetMaxReceiveMessageSize(static_cast<int>(api->max_request_bytes));
   builder.RegisterService(&service);
   const std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) {
-    return Fail(
-        absl::UnavailableError(absl::StrCat("--listen: cannot listen on ", flags->Get("listen"))));
+    // gRPC checks the certificate and key only here, and logs which one it rejected.
+    return Fail(absl::UnavailableError(absl::StrCat(
+        "--listen: cannot listen on ", flags->Get("listen"),
+        api->tls ? ", or --tls-cert and --tls-key are not a certificate chain and its private key"
+                 : "")));
   }
   grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService();
   health->SetServingStatus(false);
   std::cout << "listening on " << host << ":" << port << std::endl;
 
   const absl::Duration wait = absl::Seconds(static_cast<double>(wait_seconds));
+  const absl::StatusOr<int64_t> call_timeout_s =
+      flags->GetInt("worker-call-timeout-seconds", 1, 86400);
+  const absl::StatusOr<int64_t> unavailable_s =
+      flags->GetInt("worker-unavailable-seconds", 0, 86400);
+  for (const absl::Status& st : {call_timeout_s.status(), unavailable_s.status()}) {
+    if (!st.ok()) {
+      std::cerr << kProgram << ": " << st.message() << "\n";
+      return 2;
+    }
+  }
+  const absl::Duration call_timeout = absl::Seconds(static_cast<double>(*call_timeout_s));
   absl::StatusOr<std::unique_ptr<GrpcWorker>> target =
-      GrpcWorker::Connect(GrpcWorker::Role::kTarget, flags->Get("target"), wait);
+      GrpcWorker::Connect(GrpcWorker::Role::kTarget, flags->Get("target"), wait, call_timeout);
   if (!target.ok()) return Fail(target.status());
   std::unique_ptr<GrpcWorker> draft;
   if (!flags->Get("draft").empty()) {
     absl::StatusOr<std::unique_ptr<GrpcWorker>> d =
-        GrpcWorker::Connect(GrpcWorker::Role::kDraft, flags->Get("draft"), wait);
+        GrpcWorker::Connect(GrpcWorker::Role::kDraft, flags->Get("draft"), wait, call_timeout);
     if (!d.ok()) return Fail(d.status());
     draft = *std::move(d);
   }
@@ -190,12 +318,18 @@ int Run(int argc, char** argv) {
   state.limits.default_num_speculative_tokens = static_cast<int32_t>(default_k);
   state.limits.max_num_speculative_tokens = static_cast<int32_t>(max_k);
   state.limits.has_draft = draft != nullptr;
+  state.limits.max_prompt_tokens = api->max_prompt_tokens;
+  state.limits.max_new_tokens_limit = api->max_new_tokens_limit;
   SchedulerOptions so;
   so.max_running = max_running;
   so.max_queued = max_queued;
   so.max_seq_len = state.limits.max_seq_len;
   so.num_candidates = static_cast<int32_t>(num_candidates);
   so.eos_token_ids = eos;
+  so.worker_unavailable_timeout = absl::Seconds(static_cast<double>(*unavailable_s));
+  so.on_worker_event = [](const std::string& line) {
+    std::cerr << kProgram << ": " << line << std::endl;
+  };
   so.on_round = [&metrics](const RoundPhaseTimes& t) {
     metrics.OnRoundPhase(CoordinatorMetrics::Phase::kDraft, t.draft);
     metrics.OnRoundPhase(CoordinatorMetrics::Phase::kVerify, t.verify);
@@ -226,15 +360,26 @@ int Run(int argc, char** argv) {
   std::cerr << kProgram << ": serving on " << host << ":" << port << " (target "
             << flags->Get("target")
             << (draft ? absl::StrCat(", draft ", flags->Get("draft")) : std::string(", no draft"))
-            << ")" << std::endl;
+            << "; " << (api->tls ? "TLS" : "plaintext") << ", "
+            << (api->options.auth.enabled() ? "bearer token required" : "no token") << ")"
+            << std::endl;
+  if (!api->tls && !api->options.auth.enabled() && !IsLoopback(host)) {
+    std::cerr << kProgram << ": warning: " << host
+              << " is not loopback and the API has neither TLS nor a token; anyone who can "
+                 "reach it can generate (see --tls-cert, --auth-token-file)"
+              << std::endl;
+  }
 
   int signal_number = 0;
-  sigwait(&stop_signals, &signal_number);
+  while (signal_number <= 0) {
+    const timespec poll = {0, 100'000'000};
+    signal_number = sigtimedwait(&stop_signals, nullptr, &poll);
+    service.CancelAbandoned();
+  }
   std::cerr << kProgram << ": " << (signal_number == SIGTERM ? "SIGTERM" : "SIGINT")
             << ": draining (up to " << drain_seconds << " s)" << std::endl;
-  health->SetServingStatus(false);
-  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(drain_seconds));
-  server->Wait();
+  Drain(service, *server, stop_signals, drain_seconds);
+  std::cerr << kProgram << ": stopped" << std::endl;
   // A scrape after this point must not read the scheduler, which goes before the metrics do.
   metrics.SetQueueSource(nullptr, nullptr);
   return 0;

@@ -62,6 +62,11 @@ absl::StatusOr<GenerationRequest> BuildGenerationRequest(const v1::GenerateReque
       return Invalid("the request has no prompt: set text or token_ids");
   }
   if (out.prompt.empty()) return Invalid("the prompt is empty");
+  if (limits.max_prompt_tokens > 0 &&
+      static_cast<int64_t>(out.prompt.size()) > limits.max_prompt_tokens) {
+    return Invalid(absl::StrCat("the prompt has ", out.prompt.size(),
+                                " tokens; this server accepts at most ", limits.max_prompt_tokens));
+  }
   for (size_t i = 0; i < out.prompt.size(); ++i) {
     if (out.prompt[i] < 0 || out.prompt[i] >= limits.vocab_size) {
       return Invalid(absl::StrCat("prompt token id ", out.prompt[i], " at index ", i,
@@ -85,6 +90,10 @@ absl::StatusOr<GenerationRequest> BuildGenerationRequest(const v1::GenerateReque
 
   // Stopping.
   const v1::StoppingCriteria& stop = request.stopping();
+  if (limits.max_new_tokens_limit > 0 && stop.max_new_tokens() > limits.max_new_tokens_limit) {
+    return Invalid(absl::StrCat("max_new_tokens is ", stop.max_new_tokens(),
+                                "; this server allows at most ", limits.max_new_tokens_limit));
+  }
   out.max_new_tokens =
       stop.max_new_tokens() == 0 ? limits.default_max_new_tokens : stop.max_new_tokens();
   const int64_t room = limits.max_seq_len - static_cast<int64_t>(out.prompt.size());

@@ -19,6 +19,9 @@ struct ServerLimits {
   int32_t default_num_speculative_tokens = 4;
   int32_t max_num_speculative_tokens = 16;
   int64_t max_prompt_bytes = 1 << 20;
+  // The operator's caps (--max-prompt-tokens, --max-new-tokens-limit); 0 = only max_seq_len.
+  int64_t max_prompt_tokens = 0;
+  int64_t max_new_tokens_limit = 0;
   int64_t max_stop_strings = 16;
   int64_t max_stop_string_bytes = 256;
   bool has_draft = true;  // without a draft worker K is always 0

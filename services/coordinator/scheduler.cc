@@ -1,15 +1,33 @@
 #include "services/coordinator/scheduler.h"
 
 #include <algorithm>
+#include <chrono>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 
 namespace specd {
+namespace {
+
+// Cache mismatches a request may meet without progress before its error is taken as final: a
+// restart or a resumed hang costs one or two, a persistent one is a bug worth reporting.
+constexpr int32_t kMaxMismatches = 8;
+
+RecoveryOptions RecoveryOptionsFrom(const SchedulerOptions& options) {
+  RecoveryOptions r;
+  r.unavailable_timeout = options.worker_unavailable_timeout;
+  r.on_event = options.on_worker_event;
+  return r;
+}
+
+}  // namespace
 
 Scheduler::Scheduler(WorkerApi& draft, WorkerApi& target, const Tokenizer* tokenizer,
                      const SchedulerOptions& options)
-    : draft_(draft), target_(target), tokenizer_(tokenizer), options_(options) {
+    : tokenizer_(tokenizer), options_(options) {
+  const RecoveryOptions recovery = RecoveryOptionsFrom(options);
+  target_ = std::make_unique<SupervisedWorker>(target, recovery);
+  if (&draft != &target) draft_ = std::make_unique<SupervisedWorker>(draft, recovery);
   thread_ = std::thread([this] { Loop(); });
 }
 
@@ -37,6 +55,7 @@ absl::StatusOr<Scheduler::RequestHandle> Scheduler::Submit(GenerationRequest req
   const RequestHandle handle = a->handle;
   waiting_.push_back(std::move(a));
   waiting_count_ = static_cast<int64_t>(waiting_.size());
+  poked_ = true;
   cv_.notify_all();
   return handle;
 }
@@ -45,20 +64,39 @@ void Scheduler::Cancel(RequestHandle handle) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     cancelled_.insert(handle);
+    poked_ = true;
   }
   cv_.notify_all();
 }
 
-void Scheduler::ReleaseOnWorkers(Active& a) {
+void Scheduler::ReleaseOnWorkers(Active& a, bool gone) {
   // A sequence the worker never saw (or lost in a restart) is NOT_FOUND there: nothing to free.
-  if (a.seq.draft_cached > 0 || a.seq.num_speculative_tokens > 0) (void)draft_.Release(a.seq.id);
-  (void)target_.Release(a.seq.id);
+  if (draft_ != nullptr &&
+      (a.seq.draft_cached > 0 || a.seq.num_speculative_tokens > 0 || a.draft_in_doubt)) {
+    ReleaseOn(*draft_, a, gone);
+  }
+  ReleaseOn(*target_, a, gone);
   a.seq.draft_cached = 0;
   a.seq.target_cached = 0;
 }
 
+void Scheduler::ReleaseOn(SupervisedWorker& w, Active& a, bool gone) {
+  bool& in_doubt = &w == target_.get() ? a.target_in_doubt : a.draft_in_doubt;
+  if (w.up() && w.Release(a.seq.id).code() != absl::StatusCode::kUnavailable) {
+    in_doubt = false;
+    return;
+  }
+  // Unreachable: it may still hold the sequence. A live one is resynced before it runs there
+  // again (a cached length of 0 then frees its blocks); a finished one is released later.
+  if (gone) {
+    w.AddOrphan(a.seq.id);
+  } else {
+    in_doubt = true;
+  }
+}
+
 void Scheduler::Finish(Active& a, FinishReason reason, absl::Status error, GenerationEvent event) {
-  ReleaseOnWorkers(a);
+  if (a.text != nullptr) ReleaseOnWorkers(a, /*gone=*/true);
   event.finish = reason;
   event.error = std::move(error);
   event.usage = a.usage;
@@ -130,12 +168,132 @@ bool Scheduler::Commit(Active& a, const RoundStats& stats, const RoundPhaseTimes
   return true;
 }
 
+void Scheduler::StartSequence(Active& a) {
+  a.text = std::make_unique<TextOutput>(tokenizer_, a.request.stop_strings, a.request.prompt);
+  a.seq.id = a.handle;
+  a.seq.tokens = a.request.prompt;
+  a.seq.prompt_len = static_cast<int64_t>(a.request.prompt.size());
+  a.seq.sampling = a.request.sampling;
+  a.seq.seed = a.request.seed;
+  a.seq.num_speculative_tokens = a.request.num_speculative_tokens;
+  a.seq.draft_mode = a.request.draft_mode;
+  a.seq.num_candidates = options_.num_candidates;
+  a.usage.prompt_tokens = a.seq.prompt_len;
+}
+
+std::vector<SupervisedWorker*> Scheduler::workers() {
+  std::vector<SupervisedWorker*> out = {target_.get()};
+  if (draft_ != nullptr) out.push_back(draft_.get());
+  return out;
+}
+
+void Scheduler::RecoverWorkers() {
+  for (SupervisedWorker* w : workers()) {
+    if (w->ProbeIfDue(absl::Now()) != SupervisedWorker::Recovery::kRestarted) continue;
+    // A new process holds nothing: every sequence replays from position 0 there.
+    auto forget = [&](Active& a) {
+      (w == target_.get() ? a.seq.target_cached : a.seq.draft_cached) = 0;
+      (w == target_.get() ? a.target_in_doubt : a.draft_in_doubt) = false;
+    };
+    for (auto& a : running_) forget(*a);
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& a : waiting_) forget(*a);
+  }
+}
+
+bool Scheduler::Resync(Active& a, SupervisedWorker& w) {
+  const bool target = &w == target_.get();
+  int64_t& cached = target ? a.seq.target_cached : a.seq.draft_cached;
+  // Whatever the worker holds up to here is a prefix of x: it was fed from x, and drafts past the
+  // old x were never committed. The last token stays out, as every catch-up re-feeds it.
+  const int64_t keep =
+      std::clamp<int64_t>(cached, 0, static_cast<int64_t>(a.seq.tokens.size()) - 1);
+  absl::StatusOr<TruncateResult> t = w.Truncate(a.seq.id, keep, 0, {});
+  if (t.ok()) {
+    cached = t->cached_len;
+  } else if (t.status().code() == absl::StatusCode::kNotFound) {
+    cached = 0;
+  } else {
+    if (!w.up()) return false;
+    // Anything else: start over there.
+    if (w.Release(a.seq.id).code() == absl::StatusCode::kUnavailable) return false;
+    cached = 0;
+  }
+  (target ? a.target_in_doubt : a.draft_in_doubt) = false;
+  return true;
+}
+
+SupervisedWorker* Scheduler::UnavailableWorkerFor(const Active& a) const {
+  if (!target_->up()) return target_.get();
+  const int32_t k = a.text != nullptr ? EffectiveK(a.seq, options_.max_seq_len)
+                                      : a.request.num_speculative_tokens;
+  if (draft_ != nullptr && k > 0 && !draft_->up()) return draft_.get();
+  return nullptr;
+}
+
+SupervisedWorker* Scheduler::BlockingWorker(Active& a) {
+  // A draft copy in doubt is resynced even when this round does not draft, so that a later
+  // round with K > 0 finds it known. Resync fails only when the worker went down meanwhile.
+  if (draft_ != nullptr && a.draft_in_doubt && draft_->up()) (void)Resync(a, *draft_);
+  if (a.target_in_doubt && target_->up()) (void)Resync(a, *target_);
+  return UnavailableWorkerFor(a);
+}
+
+bool Scheduler::StallExpired(Active& a, absl::Time now) {
+  if (!a.stalled_since.has_value()) a.stalled_since = now;
+  return now - *a.stalled_since >= options_.worker_unavailable_timeout;
+}
+
+bool Scheduler::SurvivesFailedRound(Active& a, absl::Status* error) {
+  if (!IsRecoverable(*error)) return false;
+  // Nothing of the round was committed, and either worker may hold part of it.
+  a.target_in_doubt = true;
+  a.draft_in_doubt = draft_ != nullptr;
+  const absl::StatusCode code = error->code();
+  if (code == absl::StatusCode::kUnavailable || code == absl::StatusCode::kDeadlineExceeded) {
+    SupervisedWorker& w = draft_ != nullptr && !draft_->up() && target_->up() ? *draft_ : *target_;
+    if (!StallExpired(a, absl::Now())) return true;
+    *error = w.UnavailableError();
+    return false;
+  }
+  // The worker does not hold the sequence as believed: it may have restarted between rounds,
+  // and then all of its sequences are gone at once.
+  for (SupervisedWorker* w : workers()) w->SuspectRestart();
+  return ++a.mismatches <= kMaxMismatches;
+}
+
+std::optional<absl::Time> Scheduler::NextWake() const {
+  absl::Time wake = absl::InfiniteFuture();
+  const bool busy = !running_.empty() || waiting_count_.load() > 0;
+  for (const SupervisedWorker* w : {target_.get(), draft_.get()}) {
+    if (w != nullptr && (busy || w->has_orphans())) wake = std::min(wake, w->next_probe());
+  }
+  for (const auto& a : running_) {
+    if (a->stalled_since.has_value()) {
+      wake = std::min(wake, *a->stalled_since + options_.worker_unavailable_timeout);
+    }
+  }
+  if (wake == absl::InfiniteFuture()) return std::nullopt;
+  return wake;
+}
+
 void Scheduler::Loop() {
+  for (SupervisedWorker* w : workers()) w->ProbeNow(absl::Now());  // learns each epoch
   while (true) {
     std::vector<std::unique_ptr<Active>> dropped;
+    // Queued too long for an unavailable worker, and which one.
+    std::vector<std::pair<std::unique_ptr<Active>, SupervisedWorker*>> expired;
     {
       std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [&] { return stopping_ || !waiting_.empty() || !running_.empty(); });
+      if (idle_until_.has_value()) {
+        // Everything waits for an unavailable worker: sleep until its next probe or the first
+        // stall deadline, unless a request arrives or is cancelled.
+        cv_.wait_until(lock, absl::ToChronoTime(*idle_until_), [&] { return stopping_ || poked_; });
+        idle_until_.reset();
+      } else {
+        cv_.wait(lock, [&] { return stopping_ || !waiting_.empty() || !running_.empty(); });
+      }
+      poked_ = false;
       if (stopping_) {
         for (auto& a : waiting_) running_.push_back(std::move(a));
         waiting_.clear();
@@ -155,10 +313,21 @@ void Scheduler::Loop() {
         if (a != nullptr && cancelled_.erase(a->handle) > 0) dropped.push_back(std::move(a));
       }
       running_.erase(std::remove(running_.begin(), running_.end(), nullptr), running_.end());
+      // Queued requests wait for an unavailable worker as running ones do, and as long.
+      const absl::Time now = absl::Now();
+      for (auto it = waiting_.begin(); it != waiting_.end();) {
+        SupervisedWorker* w = UnavailableWorkerFor(**it);
+        if (w != nullptr && StallExpired(**it, now)) {
+          expired.emplace_back(std::move(*it), w);
+          it = waiting_.erase(it);
+        } else {
+          ++it;
+        }
+      }
       // Admission against the workers' free KV as of their latest replies: a request joins only
       // if its tokens so far plus one full round fit in both pools. With nothing running the head
       // is admitted anyway, so one that can never fit gets its error instead of waiting forever.
-      int64_t budget = std::min(draft_.FreeKvTokens(), target_.FreeKvTokens());
+      int64_t budget = std::min(draft().FreeKvTokens(), target_->FreeKvTokens());
       while (!waiting_.empty() && static_cast<int64_t>(running_.size()) < options_.max_running) {
         const Active& next = *waiting_.front();
         const int64_t need =
@@ -175,7 +344,7 @@ void Scheduler::Loop() {
       running_count_ = static_cast<int64_t>(running_.size());
     }
     for (auto& a : dropped) {
-      if (a->text != nullptr) ReleaseOnWorkers(*a);
+      if (a->text != nullptr) ReleaseOnWorkers(*a, /*gone=*/true);
       GenerationEvent event;
       event.error = absl::CancelledError("the request was cancelled");
       event.usage = a->usage;
@@ -188,45 +357,64 @@ void Scheduler::Loop() {
         return;
       }
     }
-    if (running_.empty()) continue;
+    RecoverWorkers();
+    for (auto& [a, w] : expired) {
+      Finish(*a, FinishReason::kNone, w->UnavailableError(), GenerationEvent());
+    }
+
+    // The batch: every running request whose workers are available. The others keep their
+    // place until their worker is back or their stall runs out.
+    std::vector<std::unique_ptr<Active>> still;
+    std::vector<std::unique_ptr<Active>> ready;
+    const absl::Time now = absl::Now();
+    for (auto& a : running_) {
+      if (a->text == nullptr) StartSequence(*a);  // newly admitted
+      if (SupervisedWorker* w = BlockingWorker(*a); w != nullptr) {
+        if (StallExpired(*a, now)) {
+          Finish(*a, FinishReason::kNone, w->UnavailableError(), GenerationEvent());
+        } else {
+          still.push_back(std::move(a));
+        }
+        continue;
+      }
+      ready.push_back(std::move(a));
+    }
+    running_ = std::move(ready);
+    if (running_.empty()) {
+      running_ = std::move(still);
+      running_count_ = static_cast<int64_t>(running_.size());
+      idle_until_ = NextWake();
+      continue;
+    }
 
     std::vector<SpeculativeSequence*> batch;
-    for (auto& a : running_) {
-      if (a->text == nullptr) {  // newly admitted
-        a->text =
-            std::make_unique<TextOutput>(tokenizer_, a->request.stop_strings, a->request.prompt);
-        a->seq.id = a->handle;
-        a->seq.tokens = a->request.prompt;
-        a->seq.prompt_len = static_cast<int64_t>(a->request.prompt.size());
-        a->seq.sampling = a->request.sampling;
-        a->seq.seed = a->request.seed;
-        a->seq.num_speculative_tokens = a->request.num_speculative_tokens;
-        a->seq.draft_mode = a->request.draft_mode;
-        a->seq.num_candidates = options_.num_candidates;
-        a->usage.prompt_tokens = a->seq.prompt_len;
-      }
-      batch.push_back(&a->seq);
-    }
+    for (auto& a : running_) batch.push_back(&a->seq);
     RoundPhaseTimes phase_times;
     const std::vector<RoundStats> stats = RunSpeculationRound(
-        draft_, target_, batch, RoundOptions{options_.max_seq_len, &phase_times});
+        draft(), *target_, batch, RoundOptions{options_.max_seq_len, &phase_times});
     if (options_.on_round) options_.on_round(phase_times);
-    std::vector<std::unique_ptr<Active>> still;
     std::deque<std::unique_ptr<Active>> preempted;
     for (size_t i = 0; i < running_.size(); ++i) {
       Active& a = *running_[i];
       if (stats[i].status.code() == absl::StatusCode::kResourceExhausted) {
         // KV is full: give this sequence's blocks back and replay it later. Its committed tokens
         // and seed make the replay exact (DESIGN.md, "Randomness").
-        ReleaseOnWorkers(a);
+        ReleaseOnWorkers(a, /*gone=*/false);
         ++preemptions_;
         preempted.push_back(std::move(running_[i]));
         continue;
       }
       if (!stats[i].status.ok()) {
-        Finish(a, FinishReason::kNone, stats[i].status, GenerationEvent());
+        absl::Status error = stats[i].status;
+        if (SurvivesFailedRound(a, &error)) {
+          still.push_back(std::move(running_[i]));
+        } else {
+          Finish(a, FinishReason::kNone, std::move(error), GenerationEvent());
+        }
         continue;
       }
+      a.stalled_since.reset();
+      a.mismatches = 0;
       if (!Commit(a, stats[i], phase_times)) still.push_back(std::move(running_[i]));
     }
     running_ = std::move(still);

@@ -1,7 +1,9 @@
 // The coordinator's scheduler: the single owner of every request (TGI's router queue is the
 // model). RPC handlers only Submit and Cancel; one thread admits waiting requests between rounds
 // (continuous batching), runs speculation rounds over the running batch, applies stop conditions,
-// streams events and releases finished sequences on both workers.
+// streams events and releases finished sequences on both workers. A worker that crashes, restarts
+// or hangs costs no request: its sequences wait (up to worker_unavailable_timeout) and replay
+// their committed tokens once it answers again (worker_recovery.h).
 #ifndef SPECD_SERVICES_COORDINATOR_SCHEDULER_H_
 #define SPECD_SERVICES_COORDINATOR_SCHEDULER_H_
 
@@ -25,6 +27,7 @@
 #include "common/tokenizer/tokenizer.h"
 #include "services/coordinator/speculation_round.h"
 #include "services/coordinator/text_output.h"
+#include "services/coordinator/worker_recovery.h"
 
 namespace specd {
 
@@ -79,6 +82,11 @@ struct SchedulerOptions {
   // Called on the scheduler thread after every round with its phase times (metrics); may be
   // empty. Must not block.
   std::function<void(const RoundPhaseTimes&)> on_round;
+  // How long a request, running or queued, may wait without progress for an unavailable
+  // (crashed, restarting or hung) worker before it fails with UNAVAILABLE naming the worker.
+  absl::Duration worker_unavailable_timeout = absl::Seconds(30);
+  // Told, in one line each, when a worker becomes unavailable and when it is back; may be empty.
+  std::function<void(const std::string&)> on_worker_event;
 };
 
 class Scheduler {
@@ -87,6 +95,7 @@ class Scheduler {
   using RequestHandle = uint64_t;
 
   // `tokenizer` may be null (then text is empty). The workers and tokenizer must outlive it.
+  // `draft` may be the same object as `target` when there is no draft worker (K = 0 only).
   Scheduler(WorkerApi& draft, WorkerApi& target, const Tokenizer* tokenizer,
             const SchedulerOptions& options);
   ~Scheduler();  // stops the thread; pending requests get CANCELLED
@@ -112,16 +121,49 @@ class Scheduler {
     SpeculativeSequence seq;
     std::unique_ptr<TextOutput> text;
     GenerationUsage usage;
+    // The worker's copy of the sequence is in doubt after a failed call: resynced before the
+    // sequence runs there again.
+    bool draft_in_doubt = false;
+    bool target_in_doubt = false;
+    // Since when the request has been unable to progress because a worker is unavailable;
+    // cleared by its next committed round.
+    std::optional<absl::Time> stalled_since;
+    int32_t mismatches = 0;  // cache mismatches since the last committed round
   };
 
   void Loop();
+  // A newly admitted request's sequence: its prompt is the first catch-up on both workers.
+  void StartSequence(Active& a);
   // Applies one round's tokens to `a`; returns true when the request finished.
   bool Commit(Active& a, const RoundStats& stats, const RoundPhaseTimes& times);
   void Finish(Active& a, FinishReason reason, absl::Status error, GenerationEvent event);
-  void ReleaseOnWorkers(Active& a);
+  // `gone`: the request is over, so a worker that cannot be reached now is asked again later.
+  void ReleaseOnWorkers(Active& a, bool gone);
+  void ReleaseOn(SupervisedWorker& w, Active& a, bool gone);
 
-  WorkerApi& draft_;
-  WorkerApi& target_;
+  // Recovery from unavailable workers (worker_recovery.h).
+  SupervisedWorker& draft() { return draft_ != nullptr ? *draft_ : *target_; }
+  std::vector<SupervisedWorker*> workers();
+  // Probes unavailable workers that are due; a restarted one holds nothing any more.
+  void RecoverWorkers();
+  // The unavailable worker that `a`'s next round needs, or null.
+  SupervisedWorker* UnavailableWorkerFor(const Active& a) const;
+  // The same, after resyncing `a` on the workers where its copy is in doubt.
+  SupervisedWorker* BlockingWorker(Active& a);
+  // Makes `a`'s copy on `w` known again; false when `w` cannot be reached.
+  bool Resync(Active& a, SupervisedWorker& w);
+  // Starts or continues `a`'s stall on `w`; true once it has lasted the allowed time.
+  bool StallExpired(Active& a, absl::Time now);
+  // After a failed round: true when the request stays and replays, false when it fails with
+  // `*error` (possibly rewritten to name an unavailable worker).
+  bool SurvivesFailedRound(Active& a, absl::Status* error);
+  // When to look again while every request waits for an unavailable worker (nullopt: only when
+  // a request arrives).
+  std::optional<absl::Time> NextWake() const;
+
+  // target_ is always set; draft_ is null when the draft is the target itself.
+  std::unique_ptr<SupervisedWorker> target_;
+  std::unique_ptr<SupervisedWorker> draft_;
   const Tokenizer* tokenizer_;
   SchedulerOptions options_;
 
@@ -131,8 +173,10 @@ class Scheduler {
   absl::flat_hash_set<RequestHandle> cancelled_;  // guarded by mu_
   bool stopping_ = false;                         // guarded by mu_
   RequestHandle next_handle_ = 1;                 // guarded by mu_
+  bool poked_ = false;  // guarded by mu_: a request arrived or was cancelled
 
   std::vector<std::unique_ptr<Active>> running_;  // scheduler thread only
+  std::optional<absl::Time> idle_until_;          // scheduler thread only
   std::atomic<int64_t> running_count_{0};
   std::atomic<int64_t> waiting_count_{0};
   std::atomic<int64_t> preemptions_{0};

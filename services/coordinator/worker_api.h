@@ -8,14 +8,22 @@
 #include <functional>
 #include <memory>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "common/worker/worker_runtime.h"
 #include "services/coordinator/accept_reject.h"
 
 namespace specd {
+
+// What a liveness probe learns about a worker.
+struct WorkerProbe {
+  // Changes every time the worker process starts: a new epoch means its caches are gone.
+  uint64_t epoch = 0;
+};
 
 class WorkerApi {
  public:
@@ -40,6 +48,13 @@ class WorkerApi {
   // Free KV capacity in tokens as of the worker's latest reply; the scheduler admits new requests
   // against it (and preempts if a round still runs out).
   virtual int64_t FreeKvTokens() const = 0;
+
+  // A cheap liveness check bounded by `timeout` (the scheduler probes a worker that failed a
+  // call before it sends it work again). An in-process worker is always up and never restarts.
+  virtual absl::StatusOr<WorkerProbe> Probe(absl::Duration /*timeout*/) { return WorkerProbe(); }
+
+  // How errors name this worker, e.g. "target worker at 127.0.0.1:7002".
+  virtual std::string Name() const { return "in-process worker"; }
 };
 
 // A worker in this process (tests, and a future single-process mode).

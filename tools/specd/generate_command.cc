@@ -79,11 +79,11 @@ int RunClient(const Args& args) {
     req.mutable_speculation()->set_draft_sampling(v1::DRAFT_SAMPLING_GREEDY);
   }
   if (args.Has("prompt")) std::cout << args.Get("prompt") << std::flush;
-  return RemoteGenerate(args.Get("server"), req, *timeout);
+  return RemoteGenerate(args.Get("server"), ClientSecurityFromArgs(args), req, *timeout);
 }
 
 int RunGenerate(const std::vector<std::string>& argv) {
-  const std::vector<Args::Flag> flags = {
+  std::vector<Args::Flag> flags = {
       {"server", "address of a running `specd serve` (client mode)"},
       {"model", "model directory (Hugging Face format), for in-process generation"},
       {"k", "client mode: num_speculative_tokens (default: the server's)"},
@@ -103,6 +103,10 @@ int RunGenerate(const std::vector<std::string>& argv) {
       {"exit-layer", "run only the first L layers (early-exit draft)", "0"},
       {"ignore-eos", "do not stop at the model's EOS tokens", "", true},
   };
+  for (Args::Flag& f : ClientSecurityFlags(/*with_token=*/true)) {
+    f.help = "client mode: " + f.help;
+    flags.push_back(std::move(f));
+  }
   int exit_code = 0;
   std::optional<Args> args = ParseOrExit("generate", kSummary, argv, flags, &exit_code);
   if (!args) return exit_code;

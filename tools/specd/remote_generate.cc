@@ -2,18 +2,52 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <iostream>
 
-#include "grpcpp/grpcpp.h"
+#include "services/common/tls.h"
 #include "specd/v1/generation.grpc.pb.h"
 
 namespace specd::cli {
 
-int RemoteGenerate(const std::string& server, const v1::GenerateRequest& request,
-                   double timeout_seconds) {
-  auto channel = grpc::CreateChannel(server, grpc::InsecureChannelCredentials());
-  auto stub = v1::Generation::NewStub(channel);
+std::vector<Args::Flag> ClientSecurityFlags(bool with_token) {
+  std::vector<Args::Flag> flags = {
+      {"tls-ca", "PEM file of the CA certificates to trust: connect over TLS (default: plaintext)",
+       ""},
+  };
+  if (with_token) {
+    flags.push_back(
+        {"token", "bearer token for a server that requires one (default: $SPECD_TOKEN)", ""});
+  }
+  return flags;
+}
+
+ClientSecurity ClientSecurityFromArgs(const Args& args) {
+  ClientSecurity security;
+  security.tls_ca_file = args.Get("tls-ca");
+  if (args.Has("token")) {
+    security.token = args.Get("token");
+  } else if (const char* env = std::getenv("SPECD_TOKEN"); env != nullptr) {
+    security.token = env;
+  }
+  return security;
+}
+
+absl::StatusOr<std::shared_ptr<grpc::Channel>> OpenChannel(const std::string& server,
+                                                           const ClientSecurity& security) {
+  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
+      ClientChannelCredentials(security.tls_ca_file);
+  if (!credentials.ok()) return credentials.status();
+  return grpc::CreateChannel(server, *credentials);
+}
+
+int RemoteGenerate(const std::string& server, const ClientSecurity& security,
+                   const v1::GenerateRequest& request, double timeout_seconds) {
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel = OpenChannel(server, security);
+  if (!channel.ok()) return ReportError("generate", channel.status());
+  auto stub = v1::Generation::NewStub(*channel);
   grpc::ClientContext ctx;
+  if (!security.token.empty()) ctx.AddMetadata("authorization", "Bearer " + security.token);
   ctx.set_wait_for_ready(true);  // the server may still be loading its workers
   ctx.set_deadline(std::chrono::system_clock::now() +
                    std::chrono::milliseconds(static_cast<int64_t>(timeout_seconds * 1000)));

@@ -1,17 +1,40 @@
-// The client half of `specd generate --server ADDR`: one streamed Generate call.
+// The client half of `specd generate --server ADDR`: one streamed Generate call, over TLS and with
+// a bearer token when the server asks for them.
 #ifndef SPECD_TOOLS_SPECD_REMOTE_GENERATE_H_
 #define SPECD_TOOLS_SPECD_REMOTE_GENERATE_H_
 
+#include <memory>
 #include <string>
+#include <vector>
 
+#include "absl/status/statusor.h"
+#include "grpcpp/grpcpp.h"
 #include "specd/v1/generation.pb.h"
+#include "tools/specd/command.h"
 
 namespace specd::cli {
 
+// How the CLI reaches a secured server.
+struct ClientSecurity {
+  std::string tls_ca_file;  // TLS trusting these CA certificates; empty = plaintext
+  std::string token;        // sent as "authorization: Bearer <token>"; empty = none
+};
+
+// --tls-ca, and --token when `with_token` (health is unauthenticated, so it needs no token).
+std::vector<Args::Flag> ClientSecurityFlags(bool with_token);
+
+// From the flags above; the token falls back to $SPECD_TOKEN, which keeps it out of `ps`.
+ClientSecurity ClientSecurityFromArgs(const Args& args);
+
+// A channel to `server` with TLS when `security` has a CA file; INVALID_ARGUMENT or NOT_FOUND
+// naming --tls-ca when that file is not a readable PEM certificate.
+absl::StatusOr<std::shared_ptr<grpc::Channel>> OpenChannel(const std::string& server,
+                                                           const ClientSecurity& security);
+
 // Streams the text to stdout and a summary (acceptance rate, tokens/s) to stderr. Returns the
 // process exit code.
-int RemoteGenerate(const std::string& server, const v1::GenerateRequest& request,
-                   double timeout_seconds);
+int RemoteGenerate(const std::string& server, const ClientSecurity& security,
+                   const v1::GenerateRequest& request, double timeout_seconds);
 
 }  // namespace specd::cli
 

@@ -1,20 +1,30 @@
 // `specd serve`: starts the target worker, the draft worker and the coordinator on loopback,
-// waits until they serve, prints the public address, and stops all three on Ctrl-C or SIGTERM.
+// waits until they serve, prints the public address, and supervises them. A child that exits
+// unexpectedly is restarted on the address it had, with exponential backoff: the coordinator knows
+// its workers by address and replays their sequences, so a worker crash costs no request.
+// Ctrl-C or SIGTERM stops all three.
 #include <fcntl.h>
+#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <cstdio>
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "tools/specd/command.h"
 #include "tools/specd/health_check.h"
 
@@ -26,14 +36,30 @@ namespace {
 constexpr char kSummary[] =
     "Serve a model with speculative decoding: a target worker, a draft worker and the\n"
     "coordinator, on loopback. Prints `listening on HOST:PORT` when ready, as each service does.\n"
+    "A child that exits unexpectedly is restarted on the same address (backoff 0.5 s doubling\n"
+    "to 10 s); stderr gets one line per restart and one `NAME pid N on ADDR` line per start.\n"
     "  specd serve --target DIR --draft DIR\n"
     "  specd serve --target DIR --draft-exit-layer 2";
 
-// A child process whose stdout we read line by line until it says where it listens.
+constexpr absl::Duration kFirstBackoff = absl::Milliseconds(500);
+constexpr absl::Duration kMaxBackoff = absl::Seconds(10);
+// A child that stayed up this long counts as healthy again: its next crash restarts it quickly.
+constexpr absl::Duration kStableAfter = absl::Seconds(30);
+
+// A supervised child process.
 struct Child {
-  std::string name;
+  std::string name;      // "target worker"
+  std::string pid_file;  // "target-worker.pid", under --pid-dir
+  std::filesystem::path binary;
+  std::vector<std::string> args;  // all but --listen and --metrics-port
+  // What to ask for; after the first start, what it got, so that a restart keeps its addresses.
+  std::string listen;
+  std::string metrics_port;  // "-1" = off
   pid_t pid = -1;
-  FILE* out = nullptr;
+  int out_fd = -1;  // its stdout, read until it says where it listens
+  absl::Time started;
+  absl::Duration backoff = kFirstBackoff;
+  std::optional<absl::Time> restart_at;
 };
 
 std::filesystem::path FindBinary(const std::string& name, const std::string& bin_dir) {
@@ -55,14 +81,13 @@ std::filesystem::path FindBinary(const std::string& name, const std::string& bin
   return name;  // let PATH decide
 }
 
-absl::StatusOr<Child> Spawn(const std::string& name, const std::filesystem::path& binary,
-                            const std::vector<std::string>& args) {
+absl::Status Spawn(Child& child) {
   int pipefd[2];
-  if (pipe(pipefd) != 0) return absl::InternalError("pipe() failed");
+  // Close-on-exec, so no other child inherits this one's pipe (dup2 clears it on stdout).
+  if (pipe2(pipefd, O_CLOEXEC) != 0) return absl::InternalError("pipe2() failed");
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
   posix_spawn_file_actions_adddup2(&actions, pipefd[1], STDOUT_FILENO);
-  posix_spawn_file_actions_addclose(&actions, pipefd[0]);
   posix_spawnattr_t attr;
   posix_spawnattr_init(&attr);
   // The children must see SIGTERM/SIGINT even though this process blocks them.
@@ -70,42 +95,106 @@ absl::StatusOr<Child> Spawn(const std::string& name, const std::filesystem::path
   sigemptyset(&none);
   posix_spawnattr_setsigmask(&attr, &none);
   posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK);
-  std::vector<std::string> argv_s = {binary.string()};
-  argv_s.insert(argv_s.end(), args.begin(), args.end());
+  std::vector<std::string> argv_s = {child.binary.string(), "--listen", child.listen,
+                                     "--metrics-port", child.metrics_port};
+  argv_s.insert(argv_s.end(), child.args.begin(), child.args.end());
   std::vector<char*> argv;
   for (std::string& a : argv_s) argv.push_back(a.data());
   argv.push_back(nullptr);
-  Child child;
-  child.name = name;
-  const int rc = posix_spawnp(&child.pid, binary.c_str(), &actions, &attr, argv.data(), environ);
+  const int rc =
+      posix_spawnp(&child.pid, child.binary.c_str(), &actions, &attr, argv.data(), environ);
   posix_spawn_file_actions_destroy(&actions);
   posix_spawnattr_destroy(&attr);
   close(pipefd[1]);
   if (rc != 0) {
     close(pipefd[0]);
+    child.pid = -1;
     return absl::NotFoundError(
-        absl::StrCat("cannot start ", binary.string(), ": ", std::strerror(rc)));
+        absl::StrCat("cannot start ", child.binary.string(), ": ", std::strerror(rc)));
   }
-  child.out = fdopen(pipefd[0], "r");
-  return child;
+  child.out_fd = pipefd[0];
+  child.started = absl::Now();
+  return absl::OkStatus();
 }
 
-// Reads the child's stdout until "listening on ADDR"; the child's stderr (load progress) goes
-// straight to ours.
-absl::StatusOr<std::string> WaitForAddress(Child& child) {
-  char line[512];
-  while (std::fgets(line, sizeof line, child.out) != nullptr) {
-    std::string s(line);
-    while (!s.empty() && (s.back() == '\n' || s.back() == '\r')) s.pop_back();
-    if (absl::StartsWith(s, "listening on ")) return s.substr(13);
+std::string DescribeExit(int status) {
+  if (WIFEXITED(status)) return absl::StrCat("exited with code ", WEXITSTATUS(status));
+  if (WIFSIGNALED(status)) {
+    return absl::StrCat("was killed by signal ", WTERMSIG(status), " (",
+                        strsignal(WTERMSIG(status)), ")");
+  }
+  return "stopped";
+}
+
+bool StopRequested(const sigset_t& stop_signals) {
+  sigset_t pending;
+  sigpending(&pending);
+  return (sigismember(&stop_signals, SIGTERM) && sigismember(&pending, SIGTERM)) ||
+         (sigismember(&stop_signals, SIGINT) && sigismember(&pending, SIGINT));
+}
+
+// Reads the child's stdout until "listening on ADDR" (after "metrics on HOST:PORT" when metrics
+// are on) and remembers both addresses; the child's stderr (load progress) goes straight to ours.
+// CANCELLED when a stop signal arrives first (it stays pending for the caller).
+absl::Status WaitForAddress(Child& child, const sigset_t& stop_signals) {
+  std::string buffer;
+  while (true) {
+    size_t eol;
+    while ((eol = buffer.find('\n')) != std::string::npos) {
+      std::string line = buffer.substr(0, eol);
+      buffer.erase(0, eol + 1);
+      if (!line.empty() && line.back() == '\r') line.pop_back();
+      if (absl::StartsWith(line, "metrics on ")) {
+        child.metrics_port = line.substr(line.rfind(':') + 1);
+      } else if (absl::StartsWith(line, "listening on ")) {
+        child.listen = line.substr(13);
+        return absl::OkStatus();
+      }
+    }
+    pollfd p{child.out_fd, POLLIN, 0};
+    if (poll(&p, 1, 200) == 0) {
+      if (StopRequested(stop_signals)) {
+        return absl::CancelledError(absl::StrCat("stopped while the ", child.name, " started"));
+      }
+      continue;
+    }
+    char chunk[512];
+    const ssize_t n = read(child.out_fd, chunk, sizeof chunk);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    buffer.append(chunk, static_cast<size_t>(n));
   }
   int status = 0;
   waitpid(child.pid, &status, 0);
   child.pid = -1;
-  return absl::UnavailableError(absl::StrCat(
-      child.name, " exited before serving (",
-      WIFEXITED(status) ? absl::StrCat("exit code ", WEXITSTATUS(status)) : std::string("killed"),
-      ")"));
+  close(child.out_fd);
+  child.out_fd = -1;
+  return absl::UnavailableError(
+      absl::StrCat("the ", child.name, " ", DescribeExit(status), " before serving"));
+}
+
+void WritePidFile(const Child& child, const std::string& pid_dir) {
+  if (pid_dir.empty()) return;
+  const std::filesystem::path path = std::filesystem::path(pid_dir) / child.pid_file;
+  const std::filesystem::path tmp = path.string() + ".tmp";
+  {
+    std::ofstream out(tmp);
+    out << child.pid << "\n";
+  }
+  // Renamed into place so a reader never sees a half-written pid.
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  if (ec)
+    std::cerr << "specd serve: cannot write " << path.string() << ": " << ec.message() << "\n";
+}
+
+absl::Status Start(Child& child, const sigset_t& stop_signals, const std::string& pid_dir) {
+  if (absl::Status st = Spawn(child); !st.ok()) return st;
+  if (absl::Status st = WaitForAddress(child, stop_signals); !st.ok()) return st;
+  WritePidFile(child, pid_dir);
+  std::cerr << "specd serve: " << child.name << " pid " << child.pid << " on " << child.listen
+            << std::endl;
+  return absl::OkStatus();
 }
 
 // SIGTERM to every child (coordinator first), then SIGKILL to any still running after 15 s: a
@@ -122,9 +211,66 @@ void StopAll(std::vector<Child>& children) {
     if (it->pid > 0) {
       kill(it->pid, SIGKILL);
       waitpid(it->pid, nullptr, 0);
+      it->pid = -1;
     }
-    if (it->out != nullptr) fclose(it->out);
+    if (it->out_fd >= 0) close(it->out_fd);
+    it->out_fd = -1;
   }
+}
+
+void ScheduleRestart(Child& child, absl::Time now) {
+  if (now - child.started >= kStableAfter) child.backoff = kFirstBackoff;
+  child.restart_at = now + child.backoff;
+  std::cerr << "specd serve: restarting the " << child.name << " in "
+            << absl::FormatDuration(child.backoff) << std::endl;
+  child.backoff = std::min(child.backoff * 2, kMaxBackoff);
+}
+
+// Collects every child that exited and schedules its restart.
+void ReapExited(std::vector<Child>& children) {
+  for (Child& c : children) {
+    int status = 0;
+    if (c.pid <= 0 || waitpid(c.pid, &status, WNOHANG) != c.pid) continue;
+    std::cerr << "specd serve: the " << c.name << " (pid " << c.pid << ") " << DescribeExit(status)
+              << std::endl;
+    c.pid = -1;
+    if (c.out_fd >= 0) close(c.out_fd);
+    c.out_fd = -1;
+    ScheduleRestart(c, absl::Now());
+  }
+}
+
+// Restarts the children that are due. A stop signal during a start leaves the rest alone; it is
+// still pending, so the caller sees it next.
+void RestartDue(std::vector<Child>& children, const sigset_t& stop_signals,
+                const std::string& pid_dir) {
+  for (Child& c : children) {
+    if (!c.restart_at.has_value() || *c.restart_at > absl::Now()) continue;
+    c.restart_at.reset();
+    const absl::Status st = Start(c, stop_signals, pid_dir);
+    if (st.code() == absl::StatusCode::kCancelled) return;
+    if (!st.ok()) {
+      std::cerr << "specd serve: " << st.message() << std::endl;
+      ScheduleRestart(c, absl::Now());
+    }
+  }
+}
+
+// Waits for a stop signal, a child's exit or the next restart; returns the signal (0 when a
+// restart is due).
+int WaitForEvent(const std::vector<Child>& children, const sigset_t& signals) {
+  std::optional<absl::Time> next;
+  for (const Child& c : children) {
+    if (c.restart_at.has_value()) next = std::min(next.value_or(*c.restart_at), *c.restart_at);
+  }
+  if (!next.has_value()) {
+    int sig = 0;
+    sigwait(&signals, &sig);
+    return sig;
+  }
+  const timespec wait = absl::ToTimespec(std::max(*next - absl::Now(), absl::ZeroDuration()));
+  const int sig = sigtimedwait(&signals, nullptr, &wait);
+  return sig > 0 ? sig : 0;
 }
 
 int RunServe(const std::vector<std::string>& argv) {
@@ -137,8 +283,15 @@ int RunServe(const std::vector<std::string>& argv) {
       {"kv-tokens", "KV cache capacity per worker, in tokens", "16384"},
       {"default-k", "num_speculative_tokens when a request does not say", "4"},
       {"max-running", "sequences in the running batch", "32"},
+      {"worker-call-timeout-seconds",
+       "deadline of each coordinator call to a worker (a hung worker is detected after it)", "30"},
+      {"worker-unavailable-seconds",
+       "how long requests wait for a crashed or hung worker before failing with UNAVAILABLE", "30"},
       {"metrics", "serve Prometheus /metrics on the coordinator and workers (free ports)", "",
        true},
+      {"pid-dir",
+       "write each child's pid to DIR/{target-worker,draft-worker,coordinator}.pid, rewritten "
+       "on every restart (for scripts that signal them)"},
       {"bin-dir", "directory of the specd-* service binaries (default: found next to specd)"},
   };
   int exit_code = 0;
@@ -148,98 +301,102 @@ int RunServe(const std::vector<std::string>& argv) {
     return ReportError(
         "serve", absl::InvalidArgumentError("give either --draft or --draft-exit-layer, not both"));
   }
-  // This thread waits for the stop signals; children get an empty mask (see Spawn).
-  sigset_t stop_signals;
-  sigemptyset(&stop_signals);
-  sigaddset(&stop_signals, SIGTERM);
-  sigaddset(&stop_signals, SIGINT);
-  sigaddset(&stop_signals, SIGCHLD);
-  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  const std::string pid_dir = args->Get("pid-dir");
+  if (!pid_dir.empty() && !std::filesystem::is_directory(pid_dir)) {
+    return ReportError("serve", absl::InvalidArgumentError(
+                                    absl::StrCat("--pid-dir: ", pid_dir, " is not a directory")));
+  }
+  // This thread waits for the stop signals and the children's exits; children get an empty
+  // mask (see Spawn).
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGCHLD);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
   const std::string bin_dir = args->Get("bin-dir");
   const std::string metrics = args->GetBool("metrics") ? "0" : "-1";
-  std::vector<std::string> common = {"--threads",      args->Get("threads"),
-                                     "--kv-tokens",    args->Get("kv-tokens"),
-                                     "--metrics-port", metrics};
+  const std::vector<std::string> common = {"--threads", args->Get("threads"), "--kv-tokens",
+                                           args->Get("kv-tokens")};
   std::vector<Child> children;
+  children.reserve(3);  // Child references below stay valid
   auto fail = [&](const absl::Status& st) {
     StopAll(children);
+    if (st.code() == absl::StatusCode::kCancelled) {  // Ctrl-C while starting
+      std::cerr << "specd serve: stopping" << std::endl;
+      return 0;
+    }
     return ReportError("serve", st);
   };
-  std::vector<std::string> target_args = {"--model", args->Get("target")};
-  target_args.insert(target_args.end(), common.begin(), common.end());
-  absl::StatusOr<Child> target =
-      Spawn("target worker", FindBinary("specd-target-worker", bin_dir), target_args);
-  if (!target.ok()) return fail(target.status());
-  children.push_back(*target);
-  absl::StatusOr<std::string> target_addr = WaitForAddress(children.back());
-  if (!target_addr.ok()) return fail(target_addr.status());
+
+  Child& target = children.emplace_back();
+  target.name = "target worker";
+  target.pid_file = "target-worker.pid";
+  target.binary = FindBinary("specd-target-worker", bin_dir);
+  target.args = {"--model", args->Get("target")};
+  target.args.insert(target.args.end(), common.begin(), common.end());
+  target.listen = "127.0.0.1:0";
+  target.metrics_port = metrics;
+  if (absl::Status st = Start(target, signals, pid_dir); !st.ok()) return fail(st);
 
   std::string draft_addr;
   if (args->Has("draft") || args->Has("draft-exit-layer")) {
-    std::vector<std::string> draft_args = {
-        "--model", args->Has("draft") ? args->Get("draft") : args->Get("target")};
+    Child& draft = children.emplace_back();
+    draft.name = "draft worker";
+    draft.pid_file = "draft-worker.pid";
+    draft.binary = FindBinary("specd-draft-worker", bin_dir);
+    draft.args = {"--model", args->Has("draft") ? args->Get("draft") : args->Get("target")};
     if (args->Has("draft-exit-layer")) {
-      draft_args.insert(draft_args.end(), {"--exit-layer", args->Get("draft-exit-layer")});
+      draft.args.insert(draft.args.end(), {"--exit-layer", args->Get("draft-exit-layer")});
     }
-    draft_args.insert(draft_args.end(), common.begin(), common.end());
-    absl::StatusOr<Child> draft =
-        Spawn("draft worker", FindBinary("specd-draft-worker", bin_dir), draft_args);
-    if (!draft.ok()) return fail(draft.status());
-    children.push_back(*draft);
-    absl::StatusOr<std::string> addr = WaitForAddress(children.back());
-    if (!addr.ok()) return fail(addr.status());
-    draft_addr = *addr;
+    draft.args.insert(draft.args.end(), common.begin(), common.end());
+    draft.listen = "127.0.0.1:0";
+    draft.metrics_port = metrics;
+    if (absl::Status st = Start(draft, signals, pid_dir); !st.ok()) return fail(st);
+    draft_addr = draft.listen;
   }
 
-  std::vector<std::string> coord_args = {"--listen",       args->Get("listen"),
-                                         "--target",       *target_addr,
-                                         "--default-k",    args->Get("default-k"),
-                                         "--max-running",  args->Get("max-running"),
-                                         "--metrics-port", metrics};
-  if (!draft_addr.empty()) coord_args.insert(coord_args.end(), {"--draft", draft_addr});
-  absl::StatusOr<Child> coord =
-      Spawn("coordinator", FindBinary("specd-coordinator", bin_dir), coord_args);
-  if (!coord.ok()) return fail(coord.status());
-  children.push_back(*coord);
-  absl::StatusOr<std::string> public_addr = WaitForAddress(children.back());
-  if (!public_addr.ok()) return fail(public_addr.status());
+  Child& coord = children.emplace_back();
+  coord.name = "coordinator";
+  coord.pid_file = "coordinator.pid";
+  coord.binary = FindBinary("specd-coordinator", bin_dir);
+  coord.args = {"--target",
+                children.front().listen,
+                "--default-k",
+                args->Get("default-k"),
+                "--max-running",
+                args->Get("max-running"),
+                "--worker-call-timeout-seconds",
+                args->Get("worker-call-timeout-seconds"),
+                "--worker-unavailable-seconds",
+                args->Get("worker-unavailable-seconds")};
+  if (!draft_addr.empty()) coord.args.insert(coord.args.end(), {"--draft", draft_addr});
+  coord.listen = args->Get("listen");
+  coord.metrics_port = metrics;
+  if (absl::Status st = Start(coord, signals, pid_dir); !st.ok()) return fail(st);
   // The coordinator listens before it has checked its workers; announce the address only once
   // its health says SERVING, so a client that connects right away is served.
   bool serving = false;
   for (int i = 0; i < 1200 && !serving; ++i) {
-    absl::StatusOr<bool> s = IsServing(*public_addr, "", 1.0);
+    absl::StatusOr<bool> s = IsServing(coord.listen, "", 1.0);
     serving = s.ok() && *s;
     if (!serving) usleep(100 * 1000);
-    int status = 0;
-    if (waitpid(children.back().pid, &status, WNOHANG) == children.back().pid) {
-      children.back().pid = -1;
+    if (waitpid(coord.pid, nullptr, WNOHANG) == coord.pid) {
+      coord.pid = -1;
       return fail(absl::UnavailableError("the coordinator exited before serving"));
     }
   }
   if (!serving) {
     return fail(absl::DeadlineExceededError("the coordinator did not become SERVING in 120 s"));
   }
-  std::cout << "listening on " << *public_addr << std::endl;
+  std::cout << "listening on " << coord.listen << std::endl;
 
-  int sig = 0;
   while (true) {
-    sigwait(&stop_signals, &sig);
-    if (sig != SIGCHLD) break;
-    // A child died: stop the others rather than serve half a system.
-    bool died = false;
-    for (Child& c : children) {
-      int status = 0;
-      if (c.pid > 0 && waitpid(c.pid, &status, WNOHANG) == c.pid) {
-        std::cerr << "specd serve: the " << c.name << " exited; stopping" << std::endl;
-        c.pid = -1;
-        died = true;
-      }
-    }
-    if (died) {
-      StopAll(children);
-      return 1;
-    }
+    const int sig = WaitForEvent(children, signals);
+    if (sig == SIGTERM || sig == SIGINT) break;
+    ReapExited(children);
+    RestartDue(children, signals, pid_dir);
   }
   std::cerr << "specd serve: stopping" << std::endl;
   StopAll(children);

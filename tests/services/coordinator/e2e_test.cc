@@ -60,7 +60,8 @@ class Service {
     s->draft = *std::move(draft);
     auto coord = ChildProcess::Start(testing::BuiltBinary("services/coordinator/specd-coordinator"),
                                      {"--listen", "127.0.0.1:0", "--target", s->target->address(),
-                                      "--draft", s->draft->address(), "--max-running", "16"});
+                                      "--draft", s->draft->address(), "--max-running", "16",
+                                      "--worker-unavailable-seconds", "2"});
     EXPECT_TRUE(coord.ok()) << coord.status();
     if (!coord.ok()) return nullptr;
     s->coordinator = *std::move(coord);

@@ -1,0 +1,136 @@
+#include "services/coordinator/worker_recovery.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+
+namespace specd {
+
+bool IsRecoverable(const absl::Status& status) {
+  switch (status.code()) {
+    case absl::StatusCode::kUnavailable:
+    case absl::StatusCode::kDeadlineExceeded:
+    case absl::StatusCode::kNotFound:
+    case absl::StatusCode::kFailedPrecondition:
+      return true;
+    default:
+      return false;
+  }
+}
+
+SupervisedWorker::SupervisedWorker(WorkerApi& inner, const RecoveryOptions& options)
+    : inner_(inner), options_(options), name_(inner.Name()), backoff_(options.min_backoff) {}
+
+void SupervisedWorker::Log(const std::string& line) const {
+  if (options_.on_event) options_.on_event(line);
+}
+
+void SupervisedWorker::MarkDown(const absl::Status& status) {
+  last_error_ = status;
+  if (down_) return;
+  down_ = true;
+  backoff_ = options_.min_backoff;
+  // A crashed worker may be back already; a hung one has just used up a whole call deadline.
+  next_probe_ = absl::Now();
+  Log(absl::StrCat(UnavailableError().message(), "; its requests wait up to ",
+                   absl::FormatDuration(options_.unavailable_timeout), " for it"));
+}
+
+absl::Status SupervisedWorker::Observe(const absl::Status& status) {
+  if (status.code() == absl::StatusCode::kUnavailable) MarkDown(status);
+  return status;
+}
+
+absl::StatusOr<std::vector<SequenceOutcome>> SupervisedWorker::Draft(
+    std::span<const DraftSequenceRequest> batch,
+    const std::function<void(const DraftStep&)>& on_step) {
+  absl::StatusOr<std::vector<SequenceOutcome>> out = inner_.Draft(batch, on_step);
+  if (!out.ok()) return Observe(out.status());
+  return out;
+}
+
+absl::StatusOr<std::vector<VerifySequenceResult>> SupervisedWorker::Verify(
+    std::span<const VerifySequenceRequest> batch) {
+  absl::StatusOr<std::vector<VerifySequenceResult>> out = inner_.Verify(batch);
+  if (!out.ok()) return Observe(out.status());
+  return out;
+}
+
+absl::StatusOr<TruncateResult> SupervisedWorker::Truncate(KvPool::SeqId seq, int64_t new_len,
+                                                          int32_t query_step,
+                                                          std::span<const int32_t> query_tokens) {
+  absl::StatusOr<TruncateResult> out = inner_.Truncate(seq, new_len, query_step, query_tokens);
+  if (!out.ok()) return Observe(out.status());
+  return out;
+}
+
+absl::StatusOr<ProbRow> SupervisedWorker::ReadRow(KvPool::SeqId seq, int32_t step) {
+  absl::StatusOr<ProbRow> out = inner_.ReadRow(seq, step);
+  if (!out.ok()) return Observe(out.status());
+  return out;
+}
+
+absl::Status SupervisedWorker::Release(KvPool::SeqId seq) { return Observe(inner_.Release(seq)); }
+
+absl::StatusOr<WorkerProbe> SupervisedWorker::Probe(absl::Duration timeout) {
+  return inner_.Probe(timeout);
+}
+
+absl::Time SupervisedWorker::next_probe() const {
+  return down_ || probe_requested_ ? next_probe_ : absl::InfiniteFuture();
+}
+
+void SupervisedWorker::ProbeNow(absl::Time now) {
+  probe_requested_ = true;
+  next_probe_ = now;
+  (void)ProbeIfDue(now);
+}
+
+std::optional<SupervisedWorker::Recovery> SupervisedWorker::ProbeIfDue(absl::Time now) {
+  if ((!down_ && !probe_requested_) || now < next_probe_) return std::nullopt;
+  probe_requested_ = false;
+  absl::StatusOr<WorkerProbe> probe = inner_.Probe(options_.probe_timeout);
+  if (!probe.ok()) {
+    MarkDown(probe.status());
+    next_probe_ = absl::Now() + backoff_;
+    backoff_ = std::min(backoff_ * 2, options_.max_backoff);
+    return std::nullopt;
+  }
+  const bool restarted = epoch_.has_value() && *epoch_ != probe->epoch;
+  epoch_ = probe->epoch;
+  if (down_ || restarted) {
+    Log(absl::StrCat(name_, " is back", restarted ? " (restarted: its sequences replay)" : ""));
+  }
+  down_ = false;
+  backoff_ = options_.min_backoff;
+  if (restarted) {
+    orphans_.clear();  // the new process never saw them
+  } else {
+    ReleaseOrphans();
+  }
+  return restarted ? Recovery::kRestarted : Recovery::kSameProcess;
+}
+
+void SupervisedWorker::ReleaseOrphans() {
+  std::vector<KvPool::SeqId> released;
+  for (const KvPool::SeqId seq : orphans_) {
+    // NOT_FOUND is as good as released: the worker never created the sequence or lost it.
+    if (Release(seq).code() == absl::StatusCode::kUnavailable) break;
+    released.push_back(seq);
+  }
+  for (const KvPool::SeqId seq : released) orphans_.erase(seq);
+}
+
+absl::Status SupervisedWorker::UnavailableError() const {
+  absl::string_view cause = last_error_.message();
+  // The worker's client already names the worker; say it once.
+  const std::string prefix = absl::StrCat(name_, ": ");
+  if (absl::StartsWith(cause, prefix)) cause.remove_prefix(prefix.size());
+  if (cause.empty()) cause = "it failed to answer";
+  return absl::UnavailableError(absl::StrCat(name_, " is unavailable: ", cause));
+}
+
+}  // namespace specd

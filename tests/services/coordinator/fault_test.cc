@@ -1,0 +1,679 @@
+// Worker faults cost no request (issue 9). In process: the scheduler over workers that crash,
+// restart behind its back, lose replies or stay away, with exact expectations. Over processes:
+// `specd serve` with a SIGKILLed or SIGSTOPped worker while 16 streams generate. Every surviving
+// stream must equal, token for token, the same request in a run without the fault (greedy and
+// seeded sampling alike), and both workers must end with every KV block free.
+#include <signal.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <fstream>
+#include <functional>
+#include <future>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "common/synth/synth.h"
+#include "common/util/status_macros.h"
+#include "gmock/gmock.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "services/coordinator/scheduler.h"
+#include "specd/v1/generation.grpc.pb.h"
+#include "specd/worker/v1/worker.grpc.pb.h"
+#include "tests/common/engine/engine_test_util.h"
+#include "tests/services/worker_process.h"
+#include "tests/test_util.h"
+
+namespace specd {
+namespace {
+
+using testing::ChildProcess;
+using ::testing::HasSubstr;
+using testing::ScopedTempDir;
+
+// ---------------------------------------------------------------------------------------------
+// In process.
+
+// A worker over a real WorkerRuntime that fails the way a remote one does. Thread-safe: the
+// scheduler calls it while the test arms faults.
+class FaultyWorker final : public WorkerApi {
+ public:
+  enum class Fault {
+    kCrash,         // the process dies: the call fails, and a new one (empty) comes up later
+    kQuietRestart,  // it restarted between rounds: the call reaches a new, empty process
+    kLostReply,     // the call runs, but its reply is lost (a missed deadline); same process
+  };
+  using Factory = std::function<std::unique_ptr<WorkerRuntime>()>;
+
+  FaultyWorker(std::string name, Factory factory)
+      : name_(std::move(name)), factory_(std::move(factory)), runtime_(factory_()) {}
+
+  // `fault` hits the `call`-th Draft or Verify from now (1 = the next); the worker then stays
+  // unreachable for `down_for` (InfiniteDuration: until Recover()).
+  void Arm(int call, Fault fault, absl::Duration down_for) {
+    std::lock_guard<std::mutex> lock(mu_);
+    fault_call_ = calls_ + call;
+    fault_ = fault;
+    down_for_ = down_for;
+  }
+  void Recover() {
+    std::lock_guard<std::mutex> lock(mu_);
+    down_until_ = absl::InfinitePast();
+  }
+  bool fired() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return fault_call_ > 0 && calls_ >= fault_call_;
+  }
+  int64_t UsedBlocks() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return runtime_->engine().kv().used_blocks();
+  }
+
+  absl::StatusOr<std::vector<SequenceOutcome>> Draft(
+      std::span<const DraftSequenceRequest> batch,
+      const std::function<void(const DraftStep&)>& on_step) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    SPECD_RETURN_IF_ERROR(BeforeBigCall());
+    if (lose_reply_) {
+      (void)runtime_->Draft(batch, {});
+      return Unreachable();
+    }
+    return runtime_->Draft(batch, on_step);
+  }
+  absl::StatusOr<std::vector<VerifySequenceResult>> Verify(
+      std::span<const VerifySequenceRequest> batch) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    SPECD_RETURN_IF_ERROR(BeforeBigCall());
+    if (lose_reply_) {
+      (void)runtime_->Verify(batch);
+      return Unreachable();
+    }
+    return runtime_->Verify(batch);
+  }
+  absl::StatusOr<TruncateResult> Truncate(KvPool::SeqId seq, int64_t new_len, int32_t query_step,
+                                          std::span<const int32_t> query_tokens) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    SPECD_RETURN_IF_ERROR(CheckUp());
+    return runtime_->Truncate(seq, new_len, query_step, query_tokens);
+  }
+  absl::StatusOr<ProbRow> ReadRow(KvPool::SeqId seq, int32_t step) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    SPECD_RETURN_IF_ERROR(CheckUp());
+    absl::StatusOr<KeptRow> kept = runtime_->ReadRow(seq, step);
+    if (!kept.ok()) return kept.status();
+    ProbRow out;
+    if (!kept->dense) out.ids = std::move(kept->row.ids);
+    out.probs = std::move(kept->row.probs);
+    return out;
+  }
+  absl::Status Release(KvPool::SeqId seq) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    SPECD_RETURN_IF_ERROR(CheckUp());
+    return runtime_->Release(seq);
+  }
+  int64_t FreeKvTokens() const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    const KvPool& kv = runtime_->engine().kv();
+    return kv.free_blocks() * kv.block_size();
+  }
+  absl::StatusOr<WorkerProbe> Probe(absl::Duration /*timeout*/) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    SPECD_RETURN_IF_ERROR(CheckUp());
+    return WorkerProbe{epoch_};
+  }
+  std::string Name() const override { return name_; }
+
+ private:
+  absl::Status Unreachable() const {
+    return absl::UnavailableError(absl::StrCat(name_, ": connection refused"));
+  }
+  absl::Status CheckUp() const {
+    return absl::Now() < down_until_ ? Unreachable() : absl::OkStatus();
+  }
+  // Counts the call and applies an armed fault to it.
+  absl::Status BeforeBigCall() {
+    SPECD_RETURN_IF_ERROR(CheckUp());
+    lose_reply_ = false;
+    if (++calls_ != fault_call_) return absl::OkStatus();
+    switch (fault_) {
+      case Fault::kCrash:
+        Restart();
+        down_until_ = absl::Now() + down_for_;
+        return Unreachable();
+      case Fault::kQuietRestart:
+        Restart();
+        return absl::OkStatus();
+      case Fault::kLostReply:
+        lose_reply_ = true;
+        down_until_ = absl::Now() + down_for_;
+        return absl::OkStatus();
+    }
+    return absl::OkStatus();
+  }
+  void Restart() {
+    runtime_ = factory_();
+    ++epoch_;
+  }
+
+  const std::string name_;
+  const Factory factory_;
+  mutable std::mutex mu_;
+  std::unique_ptr<WorkerRuntime> runtime_;
+  uint64_t epoch_ = 1;
+  int calls_ = 0;
+  int fault_call_ = 0;
+  Fault fault_ = Fault::kCrash;
+  absl::Duration down_for_;
+  absl::Time down_until_ = absl::InfinitePast();
+  bool lose_reply_ = false;
+};
+
+// Collects a request's events.
+class Collector {
+ public:
+  Scheduler::EventSink Sink() {
+    return [this](GenerationEvent e) {
+      std::lock_guard<std::mutex> lock(mu_);
+      tokens_.insert(tokens_.end(), e.tokens.begin(), e.tokens.end());
+      if (e.finish != FinishReason::kNone || !e.error.ok()) {
+        error_ = e.error;
+        done_.set_value();
+      }
+    };
+  }
+  bool WaitFor(std::chrono::seconds s) { return future_.wait_for(s) == std::future_status::ready; }
+  std::vector<int32_t> tokens() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return tokens_;
+  }
+  absl::Status error() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return error_;
+  }
+
+ private:
+  std::mutex mu_;
+  std::vector<int32_t> tokens_;
+  absl::Status error_;
+  std::promise<void> done_;
+  std::future<void> future_ = done_.get_future();
+};
+
+class InProcessFaultTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new ScopedTempDir();
+    SynthSpec spec;
+    spec.config = testing::SmallConfig();
+    spec.config.vocab_size = 300;
+    spec.residual_scale = 0.2;
+    spec.seed = 21;
+    testing::WriteSynth(spec, dir_->path());
+  }
+  static void TearDownTestSuite() { delete dir_; }
+
+  static std::unique_ptr<FaultyWorker> MakeWorker(bool draft) {
+    return std::make_unique<FaultyWorker>(
+        draft ? "draft worker at fake:1" : "target worker at fake:2", [draft] {
+          return std::make_unique<WorkerRuntime>(
+              testing::MakeEngine(dir_->path(), 1, 4096, draft ? 1 : 0), WorkerRuntimeOptions{});
+        });
+  }
+
+  std::unique_ptr<Scheduler> MakeScheduler(absl::Duration unavailable_timeout) {
+    SchedulerOptions o;
+    o.max_running = 16;
+    o.max_seq_len = 256;
+    o.eos_token_ids = {2};
+    o.worker_unavailable_timeout = unavailable_timeout;
+    return std::make_unique<Scheduler>(*draft_, *target_, nullptr, o);
+  }
+
+  // 16 requests: even ones greedy, odd ones sampled at temperature 1 with their own seed.
+  static std::vector<GenerationRequest> Requests() {
+    std::vector<GenerationRequest> out;
+    for (int i = 0; i < 16; ++i) {
+      GenerationRequest r;
+      r.prompt = {1};
+      for (int j = 0; j < 3 + i % 5; ++j) r.prompt.push_back(3 + (i * 31 + j * 17) % 290);
+      r.sampling.temperature = i % 2 == 0 ? 0.0f : 1.0f;
+      r.seed = 1000 + static_cast<uint64_t>(i);
+      r.max_new_tokens = 24;
+      r.ignore_eos = true;
+      r.num_speculative_tokens = 1 + i % 4;
+      out.push_back(r);
+    }
+    return out;
+  }
+
+  // Runs `reqs` concurrently and returns each one's collector once all are done.
+  std::vector<std::unique_ptr<Collector>> RunAll(Scheduler& s,
+                                                 const std::vector<GenerationRequest>& reqs) {
+    std::vector<std::unique_ptr<Collector>> out;
+    for (const GenerationRequest& r : reqs) {
+      out.push_back(std::make_unique<Collector>());
+      EXPECT_TRUE(s.Submit(r, out.back()->Sink()).ok());
+    }
+    for (auto& c : out) EXPECT_TRUE(c->WaitFor(std::chrono::seconds(60)));
+    return out;
+  }
+
+  // The fault-free outputs, from fresh workers.
+  std::vector<std::vector<int32_t>> Reference() {
+    draft_ = MakeWorker(true);
+    target_ = MakeWorker(false);
+    auto s = MakeScheduler(absl::Seconds(10));
+    std::vector<std::vector<int32_t>> out;
+    for (auto& c : RunAll(*s, Requests())) {
+      EXPECT_TRUE(c->error().ok()) << c->error();
+      out.push_back(c->tokens());
+    }
+    return out;
+  }
+
+  void ExpectNoBlocksUsed() {
+    for (int i = 0; i < 500 && (draft_->UsedBlocks() != 0 || target_->UsedBlocks() != 0); ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    EXPECT_EQ(draft_->UsedBlocks(), 0);
+    EXPECT_EQ(target_->UsedBlocks(), 0);
+  }
+
+  static inline ScopedTempDir* dir_ = nullptr;
+  std::unique_ptr<FaultyWorker> draft_, target_;
+};
+
+struct FaultCase {
+  bool draft;  // which worker fails
+  FaultyWorker::Fault fault;
+  const char* name;
+};
+void PrintTo(const FaultCase& c, std::ostream* os) { *os << c.name; }
+
+class SurvivedFaultTest : public InProcessFaultTest,
+                          public ::testing::WithParamInterface<FaultCase> {};
+
+TEST_P(SurvivedFaultTest, EveryRequestCompletesWithTheFaultFreeTokens) {
+  const std::vector<std::vector<int32_t>> reference = Reference();
+  draft_ = MakeWorker(true);
+  target_ = MakeWorker(false);
+  FaultyWorker& victim = GetParam().draft ? *draft_ : *target_;
+  // The third call: every request has been prefilled and is decoding.
+  victim.Arm(3, GetParam().fault, absl::Milliseconds(200));
+  auto s = MakeScheduler(absl::Seconds(10));
+  const auto results = RunAll(*s, Requests());
+  EXPECT_TRUE(victim.fired());
+  for (size_t i = 0; i < results.size(); ++i) {
+    ASSERT_TRUE(results[i]->error().ok()) << "request " << i << ": " << results[i]->error();
+    EXPECT_EQ(results[i]->tokens(), reference[i]) << "request " << i;
+  }
+  s.reset();
+  ExpectNoBlocksUsed();
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Faults, SurvivedFaultTest,
+    ::testing::Values(FaultCase{false, FaultyWorker::Fault::kCrash, "TargetCrash"},
+                      FaultCase{true, FaultyWorker::Fault::kCrash, "DraftCrash"},
+                      FaultCase{false, FaultyWorker::Fault::kQuietRestart, "TargetQuietRestart"},
+                      FaultCase{true, FaultyWorker::Fault::kQuietRestart, "DraftQuietRestart"},
+                      FaultCase{false, FaultyWorker::Fault::kLostReply, "TargetLostReply"},
+                      FaultCase{true, FaultyWorker::Fault::kLostReply, "DraftLostReply"}),
+    [](const auto& info) { return std::string(info.param.name); });
+
+TEST_F(InProcessFaultTest, RequestsGiveUpOnAWorkerThatStaysAwayAndItsBlocksAreFreedLater) {
+  draft_ = MakeWorker(true);
+  target_ = MakeWorker(false);
+  // The target runs the call and then stops answering: it holds every sequence.
+  target_->Arm(2, FaultyWorker::Fault::kLostReply, absl::InfiniteDuration());
+  auto s = MakeScheduler(absl::Milliseconds(400));
+  const std::vector<GenerationRequest> reqs = Requests();
+  std::vector<std::unique_ptr<Collector>> running;
+  for (const GenerationRequest& r : reqs) {
+    running.push_back(std::make_unique<Collector>());
+    ASSERT_TRUE(s->Submit(r, running.back()->Sink()).ok());
+  }
+  for (size_t i = 0; i < running.size(); ++i) {
+    ASSERT_TRUE(running[i]->WaitFor(std::chrono::seconds(30)));
+    EXPECT_EQ(running[i]->error().code(), absl::StatusCode::kUnavailable) << "request " << i;
+    EXPECT_THAT(running[i]->error().message(),
+                HasSubstr("target worker at fake:2 is unavailable: connection refused"));
+  }
+  // A request that arrives while the worker is away waits in the queue as long, then fails.
+  Collector queued;
+  ASSERT_TRUE(s->Submit(reqs[0], queued.Sink()).ok());
+  ASSERT_TRUE(queued.WaitFor(std::chrono::seconds(30)));
+  EXPECT_EQ(queued.error().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(queued.error().message(), HasSubstr("target worker at fake:2 is unavailable"));
+  EXPECT_TRUE(queued.tokens().empty());
+
+  // Back in the same process: the sequences it kept are released without any new request.
+  target_->Recover();
+  ExpectNoBlocksUsed();
+  Collector after;
+  ASSERT_TRUE(s->Submit(reqs[1], after.Sink()).ok());
+  ASSERT_TRUE(after.WaitFor(std::chrono::seconds(30)));
+  EXPECT_TRUE(after.error().ok()) << after.error();
+  EXPECT_EQ(after.tokens().size(), 24u);
+}
+
+TEST_F(InProcessFaultTest, PlainDecodingGoesOnWhileTheDraftWorkerIsAway) {
+  draft_ = MakeWorker(true);
+  target_ = MakeWorker(false);
+  draft_->Arm(1, FaultyWorker::Fault::kCrash, absl::InfiniteDuration());
+  auto s = MakeScheduler(absl::Milliseconds(500));
+  GenerationRequest spec = Requests()[2];
+  GenerationRequest plain = spec;
+  plain.num_speculative_tokens = 0;
+  Collector speculative, target_only;
+  ASSERT_TRUE(s->Submit(spec, speculative.Sink()).ok());
+  ASSERT_TRUE(s->Submit(plain, target_only.Sink()).ok());
+  ASSERT_TRUE(target_only.WaitFor(std::chrono::seconds(30)));
+  EXPECT_TRUE(target_only.error().ok()) << target_only.error();
+  EXPECT_EQ(target_only.tokens().size(), 24u);
+  ASSERT_TRUE(speculative.WaitFor(std::chrono::seconds(30)));
+  EXPECT_EQ(speculative.error().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(speculative.error().message(), HasSubstr("draft worker at fake:1 is unavailable"));
+  s.reset();
+  EXPECT_EQ(target_->UsedBlocks(), 0);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Over processes: `specd serve` supervises the three processes and restarts a killed one.
+
+struct Stream {
+  grpc::Status status;
+  std::vector<int32_t> tokens;
+};
+
+// `specd serve` over the tiny synthetic pair, with short fault timeouts.
+class Serve {
+ public:
+  static std::unique_ptr<Serve> Start(const std::filesystem::path& model,
+                                      const std::filesystem::path& pid_dir, int unavailable_s,
+                                      int64_t kv_tokens = 16384) {
+    auto s = std::unique_ptr<Serve>(new Serve());
+    s->pid_dir_ = pid_dir;
+    auto serve = ChildProcess::Start(
+        testing::BuiltBinary("tools/specd"),
+        {"serve", "--target", model.string(), "--draft-exit-layer", "1", "--listen", "127.0.0.1:0",
+         "--threads", "1", "--kv-tokens", std::to_string(kv_tokens), "--max-running", "16",
+         "--worker-call-timeout-seconds", "1", "--worker-unavailable-seconds",
+         std::to_string(unavailable_s), "--pid-dir", pid_dir.string()});
+    EXPECT_TRUE(serve.ok()) << serve.status();
+    if (!serve.ok()) return nullptr;
+    s->process_ = *std::move(serve);
+    s->Reconnect();
+    return s;
+  }
+  // A new client connection, as a client that retries after the coordinator went away makes.
+  void Reconnect() {
+    grpc::ChannelArguments args;
+    args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);  // not the old connection's backoff
+    stub_ = v1::Generation::NewStub(
+        grpc::CreateCustomChannel(process_->address(), grpc::InsecureChannelCredentials(), args));
+  }
+  ~Serve() {
+    // The client goes first: an open connection would hold up the coordinator's drain.
+    stub_.reset();
+    // SIGTERM, not the destructor's SIGKILL: `specd serve` then stops its three children.
+    if (process_ != nullptr) EXPECT_EQ(process_->Terminate(), 0) << process_->StderrText();
+  }
+
+  pid_t Pid(const std::string& child) const {
+    std::ifstream in(pid_dir_ / (child + ".pid"));
+    pid_t pid = -1;
+    in >> pid;
+    return pid;
+  }
+  // Where `name` ("target worker") listens, from serve's "NAME pid N on ADDR" lines.
+  std::string Address(const std::string& name) const {
+    const std::string text = process_->StderrText();
+    const std::string key = "specd serve: " + name + " pid ";
+    const size_t at = text.rfind(key);
+    if (at == std::string::npos) return "";
+    const size_t on = text.find(" on ", at);
+    return text.substr(on + 4, text.find('\n', on) - on - 4);
+  }
+  std::string StderrText() const { return process_->StderrText(); }
+
+  // Runs `reqs` as concurrent streams. `on_first_tokens` runs once, as soon as `after` streams
+  // have received tokens; it gets how many streams had finished by then.
+  std::vector<Stream> Generate(const std::vector<v1::GenerateRequest>& reqs, int after = 0,
+                               const std::function<void(int finished)>& on_first_tokens = {}) {
+    std::mutex mu;
+    std::condition_variable cv;
+    int started = 0, finished = 0;
+    std::vector<Stream> out(reqs.size());
+    std::vector<std::thread> threads;
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      threads.emplace_back([&, i] {
+        grpc::ClientContext ctx;
+        ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+        auto reader = stub_->Generate(&ctx, reqs[i]);
+        v1::GenerateResponse msg;
+        bool first = true;
+        while (reader->Read(&msg)) {
+          out[i].tokens.insert(out[i].tokens.end(), msg.token_ids().begin(), msg.token_ids().end());
+          if (first && msg.token_ids_size() > 0) {
+            first = false;
+            std::lock_guard<std::mutex> lock(mu);
+            ++started;
+            cv.notify_all();
+          }
+        }
+        out[i].status = reader->Finish();
+        std::lock_guard<std::mutex> lock(mu);
+        ++finished;
+        cv.notify_all();
+      });
+    }
+    if (on_first_tokens) {
+      int finished_then = 0;
+      {
+        std::unique_lock<std::mutex> lock(mu);
+        cv.wait(lock,
+                [&] { return started >= after || finished == static_cast<int>(reqs.size()); });
+        finished_then = finished;
+      }
+      on_first_tokens(finished_then);
+    }
+    for (std::thread& t : threads) t.join();
+    return out;
+  }
+
+  // Both workers report every KV block free (the last Releases may still be landing).
+  void ExpectNoBlocksUsed() {
+    for (const char* name : {"target worker", "draft worker"}) {
+      auto channel = grpc::CreateChannel(Address(name), grpc::InsecureChannelCredentials());
+      auto stub = worker::v1::TargetWorker::NewStub(channel);
+      auto dstub = worker::v1::DraftWorker::NewStub(channel);
+      worker::v1::InfoResponse info;
+      for (int i = 0; i < 100; ++i) {
+        grpc::ClientContext ctx;
+        ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+        const grpc::Status st = std::string(name) == "target worker"
+                                    ? stub->Info(&ctx, worker::v1::InfoRequest(), &info)
+                                    : dstub->Info(&ctx, worker::v1::InfoRequest(), &info);
+        ASSERT_TRUE(st.ok()) << name << ": " << st.error_message();
+        if (info.kv_free_blocks() == info.kv_total_blocks()) break;
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      }
+      EXPECT_EQ(info.kv_free_blocks(), info.kv_total_blocks()) << name;
+    }
+  }
+
+ private:
+  Serve() = default;
+  std::filesystem::path pid_dir_;
+  std::unique_ptr<ChildProcess> process_;
+  std::unique_ptr<v1::Generation::Stub> stub_;
+};
+
+// 16 requests of 40 tokens: even ones greedy, odd ones sampled at temperature 1 with a seed.
+std::vector<v1::GenerateRequest> SixteenStreams(uint32_t max_new = 40) {
+  std::vector<v1::GenerateRequest> out;
+  for (int i = 0; i < 16; ++i) {
+    v1::GenerateRequest r;
+    r.mutable_token_ids()->add_ids(1);
+    for (int j = 0; j < 2 + i % 6; ++j) r.mutable_token_ids()->add_ids(300 + (i * 53 + j) % 600);
+    r.mutable_stopping()->set_max_new_tokens(max_new);
+    r.mutable_stopping()->set_ignore_eos(true);
+    r.mutable_speculation()->set_num_speculative_tokens(1 + i % 4);
+    if (i % 2 == 1) {
+      r.mutable_sampling()->set_temperature(1.0f);
+      r.mutable_sampling()->set_seed(500 + i);
+    }
+    out.push_back(r);
+  }
+  return out;
+}
+
+class ServeFaultTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    SynthSpec spec;
+    absl::StatusOr<ModelConfig> c = ShapePreset("tiny");
+    ASSERT_TRUE(c.ok());
+    spec.config = *c;
+    spec.config.vocab_size = 1000;
+    spec.residual_scale = 0.1;
+    model_ = tmp_.path() / "model";
+    pids_ = tmp_.path() / "pids";
+    std::filesystem::create_directories(pids_);
+    ASSERT_TRUE(WriteSyntheticModel(spec, model_).ok());
+  }
+
+  ScopedTempDir tmp_;
+  std::filesystem::path model_, pids_;
+};
+
+class ServeCrashTest : public ServeFaultTest, public ::testing::WithParamInterface<const char*> {};
+
+TEST_P(ServeCrashTest, SigkilledWorkerIsRestartedAndEveryStreamIsUnchanged) {
+  const std::string victim = GetParam();  // "target" or "draft"
+  auto serve = Serve::Start(model_, pids_, /*unavailable_s=*/30);
+  ASSERT_NE(serve, nullptr);
+  const std::vector<v1::GenerateRequest> reqs = SixteenStreams();
+  const std::vector<Stream> reference = serve->Generate(reqs);
+  for (const Stream& s : reference) ASSERT_TRUE(s.status.ok()) << s.status.error_message();
+
+  const pid_t pid = serve->Pid(victim + "-worker");
+  ASSERT_GT(pid, 0);
+  int finished_at_kill = -1;
+  const std::vector<Stream> faulted = serve->Generate(reqs, /*after=*/4, [&](int finished) {
+    finished_at_kill = finished;
+    kill(pid, SIGKILL);
+  });
+  EXPECT_LT(finished_at_kill, 16) << "the worker died after every stream had finished";
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    ASSERT_TRUE(faulted[i].status.ok())
+        << "stream " << i << ": " << faulted[i].status.error_message();
+    EXPECT_EQ(faulted[i].tokens, reference[i].tokens) << "stream " << i;
+  }
+  EXPECT_NE(serve->Pid(victim + "-worker"), pid);
+  EXPECT_THAT(serve->StderrText(), HasSubstr("restarting the " + victim + " worker"));
+  serve->ExpectNoBlocksUsed();
+}
+
+INSTANTIATE_TEST_SUITE_P(Workers, ServeCrashTest, ::testing::Values("target", "draft"),
+                         [](const auto& info) { return std::string(info.param); });
+
+TEST_F(ServeFaultTest, HungTargetThatResumesInTimeCostsNothing) {
+  auto serve = Serve::Start(model_, pids_, /*unavailable_s=*/20);
+  ASSERT_NE(serve, nullptr);
+  const std::vector<v1::GenerateRequest> reqs = SixteenStreams();
+  const std::vector<Stream> reference = serve->Generate(reqs);
+  const pid_t pid = serve->Pid("target-worker");
+  const std::vector<Stream> hung = serve->Generate(reqs, 4, [&](int) {
+    kill(pid, SIGSTOP);
+    // Past the 1 s call deadline, so the hang is noticed, and well within the 20 s allowed.
+    std::this_thread::sleep_for(std::chrono::milliseconds(2500));
+    kill(pid, SIGCONT);
+  });
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    ASSERT_TRUE(hung[i].status.ok()) << "stream " << i << ": " << hung[i].status.error_message();
+    EXPECT_EQ(hung[i].tokens, reference[i].tokens) << "stream " << i;
+  }
+  EXPECT_EQ(serve->Pid("target-worker"), pid);  // the same process throughout
+  serve->ExpectNoBlocksUsed();
+}
+
+TEST_F(ServeFaultTest, HungTargetFailsItsRequestsAfterTheAllowedTime) {
+  auto serve = Serve::Start(model_, pids_, /*unavailable_s=*/2);
+  ASSERT_NE(serve, nullptr);
+  const std::string target = serve->Address("target worker");
+  const pid_t pid = serve->Pid("target-worker");
+  std::vector<Stream> hung;
+  std::vector<Stream> late;
+  hung = serve->Generate(SixteenStreams(200), 4, [&](int) {
+    kill(pid, SIGSTOP);
+    // A request that arrives while the worker hangs waits as long, then fails the same way.
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    late = serve->Generate({SixteenStreams()[0]});
+  });
+  for (const Stream* s : {&hung[0], &hung[5], &hung[15], &late[0]}) {
+    EXPECT_EQ(s->status.error_code(), grpc::StatusCode::UNAVAILABLE) << s->status.error_message();
+    EXPECT_THAT(s->status.error_message(),
+                HasSubstr("target worker at " + target + " is unavailable"));
+  }
+  EXPECT_TRUE(late[0].tokens.empty());
+  kill(pid, SIGCONT);
+  // What the hung worker still held is released once it answers again.
+  serve->ExpectNoBlocksUsed();
+  const std::vector<Stream> after = serve->Generate({SixteenStreams()[3]});
+  EXPECT_TRUE(after[0].status.ok()) << after[0].status.error_message();
+}
+
+TEST_F(ServeFaultTest, KilledCoordinatorIsRestartedOnTheSameAddress) {
+  auto serve = Serve::Start(model_, pids_, 30);
+  ASSERT_NE(serve, nullptr);
+  const v1::GenerateRequest req = SixteenStreams(8)[1];
+  const std::vector<Stream> before = serve->Generate({req});
+  ASSERT_TRUE(before[0].status.ok()) << before[0].status.error_message();
+  const pid_t pid = serve->Pid("coordinator");
+  ASSERT_GT(pid, 0);
+  kill(pid, SIGKILL);
+  // Clients see UNAVAILABLE until the new coordinator serves, at the same address.
+  std::vector<Stream> after;
+  for (int i = 0; i < 100; ++i) {
+    serve->Reconnect();
+    after = serve->Generate({req});
+    if (after[0].status.ok()) break;
+    EXPECT_EQ(after[0].status.error_code(), grpc::StatusCode::UNAVAILABLE);
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  ASSERT_TRUE(after[0].status.ok()) << after[0].status.error_message() << serve->StderrText();
+  EXPECT_EQ(after[0].tokens, before[0].tokens);
+  EXPECT_NE(serve->Pid("coordinator"), pid);
+  EXPECT_THAT(serve->StderrText(), HasSubstr("the coordinator (pid " + std::to_string(pid) +
+                                             ") was killed by signal 9"));
+}
+
+TEST_F(ServeFaultTest, KvPoolForThreeSequencesServesTwelveStreamsUnchanged) {
+  // Each stream grows to about 5 blocks of 16 tokens; 240 tokens hold 15 blocks, three streams.
+  auto serve = Serve::Start(model_, pids_, 30, /*kv_tokens=*/240);
+  ASSERT_NE(serve, nullptr);
+  std::vector<v1::GenerateRequest> reqs = SixteenStreams(64);
+  reqs.resize(12);
+  const std::vector<Stream> together = serve->Generate(reqs);
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    ASSERT_TRUE(together[i].status.ok())
+        << "stream " << i << ": " << together[i].status.error_message();
+    // Alone, a stream has the whole pool: the ample-pool reference.
+    const std::vector<Stream> alone = serve->Generate({reqs[i]});
+    EXPECT_EQ(together[i].tokens, alone[0].tokens) << "stream " << i;
+  }
+  serve->ExpectNoBlocksUsed();
+}
+
+}  // namespace
+}  // namespace specd
