@@ -119,6 +119,22 @@ CoordinatorMetrics::CoordinatorMetrics(int max_position)
                   .Help("Requests queued for the running batch")
                   .Register(*registry_)
                   .Add({});
+  adaptive_k_ = &prometheus::BuildGauge()
+                     .Name("specd_adaptive_k")
+                     .Help("K the adaptive controller chose for the latest round's batch")
+                     .Register(*registry_)
+                     .Add({});
+  adaptive_alpha_ = &prometheus::BuildGauge()
+                         .Name("specd_adaptive_k_alpha")
+                         .Help("The adaptive controller's per-token acceptance estimate")
+                         .Register(*registry_)
+                         .Add({});
+  k_choices_family_ = &prometheus::BuildCounter()
+                           .Name("specd_adaptive_k_rounds_total")
+                           .Help(
+                               "Rounds planned by the adaptive K controller, by reason "
+                               "(requested, warmup, model, explore, probe)")
+                           .Register(*registry_);
   auto& phases = prometheus::BuildHistogram()
                      .Name("specd_round_phase_duration_seconds")
                      .Help("Duration of one phase of a speculation round, by phase")
@@ -210,6 +226,12 @@ void CoordinatorMetrics::OnTokens(int64_t tokens, absl::Duration gap) {
   if (tokens <= 0) return;
   const double each = absl::ToDoubleSeconds(gap) / static_cast<double>(tokens);
   for (int64_t i = 0; i < tokens; ++i) itl_->Observe(each);
+}
+
+void CoordinatorMetrics::OnKChoice(int32_t k, absl::string_view reason, double alpha) {
+  adaptive_k_->Set(k);
+  adaptive_alpha_->Set(alpha);
+  k_choices_family_->Add({{"reason", std::string(reason)}}).Increment();
 }
 
 void CoordinatorMetrics::OnRoundPhase(Phase phase, absl::Duration elapsed) {

@@ -15,6 +15,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "prometheus/collectable.h"
@@ -70,6 +71,9 @@ class CoordinatorMetrics final {
   void OnTokens(int64_t tokens, absl::Duration gap);
   void OnRoundPhase(Phase phase, absl::Duration elapsed);
   void OnRpc(Worker worker, int64_t request_bytes, int64_t response_bytes, absl::Duration elapsed);
+  // The adaptive-K controller planned a round at K = `k` for `reason` (KChoiceReasonName) while
+  // estimating the per-token acceptance `alpha`.
+  void OnKChoice(int32_t k, absl::string_view reason, double alpha);
 
   // The Prometheus text exposition of every metric, as a scrape would see it.
   std::string Text() const;
@@ -96,6 +100,9 @@ class CoordinatorMetrics final {
   prometheus::Histogram* request_duration_;
   prometheus::Gauge* running_;
   prometheus::Gauge* waiting_;
+  prometheus::Gauge* adaptive_k_;
+  prometheus::Gauge* adaptive_alpha_;
+  prometheus::Family<prometheus::Counter>* k_choices_family_;
   std::array<prometheus::Histogram*, 5> phase_seconds_{};
   std::array<prometheus::Histogram*, 2> rpc_seconds_{};
   std::array<prometheus::Counter*, 2> rpc_sent_bytes_{};

@@ -338,6 +338,9 @@ int Run(int argc, char** argv) {
     metrics.OnRoundPhase(CoordinatorMetrics::Phase::kOverhead,
                          t.round - t.draft_forward - t.verify_forward);
   };
+  so.on_k_choice = [&metrics](const KChoice& choice, double alpha) {
+    metrics.OnKChoice(choice.k, KChoiceReasonName(choice.reason), alpha);
+  };
   // Without a draft worker every request runs with K = 0 and never calls it; the target stands
   // in so the scheduler always has two workers.
   WorkerApi& draft_api = draft ? static_cast<WorkerApi&>(*draft) : **target;

@@ -148,7 +148,21 @@ absl::StatusOr<GenerationRequest> BuildGenerationRequest(const v1::GenerateReque
   if (!v1::KPolicy_IsValid(spec.k_policy())) {
     return Invalid(absl::StrCat("speculation.k_policy ", spec.k_policy(), " is not a KPolicy"));
   }
-  out.adaptive_k = spec.k_policy() != v1::K_POLICY_FIXED;
+  // Greedy output is the same for every K, and so is a sampled request's distribution, but a
+  // sampled request's tokens for a given seed depend on the K of each round (DESIGN.md,
+  // "Randomness"): a client that chose the seed gets a fixed K, so that its tokens reproduce
+  // whatever the load, unless it asks for ADAPTIVE.
+  switch (spec.k_policy()) {
+    case v1::K_POLICY_FIXED:
+      out.adaptive_k = false;
+      break;
+    case v1::K_POLICY_ADAPTIVE:
+      out.adaptive_k = true;
+      break;
+    default:
+      out.adaptive_k = out.sampling.greedy() || !s.has_seed();
+      break;
+  }
   out.draft_mode = spec.draft_sampling() == v1::DRAFT_SAMPLING_GREEDY ? DraftMode::kGreedy
                                                                       : DraftMode::kProbabilistic;
   if (request.request_id().size() > 256) {

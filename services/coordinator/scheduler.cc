@@ -25,6 +25,10 @@ RecoveryOptions RecoveryOptionsFrom(const SchedulerOptions& options) {
 Scheduler::Scheduler(WorkerApi& draft, WorkerApi& target, const Tokenizer* tokenizer,
                      const SchedulerOptions& options)
     : tokenizer_(tokenizer), options_(options) {
+  // The coordinator validates the options at start-up (AdaptiveK::Create); defaults otherwise.
+  if (absl::StatusOr<AdaptiveK> k = AdaptiveK::Create(options.adaptive_k); k.ok()) {
+    adaptive_k_ = *std::move(k);
+  }
   const RecoveryOptions recovery = RecoveryOptionsFrom(options);
   target_ = std::make_unique<SupervisedWorker>(target, recovery);
   if (&draft != &target) draft_ = std::make_unique<SupervisedWorker>(draft, recovery);
@@ -179,6 +183,44 @@ void Scheduler::StartSequence(Active& a) {
   a.seq.draft_mode = a.request.draft_mode;
   a.seq.num_candidates = options_.num_candidates;
   a.usage.prompt_tokens = a.seq.prompt_len;
+}
+
+KChoice Scheduler::PlanK() {
+  const bool draft_up = draft_ != nullptr && draft_->up();
+  int32_t requested = 0;
+  for (const auto& a : running_) {
+    if (a->request.adaptive_k) requested = std::max(requested, a->request.num_speculative_tokens);
+  }
+  const KChoice choice =
+      adaptive_k_.Choose(static_cast<int32_t>(running_.size()), draft_up ? requested : 0);
+  for (auto& a : running_) {
+    const int32_t asked = a->request.num_speculative_tokens;
+    a->seq.num_speculative_tokens = !a->request.adaptive_k ? asked
+                                    : draft_up             ? std::min(asked, choice.k)
+                                                           : 0;
+  }
+  return choice;
+}
+
+void Scheduler::ObserveRound(const std::vector<RoundStats>& stats, const RoundPhaseTimes& times,
+                             int32_t drafting_sequences, int64_t draft_catch_up_tokens) {
+  RoundObservation obs;
+  obs.batch_size = static_cast<int32_t>(stats.size());
+  obs.drafting_sequences = drafting_sequences;
+  obs.draft_catch_up_tokens = draft_catch_up_tokens;
+  obs.draft_steps = times.draft_steps;
+  obs.draft_forward = times.draft_forward;
+  obs.verify_tokens = times.verify_tokens;
+  obs.verify_forward = times.verify_forward;
+  obs.round = times.round;
+  for (const RoundStats& st : stats) {
+    if (!st.status.ok()) return;
+    obs.drafted_tokens += st.drafted;
+    obs.accepted_tokens += st.accepted;
+    if (st.accepted < st.drafted) ++obs.rejections;
+  }
+  // Counts that contradict each other would be a bug here, not bad input: skip the round.
+  (void)adaptive_k_.Observe(obs);
 }
 
 std::vector<SupervisedWorker*> Scheduler::workers() {
@@ -369,6 +411,9 @@ void Scheduler::Loop() {
     const absl::Time now = absl::Now();
     for (auto& a : running_) {
       if (a->text == nullptr) StartSequence(*a);  // newly admitted
+    }
+    const KChoice k_choice = PlanK();
+    for (auto& a : running_) {
       if (SupervisedWorker* w = BlockingWorker(*a); w != nullptr) {
         if (StallExpired(*a, now)) {
           Finish(*a, FinishReason::kNone, w->UnavailableError(), GenerationEvent());
@@ -388,11 +433,21 @@ void Scheduler::Loop() {
     }
 
     std::vector<SpeculativeSequence*> batch;
-    for (auto& a : running_) batch.push_back(&a->seq);
+    int32_t drafting_sequences = 0;
+    int64_t draft_catch_up_tokens = 0;
+    for (auto& a : running_) {
+      batch.push_back(&a->seq);
+      if (EffectiveK(a->seq, options_.max_seq_len) > 0) {
+        ++drafting_sequences;
+        draft_catch_up_tokens += static_cast<int64_t>(a->seq.tokens.size()) - a->seq.draft_cached;
+      }
+    }
     RoundPhaseTimes phase_times;
     const std::vector<RoundStats> stats = RunSpeculationRound(
         draft(), *target_, batch, RoundOptions{options_.max_seq_len, &phase_times});
     if (options_.on_round) options_.on_round(phase_times);
+    ObserveRound(stats, phase_times, drafting_sequences, draft_catch_up_tokens);
+    if (options_.on_k_choice) options_.on_k_choice(k_choice, adaptive_k_.alpha());
     std::deque<std::unique_ptr<Active>> preempted;
     for (size_t i = 0; i < running_.size(); ++i) {
       Active& a = *running_[i];

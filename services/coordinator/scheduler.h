@@ -25,6 +25,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/tokenizer/tokenizer.h"
+#include "services/coordinator/adaptive_k.h"
 #include "services/coordinator/speculation_round.h"
 #include "services/coordinator/text_output.h"
 #include "services/coordinator/worker_recovery.h"
@@ -43,8 +44,9 @@ struct GenerationRequest {
   std::vector<int32_t> stop_token_ids;
   bool ignore_eos = false;
   int32_t num_speculative_tokens = 4;
-  // The scheduler may lower K under load (never raise it); false keeps it as asked.
-  bool adaptive_k = true;
+  // True lets the scheduler lower K when speculation would not pay (never raise it); false keeps
+  // it as asked (see v1::KPolicy for who gets which).
+  bool adaptive_k = false;
   DraftMode draft_mode = DraftMode::kProbabilistic;
 };
 
@@ -87,6 +89,11 @@ struct SchedulerOptions {
   absl::Duration worker_unavailable_timeout = absl::Seconds(30);
   // Told, in one line each, when a worker becomes unavailable and when it is back; may be empty.
   std::function<void(const std::string&)> on_worker_event;
+  // The adaptive-K controller's settings (requests with K_POLICY_FIXED bypass it).
+  AdaptiveKOptions adaptive_k;
+  // Called on the scheduler thread with every round's K choice and the controller's current
+  // acceptance estimate (metrics); may be empty. Must not block.
+  std::function<void(const KChoice&, double alpha)> on_k_choice;
 };
 
 class Scheduler {
@@ -160,6 +167,14 @@ class Scheduler {
   // When to look again while every request waits for an unavailable worker (nullopt: only when
   // a request arrives).
   std::optional<absl::Time> NextWake() const;
+  // Sets this round's K for every running sequence: the adaptive controller's choice for the
+  // batch, capped by what each request asked (FIXED requests keep theirs). While the draft
+  // worker is down adaptive requests decode plainly, which is just as exact.
+  KChoice PlanK();
+  // Tells the controller how the round it planned went (only rounds without failures: a failed
+  // round's times are partial).
+  void ObserveRound(const std::vector<RoundStats>& stats, const RoundPhaseTimes& times,
+                    int32_t drafting_sequences, int64_t draft_catch_up_tokens);
 
   // target_ is always set; draft_ is null when the draft is the target itself.
   std::unique_ptr<SupervisedWorker> target_;
@@ -176,6 +191,7 @@ class Scheduler {
   bool poked_ = false;  // guarded by mu_: a request arrived or was cancelled
 
   std::vector<std::unique_ptr<Active>> running_;  // scheduler thread only
+  AdaptiveK adaptive_k_;                          // scheduler thread only
   std::optional<absl::Time> idle_until_;          // scheduler thread only
   std::atomic<int64_t> running_count_{0};
   std::atomic<int64_t> waiting_count_{0};

@@ -41,7 +41,7 @@ constexpr char kHelp[] =
     "in a closed loop or at --rate requests/s; request i uses prompt i mod P and seed --seed + i\n"
     "in every arm. Arms alternate within each of --repeats rounds ([K=0, K=k1, ...] with\n"
     "--compare) so that drift hits every arm alike. Requests ask for K_POLICY_FIXED unless\n"
-    "--adaptive (then K > 0 arms ask for K_POLICY_ADAPTIVE, the server's default policy).\n"
+    "--adaptive (then K > 0 arms ask for K_POLICY_ADAPTIVE: the server may lower K under load).\n"
     "\n"
     "Definitions (sums over an arm's requests' final Usage messages):\n"
     "  out tok/s    output tokens received / the repeat's wall time (client clock); the\n"

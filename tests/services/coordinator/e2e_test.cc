@@ -58,10 +58,10 @@ class Service {
     EXPECT_TRUE(draft.ok()) << draft.status();
     if (!draft.ok()) return nullptr;
     s->draft = *std::move(draft);
-    auto coord = ChildProcess::Start(testing::BuiltBinary("services/coordinator/specd-coordinator"),
-                                     {"--listen", "127.0.0.1:0", "--target", s->target->address(),
-                                      "--draft", s->draft->address(), "--max-running", "16",
-                                      "--worker-unavailable-seconds", "2"});
+    auto coord = ChildProcess::Start(
+        testing::BuiltBinary("services/coordinator/specd-coordinator"),
+        {"--listen", "127.0.0.1:0", "--target", s->target->address(), "--draft",
+         s->draft->address(), "--max-running", "16", "--worker-unavailable-seconds", "2"});
     EXPECT_TRUE(coord.ok()) << coord.status();
     if (!coord.ok()) return nullptr;
     s->coordinator = *std::move(coord);
@@ -175,7 +175,10 @@ TEST_P(GoldenE2eTest, Stories260KStreamsTheGoldenTextForEveryK) {
                                            ? static_cast<size_t>(tresp.token_ids_size())
                                            : 0);
     ASSERT_GT(n, 0u);
-    for (const uint32_t k : {0u, 1u, 2u, 4u, 8u}) {
+    // Each K as asked, then K = 4 under the adaptive policy, which may lower it round by round:
+    // greedy output must not change either way.
+    for (const uint32_t k : {0u, 1u, 2u, 4u, 8u, 4u + 100u}) {
+      const bool adaptive = k >= 100;
       v1::GenerateRequest r;
       if (prompt.empty()) {
         r.mutable_token_ids()->add_ids(1);
@@ -184,7 +187,8 @@ TEST_P(GoldenE2eTest, Stories260KStreamsTheGoldenTextForEveryK) {
       }
       r.mutable_stopping()->set_max_new_tokens(static_cast<uint32_t>(ids.size() - n));
       r.mutable_stopping()->set_ignore_eos(true);
-      r.mutable_speculation()->set_num_speculative_tokens(k);
+      r.mutable_speculation()->set_num_speculative_tokens(adaptive ? k - 100 : k);
+      r.mutable_speculation()->set_k_policy(adaptive ? v1::K_POLICY_ADAPTIVE : v1::K_POLICY_FIXED);
       const Stream s = service->Generate(r);
       ASSERT_TRUE(s.status.ok()) << s.status.error_message();
       EXPECT_EQ(s.tokens,
@@ -192,7 +196,7 @@ TEST_P(GoldenE2eTest, Stories260KStreamsTheGoldenTextForEveryK) {
           << "prompt '" << prompt << "', K = " << k;
       EXPECT_EQ(prompt + s.text, text) << "prompt '" << prompt << "', K = " << k;
       EXPECT_EQ(s.last.finish_reason(), v1::FINISH_REASON_LENGTH);
-      if (k > 0) EXPECT_EQ(s.last.usage().draft_tokens() > 0, true);
+      if (k > 0 && !adaptive) EXPECT_GT(s.last.usage().draft_tokens(), 0u);
     }
   }
   service->ExpectNoBlocksUsed();
@@ -318,13 +322,20 @@ TEST_F(SyntheticE2eTest, DeadlineAndCancellationFreeTheSequence) {
 
 TEST_F(SyntheticE2eTest, DeadDraftWorkerIsUnavailableNamingIt) {
   service_->draft->Signal(SIGKILL);
-  const Stream s = service_->Generate(TextRequest("hello", 8, 2));
+  v1::GenerateRequest fixed = TextRequest("hello", 8, 2);
+  fixed.mutable_speculation()->set_k_policy(v1::K_POLICY_FIXED);
+  const Stream s = service_->Generate(fixed);
   EXPECT_EQ(s.status.error_code(), grpc::StatusCode::UNAVAILABLE);
   EXPECT_THAT(s.status.error_message(), HasSubstr("draft worker at " + service_->draft->address()));
-  // Plain decoding needs only the target, so it still works.
+  // Plain decoding needs only the target, so it still works, and so does a request that lets
+  // the server choose K: it decodes plainly while the draft worker is away.
   const Stream plain = service_->Generate(TextRequest("hello", 8, 0));
   EXPECT_TRUE(plain.status.ok()) << plain.status.error_message();
   EXPECT_EQ(plain.tokens.size(), 8u);
+  const Stream adaptive = service_->Generate(TextRequest("hello", 8, 2));
+  EXPECT_TRUE(adaptive.status.ok()) << adaptive.status.error_message();
+  EXPECT_EQ(adaptive.tokens, plain.tokens);
+  EXPECT_EQ(adaptive.last.usage().draft_tokens(), 0u);
 }
 
 TEST_F(SyntheticE2eTest, ServerInfoTokenizeDetokenize) {

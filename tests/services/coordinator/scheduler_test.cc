@@ -7,6 +7,7 @@
 #include <future>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <vector>
 
 #include "common/engine/decode_loop.h"
@@ -96,8 +97,8 @@ class SchedulerTest : public ::testing::Test {
     tokenizer_ = *std::move(tok);
   }
 
-  std::unique_ptr<Scheduler> MakeScheduler(int64_t max_running = 32, int64_t max_queued = 256) {
-    SchedulerOptions o;
+  std::unique_ptr<Scheduler> MakeScheduler(int64_t max_running = 32, int64_t max_queued = 256,
+                                           SchedulerOptions o = {}) {
     o.max_running = max_running;
     o.max_queued = max_queued;
     o.max_seq_len = 256;
@@ -280,6 +281,53 @@ TEST_F(SchedulerTest, AdmissionWaitsForKvInsteadOfThrashing) {
     EXPECT_EQ(c->tokens().size(), 10u);
   }
   EXPECT_EQ(scheduler->preemptions(), 0);
+  scheduler.reset();
+  ExpectNoBlocksUsed();
+}
+
+// Adaptive K changes K from round to round (here: the controller is made to decide after one
+// round and to probe K = 0 at once); greedy output must be plain decoding's all the same, and a
+// FIXED request is never touched.
+TEST_F(SchedulerTest, AdaptiveKChangesKButNotGreedyOutput) {
+  MakeWorkers(8192);
+  SchedulerOptions o;
+  o.adaptive_k.min_steady_rounds = 1;
+  o.adaptive_k.min_alpha_attempts = 1;
+  o.adaptive_k.probe_interval = 1;
+  o.adaptive_k.explore_interval = 2;
+  std::mutex mu;
+  std::set<int32_t> chosen;
+  o.on_k_choice = [&](const KChoice& c, double) {
+    std::lock_guard<std::mutex> lock(mu);
+    chosen.insert(c.k);
+  };
+  auto scheduler = MakeScheduler(32, 256, o);
+  std::vector<std::unique_ptr<Collector>> cs;
+  std::vector<std::vector<int32_t>> prompts;
+  for (int i = 0; i < 8; ++i) {
+    prompts.push_back({1, 20 + i, 40 + 3 * i});
+    GenerationRequest r = Greedy(prompts.back(), 48, 4);
+    r.adaptive_k = true;
+    cs.push_back(std::make_unique<Collector>());
+    ASSERT_TRUE(scheduler->Submit(r, cs.back()->Sink()).ok());
+  }
+  GenerationRequest fixed = Greedy({1, 99, 7}, 48, 3);
+  Collector fixed_c;
+  ASSERT_TRUE(scheduler->Submit(fixed, fixed_c.Sink()).ok());
+  for (size_t i = 0; i < cs.size(); ++i) {
+    ASSERT_TRUE(cs[i]->WaitFor(std::chrono::seconds(120)));
+    ASSERT_TRUE(cs[i]->last().error.ok()) << cs[i]->last().error;
+    EXPECT_EQ(cs[i]->tokens(), Solo(prompts[i], 48)) << "request " << i;
+  }
+  ASSERT_TRUE(fixed_c.WaitFor(std::chrono::seconds(120)));
+  EXPECT_EQ(fixed_c.tokens(), Solo({1, 99, 7}, 48));
+  // Every round of the FIXED request drafted 3 tokens (the last may shrink near the end).
+  const GenerationUsage u = fixed_c.last().usage;
+  EXPECT_GE(u.draft_tokens, 3 * (u.rounds - 1));
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    EXPECT_GE(chosen.size(), 2u) << "the controller never changed K";
+  }
   scheduler.reset();
   ExpectNoBlocksUsed();
 }
