@@ -19,7 +19,7 @@ OUT="${OUT:-bench-out}"
 MODELS="${MODELS:-$OUT/models}"
 if [[ "${QUICK:-0}" == 1 ]]; then
   SHAPE="${SHAPE:-tiny}" MAX_TOKENS="${MAX_TOKENS:-32}" REPEATS="${REPEATS:-1}"
-  ALPHAS="${ALPHAS:-0.5 0.8}" STREAMS="${STREAMS:-1 4}" KS="${KS:-1,2,4}"
+  ALPHAS="${ALPHAS:-0.5 0.8}" STREAMS="${STREAMS-1 4}" KS="${KS:-1,2,4}"
   CONCURRENCY_ALPHA="${CONCURRENCY_ALPHA:-0.8}" BISECT_STEPS="${BISECT_STEPS:-4}"
 fi
 SHAPE="${SHAPE:-stories110M}"           # stories15M, stories42M, stories110M, ...
@@ -29,8 +29,9 @@ MAX_TOKENS="${MAX_TOKENS:-128}"
 REPEATS="${REPEATS:-3}"
 ALPHAS="${ALPHAS:-0.3 0.5 0.7 0.9}"
 KS="${KS:-1,2,4,6,8}"
-STREAMS="${STREAMS:-1 2 4 8 16}"
-CONCURRENCY_ALPHA="${CONCURRENCY_ALPHA:-0.7}"
+STREAMS="${STREAMS-1 2 4 8 16}"
+CONCURRENCY_ALPHA="${CONCURRENCY_ALPHA:-0.7}"   # STREAMS="" skips the concurrency sweep
+REQUESTS_PER_STREAM="${REQUESTS_PER_STREAM:-2}"  # concurrency sweep: requests per arm and repeat
 BISECT_STEPS="${BISECT_STEPS:-7}"       # halvings of log(s) per α
 ALPHA_TOLERANCE="${ALPHA_TOLERANCE:-0.03}"
 S_LOW="${S_LOW:-0.005}" S_HIGH="${S_HIGH:-2.0}"  # α falls as s grows
@@ -119,7 +120,7 @@ calibrate() {
 
 declare -A scale_of
 : >"$OUT/calibration.tsv"
-for alpha in $ALPHAS $CONCURRENCY_ALPHA; do
+for alpha in $ALPHAS ${STREAMS:+$CONCURRENCY_ALPHA}; do
   [[ -n "${scale_of[$alpha]:-}" ]] && continue
   calibrate "$alpha"
   scale_of[$alpha]=$calibrated_scale
@@ -134,14 +135,15 @@ for alpha in $ALPHAS; do
     --json "$OUT/k_sweep_alpha$alpha.json"
 done
 
-start_server "$(model_for "${scale_of[$CONCURRENCY_ALPHA]}")"
+[[ -n "$STREAMS" ]] && start_server "$(model_for "${scale_of[$CONCURRENCY_ALPHA]}")"
 for streams in $STREAMS; do
   for policy in fixed adaptive; do
     echo "sweep: alpha~$CONCURRENCY_ALPHA, $streams stream(s), K=4 $policy" >&2
     extra=()
     [[ $policy == adaptive ]] && extra=(--adaptive)
     "$SPECD" bench --server "$address" --compare --k 4 --streams "$streams" "${common[@]}" \
-      "${extra[@]}" --json "$OUT/concurrency_${policy}_streams$streams.json"
+      --requests $((streams * REQUESTS_PER_STREAM)) "${extra[@]}" \
+      --json "$OUT/concurrency_${policy}_streams$streams.json"
   done
 done
 stop_server

@@ -4,14 +4,13 @@
 
 #include "absl/strings/str_cat.h"
 #include "grpc/health/v1/health.grpc.pb.h"
-#include "grpcpp/grpcpp.h"
 
 namespace specd::cli {
 
-absl::StatusOr<bool> IsServing(const std::string& server, const std::string& service,
+absl::StatusOr<bool> IsServing(const std::shared_ptr<grpc::Channel>& channel,
+                               const std::string& server, const std::string& service,
                                double timeout_seconds) {
-  auto stub = grpc::health::v1::Health::NewStub(
-      grpc::CreateChannel(server, grpc::InsecureChannelCredentials()));
+  auto stub = grpc::health::v1::Health::NewStub(channel);
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() +
                    std::chrono::milliseconds(static_cast<int64_t>(timeout_seconds * 1000)));

@@ -1,40 +1,22 @@
 // `specd health --server ADDR`: one grpc.health.v1.Health/Check call, exit 0 when the server
 // answers SERVING. Container health checks run it, so it stays small and prints one line. Health
 // needs no bearer token (load balancers probe it without one), but a TLS server needs --tls-ca.
-#include <chrono>
-#include <cstdint>
-#include <future>
 #include <iostream>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
-#include "grpc/health/v1/health.grpc.pb.h"
 #include "tools/specd/command.h"
+#include "tools/specd/health_check.h"
 #include "tools/specd/remote_generate.h"
 
 namespace specd::cli {
 namespace {
 
 constexpr char kSummary[] = "exit 0 when a specd process answers gRPC health SERVING";
-
-absl::StatusOr<bool> CheckServing(const std::string& server, const ClientSecurity& security,
-                                  const std::string& service, double timeout_seconds) {
-  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel = OpenChannel(server, security);
-  if (!channel.ok()) return channel.status();
-  auto stub = grpc::health::v1::Health::NewStub(*channel);
-  grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() +
-                   std::chrono::milliseconds(static_cast<int64_t>(timeout_seconds * 1000)));
-  grpc::health::v1::HealthCheckRequest req;
-  req.set_service(service);
-  grpc::health::v1::HealthCheckResponse resp;
-  const grpc::Status st = stub->Check(&ctx, req, &resp);
-  if (!st.ok()) return absl::UnavailableError(absl::StrCat(server, ": ", st.error_message()));
-  return resp.status() == grpc::health::v1::HealthCheckResponse::SERVING;
-}
 
 int RunHealth(const std::vector<std::string>& argv) {
   std::vector<Args::Flag> flags = {
@@ -52,8 +34,11 @@ int RunHealth(const std::vector<std::string>& argv) {
     return ReportError("health", absl::InvalidArgumentError(absl::StrCat(
                                      "--timeout must be in (0, 3600] seconds, got ", *timeout)));
   }
-  absl::StatusOr<bool> serving = CheckServing(args->Get("server"), ClientSecurityFromArgs(*args),
-                                              args->Get("service"), *timeout);
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =
+      OpenChannel(args->Get("server"), ClientSecurityFromArgs(*args));
+  if (!channel.ok()) return ReportError("health", channel.status());
+  absl::StatusOr<bool> serving =
+      IsServing(*channel, args->Get("server"), args->Get("service"), *timeout);
   if (!serving.ok()) return ReportError("health", serving.status());
   if (!*serving) {
     std::cout << args->Get("server") << ": NOT_SERVING" << std::endl;
