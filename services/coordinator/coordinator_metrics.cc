@@ -18,7 +18,8 @@ constexpr std::array<const char*, 2> kWorkerNames = {"draft", "target"};
 // Factors of 2 from `first` up to past `last`.
 prometheus::Histogram::BucketBoundaries Exponential(double first, double last) {
   prometheus::Histogram::BucketBoundaries b;
-  for (double v = first; v < last * 2.0; v *= 2.0) b.push_back(v);
+  for (int i = 0; first * std::ldexp(1.0, i) < last * 2.0; ++i)
+    b.push_back(first * std::ldexp(1.0, i));
   return b;
 }
 

@@ -276,8 +276,8 @@ int WaitForEvent(const std::vector<Child>& children, const sigset_t& signals) {
 int RunServe(const std::vector<std::string>& argv) {
   const std::vector<Args::Flag> flags = {
       {"target", "target model directory", "", false, true},
-      {"draft", "draft model directory (same tokenizer as the target)"},
-      {"draft-exit-layer", "instead of --draft: the target's first L layers as the draft"},
+      {"draft", "draft model directory (same tokenizer as the target)", ""},
+      {"draft-exit-layer", "instead of --draft: the target's first L layers as the draft", ""},
       {"listen", "public gRPC address of the coordinator", "127.0.0.1:50051"},
       {"threads", "CPU threads per worker (0 = all cores)", "0"},
       {"kv-tokens", "KV cache capacity per worker, in tokens", "16384"},
@@ -291,8 +291,9 @@ int RunServe(const std::vector<std::string>& argv) {
        true},
       {"pid-dir",
        "write each child's pid to DIR/{target-worker,draft-worker,coordinator}.pid, rewritten "
-       "on every restart (for scripts that signal them)"},
-      {"bin-dir", "directory of the specd-* service binaries (default: found next to specd)"},
+       "on every restart (for scripts that signal them)",
+       ""},
+      {"bin-dir", "directory of the specd-* service binaries (default: found next to specd)", ""},
   };
   int exit_code = 0;
   std::optional<Args> args = ParseOrExit("serve", kSummary, argv, flags, &exit_code);
