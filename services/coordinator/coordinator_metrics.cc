@@ -1,6 +1,7 @@
 #include "services/coordinator/coordinator_metrics.h"
 
 #include <algorithm>
+#include <cmath>
 #include <exception>
 #include <utility>
 
