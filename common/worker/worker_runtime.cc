@@ -78,6 +78,14 @@ absl::Status WorkerRuntime::Admit(const SequenceRequest& req, int64_t extra_toke
     }
   }
   const auto it = seqs_.find(req.seq);
+  if (it != seqs_.end() && req.drop_tail &&
+      static_cast<int64_t>(it->second.tokens.size()) > req.expected_cached_len) {
+    const int64_t free_before = engine_->kv().free_blocks();
+    SPECD_RETURN_IF_ERROR(engine_->Truncate(req.seq, req.expected_cached_len));
+    it->second.tokens.resize(static_cast<size_t>(req.expected_cached_len));
+    *blocks_budget += engine_->kv().free_blocks() - free_before;
+    ReportKv();
+  }
   if (it == seqs_.end() && req.expected_cached_len != 0) {
     return absl::NotFoundError(
         absl::StrCat("unknown sequence ", req.seq, " (expected ", req.expected_cached_len,

@@ -38,6 +38,9 @@ struct SequenceRequest {
   SamplingParams sampling;
   uint64_t seed = 0;
   int64_t prompt_len = 0;  // how much of x is prompt (for the penalties)
+  // The worker may hold more than expected_cached_len tokens (the previous round's rejected
+  // drafts: a Truncate folded into this call); they are dropped before anything else.
+  bool drop_tail = false;
 };
 
 struct DraftSequenceRequest : SequenceRequest {

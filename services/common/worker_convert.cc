@@ -53,6 +53,7 @@ DraftSequenceRequest DraftFromProto(const pb::DraftSequence& proto) {
   DraftSequenceRequest r;
   FillSequence(proto.seq_id(), proto.catch_up_tokens(), proto.expected_cached_len(),
                proto.sampling(), proto.seed(), proto.prompt_len(), &r);
+  r.drop_tail = proto.drop_tail();
   r.num_draft_tokens = proto.num_draft_tokens();
   r.mode = proto.mode() == pb::DRAFT_MODE_GREEDY ? DraftMode::kGreedy : DraftMode::kProbabilistic;
   return r;
@@ -62,6 +63,7 @@ VerifySequenceRequest VerifyFromProto(const pb::VerifySequence& proto) {
   VerifySequenceRequest r;
   FillSequence(proto.seq_id(), proto.catch_up_tokens(), proto.expected_cached_len(),
                proto.sampling(), proto.seed(), proto.prompt_len(), &r);
+  r.drop_tail = proto.drop_tail();
   r.drafts.assign(proto.draft_tokens().begin(), proto.draft_tokens().end());
   r.num_candidates = proto.num_candidates();
   return r;

@@ -150,6 +150,7 @@ absl::StatusOr<std::vector<SequenceOutcome>> GrpcWorker::Draft(
     s->set_mode(r.mode == DraftMode::kGreedy ? pb::DRAFT_MODE_GREEDY
                                              : pb::DRAFT_MODE_PROBABILISTIC);
     s->set_prompt_len(r.prompt_len);
+    s->set_drop_tail(r.drop_tail);
   }
   grpc::ClientContext ctx;
   SetDeadline(&ctx);
@@ -209,6 +210,7 @@ absl::StatusOr<std::vector<VerifySequenceResult>> GrpcWorker::Verify(
     s->set_seed(r.seed);
     s->set_num_candidates(r.num_candidates);
     s->set_prompt_len(r.prompt_len);
+    s->set_drop_tail(r.drop_tail);
   }
   grpc::ClientContext ctx;
   SetDeadline(&ctx);

@@ -49,6 +49,7 @@ std::vector<RoundStats> RunSpeculationRound(WorkerApi& draft, WorkerApi& target,
     r.seq = s.id;
     r.catch_up.assign(s.tokens.begin() + s.draft_cached, s.tokens.end());
     r.expected_cached_len = s.draft_cached;
+    r.drop_tail = s.draft_tail;
     r.sampling = s.sampling;
     r.seed = s.seed;
     r.prompt_len = s.prompt_len;
@@ -81,6 +82,7 @@ std::vector<RoundStats> RunSpeculationRound(WorkerApi& draft, WorkerApi& target,
         if (o.seq != r.seq) continue;
         stats[i].status = o.status;
         batch[i]->draft_cached = o.cached_len;
+        if (o.status.ok()) batch[i]->draft_tail = false;
       }
       if (stats[i].status.ok() && static_cast<int32_t>(drafts[i].size()) != k[i]) {
         stats[i].status =
@@ -99,6 +101,7 @@ std::vector<RoundStats> RunSpeculationRound(WorkerApi& draft, WorkerApi& target,
     r.seq = s.id;
     r.catch_up.assign(s.tokens.begin() + s.target_cached, s.tokens.end());
     r.expected_cached_len = s.target_cached;
+    r.drop_tail = s.target_tail;
     r.sampling = s.sampling;
     r.seed = s.seed;
     r.prompt_len = s.prompt_len;
@@ -136,6 +139,7 @@ std::vector<RoundStats> RunSpeculationRound(WorkerApi& draft, WorkerApi& target,
       continue;
     }
     s.target_cached = v.cached_len;
+    s.target_tail = false;
     const bool greedy = s.sampling.greedy();
     const int32_t K = k[i];
     RoundEvidence ev;
@@ -166,27 +170,26 @@ std::vector<RoundStats> RunSpeculationRound(WorkerApi& draft, WorkerApi& target,
         absl::Duration* total;
         ~AddElapsed() { *total += absl::Now() - start; }
       } add_elapsed{truncate_start, &times.truncate};
-      // A call that would neither drop tokens nor answer a query is skipped: after a round that
-      // accepted (nearly) everything the caches are already a prefix of the new x.
+      // Only a Truncate that must answer a query (q_r(y) for the residual candidates) is a call
+      // of its own; dropping the rejected drafts rides on each worker's next Draft or Verify.
       const int64_t draft_keep = std::min(s.draft_cached, len_old + n);
-      if (draft_keep < s.draft_cached || needs_residual) {
-        absl::StatusOr<TruncateResult> tr =
-            draft.Truncate(s.id, draft_keep, needs_residual ? r_step : 0, ys);
+      if (needs_residual) {
+        absl::StatusOr<TruncateResult> tr = draft.Truncate(s.id, draft_keep, r_step, ys);
         if (!tr.ok()) {
           st.status = tr.status();
           continue;
         }
         s.draft_cached = tr->cached_len;
+        s.draft_tail = false;
         q_ys = std::move(tr->q_probs);
+      } else if (draft_keep < s.draft_cached) {
+        s.draft_cached = draft_keep;
+        s.draft_tail = true;
       }
       const int64_t target_keep = std::min(s.target_cached, len_old + n);
       if (target_keep < s.target_cached) {
-        absl::StatusOr<TruncateResult> tt = target.Truncate(s.id, target_keep, 0, {});
-        if (!tt.ok()) {
-          st.status = tt.status();
-          continue;
-        }
-        s.target_cached = tt->cached_len;
+        s.target_cached = target_keep;
+        s.target_tail = true;
       }
     }
 

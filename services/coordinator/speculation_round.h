@@ -29,6 +29,10 @@ struct SpeculativeSequence {
   int32_t num_candidates = 4;  // M
   int64_t draft_cached = 0;
   int64_t target_cached = 0;
+  // The worker may still hold rejected drafts past *_cached: a Truncate that needed no answer
+  // is folded into the worker's next Draft or Verify call (drop_tail), saving an RPC per round.
+  bool draft_tail = false;
+  bool target_tail = false;
 };
 
 struct RoundStats {

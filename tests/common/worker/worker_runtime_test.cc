@@ -509,6 +509,42 @@ TEST_F(WorkerRuntimeTest, TruncateAndReadRowErrors) {
   EXPECT_EQ(rt->engine().kv().used_blocks(), 1);
 }
 
+// drop_tail folds the previous round's Truncate into the next Verify: the result is that of a
+// worker that never saw the rejected drafts, and only a surplus is ever dropped.
+TEST_F(WorkerRuntimeTest, DropTailIsATruncateFoldedIntoTheNextCall) {
+  const std::vector<int32_t> prompt = Prompt(14, 3);
+  auto rt = Runtime();
+  ASSERT_TRUE(
+      rt->Verify(Verifies{VerifyReq(1, prompt, 0, {4, 5, 6}, Greedy(), 0, 14, 0)})[0].status.ok());
+  ASSERT_EQ(*rt->CachedLength(1), 17);  // the prompt and three drafts
+  // The round kept one draft (4) and appended a correction (9): x has 16 tokens, the worker
+  // should keep 15 of its 17 and catch up from there.
+  std::vector<int32_t> x = prompt;
+  x.push_back(4);
+  x.push_back(9);
+  VerifySequenceRequest next = VerifyReq(1, {9}, 15, {7, 8}, Greedy(), 0, 14, 0);
+  const auto stale = rt->Verify(Verifies{next});
+  EXPECT_EQ(stale[0].status.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(*rt->CachedLength(1), 17);  // a refused call changes nothing
+  VerifySequenceRequest too_long = next;
+  too_long.expected_cached_len = 18;
+  too_long.drop_tail = true;
+  EXPECT_EQ(rt->Verify(Verifies{too_long})[0].status.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(*rt->CachedLength(1), 17);
+  next.drop_tail = true;
+  const auto folded = rt->Verify(Verifies{next});
+  ASSERT_TRUE(folded[0].status.ok()) << folded[0].status;
+  EXPECT_EQ(*rt->CachedLength(1), 18);  // 15 kept + 9, 7, 8
+  EXPECT_EQ(folded[0].position, 16);
+
+  auto fresh = Runtime();
+  const auto reference = fresh->Verify(Verifies{VerifyReq(1, x, 0, {7, 8}, Greedy(), 0, 14, 0)});
+  ASSERT_TRUE(reference[0].status.ok());
+  EXPECT_EQ(folded[0].argmax, reference[0].argmax);
+  EXPECT_EQ(folded[0].bonus_token, reference[0].bonus_token);
+  EXPECT_EQ(rt->engine().kv().used_blocks(), fresh->engine().kv().used_blocks());
+}
+
 TEST_F(WorkerRuntimeTest, RandomizedSessionReturnsEveryBlock) {
   auto rt = Runtime(/*prefill_chunk=*/13, 8192);
   std::mt19937 rng(7);
