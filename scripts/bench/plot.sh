@@ -11,5 +11,4 @@ if ! command -v gnuplot >/dev/null; then
   exit 1
 fi
 gnuplot -e "dir='$out'" "$here/plot.gnuplot"
-echo "plot: wrote speedup_vs_k.png, tokens_vs_concurrency.png, speedup_vs_concurrency.png" \
-  "in $out" >&2
+echo "plot: wrote the PNGs in $out" >&2
