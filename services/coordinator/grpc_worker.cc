@@ -23,6 +23,19 @@ void SamplingToProto(const SamplingParams& p, pb::SamplingParams* out) {
   out->set_frequency_penalty(p.frequency_penalty);
 }
 
+// The fields every DraftSequence and VerifySequence carries (worker_convert's FillSequence reads
+// them back on the worker).
+template <typename ProtoSequence>
+void SequenceToProto(const SequenceRequest& r, ProtoSequence* s) {
+  s->set_seq_id(r.seq);
+  s->mutable_catch_up_tokens()->Add(r.catch_up.begin(), r.catch_up.end());
+  s->set_expected_cached_len(r.expected_cached_len);
+  SamplingToProto(r.sampling, s->mutable_sampling());
+  s->set_seed(r.seed);
+  s->set_prompt_len(r.prompt_len);
+  s->set_drop_tail(r.drop_tail);
+}
+
 absl::Status StatusFromProto(const pb::SequenceStatus& s) {
   return absl::Status(static_cast<absl::StatusCode>(s.code()), s.message());
 }
@@ -141,16 +154,10 @@ absl::StatusOr<std::vector<SequenceOutcome>> GrpcWorker::Draft(
   pb::DraftRequest req;
   for (const DraftSequenceRequest& r : batch) {
     pb::DraftSequence* s = req.add_sequences();
-    s->set_seq_id(r.seq);
-    s->mutable_catch_up_tokens()->Add(r.catch_up.begin(), r.catch_up.end());
-    s->set_expected_cached_len(r.expected_cached_len);
+    SequenceToProto(r, s);
     s->set_num_draft_tokens(r.num_draft_tokens);
-    SamplingToProto(r.sampling, s->mutable_sampling());
-    s->set_seed(r.seed);
     s->set_mode(r.mode == DraftMode::kGreedy ? pb::DRAFT_MODE_GREEDY
                                              : pb::DRAFT_MODE_PROBABILISTIC);
-    s->set_prompt_len(r.prompt_len);
-    s->set_drop_tail(r.drop_tail);
   }
   grpc::ClientContext ctx;
   SetDeadline(&ctx);
@@ -202,15 +209,9 @@ absl::StatusOr<std::vector<VerifySequenceResult>> GrpcWorker::Verify(
   pb::VerifyRequest req;
   for (const VerifySequenceRequest& r : batch) {
     pb::VerifySequence* s = req.add_sequences();
-    s->set_seq_id(r.seq);
-    s->mutable_catch_up_tokens()->Add(r.catch_up.begin(), r.catch_up.end());
+    SequenceToProto(r, s);
     s->mutable_draft_tokens()->Add(r.drafts.begin(), r.drafts.end());
-    s->set_expected_cached_len(r.expected_cached_len);
-    SamplingToProto(r.sampling, s->mutable_sampling());
-    s->set_seed(r.seed);
     s->set_num_candidates(r.num_candidates);
-    s->set_prompt_len(r.prompt_len);
-    s->set_drop_tail(r.drop_tail);
   }
   grpc::ClientContext ctx;
   SetDeadline(&ctx);

@@ -14,6 +14,24 @@ int32_t EffectiveK(const SpeculativeSequence& s, int64_t max_seq_len) {
   return static_cast<int32_t>(std::clamp<int64_t>(room, 0, s.num_speculative_tokens));
 }
 
+namespace {
+
+// Adds the time from construction to destruction to `*total`: every way out of a scope counts,
+// failures included.
+class AddElapsedOnExit {
+ public:
+  explicit AddElapsedOnExit(absl::Duration* total) : total_(total) {}
+  ~AddElapsedOnExit() { *total_ += absl::Now() - start_; }
+  AddElapsedOnExit(const AddElapsedOnExit&) = delete;
+  AddElapsedOnExit& operator=(const AddElapsedOnExit&) = delete;
+
+ private:
+  absl::Duration* total_;
+  absl::Time start_ = absl::Now();
+};
+
+}  // namespace
+
 std::vector<RoundStats> RunSpeculationRound(WorkerApi& draft, WorkerApi& target,
                                             std::span<SpeculativeSequence* const> batch,
                                             const RoundOptions& options) {
@@ -21,13 +39,7 @@ std::vector<RoundStats> RunSpeculationRound(WorkerApi& draft, WorkerApi& target,
   RoundPhaseTimes unused_times;
   RoundPhaseTimes& times = options.phase_times != nullptr ? *options.phase_times : unused_times;
   times = RoundPhaseTimes();
-  const absl::Time round_start = absl::Now();
-  // Set on every return path.
-  struct SetRoundTime {
-    absl::Time start;
-    absl::Duration* round;
-    ~SetRoundTime() { *round = absl::Now() - start; }
-  } set_round_time{round_start, &times.round};
+  const AddElapsedOnExit round_time(&times.round);
   std::vector<int32_t> k(batch.size());
   for (size_t i = 0; i < batch.size(); ++i) {
     k[i] = EffectiveK(*batch[i], options.max_seq_len);
@@ -163,13 +175,7 @@ std::vector<RoundStats> RunSpeculationRound(WorkerApi& draft, WorkerApi& target,
     if (needs_residual) ys = v.candidate_tokens[static_cast<size_t>(n)];
     std::vector<float> q_ys;
     if (K > 0) {
-      const absl::Time truncate_start = absl::Now();
-      // Added on every path out of this block, failures included.
-      struct AddElapsed {
-        absl::Time start;
-        absl::Duration* total;
-        ~AddElapsed() { *total += absl::Now() - start; }
-      } add_elapsed{truncate_start, &times.truncate};
+      const AddElapsedOnExit truncate_time(&times.truncate);
       // Only a Truncate that must answer a query (q_r(y) for the residual candidates) is a call
       // of its own; dropping the rejected drafts rides on each worker's next Draft or Verify.
       const int64_t draft_keep = std::min(s.draft_cached, len_old + n);
