@@ -327,8 +327,11 @@ int Run(int argc, char** argv) {
   so.num_candidates = static_cast<int32_t>(num_candidates);
   so.eos_token_ids = eos;
   so.worker_unavailable_timeout = absl::Seconds(static_cast<double>(*unavailable_s));
-  so.on_worker_event = [](const std::string& line) {
-    std::cerr << kProgram << ": " << line << std::endl;
+  so.on_worker_event = [](const std::string& event) {
+    // One write: specd serve's children share a stderr, and pieces would interleave mid-line.
+    const std::string line = absl::StrCat(kProgram, ": ", event, "\n");
+    std::cerr.write(line.data(), static_cast<std::streamsize>(line.size()));
+    std::cerr.flush();
   };
   so.on_round = [&metrics](const RoundPhaseTimes& t) {
     metrics.OnRoundPhase(CoordinatorMetrics::Phase::kDraft, t.draft);

@@ -33,6 +33,14 @@ extern char** environ;
 namespace specd::cli {
 namespace {
 
+// One line on stderr in a single write: the children share that stderr, and a line written in
+// pieces interleaves with theirs mid-line.
+void LogLine(const std::string& text) {
+  const std::string line = absl::StrCat("specd serve: ", text, "\n");
+  std::cerr.write(line.data(), static_cast<std::streamsize>(line.size()));
+  std::cerr.flush();
+}
+
 constexpr char kSummary[] =
     "Serve a model with speculative decoding: a target worker, a draft worker and the\n"
     "coordinator, on loopback. Prints `listening on HOST:PORT` when ready, as each service does.\n"
@@ -192,8 +200,7 @@ absl::Status Start(Child& child, const sigset_t& stop_signals, const std::string
   if (absl::Status st = Spawn(child); !st.ok()) return st;
   if (absl::Status st = WaitForAddress(child, stop_signals); !st.ok()) return st;
   WritePidFile(child, pid_dir);
-  std::cerr << "specd serve: " << child.name << " pid " << child.pid << " on " << child.listen
-            << std::endl;
+  LogLine(absl::StrCat(child.name, " pid ", child.pid, " on ", child.listen));
   return absl::OkStatus();
 }
 
@@ -221,8 +228,7 @@ void StopAll(std::vector<Child>& children) {
 void ScheduleRestart(Child& child, absl::Time now) {
   if (now - child.started >= kStableAfter) child.backoff = kFirstBackoff;
   child.restart_at = now + child.backoff;
-  std::cerr << "specd serve: restarting the " << child.name << " in "
-            << absl::FormatDuration(child.backoff) << std::endl;
+  LogLine(absl::StrCat("restarting the ", child.name, " in ", absl::FormatDuration(child.backoff)));
   child.backoff = std::min(child.backoff * 2, kMaxBackoff);
 }
 
@@ -231,8 +237,7 @@ void ReapExited(std::vector<Child>& children) {
   for (Child& c : children) {
     int status = 0;
     if (c.pid <= 0 || waitpid(c.pid, &status, WNOHANG) != c.pid) continue;
-    std::cerr << "specd serve: the " << c.name << " (pid " << c.pid << ") " << DescribeExit(status)
-              << std::endl;
+    LogLine(absl::StrCat("the ", c.name, " (pid ", c.pid, ") ", DescribeExit(status)));
     c.pid = -1;
     if (c.out_fd >= 0) close(c.out_fd);
     c.out_fd = -1;
