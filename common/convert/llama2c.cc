@@ -6,11 +6,11 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 #include "common/model/config.h"
 #include "common/model/mapped_file.h"
 #include "common/model/safetensors_writer.h"
 #include "common/tokenizer/llama2c_import.h"
-#include "common/util/status_macros.h"
 
 namespace specd {
 namespace {

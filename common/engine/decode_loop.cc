@@ -3,10 +3,10 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
-#include "common/random/philox.h"
+#include "base/inverse_cdf.h"
+#include "base/philox.h"
+#include "base/status_macros.h"
 #include "common/sampling/processed.h"
-#include "common/sampling/sample.h"
-#include "common/util/status_macros.h"
 
 namespace specd {
 namespace {

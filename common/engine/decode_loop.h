@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "base/sampling_params.h"
 #include "common/engine/llama_engine.h"
-#include "common/sampling/params.h"
 
 namespace specd {
 

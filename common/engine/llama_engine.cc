@@ -6,8 +6,8 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 #include "common/model/resident_weights.h"
-#include "common/util/status_macros.h"
 
 namespace specd {
 namespace {

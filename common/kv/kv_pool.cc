@@ -4,15 +4,13 @@
 
 #include "absl/memory/memory.h"
 #include "absl/strings/str_cat.h"
+#include "base/math.h"
 
 namespace specd {
 namespace {
 
 // Block ids are int32 in block tables; stay well inside that and inside host memory for tables.
 constexpr int64_t kMaxBlocks = int64_t{1} << 30;
-
-// a / b rounded up, without the overflow of (a + b - 1) / b near INT64_MAX.
-int64_t CeilDiv(int64_t a, int64_t b) { return a / b + (a % b != 0); }
 
 }  // namespace
 

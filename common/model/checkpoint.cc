@@ -7,8 +7,8 @@
 #include "absl/memory/memory.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 #include "common/util/absl_string.h"
-#include "common/util/status_macros.h"
 #include "nlohmann/json.hpp"
 
 namespace specd {

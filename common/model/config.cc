@@ -10,9 +10,9 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 #include "common/model/mapped_file.h"
 #include "common/util/absl_string.h"
-#include "common/util/status_macros.h"
 #include "nlohmann/json.hpp"
 
 namespace specd {

@@ -10,8 +10,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "base/status_macros.h"
 #include "common/util/absl_string.h"
-#include "common/util/status_macros.h"
 #include "nlohmann/json.hpp"
 
 namespace specd {

@@ -5,8 +5,8 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "base/status_macros.h"
 #include "common/model/resident_weights.h"
-#include "common/util/status_macros.h"
 
 namespace specd {
 namespace {

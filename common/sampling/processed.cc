@@ -9,7 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
-#include "common/util/status_macros.h"
+#include "base/status_macros.h"
 
 namespace specd {
 namespace {

@@ -36,7 +36,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "common/sampling/params.h"
+#include "base/sampling_params.h"
 
 namespace specd {
 

@@ -8,9 +8,9 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "base/status_macros.h"
 #include "common/model/checkpoint.h"
 #include "common/model/safetensors_writer.h"
-#include "common/util/status_macros.h"
 #include "nlohmann/json.hpp"
 
 namespace specd {

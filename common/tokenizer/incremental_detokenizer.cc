@@ -3,10 +3,10 @@
 // its earlier tokens, so the work per push is proportional to the window, not to the stream.
 
 #include "absl/status/status.h"
+#include "base/status_macros.h"
 #include "common/tokenizer/decoder.h"
 #include "common/tokenizer/tokenizer.h"
 #include "common/tokenizer/utf8.h"
-#include "common/util/status_macros.h"
 
 namespace specd {
 namespace {

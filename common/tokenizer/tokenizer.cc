@@ -8,13 +8,13 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 #include "common/tokenizer/added_tokens.h"
 #include "common/tokenizer/sha256.h"
 #include "common/tokenizer/string_util.h"
 #include "common/tokenizer/tokenizer_config.h"
 #include "common/tokenizer/tokenizer_json.h"
 #include "common/tokenizer/utf8.h"
-#include "common/util/status_macros.h"
 
 namespace specd {
 namespace {

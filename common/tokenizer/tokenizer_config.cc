@@ -1,9 +1,9 @@
 #include "common/tokenizer/tokenizer_config.h"
 
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 #include "common/tokenizer/json_fields.h"
 #include "common/tokenizer/string_util.h"
-#include "common/util/status_macros.h"
 
 namespace specd::tokenizer {
 namespace {

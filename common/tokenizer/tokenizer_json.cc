@@ -5,10 +5,10 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "base/status_macros.h"
 #include "common/tokenizer/json_fields.h"
 #include "common/tokenizer/string_util.h"
 #include "common/tokenizer/utf8.h"
-#include "common/util/status_macros.h"
 
 namespace specd::tokenizer {
 namespace {

@@ -5,8 +5,9 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
-#include "common/random/philox.h"
-#include "common/util/status_macros.h"
+#include "base/math.h"
+#include "base/philox.h"
+#include "base/status_macros.h"
 
 namespace specd {
 namespace {
@@ -21,8 +22,6 @@ void PointMass(int32_t token, int64_t vocab, std::vector<float>* row) {
 int32_t ArgmaxLowestId(std::span<const float> row) {
   return static_cast<int32_t>(std::max_element(row.begin(), row.end()) - row.begin());
 }
-
-int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // INVALID_ARGUMENT for the second and later requests naming an id already seen in the call, so
 // one sequence is never fed twice in one forward pass.
@@ -507,7 +506,7 @@ absl::StatusOr<TruncateResult> WorkerRuntime::Truncate(KvPool::SeqId seq, int64_
   return result;
 }
 
-absl::StatusOr<KeptRow> WorkerRuntime::ReadRow(KvPool::SeqId seq, int32_t step) const {
+absl::StatusOr<ProbRow> WorkerRuntime::ReadRow(KvPool::SeqId seq, int32_t step) const {
   const auto it = seqs_.find(seq);
   if (it == seqs_.end()) return absl::NotFoundError(absl::StrCat("unknown sequence ", seq));
   const Sequence& s = it->second;
@@ -515,16 +514,7 @@ absl::StatusOr<KeptRow> WorkerRuntime::ReadRow(KvPool::SeqId seq, int32_t step) 
     return absl::FailedPreconditionError(absl::StrCat("sequence ", seq, ": no kept row for step ",
                                                       step, " (", s.rows.size(), " kept)"));
   }
-  const std::vector<float>& row = s.rows[static_cast<size_t>(step - 1)];
-  KeptRow kept;
-  kept.row = ExtractSupport(row);
-  // Sparse costs two numbers per entry; send it only when that is smaller than the dense row.
-  kept.dense = kept.row.ids.size() * 2 > row.size();
-  if (kept.dense) {
-    kept.row.ids.clear();
-    kept.row.probs = row;
-  }
-  return kept;
+  return CompactRow(s.rows[static_cast<size_t>(step - 1)]);
 }
 
 absl::Status WorkerRuntime::Release(KvPool::SeqId seq) {

@@ -17,10 +17,10 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "base/inverse_cdf.h"
+#include "base/sampling_params.h"
 #include "common/engine/llama_engine.h"
-#include "common/sampling/params.h"
 #include "common/sampling/processed.h"
-#include "common/sampling/sample.h"
 
 namespace specd {
 
@@ -94,12 +94,6 @@ struct TruncateResult {
   std::vector<float> q_probs;  // answers to the query tokens
 };
 
-// A kept processed row: sparse (ascending ids) when its support is small, else dense.
-struct KeptRow {
-  bool dense = false;
-  SparseRow row;  // dense: `probs` is the whole row and `ids` is empty
-};
-
 enum class ForwardKind { kCatchUp, kDraftStep, kVerify };
 
 // "catch_up", "draft_step" or "verify": the metrics label.
@@ -144,7 +138,7 @@ class WorkerRuntime {
                                           std::span<const int32_t> query_tokens);
 
   // One kept processed row (1-based step), sparse when that is smaller on the wire.
-  absl::StatusOr<KeptRow> ReadRow(KvPool::SeqId seq, int32_t step) const;
+  absl::StatusOr<ProbRow> ReadRow(KvPool::SeqId seq, int32_t step) const;
 
   absl::Status Release(KvPool::SeqId seq);
 

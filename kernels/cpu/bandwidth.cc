@@ -12,7 +12,7 @@
 #include "absl/memory/memory.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "common/util/status_macros.h"
+#include "base/status_macros.h"
 #include "kernels/cpu/cpu_isa.h"
 #include "kernels/cpu/thread_pool.h"
 

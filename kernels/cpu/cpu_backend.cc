@@ -6,7 +6,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "common/util/status_macros.h"
+#include "base/status_macros.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/cpu_context.h"
 #include "kernels/cpu/elementwise.h"

@@ -4,7 +4,7 @@
 #include <cstdint>
 
 #include "absl/strings/string_view.h"
-#include "common/util/status_macros.h"
+#include "base/status_macros.h"
 #include "kernels/cpu/validate.h"
 
 namespace specd::kernels::cpu {

@@ -7,7 +7,7 @@
 #include <string_view>
 
 #include "absl/strings/str_cat.h"
-#include "common/util/status_macros.h"
+#include "base/status_macros.h"
 
 namespace specd {
 namespace {

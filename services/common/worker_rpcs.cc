@@ -41,11 +41,11 @@ grpc::ServerUnaryReactor* WorkerRpcs::ReadRows(grpc::CallbackServerContext* cont
                                                worker::v1::ReadRowsResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   engine_->Post([reactor, request, response](WorkerRuntime& runtime) {
-    absl::StatusOr<KeptRow> kept = runtime.ReadRow(request->seq_id(), request->step());
+    absl::StatusOr<ProbRow> kept = runtime.ReadRow(request->seq_id(), request->step());
     if (kept.ok()) {
-      response->set_dense(kept->dense);
-      response->mutable_ids()->Assign(kept->row.ids.begin(), kept->row.ids.end());
-      response->mutable_probs()->Assign(kept->row.probs.begin(), kept->row.probs.end());
+      response->set_dense(kept->dense());
+      response->mutable_ids()->Assign(kept->ids.begin(), kept->ids.end());
+      response->mutable_probs()->Assign(kept->probs.begin(), kept->probs.end());
       CacheStateToProto(*runtime.CachedLength(request->seq_id()), runtime.engine().kv(),
                         response->mutable_cache());
     }

@@ -4,37 +4,11 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
-#include "common/random/philox.h"
-#include "common/sampling/sample.h"
+#include "base/inverse_cdf.h"
+#include "base/philox.h"
 
 namespace specd {
-namespace {
-
-// Expands a row to V dense entries, checking ids.
-absl::StatusOr<std::vector<float>> Densify(const ProbRow& row, int64_t vocab, const char* what) {
-  if (row.dense()) {
-    if (static_cast<int64_t>(row.probs.size()) != vocab) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(what, " row has ", row.probs.size(), " entries, expected ", vocab));
-    }
-    return row.probs;
-  }
-  if (row.ids.size() != row.probs.size()) {
-    return absl::InvalidArgumentError(absl::StrCat(what, " row: ", row.ids.size(), " ids but ",
-                                                   row.probs.size(), " probabilities"));
-  }
-  std::vector<float> dense(static_cast<size_t>(vocab), 0.0f);
-  for (size_t i = 0; i < row.ids.size(); ++i) {
-    if (row.ids[i] < 0 || row.ids[i] >= vocab) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(what, " row: id ", row.ids[i], " outside [0, ", vocab, ")"));
-    }
-    dense[static_cast<size_t>(row.ids[i])] = row.probs[i];
-  }
-  return dense;
-}
-
-}  // namespace
+namespace {}  // namespace
 
 int32_t CountAccepted(const RoundEvidence& round, bool greedy) {
   const size_t K = round.draft_tokens.size();
@@ -71,9 +45,9 @@ std::optional<int32_t> ChooseCandidate(uint64_t seed, uint32_t position_r,
 
 absl::StatusOr<int32_t> SampleResidual(uint64_t seed, uint32_t position_r, const ProbRow& p,
                                        const ProbRow& q, int64_t vocab_size) {
-  absl::StatusOr<std::vector<float>> pd = Densify(p, vocab_size, "target");
+  absl::StatusOr<std::vector<float>> pd = DensifyRow(p, vocab_size, "target");
   if (!pd.ok()) return pd.status();
-  absl::StatusOr<std::vector<float>> qd = Densify(q, vocab_size, "draft");
+  absl::StatusOr<std::vector<float>> qd = DensifyRow(q, vocab_size, "draft");
   if (!qd.ok()) return qd.status();
   std::vector<float> residual(static_cast<size_t>(vocab_size));
   float total = 0.0f;

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "base/inverse_cdf.h"
 
 namespace specd {
 
@@ -47,14 +48,6 @@ std::optional<int32_t> ChooseCandidate(uint64_t seed, uint32_t position_r,
                                        std::span<const int32_t> candidates,
                                        std::span<const float> p_candidates,
                                        std::span<const float> q_candidates);
-
-// A probability row as workers send it from ReadRows: dense (`ids` empty, `probs` has V entries)
-// or sparse (`ids` ascending, `probs` aligned).
-struct ProbRow {
-  std::vector<int32_t> ids;
-  std::vector<float> probs;
-  bool dense() const { return ids.empty(); }
-};
 
 // The exact fallback: sample norm(max(0, p − q)) in token-id order with the RESIDUAL_FALLBACK
 // uniform at `position_r`; if that residual sums to 0 in fp32, sample p. Residual entries are fp32

@@ -1,7 +1,7 @@
 #include "services/coordinator/request_validation.h"
 
 #include "absl/strings/str_cat.h"
-#include "common/sampling/params.h"
+#include "base/sampling_params.h"
 
 namespace specd {
 namespace {

@@ -10,7 +10,7 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
-#include "common/sampling/params.h"
+#include "base/sampling_params.h"
 #include "common/worker/worker_runtime.h"
 #include "services/coordinator/worker_api.h"
 

@@ -76,12 +76,7 @@ class LocalWorker final : public WorkerApi {
     return runtime_->Truncate(seq, new_len, query_step, query_tokens);
   }
   absl::StatusOr<ProbRow> ReadRow(KvPool::SeqId seq, int32_t step) override {
-    absl::StatusOr<KeptRow> kept = runtime_->ReadRow(seq, step);
-    if (!kept.ok()) return kept.status();
-    ProbRow out;
-    if (!kept->dense) out.ids = std::move(kept->row.ids);
-    out.probs = std::move(kept->row.probs);
-    return out;
+    return runtime_->ReadRow(seq, step);
   }
   absl::Status Release(KvPool::SeqId seq) override { return runtime_->Release(seq); }
   int64_t FreeKvTokens() const override {

@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "common/sampling/params.h"
+#include "base/sampling_params.h"
 #include "grpcpp/grpcpp.h"
 #include "specd/worker/v1/worker.grpc.pb.h"
 

@@ -5,10 +5,10 @@
 #include <random>
 #include <vector>
 
+#include "base/inverse_cdf.h"
+#include "base/philox.h"
 #include "benchmark/benchmark.h"
-#include "common/random/philox.h"
 #include "common/sampling/processed.h"
-#include "common/sampling/sample.h"
 
 namespace specd {
 namespace {

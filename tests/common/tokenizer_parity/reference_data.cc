@@ -19,7 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "common/util/status_macros.h"
+#include "base/status_macros.h"
 #include "nlohmann/json.hpp"
 
 namespace specd::testing {

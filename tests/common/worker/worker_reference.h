@@ -13,11 +13,11 @@
 #include <span>
 #include <vector>
 
+#include "base/inverse_cdf.h"
+#include "base/philox.h"
+#include "base/sampling_params.h"
 #include "common/engine/llama_engine.h"
-#include "common/random/philox.h"
-#include "common/sampling/params.h"
 #include "common/sampling/processed.h"
-#include "common/sampling/sample.h"
 #include "gtest/gtest.h"
 
 namespace specd::testing {

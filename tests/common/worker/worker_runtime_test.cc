@@ -185,13 +185,10 @@ void ExpectVerifyEquals(const VerifySequenceResult& got, const ExpectedVerify& w
   }
 }
 
-std::vector<float> Densify(const KeptRow& kept, int64_t vocab) {
-  if (kept.dense) return kept.row.probs;
-  std::vector<float> row(static_cast<size_t>(vocab), 0.0f);
-  for (size_t i = 0; i < kept.row.ids.size(); ++i) {
-    row[static_cast<size_t>(kept.row.ids[i])] = kept.row.probs[i];
-  }
-  return row;
+std::vector<float> Densify(const ProbRow& kept, int64_t vocab) {
+  absl::StatusOr<std::vector<float>> row = DensifyRow(kept, vocab, "kept");
+  EXPECT_TRUE(row.ok()) << row.status();
+  return row.ok() ? *row : std::vector<float>();
 }
 
 TEST_F(WorkerRuntimeTest, DraftFollowsTheDraftSampleStreamOverTwoRounds) {
@@ -212,7 +209,7 @@ TEST_F(WorkerRuntimeTest, DraftFollowsTheDraftSampleStreamOverTwoRounds) {
     const ExpectedDraft want = testing::ReferenceDraft(oracle_, prompt, 21, params, seed, K);
     ExpectDraftEquals(log.tokens[seq], want);
     for (int32_t k = 1; k <= K; ++k) {
-      absl::StatusOr<KeptRow> kept = rt->ReadRow(seq, k);
+      absl::StatusOr<ProbRow> kept = rt->ReadRow(seq, k);
       ASSERT_TRUE(kept.ok()) << kept.status();
       EXPECT_TRUE(SameBits(Densify(*kept, kVocab), want.rows[static_cast<size_t>(k - 1)]));
     }
@@ -250,11 +247,11 @@ TEST_F(WorkerRuntimeTest, GreedyDraftsArePointMasses) {
                     testing::ReferenceDraft(oracle_, prompt, 9, Filtered(), 5, 4, true));
   for (KvPool::SeqId seq : {1, 2}) {
     for (const DraftToken& t : log.tokens[seq]) EXPECT_EQ(t.q_prob, 1.0f);
-    absl::StatusOr<KeptRow> kept = rt->ReadRow(seq, 2);
+    absl::StatusOr<ProbRow> kept = rt->ReadRow(seq, 2);
     ASSERT_TRUE(kept.ok());
-    EXPECT_FALSE(kept->dense);
-    EXPECT_EQ(kept->row.ids, std::vector<int32_t>{log.tokens[seq][1].token});
-    EXPECT_EQ(kept->row.probs, std::vector<float>{1.0f});
+    EXPECT_FALSE(kept->dense());
+    EXPECT_EQ(kept->ids, std::vector<int32_t>{log.tokens[seq][1].token});
+    EXPECT_EQ(kept->probs, std::vector<float>{1.0f});
   }
 }
 
@@ -278,7 +275,7 @@ TEST_F(WorkerRuntimeTest, VerifyMatchesTheTargetRowsAndStreams) {
       EXPECT_TRUE(out[0].candidate_tokens.empty());
     }
     for (int32_t i = 1; i <= 5; ++i) {
-      absl::StatusOr<KeptRow> kept = rt->ReadRow(1, i);
+      absl::StatusOr<ProbRow> kept = rt->ReadRow(1, i);
       ASSERT_TRUE(kept.ok()) << kept.status();
       EXPECT_TRUE(SameBits(Densify(*kept, kVocab), want.rows[static_cast<size_t>(i - 1)]));
     }

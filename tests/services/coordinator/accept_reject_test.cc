@@ -6,10 +6,10 @@
 #include <cmath>
 #include <vector>
 
-#include "common/random/philox.h"
-#include "common/sampling/sample.h"
+#include "base/inverse_cdf.h"
+#include "base/philox.h"
 #include "gtest/gtest.h"
-#include "tests/common/random/chi_square.h"
+#include "tests/base/chi_square.h"
 
 namespace specd {
 namespace {

@@ -15,8 +15,8 @@
 #include "common/synth/synth.h"
 #include "gtest/gtest.h"
 #include "services/coordinator/speculation_round.h"
+#include "tests/base/chi_square.h"
 #include "tests/common/engine/engine_test_util.h"
-#include "tests/common/random/chi_square.h"
 #include "tests/test_util.h"
 
 namespace specd {

@@ -20,8 +20,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "base/status_macros.h"
 #include "common/synth/synth.h"
-#include "common/util/status_macros.h"
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
@@ -107,12 +107,7 @@ class FaultyWorker final : public WorkerApi {
   absl::StatusOr<ProbRow> ReadRow(KvPool::SeqId seq, int32_t step) override {
     std::lock_guard<std::mutex> lock(mu_);
     SPECD_RETURN_IF_ERROR(CheckUp());
-    absl::StatusOr<KeptRow> kept = runtime_->ReadRow(seq, step);
-    if (!kept.ok()) return kept.status();
-    ProbRow out;
-    if (!kept->dense) out.ids = std::move(kept->row.ids);
-    out.probs = std::move(kept->row.probs);
-    return out;
+    return runtime_->ReadRow(seq, step);
   }
   absl::Status Release(KvPool::SeqId seq) override {
     std::lock_guard<std::mutex> lock(mu_);

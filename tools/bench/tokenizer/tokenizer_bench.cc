@@ -31,8 +31,8 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "base/status_macros.h"
 #include "common/tokenizer/tokenizer.h"
-#include "common/util/status_macros.h"
 #include "nlohmann/json.hpp"
 #ifdef SPECD_BENCH_HAVE_SENTENCEPIECE
 #include "tools/bench/tokenizer/sentencepiece_encoder.h"

@@ -2,11 +2,12 @@
 // row_0..row_i in ascending id order, pick the smallest i with u * C_last < C_i. Scaling u by
 // the row's own total means a row whose fp32 entries sum short of 1 is still sampled in full,
 // and a zero-probability token is never picked (its C_i equals its predecessor's).
-#ifndef SPECD_COMMON_SAMPLING_SAMPLE_H_
-#define SPECD_COMMON_SAMPLING_SAMPLE_H_
+#ifndef SPECD_BASE_INVERSE_CDF_H_
+#define SPECD_BASE_INVERSE_CDF_H_
 
 #include <cstdint>
 #include <span>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -23,15 +24,27 @@ absl::StatusOr<int32_t> SampleInverseCdf(std::span<const float> probs, double u)
 absl::StatusOr<int32_t> SampleInverseCdfSparse(std::span<const int32_t> ids,
                                                std::span<const float> probs, double u);
 
-// A row's support: ids with a positive probability, ascending, and their probabilities.
-struct SparseRow {
+// A probability row, the one form rows take outside a back end's memory: dense (`ids` empty,
+// `probs` has V entries, entry i is token i) or by its support (`ids` strictly ascending,
+// `probs` aligned; every other token has probability 0).
+struct ProbRow {
   std::vector<int32_t> ids;
   std::vector<float> probs;
+  bool dense() const { return ids.empty(); }
 };
 
-// The support of a dense row, e.g. to answer ReadRows without sending V floats.
-SparseRow ExtractSupport(std::span<const float> probs);
+// The support of a dense row: ids with a positive probability, ascending.
+ProbRow ExtractSupport(std::span<const float> probs);
+
+// The smaller of the two forms on the wire (a support entry costs two numbers): the support, or
+// the dense row when the support holds more than half the vocabulary.
+ProbRow CompactRow(std::span<const float> probs);
+
+// `row` as V dense entries. INVALID_ARGUMENT, naming `what`, for a dense row of another size, ids
+// and probs of different lengths, or an id outside [0, vocab).
+absl::StatusOr<std::vector<float>> DensifyRow(const ProbRow& row, int64_t vocab,
+                                              std::string_view what);
 
 }  // namespace specd
 
-#endif  // SPECD_COMMON_SAMPLING_SAMPLE_H_
+#endif  // SPECD_BASE_INVERSE_CDF_H_

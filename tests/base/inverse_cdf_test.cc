@@ -1,15 +1,15 @@
-#include "common/sampling/sample.h"
+#include "base/inverse_cdf.h"
 
 #include <cmath>
 #include <cstdint>
 #include <limits>
 #include <vector>
 
-#include "common/random/philox.h"
+#include "base/philox.h"
 #include "common/sampling/processed.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "tests/common/random/chi_square.h"
+#include "tests/base/chi_square.h"
 
 namespace specd {
 namespace {
@@ -154,7 +154,7 @@ TEST(SampleInverseCdfTest, SparseFormMatchesDenseForm) {
   std::vector<float> dense(300, 0.0f);
   for (size_t i = 0; i < dense.size(); i += 7) dense[i] = 1.0f + static_cast<float>(i % 5);
   dense[299] = 0.5f;
-  const SparseRow row = ExtractSupport(dense);
+  const ProbRow row = ExtractSupport(dense);
   ASSERT_EQ(row.ids.size(), row.probs.size());
   for (size_t j = 0; j < row.ids.size(); ++j) {
     EXPECT_GT(row.probs[j], 0.0f);

@@ -4,8 +4,8 @@
 // index, sample), so nothing random crosses the wire and a decision at position j can be replayed
 // in any later round. Philox is Salmon et al., "Parallel random numbers: as easy as 1, 2, 3"
 // (SC 2011), as implemented by Random123 (github.com/DEShawResearch/random123).
-#ifndef SPECD_COMMON_RANDOM_PHILOX_H_
-#define SPECD_COMMON_RANDOM_PHILOX_H_
+#ifndef SPECD_BASE_PHILOX_H_
+#define SPECD_BASE_PHILOX_H_
 
 #include <array>
 #include <cstdint>
@@ -47,4 +47,4 @@ double StreamUniform(uint64_t seed, uint32_t position, Purpose purpose, uint32_t
 
 }  // namespace specd
 
-#endif  // SPECD_COMMON_RANDOM_PHILOX_H_
+#endif  // SPECD_BASE_PHILOX_H_

@@ -1,6 +1,6 @@
 // Per-request sampling parameters, with the ranges vLLM and the OpenAI API accept.
-#ifndef SPECD_COMMON_SAMPLING_PARAMS_H_
-#define SPECD_COMMON_SAMPLING_PARAMS_H_
+#ifndef SPECD_BASE_SAMPLING_PARAMS_H_
+#define SPECD_BASE_SAMPLING_PARAMS_H_
 
 #include <cstdint>
 
@@ -27,4 +27,4 @@ absl::Status ValidateSamplingParams(const SamplingParams& p, int64_t vocab_size)
 
 }  // namespace specd
 
-#endif  // SPECD_COMMON_SAMPLING_PARAMS_H_
+#endif  // SPECD_BASE_SAMPLING_PARAMS_H_

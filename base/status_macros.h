@@ -1,6 +1,6 @@
 // Status propagation helpers in the style of Abseil/gRPC internal macros.
-#ifndef SPECD_COMMON_UTIL_STATUS_MACROS_H_
-#define SPECD_COMMON_UTIL_STATUS_MACROS_H_
+#ifndef SPECD_BASE_STATUS_MACROS_H_
+#define SPECD_BASE_STATUS_MACROS_H_
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -23,4 +23,4 @@
   if (!statusor.ok()) return std::move(statusor).status(); \
   lhs = std::move(statusor).value()
 
-#endif  // SPECD_COMMON_UTIL_STATUS_MACROS_H_
+#endif  // SPECD_BASE_STATUS_MACROS_H_

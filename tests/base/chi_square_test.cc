@@ -1,6 +1,6 @@
 // Checks the chi-square p-value helper against closed forms that share no code with it:
 // df = 1 is erfc(sqrt(x / 2)); even df = 2m is the Poisson tail exp(-x/2) sum_{k<m} (x/2)^k / k!.
-#include "tests/common/random/chi_square.h"
+#include "tests/base/chi_square.h"
 
 #include <cmath>
 #include <vector>

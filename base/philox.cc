@@ -1,4 +1,4 @@
-#include "common/random/philox.h"
+#include "base/philox.h"
 
 namespace specd {
 namespace {

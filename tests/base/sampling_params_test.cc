@@ -1,4 +1,4 @@
-#include "common/sampling/params.h"
+#include "base/sampling_params.h"
 
 #include <cmath>
 #include <limits>

@@ -1,4 +1,4 @@
-#include "common/sampling/sample.h"
+#include "base/inverse_cdf.h"
 
 #include <cmath>
 #include <limits>
@@ -82,8 +82,8 @@ absl::StatusOr<int32_t> SampleInverseCdfSparse(std::span<const int32_t> ids,
   return ids[InverseCdfPosition(probs, *total, u)];
 }
 
-SparseRow ExtractSupport(std::span<const float> probs) {
-  SparseRow row;
+ProbRow ExtractSupport(std::span<const float> probs) {
+  ProbRow row;
   for (size_t i = 0; i < probs.size(); ++i) {
     if (probs[i] > 0.0f) {
       row.ids.push_back(static_cast<int32_t>(i));
@@ -91,6 +91,40 @@ SparseRow ExtractSupport(std::span<const float> probs) {
     }
   }
   return row;
+}
+
+ProbRow CompactRow(std::span<const float> probs) {
+  ProbRow row = ExtractSupport(probs);
+  if (row.ids.size() * 2 > probs.size()) {
+    row.ids.clear();
+    row.probs.assign(probs.begin(), probs.end());
+  }
+  return row;
+}
+
+absl::StatusOr<std::vector<float>> DensifyRow(const ProbRow& row, int64_t vocab,
+                                              std::string_view what) {
+  const absl::string_view name(what.data(), what.size());
+  if (row.dense()) {
+    if (static_cast<int64_t>(row.probs.size()) != vocab) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(name, " row has ", row.probs.size(), " entries, expected ", vocab));
+    }
+    return row.probs;
+  }
+  if (row.ids.size() != row.probs.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(name, " row: ", row.ids.size(), " ids but ",
+                                                   row.probs.size(), " probabilities"));
+  }
+  std::vector<float> dense(static_cast<size_t>(vocab), 0.0f);
+  for (size_t i = 0; i < row.ids.size(); ++i) {
+    if (row.ids[i] < 0 || row.ids[i] >= vocab) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(name, " row: id ", row.ids[i], " outside [0, ", vocab, ")"));
+    }
+    dense[static_cast<size_t>(row.ids[i])] = row.probs[i];
+  }
+  return dense;
 }
 
 }  // namespace specd

@@ -3,8 +3,8 @@
 // The p-value is the regularised upper incomplete gamma Q(df/2, x/2), computed with the series
 // and the continued fraction of Press et al., "Numerical Recipes", 3rd ed., section 6.2. Its own
 // test checks it against the closed forms for df = 1 (erfc) and even df (a Poisson tail sum).
-#ifndef SPECD_TESTS_COMMON_RANDOM_CHI_SQUARE_H_
-#define SPECD_TESTS_COMMON_RANDOM_CHI_SQUARE_H_
+#ifndef SPECD_TESTS_BASE_CHI_SQUARE_H_
+#define SPECD_TESTS_BASE_CHI_SQUARE_H_
 
 #include <cmath>
 #include <cstdint>
@@ -103,4 +103,4 @@ inline ChiSquareResult PearsonChiSquare(std::span<const int64_t> observed,
 
 }  // namespace specd::testing
 
-#endif  // SPECD_TESTS_COMMON_RANDOM_CHI_SQUARE_H_
+#endif  // SPECD_TESTS_BASE_CHI_SQUARE_H_

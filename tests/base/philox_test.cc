@@ -1,4 +1,4 @@
-#include "common/random/philox.h"
+#include "base/philox.h"
 
 #include <array>
 #include <cmath>
@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "tests/common/random/chi_square.h"
+#include "tests/base/chi_square.h"
 
 namespace specd {
 namespace {
