@@ -20,79 +20,10 @@
 #include "base/inverse_cdf.h"
 #include "base/sampling_params.h"
 #include "common/engine/llama_engine.h"
+#include "common/protocol/worker_protocol.h"
 #include "common/sampling/processed.h"
 
 namespace specd {
-
-enum class DraftMode { kProbabilistic, kGreedy };
-
-// Whole-call limits: a request over them is malformed, not merely expensive.
-inline constexpr int32_t kMaxDraftTokens = 64;  // K
-inline constexpr int32_t kMaxCandidates = 64;   // M
-
-// What every per-sequence request carries.
-struct SequenceRequest {
-  KvPool::SeqId seq = 0;
-  std::vector<int32_t> catch_up;    // x[len_w:]
-  int64_t expected_cached_len = 0;  // len_w as the coordinator believes it; 0 creates the sequence
-  SamplingParams sampling;
-  uint64_t seed = 0;
-  int64_t prompt_len = 0;  // how much of x is prompt (for the penalties)
-  // The worker may hold more than expected_cached_len tokens (the previous round's rejected
-  // drafts: a Truncate folded into this call); they are dropped before anything else.
-  bool drop_tail = false;
-};
-
-struct DraftSequenceRequest : SequenceRequest {
-  int32_t num_draft_tokens = 1;  // K in [1, kMaxDraftTokens]
-  DraftMode mode = DraftMode::kProbabilistic;
-};
-
-struct DraftToken {
-  KvPool::SeqId seq = 0;
-  int32_t token = 0;
-  float q_prob = 0.0f;  // q_k(t_k)
-};
-
-struct SequenceOutcome {
-  KvPool::SeqId seq = 0;
-  absl::Status status;
-  int64_t cached_len = 0;
-};
-
-// One draft step as the Draft call reports it. Every sequence of the call is in exactly one
-// `failed` list or drafts until its own K; the last step also carries every sequence's outcome.
-struct DraftStep {
-  int32_t step = 0;  // 1-based; 0 only when no sequence got as far as drafting
-  std::span<const DraftToken> tokens;
-  std::span<const SequenceOutcome> failed;  // sequences that failed since the previous step
-  bool last = false;
-  std::span<const SequenceOutcome> outcomes;  // last step only: all sequences, in request order
-  int64_t forward_ns = 0;                     // this step's forward pass
-};
-
-struct VerifySequenceRequest : SequenceRequest {
-  std::vector<int32_t> drafts;  // t_1..t_K; K = 0 is plain decoding
-  int32_t num_candidates = 0;   // M in [0, kMaxCandidates]
-};
-
-struct VerifySequenceResult {
-  KvPool::SeqId seq = 0;
-  absl::Status status;
-  int32_t position = 0;         // absolute position of t_1 (or of the K = 0 token)
-  std::vector<float> p_draft;   // p_i(t_i), i = 1..K
-  std::vector<int32_t> argmax;  // i = 1..K+1
-  int32_t bonus_token = 0;      // b ~ p_{K+1} (K > 0) or the sampled token (K = 0)
-  std::vector<std::vector<int32_t>> candidate_tokens;  // [K][M]; empty when greedy
-  std::vector<std::vector<float>> candidate_probs;     // [K][M]
-  int64_t cached_len = 0;
-  int64_t forward_ns = 0;  // the batch's forward pass; 0 when the sequence failed before it
-};
-
-struct TruncateResult {
-  int64_t cached_len = 0;
-  std::vector<float> q_probs;  // answers to the query tokens
-};
 
 enum class ForwardKind { kCatchUp, kDraftStep, kVerify };
 
@@ -134,16 +65,16 @@ class WorkerRuntime {
   // Keeps min(cached, new_len) tokens; idempotent. `query_step` >= 1 asks for the probabilities
   // of `query_tokens` in the kept row of that step (q on the draft, p on the target). A bad
   // query is reported before anything is truncated.
-  absl::StatusOr<TruncateResult> Truncate(KvPool::SeqId seq, int64_t new_len, int32_t query_step,
+  absl::StatusOr<TruncateResult> Truncate(SeqId seq, int64_t new_len, int32_t query_step,
                                           std::span<const int32_t> query_tokens);
 
   // One kept processed row (1-based step), sparse when that is smaller on the wire.
-  absl::StatusOr<ProbRow> ReadRow(KvPool::SeqId seq, int32_t step) const;
+  absl::StatusOr<ProbRow> ReadRow(SeqId seq, int32_t step) const;
 
-  absl::Status Release(KvPool::SeqId seq);
+  absl::Status Release(SeqId seq);
 
   // NOT_FOUND for an unknown sequence.
-  absl::StatusOr<int64_t> CachedLength(KvPool::SeqId seq) const;
+  absl::StatusOr<int64_t> CachedLength(SeqId seq) const;
 
   const LlamaEngine& engine() const { return *engine_; }
   int64_t num_sequences() const { return static_cast<int64_t>(seqs_.size()); }
@@ -165,12 +96,12 @@ class WorkerRuntime {
   absl::StatusOr<ForwardResult> TimedForward(ForwardKind kind, std::span<const SequenceInput> batch,
                                              int64_t* forward_ns);
   TokenHistory History(const Sequence& s, size_t len) const;
-  int64_t LengthOrZero(KvPool::SeqId seq) const;
+  int64_t LengthOrZero(SeqId seq) const;
   void ReportKv();
 
   std::unique_ptr<LlamaEngine> engine_;
   WorkerRuntimeOptions options_;
-  absl::flat_hash_map<KvPool::SeqId, Sequence> seqs_;
+  absl::flat_hash_map<SeqId, Sequence> seqs_;
   LogitsProcessor processor_;
 };
 

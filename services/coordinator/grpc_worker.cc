@@ -254,8 +254,7 @@ absl::StatusOr<std::vector<VerifySequenceResult>> GrpcWorker::Verify(
   return out;
 }
 
-absl::StatusOr<TruncateResult> GrpcWorker::Truncate(KvPool::SeqId seq, int64_t new_len,
-                                                    int32_t query_step,
+absl::StatusOr<TruncateResult> GrpcWorker::Truncate(SeqId seq, int64_t new_len, int32_t query_step,
                                                     std::span<const int32_t> query_tokens) {
   pb::TruncateRequest req;
   req.set_seq_id(seq);
@@ -277,7 +276,7 @@ absl::StatusOr<TruncateResult> GrpcWorker::Truncate(KvPool::SeqId seq, int64_t n
   return out;
 }
 
-absl::StatusOr<ProbRow> GrpcWorker::ReadRow(KvPool::SeqId seq, int32_t step) {
+absl::StatusOr<ProbRow> GrpcWorker::ReadRow(SeqId seq, int32_t step) {
   pb::ReadRowsRequest req;
   req.set_seq_id(seq);
   req.set_step(step);
@@ -295,7 +294,7 @@ absl::StatusOr<ProbRow> GrpcWorker::ReadRow(KvPool::SeqId seq, int32_t step) {
   return row;
 }
 
-absl::Status GrpcWorker::Release(KvPool::SeqId seq) {
+absl::Status GrpcWorker::Release(SeqId seq) {
   pb::ReleaseRequest req;
   req.set_seq_id(seq);
   pb::ReleaseResponse resp;

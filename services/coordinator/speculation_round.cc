@@ -52,7 +52,7 @@ std::vector<RoundStats> RunSpeculationRound(WorkerApi& draft, WorkerApi& target,
 
   // 1. Draft: per step, every drafting sequence's t_k and q_k(t_k).
   std::vector<DraftSequenceRequest> draft_reqs;
-  absl::flat_hash_map<KvPool::SeqId, size_t> index;
+  absl::flat_hash_map<SeqId, size_t> index;
   for (size_t i = 0; i < batch.size(); ++i) {
     index[batch[i]->id] = i;
     if (k[i] == 0 || !stats[i].status.ok()) continue;

@@ -19,7 +19,7 @@ namespace specd {
 // The coordinator's record of one running sequence: the committed tokens x are the truth;
 // the workers' cached lengths are what the coordinator believes each worker holds.
 struct SpeculativeSequence {
-  KvPool::SeqId id = 0;
+  SeqId id = 0;
   std::vector<int32_t> tokens;  // x: prompt + generated
   int64_t prompt_len = 0;
   SamplingParams sampling;

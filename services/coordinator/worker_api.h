@@ -39,11 +39,10 @@ class WorkerApi {
   virtual absl::StatusOr<std::vector<VerifySequenceResult>> Verify(
       std::span<const VerifySequenceRequest> batch) = 0;
 
-  virtual absl::StatusOr<TruncateResult> Truncate(KvPool::SeqId seq, int64_t new_len,
-                                                  int32_t query_step,
+  virtual absl::StatusOr<TruncateResult> Truncate(SeqId seq, int64_t new_len, int32_t query_step,
                                                   std::span<const int32_t> query_tokens) = 0;
-  virtual absl::StatusOr<ProbRow> ReadRow(KvPool::SeqId seq, int32_t step) = 0;
-  virtual absl::Status Release(KvPool::SeqId seq) = 0;
+  virtual absl::StatusOr<ProbRow> ReadRow(SeqId seq, int32_t step) = 0;
+  virtual absl::Status Release(SeqId seq) = 0;
 
   // Free KV capacity in tokens as of the worker's latest reply; the scheduler admits new requests
   // against it (and preempts if a round still runs out).
@@ -71,14 +70,14 @@ class LocalWorker final : public WorkerApi {
       std::span<const VerifySequenceRequest> batch) override {
     return runtime_->Verify(batch);
   }
-  absl::StatusOr<TruncateResult> Truncate(KvPool::SeqId seq, int64_t new_len, int32_t query_step,
+  absl::StatusOr<TruncateResult> Truncate(SeqId seq, int64_t new_len, int32_t query_step,
                                           std::span<const int32_t> query_tokens) override {
     return runtime_->Truncate(seq, new_len, query_step, query_tokens);
   }
-  absl::StatusOr<ProbRow> ReadRow(KvPool::SeqId seq, int32_t step) override {
+  absl::StatusOr<ProbRow> ReadRow(SeqId seq, int32_t step) override {
     return runtime_->ReadRow(seq, step);
   }
-  absl::Status Release(KvPool::SeqId seq) override { return runtime_->Release(seq); }
+  absl::Status Release(SeqId seq) override { return runtime_->Release(seq); }
   int64_t FreeKvTokens() const override {
     const KvPool& kv = runtime_->engine().kv();
     return kv.free_blocks() * kv.block_size();

@@ -59,7 +59,7 @@ absl::StatusOr<std::vector<VerifySequenceResult>> SupervisedWorker::Verify(
   return out;
 }
 
-absl::StatusOr<TruncateResult> SupervisedWorker::Truncate(KvPool::SeqId seq, int64_t new_len,
+absl::StatusOr<TruncateResult> SupervisedWorker::Truncate(SeqId seq, int64_t new_len,
                                                           int32_t query_step,
                                                           std::span<const int32_t> query_tokens) {
   absl::StatusOr<TruncateResult> out = inner_.Truncate(seq, new_len, query_step, query_tokens);
@@ -67,13 +67,13 @@ absl::StatusOr<TruncateResult> SupervisedWorker::Truncate(KvPool::SeqId seq, int
   return out;
 }
 
-absl::StatusOr<ProbRow> SupervisedWorker::ReadRow(KvPool::SeqId seq, int32_t step) {
+absl::StatusOr<ProbRow> SupervisedWorker::ReadRow(SeqId seq, int32_t step) {
   absl::StatusOr<ProbRow> out = inner_.ReadRow(seq, step);
   if (!out.ok()) return Observe(out.status());
   return out;
 }
 
-absl::Status SupervisedWorker::Release(KvPool::SeqId seq) { return Observe(inner_.Release(seq)); }
+absl::Status SupervisedWorker::Release(SeqId seq) { return Observe(inner_.Release(seq)); }
 
 absl::StatusOr<WorkerProbe> SupervisedWorker::Probe(absl::Duration timeout) {
   return inner_.Probe(timeout);
@@ -115,13 +115,13 @@ std::optional<SupervisedWorker::Recovery> SupervisedWorker::ProbeIfDue(absl::Tim
 }
 
 void SupervisedWorker::ReleaseOrphans() {
-  std::vector<KvPool::SeqId> released;
-  for (const KvPool::SeqId seq : orphans_) {
+  std::vector<SeqId> released;
+  for (const SeqId seq : orphans_) {
     // NOT_FOUND is as good as released: the worker never created the sequence or lost it.
     if (Release(seq).code() == absl::StatusCode::kUnavailable) break;
     released.push_back(seq);
   }
-  for (const KvPool::SeqId seq : released) orphans_.erase(seq);
+  for (const SeqId seq : released) orphans_.erase(seq);
 }
 
 absl::Status SupervisedWorker::UnavailableError() const {

@@ -52,10 +52,10 @@ class SupervisedWorker final : public WorkerApi {
       const std::function<void(const DraftStep&)>& on_step) override;
   absl::StatusOr<std::vector<VerifySequenceResult>> Verify(
       std::span<const VerifySequenceRequest> batch) override;
-  absl::StatusOr<TruncateResult> Truncate(KvPool::SeqId seq, int64_t new_len, int32_t query_step,
+  absl::StatusOr<TruncateResult> Truncate(SeqId seq, int64_t new_len, int32_t query_step,
                                           std::span<const int32_t> query_tokens) override;
-  absl::StatusOr<ProbRow> ReadRow(KvPool::SeqId seq, int32_t step) override;
-  absl::Status Release(KvPool::SeqId seq) override;
+  absl::StatusOr<ProbRow> ReadRow(SeqId seq, int32_t step) override;
+  absl::Status Release(SeqId seq) override;
   int64_t FreeKvTokens() const override { return inner_.FreeKvTokens(); }
   absl::StatusOr<WorkerProbe> Probe(absl::Duration timeout) override;
   std::string Name() const override { return name_; }
@@ -75,7 +75,7 @@ class SupervisedWorker final : public WorkerApi {
 
   // A sequence whose request is gone but which the worker may still hold, because the Release
   // could not reach it. Released once the worker answers again; forgotten if it restarted.
-  void AddOrphan(KvPool::SeqId seq) { orphans_.insert(seq); }
+  void AddOrphan(SeqId seq) { orphans_.insert(seq); }
   bool has_orphans() const { return !orphans_.empty(); }
 
   // "target worker at ADDR is unavailable: CAUSE".
@@ -97,7 +97,7 @@ class SupervisedWorker final : public WorkerApi {
   absl::Time next_probe_ = absl::InfinitePast();
   absl::Duration backoff_;
   std::optional<uint64_t> epoch_;
-  absl::flat_hash_set<KvPool::SeqId> orphans_;
+  absl::flat_hash_set<SeqId> orphans_;
 };
 
 }  // namespace specd

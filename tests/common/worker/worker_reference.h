@@ -37,7 +37,7 @@ class RowOracle {
   // Next-token logits after tokens[0..p] for every p in [first, tokens.size()), from one forward
   // call over the whole of `tokens` on a fresh sequence: [tokens.size() - first][vocab].
   std::vector<std::vector<float>> Logits(const std::vector<int32_t>& tokens, size_t first) {
-    const KvPool::SeqId seq = next_seq_++;
+    const SeqId seq = next_seq_++;
     EXPECT_TRUE(engine_->AddSequence(seq).ok());
     SequenceInput in;
     in.seq = seq;
@@ -87,7 +87,7 @@ class RowOracle {
  private:
   std::unique_ptr<LlamaEngine> engine_;
   LogitsProcessor processor_;
-  KvPool::SeqId next_seq_ = 1'000'000;
+  SeqId next_seq_ = 1'000'000;
 };
 
 inline int32_t Draw(std::span<const float> row, uint64_t seed, size_t position, Purpose purpose,

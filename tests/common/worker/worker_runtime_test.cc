@@ -115,9 +115,8 @@ class WorkerRuntimeTest : public ::testing::Test {
 
 testing::ScopedTempDir* WorkerRuntimeTest::dir_ = nullptr;
 
-DraftSequenceRequest DraftReq(KvPool::SeqId seq, std::vector<int32_t> catch_up, int64_t cached,
-                              int32_t K, const SamplingParams& p, uint64_t seed,
-                              int64_t prompt_len) {
+DraftSequenceRequest DraftReq(SeqId seq, std::vector<int32_t> catch_up, int64_t cached, int32_t K,
+                              const SamplingParams& p, uint64_t seed, int64_t prompt_len) {
   DraftSequenceRequest r;
   r.seq = seq;
   r.catch_up = std::move(catch_up);
@@ -129,7 +128,7 @@ DraftSequenceRequest DraftReq(KvPool::SeqId seq, std::vector<int32_t> catch_up, 
   return r;
 }
 
-VerifySequenceRequest VerifyReq(KvPool::SeqId seq, std::vector<int32_t> catch_up, int64_t cached,
+VerifySequenceRequest VerifyReq(SeqId seq, std::vector<int32_t> catch_up, int64_t cached,
                                 std::vector<int32_t> drafts, const SamplingParams& p, uint64_t seed,
                                 int64_t prompt_len, int32_t M) {
   VerifySequenceRequest r;
@@ -146,8 +145,8 @@ VerifySequenceRequest VerifyReq(KvPool::SeqId seq, std::vector<int32_t> catch_up
 
 // Collects the tokens per sequence from Draft's step callbacks.
 struct DraftLog {
-  std::map<KvPool::SeqId, std::vector<DraftToken>> tokens;
-  std::map<KvPool::SeqId, absl::Status> failed;
+  std::map<SeqId, std::vector<DraftToken>> tokens;
+  std::map<SeqId, absl::Status> failed;
   std::vector<int32_t> steps;
   int last_calls = 0;
   std::function<void(const DraftStep&)> Callback() {
@@ -194,7 +193,7 @@ std::vector<float> Densify(const ProbRow& kept, int64_t vocab) {
 TEST_F(WorkerRuntimeTest, DraftFollowsTheDraftSampleStreamOverTwoRounds) {
   auto rt = Runtime();
   for (const SamplingParams& params : {Sampled(), Filtered()}) {
-    const KvPool::SeqId seq = params.top_k == 0 ? 1 : 2;
+    const SeqId seq = params.top_k == 0 ? 1 : 2;
     const std::vector<int32_t> prompt = Prompt(21, static_cast<int>(seq));
     const uint64_t seed = 0x1234'5678'9abc'def0ULL + seq;
     constexpr int32_t K = 5;
@@ -245,7 +244,7 @@ TEST_F(WorkerRuntimeTest, GreedyDraftsArePointMasses) {
   ExpectDraftEquals(log.tokens[1], testing::ReferenceDraft(oracle_, prompt, 9, Greedy(), 5, 4));
   ExpectDraftEquals(log.tokens[2],
                     testing::ReferenceDraft(oracle_, prompt, 9, Filtered(), 5, 4, true));
-  for (KvPool::SeqId seq : {1, 2}) {
+  for (SeqId seq : {1, 2}) {
     for (const DraftToken& t : log.tokens[seq]) EXPECT_EQ(t.q_prob, 1.0f);
     absl::StatusOr<ProbRow> kept = rt->ReadRow(seq, 2);
     ASSERT_TRUE(kept.ok());
@@ -418,7 +417,7 @@ TEST_F(WorkerRuntimeTest, PerSequenceErrorsAreIsolated) {
       VerifyReq(10, {}, 0, {}, Sampled(), 0, 0, 0),            // no catch-up
       VerifyReq(11, {1}, 0, {-1}, Sampled(), 0, 0, 0),         // draft out of range
   };
-  std::vector<KvPool::SeqId> order;
+  std::vector<SeqId> order;
   const auto out =
       rt->Verify(batch, [&](const VerifySequenceResult& r) { order.push_back(r.seq); });
   ExpectVerifyEquals(out[0],
@@ -550,8 +549,8 @@ TEST_F(WorkerRuntimeTest, RandomizedSessionReturnsEveryBlock) {
     int64_t cached = 0;            // what the worker holds
     int64_t committed_before = 0;  // len(x) before this round
   };
-  std::map<KvPool::SeqId, Seq> live;
-  KvPool::SeqId next = 1;
+  std::map<SeqId, Seq> live;
+  SeqId next = 1;
   auto rand = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
   for (int round = 0; round < 60; ++round) {
     if (live.size() < 6 && rand(0, 2) == 0) live[next++].x = Prompt(rand(1, 40), rand(0, 99));

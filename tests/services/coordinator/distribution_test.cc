@@ -42,16 +42,16 @@ class BrokenResidualDraft final : public WorkerApi {
       std::span<const VerifySequenceRequest> batch) override {
     return inner_.Verify(batch);
   }
-  absl::StatusOr<TruncateResult> Truncate(KvPool::SeqId seq, int64_t new_len, int32_t step,
+  absl::StatusOr<TruncateResult> Truncate(SeqId seq, int64_t new_len, int32_t step,
                                           std::span<const int32_t> ys) override {
     absl::StatusOr<TruncateResult> r = inner_.Truncate(seq, new_len, step, ys);
     if (r.ok()) std::fill(r->q_probs.begin(), r->q_probs.end(), 0.0f);
     return r;
   }
-  absl::StatusOr<ProbRow> ReadRow(KvPool::SeqId seq, int32_t step) override {
+  absl::StatusOr<ProbRow> ReadRow(SeqId seq, int32_t step) override {
     return inner_.ReadRow(seq, step);
   }
-  absl::Status Release(KvPool::SeqId seq) override { return inner_.Release(seq); }
+  absl::Status Release(SeqId seq) override { return inner_.Release(seq); }
   int64_t FreeKvTokens() const override { return inner_.FreeKvTokens(); }
 
  private:

@@ -98,18 +98,18 @@ class FaultyWorker final : public WorkerApi {
     }
     return runtime_->Verify(batch);
   }
-  absl::StatusOr<TruncateResult> Truncate(KvPool::SeqId seq, int64_t new_len, int32_t query_step,
+  absl::StatusOr<TruncateResult> Truncate(SeqId seq, int64_t new_len, int32_t query_step,
                                           std::span<const int32_t> query_tokens) override {
     std::lock_guard<std::mutex> lock(mu_);
     SPECD_RETURN_IF_ERROR(CheckUp());
     return runtime_->Truncate(seq, new_len, query_step, query_tokens);
   }
-  absl::StatusOr<ProbRow> ReadRow(KvPool::SeqId seq, int32_t step) override {
+  absl::StatusOr<ProbRow> ReadRow(SeqId seq, int32_t step) override {
     std::lock_guard<std::mutex> lock(mu_);
     SPECD_RETURN_IF_ERROR(CheckUp());
     return runtime_->ReadRow(seq, step);
   }
-  absl::Status Release(KvPool::SeqId seq) override {
+  absl::Status Release(SeqId seq) override {
     std::lock_guard<std::mutex> lock(mu_);
     SPECD_RETURN_IF_ERROR(CheckUp());
     return runtime_->Release(seq);

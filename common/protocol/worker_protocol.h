@@ -1,0 +1,92 @@
+// The worker protocol as C++ types (DESIGN.md, "One speculation round"): what the coordinator
+// asks a draft or target worker and what it gets back. Both sides speak it: the worker runtime
+// serves it, the coordinator's WorkerApi calls it, and the gRPC codec carries it over the wire.
+// No engine types appear here, so the coordinator links none.
+#ifndef SPECD_COMMON_PROTOCOL_WORKER_PROTOCOL_H_
+#define SPECD_COMMON_PROTOCOL_WORKER_PROTOCOL_H_
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "base/sampling_params.h"
+
+namespace specd {
+
+// A sequence's id, chosen by the coordinator and unique among the sequences a worker holds.
+using SeqId = uint64_t;
+
+enum class DraftMode { kProbabilistic, kGreedy };
+
+// Whole-call limits: a request over them is malformed, not merely expensive.
+inline constexpr int32_t kMaxDraftTokens = 64;  // K
+inline constexpr int32_t kMaxCandidates = 64;   // M
+
+// What every per-sequence request carries.
+struct SequenceRequest {
+  SeqId seq = 0;
+  std::vector<int32_t> catch_up;    // x[len_w:]
+  int64_t expected_cached_len = 0;  // len_w as the coordinator believes it; 0 creates the sequence
+  SamplingParams sampling;
+  uint64_t seed = 0;
+  int64_t prompt_len = 0;  // how much of x is prompt (for the penalties)
+  // The worker may hold more than expected_cached_len tokens (the previous round's rejected
+  // drafts: a Truncate folded into this call); they are dropped before anything else.
+  bool drop_tail = false;
+};
+
+struct DraftSequenceRequest : SequenceRequest {
+  int32_t num_draft_tokens = 1;  // K in [1, kMaxDraftTokens]
+  DraftMode mode = DraftMode::kProbabilistic;
+};
+
+struct DraftToken {
+  SeqId seq = 0;
+  int32_t token = 0;
+  float q_prob = 0.0f;  // q_k(t_k)
+};
+
+struct SequenceOutcome {
+  SeqId seq = 0;
+  absl::Status status;
+  int64_t cached_len = 0;
+};
+
+// One draft step as the Draft call reports it. Every sequence of the call is in exactly one
+// `failed` list or drafts until its own K; the last step also carries every sequence's outcome.
+struct DraftStep {
+  int32_t step = 0;  // 1-based; 0 only when no sequence got as far as drafting
+  std::span<const DraftToken> tokens;
+  std::span<const SequenceOutcome> failed;  // sequences that failed since the previous step
+  bool last = false;
+  std::span<const SequenceOutcome> outcomes;  // last step only: all sequences, in request order
+  int64_t forward_ns = 0;                     // this step's forward pass
+};
+
+struct VerifySequenceRequest : SequenceRequest {
+  std::vector<int32_t> drafts;  // t_1..t_K; K = 0 is plain decoding
+  int32_t num_candidates = 0;   // M in [0, kMaxCandidates]
+};
+
+struct VerifySequenceResult {
+  SeqId seq = 0;
+  absl::Status status;
+  int32_t position = 0;         // absolute position of t_1 (or of the K = 0 token)
+  std::vector<float> p_draft;   // p_i(t_i), i = 1..K
+  std::vector<int32_t> argmax;  // i = 1..K+1
+  int32_t bonus_token = 0;      // b ~ p_{K+1} (K > 0) or the sampled token (K = 0)
+  std::vector<std::vector<int32_t>> candidate_tokens;  // [K][M]; empty when greedy
+  std::vector<std::vector<float>> candidate_probs;     // [K][M]
+  int64_t cached_len = 0;
+  int64_t forward_ns = 0;  // the batch's forward pass; 0 when the sequence failed before it
+};
+
+struct TruncateResult {
+  int64_t cached_len = 0;
+  std::vector<float> q_probs;  // answers to the query tokens
+};
+
+}  // namespace specd
+
+#endif  // SPECD_COMMON_PROTOCOL_WORKER_PROTOCOL_H_
