@@ -3,10 +3,11 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
-#include "base/inverse_cdf.h"
+#include "base/absl_string.h"
 #include "base/philox.h"
 #include "base/status_macros.h"
-#include "common/sampling/processed.h"
+#include "common/sampling/row_pool.h"
+#include "common/sampling/row_sampler.h"
 
 namespace specd {
 namespace {
@@ -22,13 +23,16 @@ absl::StatusOr<DecodeResult> Run(LlamaEngine& engine, KvPool::SeqId seq, const D
   }
   const int64_t chunk = std::max<int64_t>(1, req.prefill_chunk);
   DecodeResult result;
-  std::vector<float> probs(static_cast<size_t>(vocab));
-  LogitsProcessor processor;
+  RowPool pool(engine.backend(), vocab);
+  SPECD_ASSIGN_OR_RETURN(const std::vector<int32_t> slot, pool.Acquire(1));
+  RowSampler sampler(engine.backend());
+  const kernels::RowMode mode =
+      req.sampling.greedy() ? kernels::RowMode::kGreedy : kernels::RowMode::kSample;
   std::vector<int32_t> fed = req.prompt;  // what the next Forward call feeds
   int64_t cached = 0;
   while (static_cast<int64_t>(result.tokens.size()) < req.max_new_tokens) {
     // Feed pending tokens in chunks; only the last chunk asks for logits.
-    ForwardResult out;
+    Logits logits;
     for (size_t begin = 0; begin < fed.size(); begin += static_cast<size_t>(chunk)) {
       const size_t end = std::min(fed.size(), begin + static_cast<size_t>(chunk));
       SequenceInput in;
@@ -36,20 +40,28 @@ absl::StatusOr<DecodeResult> Run(LlamaEngine& engine, KvPool::SeqId seq, const D
       in.tokens = std::span<const int32_t>(fed).subspan(begin, end - begin);
       in.start_pos = cached;
       if (end == fed.size()) in.logit_indices = {static_cast<int32_t>(end - begin - 1)};
-      SPECD_ASSIGN_OR_RETURN(out, engine.Forward(std::span<const SequenceInput>(&in, 1)));
+      SPECD_ASSIGN_OR_RETURN(logits, engine.Forward(std::span<const SequenceInput>(&in, 1)));
       cached += static_cast<int64_t>(end - begin);
     }
-    const std::span<const float> logits = out.row(0);
-    const TokenHistory history{req.prompt, result.tokens};
-    int32_t next;
-    if (req.sampling.greedy()) {
-      SPECD_ASSIGN_OR_RETURN(next, processor.GreedyToken(logits, req.sampling, history));
-    } else {
-      SPECD_RETURN_IF_ERROR(processor.ProcessedDistribution(logits, req.sampling, history, probs));
-      const double u =
-          StreamUniform(req.seed, static_cast<uint32_t>(cached), Purpose::kTargetSample);
-      SPECD_ASSIGN_OR_RETURN(next, SampleInverseCdf(probs, u));
+    sampler.Clear();
+    const int32_t row = sampler.AddRow(req.sampling, mode, req.prompt, result.tokens, slot[0]);
+    int32_t draw = -1;
+    if (!req.sampling.greedy()) {
+      kernels::Draw d;
+      d.prob_slot = slot[0];
+      d.seed = req.seed;
+      d.position = static_cast<uint32_t>(cached);
+      d.purpose = Purpose::kTargetSample;
+      draw = sampler.AddDraw(d);
     }
+    SPECD_RETURN_IF_ERROR(sampler.Run(logits.data, pool));
+    if (sampler.row_error(row) != kernels::kRowOk) {
+      return absl::InvalidArgumentError(ToAbsl(kernels::RowErrorMessage(sampler.row_error(row))));
+    }
+    if (draw >= 0 && sampler.draw_error(draw) != kernels::kRowOk) {
+      return absl::InvalidArgumentError(ToAbsl(kernels::RowErrorMessage(sampler.draw_error(draw))));
+    }
+    const int32_t next = draw >= 0 ? sampler.token(draw) : sampler.argmax(row);
     result.tokens.push_back(next);
     if (on_token) on_token(next);
     if (std::find(req.stop_token_ids.begin(), req.stop_token_ids.end(), next) !=

@@ -2,35 +2,71 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <utility>
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
+#include "base/absl_string.h"
+#include "base/math.h"
 #include "base/status_macros.h"
-#include "common/model/resident_weights.h"
 
 namespace specd {
 namespace {
 
 // Caps the cache so a typo in a flag is an error rather than an attempt to allocate terabytes.
-constexpr int64_t kMaxKvFloats = int64_t{1} << 36;  // 256 GiB of f32
+constexpr int64_t kMaxKvBytes = int64_t{1} << 38;  // 256 GiB
+// Scratch grows in steps of this many tokens, so a run of slightly larger batches does not
+// reallocate every time.
+constexpr int64_t kScratchTokenStep = 64;
+constexpr int64_t kMaxTreeNodes = 64;  // one 64-bit mask word per node
 
-template <typename T>
-T* Grow(std::vector<T>& v, int64_t n) {
-  if (static_cast<int64_t>(v.size()) < n) v.resize(static_cast<size_t>(n));
-  return v.data();
+// Byte offsets of the metadata arrays in the staging buffer (and its device copy).
+struct MetadataLayout {
+  int64_t ids, pos, slot, token_seq, block_tables, logit_rows, mask_start, tree_mask, bytes;
+};
+
+MetadataLayout LayoutFor(int64_t n_tokens, int64_t n_seqs, int64_t table_stride, int64_t n_logits,
+                         bool tree) {
+  MetadataLayout m{};
+  int64_t at = 0;
+  const auto take = [&at](int64_t bytes) {
+    const int64_t start = at;
+    at = RoundUpTo(at + bytes, 16);
+    return start;
+  };
+  m.ids = take(n_tokens * 4);
+  m.pos = take(n_tokens * 4);
+  m.slot = take(n_tokens * 4);
+  m.token_seq = take(n_tokens * 4);
+  m.block_tables = take(n_seqs * table_stride * 4);
+  m.logit_rows = take(n_logits * 4);
+  m.mask_start = take(tree ? n_tokens * 4 : 0);
+  m.tree_mask = take(tree ? n_tokens * 8 : 0);
+  m.bytes = std::max<int64_t>(at, 16);
+  return m;
+}
+
+// Grows `buffer` to at least `bytes` (contents are not kept).
+absl::Status Ensure(kernels::Backend& backend, kernels::Buffer& buffer, int64_t bytes,
+                    kernels::MemoryKind kind, std::string_view what) {
+  if (buffer.bytes() >= bytes) return absl::OkStatus();
+  buffer = kernels::Buffer();
+  SPECD_ASSIGN_OR_RETURN(buffer, backend.Allocate(bytes, kind, what));
+  return absl::OkStatus();
 }
 
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<LlamaEngine>> LlamaEngine::Create(
     std::unique_ptr<ModelWeights> weights, std::unique_ptr<kernels::Backend> backend,
-    const EngineOptions& options) {
+    const EngineOptions& options, const std::function<void(int64_t, int64_t)>& progress) {
   if (weights == nullptr || backend == nullptr) {
     return absl::InvalidArgumentError("engine: weights and backend are required");
   }
   const ModelConfig& c = weights->config;
-  int64_t max_seq_len = options.max_seq_len > 0 ? options.max_seq_len : c.max_position_embeddings;
+  const int64_t max_seq_len =
+      options.max_seq_len > 0 ? options.max_seq_len : c.max_position_embeddings;
   if (max_seq_len <= 0) {
     return absl::InvalidArgumentError("engine: max_seq_len must be positive");
   }
@@ -42,38 +78,62 @@ absl::StatusOr<std::unique_ptr<LlamaEngine>> LlamaEngine::Create(
     return absl::InvalidArgumentError(absl::StrCat(
         "engine: kv_capacity_tokens must be positive, got ", options.kv_capacity_tokens));
   }
-  const int64_t num_blocks =
-      (options.kv_capacity_tokens + options.kv_block_size - 1) / options.kv_block_size;
-  const int64_t per_layer = num_blocks * options.kv_block_size * c.kv_dim();
-  if (per_layer > kMaxKvFloats / std::max<int64_t>(1, 2 * c.num_layers)) {
+  if (!backend->SupportsKvDtype(options.kv_dtype)) {
     return absl::InvalidArgumentError(
-        absl::StrCat("engine: a KV cache of ", options.kv_capacity_tokens, " tokens needs ",
-                     2 * c.num_layers * per_layer * 4 / (1 << 20), " MiB, over the 256 GiB limit"));
+        absl::StrCat("engine: the ", ToAbsl(backend->name()), " back end cannot keep a ",
+                     ToAbsl(kernels::DTypeName(options.kv_dtype)), " KV cache"));
+  }
+  const int64_t num_blocks = CeilDiv(options.kv_capacity_tokens, options.kv_block_size);
+  const int64_t row_bytes = c.kv_dim() * kernels::DTypeSize(options.kv_dtype);
+  const int64_t layer_rows = num_blocks * options.kv_block_size;
+  if (layer_rows > kMaxKvBytes / std::max<int64_t>(1, 2 * c.num_layers * row_bytes)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "engine: a KV cache of ", options.kv_capacity_tokens, " tokens needs ",
+        2 * c.num_layers * (layer_rows >> 10) * row_bytes >> 10, " MiB, over the 256 GiB limit"));
   }
   KvPoolConfig kv_config;
   kv_config.num_blocks = num_blocks;
   kv_config.block_size = options.kv_block_size;
-  kv_config.max_blocks_per_seq = (max_seq_len + options.kv_block_size - 1) / options.kv_block_size;
+  kv_config.max_blocks_per_seq = CeilDiv(max_seq_len, options.kv_block_size);
   SPECD_ASSIGN_OR_RETURN(std::unique_ptr<KvPool> kv, KvPool::Create(kv_config));
   auto engine = std::unique_ptr<LlamaEngine>(
-      new LlamaEngine(std::move(weights), std::move(backend), std::move(kv), max_seq_len));
-  engine->k_cache_.assign(static_cast<size_t>(per_layer * c.num_layers), 0.0f);
-  engine->v_cache_.assign(static_cast<size_t>(per_layer * c.num_layers), 0.0f);
+      new LlamaEngine(c, std::move(backend), std::move(kv), max_seq_len, options.kv_dtype));
+  kernels::Backend& be = *engine->backend_;
+  SPECD_ASSIGN_OR_RETURN(engine->weights_, UploadWeights(*weights, be, progress));
+  weights.reset();  // the file mapping is no longer needed
+  const int64_t cache_bytes = c.num_layers * layer_rows * row_bytes;
+  SPECD_ASSIGN_OR_RETURN(engine->k_cache_,
+                         be.Allocate(cache_bytes, kernels::MemoryKind::kKvCache, "the K cache"));
+  SPECD_ASSIGN_OR_RETURN(engine->v_cache_,
+                         be.Allocate(cache_bytes, kernels::MemoryKind::kKvCache, "the V cache"));
   return engine;
 }
 
-LlamaEngine::LlamaEngine(std::unique_ptr<ModelWeights> weights,
-                         std::unique_ptr<kernels::Backend> backend, std::unique_ptr<KvPool> kv,
-                         int64_t max_seq_len)
-    : weights_(std::move(weights)),
+LlamaEngine::LlamaEngine(ModelConfig config, std::unique_ptr<kernels::Backend> backend,
+                         std::unique_ptr<KvPool> kv, int64_t max_seq_len, kernels::DType kv_dtype)
+    : config_(std::move(config)),
       backend_(std::move(backend)),
       kv_(std::move(kv)),
       max_seq_len_(max_seq_len),
-      inv_freq_(RopeInvFreq(weights_->config)) {}
+      kv_dtype_(kv_dtype) {}
+
+LlamaEngine::~LlamaEngine() {
+  // Nothing enqueued may still read or write memory that is about to be freed.
+  (void)Synchronize();
+}
+
+int64_t LlamaEngine::kv_bytes_per_token() const {
+  return 2 * config_.num_layers * config_.kv_dim() * kernels::DTypeSize(kv_dtype_);
+}
+
+absl::Status LlamaEngine::Synchronize() {
+  staging_in_flight_ = false;
+  return backend_->Synchronize();
+}
 
 absl::Status LlamaEngine::Validate(std::span<const SequenceInput> batch) const {
   absl::flat_hash_set<KvPool::SeqId> seen;
-  const int64_t vocab = config().vocab_size;
+  const int64_t vocab = config_.vocab_size;
   for (const SequenceInput& in : batch) {
     if (!seen.insert(in.seq).second) {
       return absl::InvalidArgumentError(
@@ -110,12 +170,127 @@ absl::Status LlamaEngine::Validate(std::span<const SequenceInput> batch) const {
       }
       prev = li;
     }
+    if (!in.positions.empty()) {
+      if (static_cast<int64_t>(in.positions.size()) != n) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "sequence ", in.seq, ": ", in.positions.size(), " positions for ", n, " tokens"));
+      }
+      for (const int32_t p : in.positions) {
+        if (p < 0 || p >= max_seq_len_) {
+          return absl::InvalidArgumentError(absl::StrCat("sequence ", in.seq, ": position ", p,
+                                                         " is outside [0, ", max_seq_len_, ")"));
+        }
+      }
+    }
+    if (in.tree_mask.empty()) continue;
+    const int64_t nodes = static_cast<int64_t>(in.tree_mask.size());
+    if (in.tree_begin < 0 || in.tree_begin + nodes != n || nodes > kMaxTreeNodes) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("sequence ", in.seq, ": a draft tree of ", nodes, " nodes from token ",
+                       in.tree_begin, " must end at the last of the ", n,
+                       " fed tokens and have at most ", kMaxTreeNodes, " nodes"));
+    }
+    if (in.positions.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("sequence ", in.seq, ": a draft tree needs a position for every token"));
+    }
+    for (int64_t j = 0; j < nodes; ++j) {
+      const uint64_t mask = in.tree_mask[static_cast<size_t>(j)];
+      const uint64_t own = uint64_t{1} << j;
+      if ((mask & own) == 0 || (j < 63 && (mask >> (j + 1)) != 0)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("sequence ", in.seq, ": tree node ", j,
+                         " must see itself and no later node (nodes are in topological order)"));
+      }
+    }
   }
   return absl::OkStatus();
 }
 
-absl::StatusOr<ForwardResult> LlamaEngine::Forward(std::span<const SequenceInput> batch) {
+absl::Status LlamaEngine::UploadMetadata(std::span<const SequenceInput> batch, int64_t n_tokens,
+                                         int64_t n_logits) {
+  const bool tree = std::any_of(batch.begin(), batch.end(),
+                                [](const SequenceInput& in) { return !in.tree_mask.empty(); });
+  const int64_t stride = kv_->max_blocks_per_seq();
+  const MetadataLayout m =
+      LayoutFor(n_tokens, static_cast<int64_t>(batch.size()), stride, n_logits, tree);
+  SPECD_RETURN_IF_ERROR(
+      Ensure(*backend_, staging_, m.bytes, kernels::MemoryKind::kStaging, "forward metadata"));
+  SPECD_RETURN_IF_ERROR(
+      Ensure(*backend_, meta_device_, m.bytes, kernels::MemoryKind::kScratch, "forward metadata"));
+  char* host = staging_.as<char>();
+  int32_t* ids = reinterpret_cast<int32_t*>(host + m.ids);
+  int32_t* pos = reinterpret_cast<int32_t*>(host + m.pos);
+  int32_t* slot = reinterpret_cast<int32_t*>(host + m.slot);
+  int32_t* token_seq = reinterpret_cast<int32_t*>(host + m.token_seq);
+  int32_t* tables = reinterpret_cast<int32_t*>(host + m.block_tables);
+  int32_t* logit_rows = reinterpret_cast<int32_t*>(host + m.logit_rows);
+  int32_t* mask_start = reinterpret_cast<int32_t*>(host + m.mask_start);
+  uint64_t* tree_mask = reinterpret_cast<uint64_t*>(host + m.tree_mask);
+  int64_t t = 0;
+  int64_t r = 0;
+  for (size_t b = 0; b < batch.size(); ++b) {
+    const SequenceInput& in = batch[b];
+    SPECD_ASSIGN_OR_RETURN(const std::vector<int32_t>* table, kv_->BlockTable(in.seq));
+    int32_t* row = tables + static_cast<int64_t>(b) * stride;
+    std::copy(table->begin(), table->end(), row);
+    std::fill(row + table->size(), row + stride, -1);
+    for (const int32_t li : in.logit_indices) logit_rows[r++] = static_cast<int32_t>(t + li);
+    for (size_t i = 0; i < in.tokens.size(); ++i, ++t) {
+      ids[t] = in.tokens[i];
+      slot[t] = static_cast<int32_t>(in.start_pos + static_cast<int64_t>(i));
+      pos[t] = in.positions.empty() ? slot[t] : in.positions[i];
+      token_seq[t] = static_cast<int32_t>(b);
+      if (!tree) continue;
+      // A token outside any tree sees every earlier slot and itself: the causal mask.
+      const int64_t node = static_cast<int64_t>(i) - in.tree_begin;
+      const bool in_tree = !in.tree_mask.empty() && node >= 0;
+      mask_start[t] = in_tree ? static_cast<int32_t>(in.start_pos + in.tree_begin) : slot[t];
+      tree_mask[t] = in_tree ? in.tree_mask[static_cast<size_t>(node)] : 1;
+    }
+  }
+  SPECD_RETURN_IF_ERROR(backend_->Upload(meta_device_.data(), host, m.bytes));
+  staging_in_flight_ = true;
+  const char* dev = meta_device_.as<const char>();
+  meta_.ids = reinterpret_cast<const int32_t*>(dev + m.ids);
+  meta_.pos = reinterpret_cast<const int32_t*>(dev + m.pos);
+  meta_.slot = reinterpret_cast<const int32_t*>(dev + m.slot);
+  meta_.token_seq = reinterpret_cast<const int32_t*>(dev + m.token_seq);
+  meta_.block_tables = reinterpret_cast<const int32_t*>(dev + m.block_tables);
+  meta_.logit_rows = reinterpret_cast<const int32_t*>(dev + m.logit_rows);
+  meta_.mask_start = tree ? reinterpret_cast<const int32_t*>(dev + m.mask_start) : nullptr;
+  meta_.tree_mask = tree ? reinterpret_cast<const uint64_t*>(dev + m.tree_mask) : nullptr;
+  return absl::OkStatus();
+}
+
+absl::Status LlamaEngine::GrowScratch(int64_t n_tokens, int64_t n_logits) {
+  const ModelConfig& c = config_;
+  constexpr auto kScratch = kernels::MemoryKind::kScratch;
+  if (n_tokens > s_.tokens) {
+    const int64_t n = RoundUpTo(n_tokens, kScratchTokenStep);
+    for (const auto& [buffer, width] :
+         {std::pair{&s_.x, c.hidden_size}, std::pair{&s_.h, c.hidden_size},
+          std::pair{&s_.q, c.q_dim()}, std::pair{&s_.att, c.q_dim()}, std::pair{&s_.k, c.kv_dim()},
+          std::pair{&s_.v, c.kv_dim()}, std::pair{&s_.gate, c.intermediate_size},
+          std::pair{&s_.up, c.intermediate_size}}) {
+      SPECD_RETURN_IF_ERROR(Ensure(*backend_, *buffer, n * width * 4, kScratch, "activations"));
+    }
+    s_.tokens = n;
+  }
+  if (n_logits > s_.logit_rows) {
+    const int64_t n = RoundUpTo(n_logits, 8);
+    SPECD_RETURN_IF_ERROR(
+        Ensure(*backend_, s_.xr, n * c.hidden_size * 4, kScratch, "final hidden states"));
+    SPECD_RETURN_IF_ERROR(Ensure(*backend_, s_.logits, n * c.vocab_size * 4, kScratch, "logits"));
+    s_.logit_rows = n;
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Logits> LlamaEngine::Forward(std::span<const SequenceInput> batch) {
   SPECD_RETURN_IF_ERROR(Validate(batch));
+  // The staging buffer is about to be rewritten: an upload from it must have run.
+  if (staging_in_flight_) SPECD_RETURN_IF_ERROR(Synchronize());
 
   // Reserve KV for the whole batch first; undo on failure so a full pool costs nothing.
   std::vector<int64_t> old_len;
@@ -124,113 +299,92 @@ absl::StatusOr<ForwardResult> LlamaEngine::Forward(std::span<const SequenceInput
     const absl::Status st =
         kv_->Extend(in.seq, in.start_pos + static_cast<int64_t>(in.tokens.size()));
     if (!st.ok()) {
-      for (size_t j = 0; j < old_len.size(); ++j) {
-        (void)kv_->Truncate(batch[j].seq, old_len[j]);
-      }
+      for (size_t j = 0; j < old_len.size(); ++j) (void)kv_->Truncate(batch[j].seq, old_len[j]);
       return st;
     }
     old_len.push_back(in.start_pos);
   }
-  auto rollback = [&](absl::Status st) {
-    for (size_t j = 0; j < batch.size(); ++j) (void)kv_->Truncate(batch[j].seq, old_len[j]);
-    return st;
-  };
-
-  const ModelConfig& c = config();
   int64_t n_tokens = 0;
   int64_t n_logits = 0;
   for (const SequenceInput& in : batch) {
     n_tokens += static_cast<int64_t>(in.tokens.size());
     n_logits += static_cast<int64_t>(in.logit_indices.size());
   }
-  block_table_stride_ = kv_->max_blocks_per_seq();
-  int32_t* ids = Grow(s_.ids, n_tokens);
-  int32_t* pos = Grow(s_.pos, n_tokens);
-  int32_t* token_seq = Grow(s_.token_seq, n_tokens);
-  int32_t* tables = Grow(s_.block_tables, static_cast<int64_t>(batch.size()) * block_table_stride_);
-  int64_t t = 0;
-  for (size_t b = 0; b < batch.size(); ++b) {
-    const SequenceInput& in = batch[b];
-    SPECD_ASSIGN_OR_RETURN(const std::vector<int32_t>* table, kv_->BlockTable(in.seq));
-    std::copy(table->begin(), table->end(), tables + b * block_table_stride_);
-    for (size_t i = 0; i < in.tokens.size(); ++i, ++t) {
-      ids[t] = in.tokens[i];
-      pos[t] = static_cast<int32_t>(in.start_pos + static_cast<int64_t>(i));
-      token_seq[t] = static_cast<int32_t>(b);
-    }
+  absl::StatusOr<Logits> out = Enqueue(batch, n_tokens, n_logits);
+  if (!out.ok()) {
+    for (size_t j = 0; j < batch.size(); ++j) (void)kv_->Truncate(batch[j].seq, old_len[j]);
   }
+  return out;
+}
 
-  float* x = Grow(s_.x, n_tokens * c.hidden_size);
-  kernels::EmbeddingArgs emb{weights_->embed, ids, x, n_tokens};
-  if (absl::Status st = backend_->Embedding(emb); !st.ok()) return rollback(st);
-  if (absl::Status st = RunLayers(n_tokens); !st.ok()) return rollback(st);
-
+absl::StatusOr<Logits> LlamaEngine::Enqueue(std::span<const SequenceInput> batch, int64_t n_tokens,
+                                            int64_t n_logits) {
+  const ModelConfig& c = config_;
+  kernels::Backend& be = *backend_;
+  SPECD_RETURN_IF_ERROR(UploadMetadata(batch, n_tokens, n_logits));
+  SPECD_RETURN_IF_ERROR(GrowScratch(n_tokens, n_logits));
+  float* x = s_.x.as<float>();
+  SPECD_RETURN_IF_ERROR(be.Embedding({weights_.embed, meta_.ids, x, n_tokens}));
+  SPECD_RETURN_IF_ERROR(RunLayers(n_tokens));
+  Logits logits{nullptr, 0, c.vocab_size};
+  if (n_logits == 0) return logits;
   // Final norm and classifier only for the rows asked for.
-  float* xr = Grow(s_.h, std::max<int64_t>(n_logits, 1) * c.hidden_size);
-  int64_t r = 0;
-  t = 0;
-  for (const SequenceInput& in : batch) {
-    for (const int32_t li : in.logit_indices) {
-      std::copy_n(x + (t + li) * c.hidden_size, c.hidden_size, xr + r * c.hidden_size);
-      ++r;
-    }
-    t += static_cast<int64_t>(in.tokens.size());
-  }
-  ForwardResult result;
-  result.vocab_size = c.vocab_size;
-  if (n_logits == 0) return result;
-  kernels::RmsNormArgs norm{xr,
-                            weights_->final_norm.data(),
-                            xr,
-                            n_logits,
-                            c.hidden_size,
-                            static_cast<float>(c.rms_norm_eps)};
-  if (absl::Status st = backend_->RmsNorm(norm); !st.ok()) return rollback(st);
-  result.logits.resize(static_cast<size_t>(n_logits * c.vocab_size));
-  kernels::MatmulArgs head{xr, weights_->lm_head, result.logits.data(), n_logits};
-  if (absl::Status st = backend_->Matmul(head); !st.ok()) return rollback(st);
-  return result;
+  float* xr = s_.xr.as<float>();
+  SPECD_RETURN_IF_ERROR(
+      be.GatherRows({x, meta_.logit_rows, xr, n_tokens, n_logits, c.hidden_size}));
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  SPECD_RETURN_IF_ERROR(
+      be.RmsNorm({xr, weights_.final_norm, xr, n_logits, c.hidden_size, eps}));  // final_norm
+  SPECD_RETURN_IF_ERROR(be.Matmul({xr, weights_.lm_head, s_.logits.as<float>(), n_logits}));
+  logits.data = s_.logits.as<const float>();
+  logits.rows = n_logits;
+  return logits;
 }
 
 absl::Status LlamaEngine::RunLayers(int64_t n) {
-  const ModelConfig& c = config();
+  const ModelConfig& c = config_;
   const int64_t dim = c.hidden_size;
-  float* x = s_.x.data();
-  float* h = Grow(s_.h, n * dim);
-  float* q = Grow(s_.q, n * c.q_dim());
-  float* k = Grow(s_.k, n * c.kv_dim());
-  float* v = Grow(s_.v, n * c.kv_dim());
-  float* att = Grow(s_.att, n * c.q_dim());
-  float* gate = Grow(s_.gate, n * c.intermediate_size);
-  float* up = Grow(s_.up, n * c.intermediate_size);
-  const int64_t layer_floats = kv_->total_blocks() * kv_->block_size() * c.kv_dim();
+  float* x = s_.x.as<float>();
+  float* h = s_.h.as<float>();
+  float* q = s_.q.as<float>();
+  float* k = s_.k.as<float>();
+  float* v = s_.v.as<float>();
+  float* att = s_.att.as<float>();
+  float* gate = s_.gate.as<float>();
+  float* up = s_.up.as<float>();
+  const int64_t layer_bytes =
+      kv_->total_blocks() * kv_->block_size() * c.kv_dim() * kernels::DTypeSize(kv_dtype_);
   const float eps = static_cast<float>(c.rms_norm_eps);
   kernels::Backend& be = *backend_;
 
   for (int64_t l = 0; l < c.num_layers; ++l) {
-    const LayerWeights& w = weights_->layers[static_cast<size_t>(l)];
-    kernels::PagedKv cache{k_cache_.data() + l * layer_floats,
-                           v_cache_.data() + l * layer_floats,
-                           s_.block_tables.data(),
-                           block_table_stride_,
-                           kv_->block_size(),
-                           c.kv_dim()};
-    // attn_norm -> q/k/v -> rope -> store -> attention -> o_proj -> residual
-    SPECD_RETURN_IF_ERROR(be.RmsNorm({x, w.attn_norm.data(), h, n, dim, eps}));
+    const DeviceLayerWeights& w = weights_.layers[static_cast<size_t>(l)];
+    kernels::PagedKv cache;
+    cache.k = k_cache_.as<char>() + l * layer_bytes;
+    cache.v = v_cache_.as<char>() + l * layer_bytes;
+    cache.dtype = kv_dtype_;
+    cache.block_tables = meta_.block_tables;
+    cache.max_blocks = kv_->max_blocks_per_seq();
+    cache.num_blocks = kv_->total_blocks();
+    cache.block_size = kv_->block_size();
+    cache.kv_dim = c.kv_dim();
+    // attn_norm -> q/k/v -> rope -> store -> attention -> attn_out (o_proj) -> residual
+    SPECD_RETURN_IF_ERROR(be.RmsNorm({x, w.attn_norm, h, n, dim, eps}));
     SPECD_RETURN_IF_ERROR(be.Matmul({h, w.wq, q, n}));
     SPECD_RETURN_IF_ERROR(be.Matmul({h, w.wk, k, n}));
     SPECD_RETURN_IF_ERROR(be.Matmul({h, w.wv, v, n}));
+    SPECD_RETURN_IF_ERROR(be.Rope({q, meta_.pos, weights_.inv_freq, n, c.num_heads, c.head_dim}));
     SPECD_RETURN_IF_ERROR(
-        be.Rope({q, s_.pos.data(), inv_freq_.data(), n, c.num_heads, c.head_dim}));
-    SPECD_RETURN_IF_ERROR(
-        be.Rope({k, s_.pos.data(), inv_freq_.data(), n, c.num_kv_heads, c.head_dim}));
-    SPECD_RETURN_IF_ERROR(be.StoreKv({k, v, cache, s_.token_seq.data(), s_.pos.data(), n}));
+        be.Rope({k, meta_.pos, weights_.inv_freq, n, c.num_kv_heads, c.head_dim}));
+    SPECD_RETURN_IF_ERROR(be.StoreKv({k, v, cache, meta_.token_seq, meta_.slot, n}));
     kernels::AttentionArgs a;
     a.q = q;
     a.out = att;
     a.cache = cache;
-    a.token_seq = s_.token_seq.data();
-    a.pos = s_.pos.data();
+    a.token_seq = meta_.token_seq;
+    a.slot = meta_.slot;
+    a.tree_mask = meta_.tree_mask;
+    a.mask_start = meta_.mask_start;
     a.n_tokens = n;
     a.n_heads = c.num_heads;
     a.n_kv_heads = c.num_kv_heads;
@@ -239,8 +393,8 @@ absl::Status LlamaEngine::RunLayers(int64_t n) {
     SPECD_RETURN_IF_ERROR(be.Attention(a));
     SPECD_RETURN_IF_ERROR(be.Matmul({att, w.wo, h, n}));  // attn_out
     SPECD_RETURN_IF_ERROR(be.Add({x, h, n, dim}));
-    // ffn_norm -> gate/up -> swiglu -> down -> residual
-    SPECD_RETURN_IF_ERROR(be.RmsNorm({x, w.ffn_norm.data(), h, n, dim, eps}));
+    // ffn_norm -> gate/up -> swiglu -> down (ffn_out) -> residual
+    SPECD_RETURN_IF_ERROR(be.RmsNorm({x, w.ffn_norm, h, n, dim, eps}));
     SPECD_RETURN_IF_ERROR(be.Matmul({h, w.w_gate, gate, n}));
     SPECD_RETURN_IF_ERROR(be.Matmul({h, w.w_up, up, n}));
     SPECD_RETURN_IF_ERROR(be.SwiGlu({gate, up, gate, n, c.intermediate_size}));
@@ -250,16 +404,35 @@ absl::Status LlamaEngine::RunLayers(int64_t n) {
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::vector<float>> LlamaEngine::ReadLogits(const Logits& logits) {
+  const int64_t bytes = logits.rows * logits.vocab * 4;
+  std::vector<float> out(static_cast<size_t>(logits.rows * logits.vocab));
+  if (bytes == 0) return out;
+  SPECD_ASSIGN_OR_RETURN(kernels::Buffer staging,
+                         backend_->Allocate(bytes, kernels::MemoryKind::kStaging, "logits"));
+  SPECD_RETURN_IF_ERROR(backend_->Download(staging.data(), logits.data, bytes));
+  SPECD_RETURN_IF_ERROR(Synchronize());
+  std::memcpy(out.data(), staging.data(), static_cast<size_t>(bytes));
+  return out;
+}
+
+absl::StatusOr<std::unique_ptr<LlamaEngine>> CreateEngine(
+    const std::filesystem::path& dir, const kernels::BackendOptions& backend_options,
+    const EngineOptions& options, const LoadOptions& load) {
+  SPECD_ASSIGN_OR_RETURN(std::unique_ptr<ModelWeights> weights, LoadModelWeights(dir, load));
+  SPECD_ASSIGN_OR_RETURN(std::unique_ptr<kernels::Backend> backend,
+                         kernels::CreateBackend(backend_options));
+  return LlamaEngine::Create(std::move(weights), std::move(backend), options);
+}
+
 absl::StatusOr<std::unique_ptr<LlamaEngine>> CreateCpuEngine(const std::filesystem::path& dir,
                                                              int num_threads,
                                                              const EngineOptions& options,
                                                              const LoadOptions& load) {
-  SPECD_ASSIGN_OR_RETURN(std::unique_ptr<ModelWeights> weights, LoadModelWeights(dir, load));
-  // The CPU back end streams weights from host memory; huge pages make that much faster.
-  SPECD_RETURN_IF_ERROR(MakeWeightsResident(weights.get()));
-  SPECD_ASSIGN_OR_RETURN(std::unique_ptr<kernels::Backend> backend,
-                         kernels::CreateCpuBackend(num_threads));
-  return LlamaEngine::Create(std::move(weights), std::move(backend), options);
+  kernels::BackendOptions backend;
+  backend.kind = kernels::BackendKind::kCpu;
+  backend.num_threads = num_threads;
+  return CreateEngine(dir, backend, options, load);
 }
 
 }  // namespace specd

@@ -8,7 +8,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
-#include "common/util/absl_string.h"
+#include "base/absl_string.h"
 #include "nlohmann/json.hpp"
 
 namespace specd {

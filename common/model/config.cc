@@ -12,7 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "common/model/mapped_file.h"
-#include "common/util/absl_string.h"
+#include "base/absl_string.h"
 #include "nlohmann/json.hpp"
 
 namespace specd {

@@ -11,7 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "base/status_macros.h"
-#include "common/util/absl_string.h"
+#include "base/absl_string.h"
 #include "nlohmann/json.hpp"
 
 namespace specd {

@@ -1,4 +1,5 @@
-// Llama weights bound to tensors of a mapped checkpoint, checked against the config.
+// Llama weights bound to tensors of a mapped checkpoint, checked against the config. They live in
+// host memory; the engine uploads them to its back end (common/engine/device_weights.h).
 #ifndef SPECD_COMMON_MODEL_WEIGHTS_H_
 #define SPECD_COMMON_MODEL_WEIGHTS_H_
 
@@ -27,8 +28,6 @@ struct LayerWeights {
   std::vector<float> ffn_norm;   // [hidden]
 };
 
-class AnonymousMapping;  // common/model/resident_weights.h
-
 struct ModelWeights {
   ModelConfig config;             // num_layers reflects exit_layer when set
   kernels::WeightView embed;      // [vocab, hidden]
@@ -36,8 +35,6 @@ struct ModelWeights {
   std::vector<float> final_norm;  // [hidden]
   std::vector<LayerWeights> layers;
   std::unique_ptr<Checkpoint> checkpoint;  // owns the mapped memory the views point into
-  // Set by MakeWeightsResident: the views then point here and `checkpoint` is released.
-  std::unique_ptr<AnonymousMapping> resident;
 
   ModelWeights();
   ~ModelWeights();

@@ -1,5 +1,5 @@
 // Small string helpers for the tokenizer (ToAbsl for Debian's separate absl::string_view is in
-// common/util/absl_string.h).
+// base/absl_string.h).
 #ifndef SPECD_COMMON_TOKENIZER_STRING_UTIL_H_
 #define SPECD_COMMON_TOKENIZER_STRING_UTIL_H_
 
@@ -7,7 +7,7 @@
 #include <string_view>
 
 #include "absl/strings/string_view.h"
-#include "common/util/absl_string.h"
+#include "base/absl_string.h"
 
 namespace specd::tokenizer {
 

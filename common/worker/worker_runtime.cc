@@ -5,6 +5,7 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
+#include "base/absl_string.h"
 #include "base/math.h"
 #include "base/philox.h"
 #include "base/status_macros.h"
@@ -12,20 +13,14 @@
 namespace specd {
 namespace {
 
-// A point mass at `token`: the q of a greedy draft. Any q is exact as long as the same row
-// samples t, reports q(t) and answers q(y) (DESIGN.md, "The processed distribution").
-void PointMass(int32_t token, int64_t vocab, std::vector<float>* row) {
-  row->assign(static_cast<size_t>(vocab), 0.0f);
-  (*row)[static_cast<size_t>(token)] = 1.0f;
-}
-
-int32_t ArgmaxLowestId(std::span<const float> row) {
-  return static_cast<int32_t>(std::max_element(row.begin(), row.end()) - row.begin());
+absl::Status RowError(SeqId seq, int32_t code) {
+  return absl::InvalidArgumentError(
+      absl::StrCat("sequence ", seq, ": ", ToAbsl(kernels::RowErrorMessage(code))));
 }
 
 // INVALID_ARGUMENT for the second and later requests naming an id already seen in the call, so
 // one sequence is never fed twice in one forward pass.
-absl::Status CheckUnique(KvPool::SeqId seq, absl::flat_hash_set<KvPool::SeqId>* seen) {
+absl::Status CheckUnique(SeqId seq, absl::flat_hash_set<SeqId>* seen) {
   if (!seen->insert(seq).second) {
     return absl::InvalidArgumentError(
         absl::StrCat("sequence ", seq, " appears more than once in one call"));
@@ -49,7 +44,10 @@ std::string_view ForwardKindName(ForwardKind kind) {
 
 WorkerRuntime::WorkerRuntime(std::unique_ptr<LlamaEngine> engine,
                              const WorkerRuntimeOptions& options)
-    : engine_(std::move(engine)), options_(options) {
+    : engine_(std::move(engine)),
+      options_(options),
+      pool_(engine_->backend(), engine_->config().vocab_size),
+      sampler_(engine_->backend()) {
   options_.prefill_chunk = std::max<int64_t>(1, options_.prefill_chunk);
 }
 
@@ -116,24 +114,55 @@ absl::Status WorkerRuntime::Admit(const SequenceRequest& req, int64_t extra_toke
   *blocks_budget -= need;
   Sequence& s = seqs_[req.seq];
   s.prompt_len = req.prompt_len;
-  s.rows.clear();  // rows live until the sequence's next Draft or Verify
+  ReleaseRows(s);  // rows live until the sequence's next Draft or Verify
   return absl::OkStatus();
 }
 
-absl::StatusOr<ForwardResult> WorkerRuntime::TimedForward(ForwardKind kind,
-                                                          std::span<const SequenceInput> batch,
-                                                          int64_t* forward_ns) {
+void WorkerRuntime::ReportForward(ForwardKind kind, std::span<const SequenceInput> batch,
+                                  absl::Duration elapsed) {
+  if (options_.observer == nullptr) return;
+  int64_t tokens = 0;
+  for (const SequenceInput& in : batch) tokens += static_cast<int64_t>(in.tokens.size());
+  options_.observer->OnForward(kind, static_cast<int64_t>(batch.size()), tokens, elapsed);
+  options_.observer->OnKvChanged(engine_->kv());
+}
+
+absl::Status WorkerRuntime::ForwardAndSample(ForwardKind kind, std::span<const SequenceInput> batch,
+                                             const std::function<absl::Status()>& add_work,
+                                             int64_t* forward_ns) {
   const absl::Time start = absl::Now();
-  absl::StatusOr<ForwardResult> out = engine_->Forward(batch);
+  SPECD_ASSIGN_OR_RETURN(const Logits logits, engine_->Forward(batch));
+  sampler_.Clear();
+  SPECD_RETURN_IF_ERROR(add_work());
+  SPECD_RETURN_IF_ERROR(sampler_.Run(logits.data, pool_));
   const absl::Duration elapsed = absl::Now() - start;
   if (forward_ns != nullptr) *forward_ns = absl::ToInt64Nanoseconds(elapsed);
-  if (out.ok() && options_.observer != nullptr) {
-    int64_t tokens = 0;
-    for (const SequenceInput& in : batch) tokens += static_cast<int64_t>(in.tokens.size());
-    options_.observer->OnForward(kind, static_cast<int64_t>(batch.size()), tokens, elapsed);
-    options_.observer->OnKvChanged(engine_->kv());
+  ReportForward(kind, batch, elapsed);
+  return absl::OkStatus();
+}
+
+void WorkerRuntime::AddKeptRow(Sequence& s, size_t len, const SamplingParams& params,
+                               kernels::RowMode mode, int32_t slot) {
+  // This round's earlier drafts count as output for the penalties.
+  const size_t prompt = std::min(len, static_cast<size_t>(s.prompt_len));
+  const std::span<const int32_t> all(s.tokens.data(), len);
+  sampler_.AddRow(params, mode, all.subspan(0, prompt), all.subspan(prompt), slot);
+  s.rows.push_back(slot);
+}
+
+void WorkerRuntime::RollBack(std::span<const SequenceInput> inputs) {
+  for (const SequenceInput& in : inputs) {
+    Sequence& s = seqs_[in.seq];
+    (void)engine_->Truncate(in.seq, in.start_pos);
+    s.tokens.resize(static_cast<size_t>(std::min<int64_t>(in.start_pos, s.tokens.size())));
+    ReleaseRows(s);
   }
-  return out;
+  ReportKv();
+}
+
+void WorkerRuntime::ReleaseRows(Sequence& s) {
+  pool_.Release(s.rows);
+  s.rows.clear();
 }
 
 void WorkerRuntime::ReportKv() {
@@ -159,7 +188,11 @@ absl::Status WorkerRuntime::FeedLongCatchUps(std::span<const SequenceRequest* co
       which.push_back(i);
     }
     if (batch.empty()) return absl::OkStatus();
-    SPECD_RETURN_IF_ERROR(TimedForward(ForwardKind::kCatchUp, batch, nullptr).status());
+    const absl::Time start = absl::Now();
+    SPECD_RETURN_IF_ERROR(engine_->Forward(batch).status());
+    // Timed to the end of the work, not of its enqueueing.
+    SPECD_RETURN_IF_ERROR(engine_->Synchronize());
+    ReportForward(ForwardKind::kCatchUp, batch, absl::Now() - start);
     for (size_t b = 0; b < batch.size(); ++b) {
       std::vector<int32_t>& tokens = seqs_[batch[b].seq].tokens;
       tokens.insert(tokens.end(), batch[b].tokens.begin(), batch[b].tokens.end());
@@ -168,13 +201,7 @@ absl::Status WorkerRuntime::FeedLongCatchUps(std::span<const SequenceRequest* co
   }
 }
 
-TokenHistory WorkerRuntime::History(const Sequence& s, size_t len) const {
-  const size_t prompt = std::min(len, static_cast<size_t>(s.prompt_len));
-  const std::span<const int32_t> all(s.tokens.data(), len);
-  return TokenHistory{all.subspan(0, prompt), all.subspan(prompt)};
-}
-
-int64_t WorkerRuntime::LengthOrZero(KvPool::SeqId seq) const {
+int64_t WorkerRuntime::LengthOrZero(SeqId seq) const {
   const auto it = seqs_.find(seq);
   return it == seqs_.end() ? 0 : static_cast<int64_t>(it->second.tokens.size());
 }
@@ -182,7 +209,6 @@ int64_t WorkerRuntime::LengthOrZero(KvPool::SeqId seq) const {
 std::vector<SequenceOutcome> WorkerRuntime::Draft(
     std::span<const DraftSequenceRequest> batch,
     const std::function<void(const DraftStep&)>& on_step) {
-  const int64_t vocab = engine_->config().vocab_size;
   std::vector<SequenceOutcome> outcomes(batch.size());
   std::vector<SequenceOutcome> failed;  // not yet reported to on_step
   auto fail = [&](size_t i, absl::Status st) {
@@ -191,7 +217,7 @@ std::vector<SequenceOutcome> WorkerRuntime::Draft(
   };
 
   std::vector<size_t> active;  // still drafting
-  absl::flat_hash_set<KvPool::SeqId> seen;
+  absl::flat_hash_set<SeqId> seen;
   int64_t budget = engine_->kv().free_blocks();
   for (size_t i = 0; i < batch.size(); ++i) {
     const DraftSequenceRequest& req = batch[i];
@@ -245,45 +271,60 @@ std::vector<SequenceOutcome> WorkerRuntime::Draft(
       in.logit_indices = {static_cast<int32_t>(in.tokens.size() - 1)};
       inputs.push_back(in);
     }
-    absl::StatusOr<ForwardResult> out = TimedForward(ForwardKind::kDraftStep, inputs, &forward_ns);
-    if (!out.ok()) {
-      fail_active(out.status());
+    // Each active sequence keeps this step's row; tokens are appended before the rows are
+    // added, so t_k's history is x and t_1..t_{k-1}.
+    std::vector<int32_t> draw_of(inputs.size(), -1);
+    const absl::Status pass = ForwardAndSample(
+        ForwardKind::kDraftStep, inputs,
+        [&]() -> absl::Status {
+          SPECD_ASSIGN_OR_RETURN(const std::vector<int32_t> slots,
+                                 pool_.Acquire(static_cast<int64_t>(inputs.size())));
+          for (size_t b = 0; b < inputs.size(); ++b) {
+            const DraftSequenceRequest& req = batch[active[b]];
+            Sequence& s = seqs_[req.seq];
+            s.tokens.insert(s.tokens.end(), inputs[b].tokens.begin(), inputs[b].tokens.end());
+            // A greedy request's q is its argmax; a greedy draft of a sampled request takes the
+            // processed row's argmax. A point mass is exact as long as the same row samples t,
+            // reports q(t) and answers q(y) (DESIGN.md, "The processed distribution").
+            const kernels::RowMode mode = req.sampling.greedy() ? kernels::RowMode::kGreedy
+                                          : req.mode == DraftMode::kGreedy
+                                              ? kernels::RowMode::kArgmaxOfProcessed
+                                              : kernels::RowMode::kSample;
+            AddKeptRow(s, s.tokens.size(), req.sampling, mode, slots[b]);
+            if (mode != kernels::RowMode::kSample) continue;
+            // t_k sits at position len(x) + k - 1, which is what the cache now holds.
+            kernels::Draw d;
+            d.prob_slot = slots[b];
+            d.seed = req.seed;
+            d.position = static_cast<uint32_t>(s.tokens.size());
+            d.purpose = Purpose::kDraftSample;
+            draw_of[b] = sampler_.AddDraw(d);
+          }
+          return absl::OkStatus();
+        },
+        &forward_ns);
+    if (!pass.ok()) {
+      RollBack(inputs);
+      fail_active(pass);
       break;
     }
     for (size_t b = 0; b < inputs.size(); ++b) {
       const size_t i = active[b];
       const DraftSequenceRequest& req = batch[i];
       Sequence& s = seqs_[req.seq];
-      s.tokens.insert(s.tokens.end(), inputs[b].tokens.begin(), inputs[b].tokens.end());
-      // t_k sits at position len(x) + k - 1, which is what the cache now holds.
-      const uint32_t position = static_cast<uint32_t>(s.tokens.size());
-      const TokenHistory history = History(s, s.tokens.size());
-      const std::span<const float> logits = out->row(static_cast<int64_t>(b));
-      std::vector<float> row(static_cast<size_t>(vocab));
-      absl::Status st;
-      int32_t token = 0;
-      if (req.sampling.greedy()) {
-        absl::StatusOr<int32_t> t = processor_.GreedyToken(logits, req.sampling, history);
-        st = t.status();
-        if (st.ok()) PointMass(token = *t, vocab, &row);
-      } else {
-        st = processor_.ProcessedDistribution(logits, req.sampling, history, row);
-        if (st.ok() && req.mode == DraftMode::kGreedy) {
-          PointMass(token = ArgmaxLowestId(row), vocab, &row);
-        } else if (st.ok()) {
-          const double u = StreamUniform(req.seed, position, Purpose::kDraftSample);
-          absl::StatusOr<int32_t> t = SampleInverseCdf(row, u);
-          st = t.status();
-          if (st.ok()) token = *t;
-        }
-      }
-      if (!st.ok()) {
-        fail(i, std::move(st));
+      const int32_t row = static_cast<int32_t>(b);
+      const int32_t draw = draw_of[b];
+      const int32_t error = sampler_.row_error(row) != kernels::kRowOk
+                                ? sampler_.row_error(row)
+                                : (draw >= 0 ? sampler_.draw_error(draw) : kernels::kRowOk);
+      if (error != kernels::kRowOk) {
+        ReleaseRows(s);  // no half-filled rows for Truncate queries or ReadRows
+        fail(i, RowError(req.seq, error));
         continue;
       }
+      const int32_t token = draw >= 0 ? sampler_.token(draw) : sampler_.argmax(row);
       last[i] = token;
-      step_tokens.push_back({req.seq, token, row[static_cast<size_t>(token)]});
-      s.rows.push_back(std::move(row));
+      step_tokens.push_back({req.seq, token, draw >= 0 ? sampler_.token_prob(draw) : 1.0f});
     }
     active.erase(std::remove_if(active.begin(), active.end(),
                                 [&](size_t i) {
@@ -326,7 +367,7 @@ std::vector<VerifySequenceResult> WorkerRuntime::Verify(
   };
 
   std::vector<size_t> active;
-  absl::flat_hash_set<KvPool::SeqId> seen;
+  absl::flat_hash_set<SeqId> seen;
   int64_t budget = engine_->kv().free_blocks();
   for (size_t i = 0; i < batch.size(); ++i) {
     const VerifySequenceRequest& req = batch[i];
@@ -383,93 +424,120 @@ std::vector<VerifySequenceResult> WorkerRuntime::Verify(
     for (int32_t j = n - K - 1; j < n; ++j) in.logit_indices.push_back(j);
     inputs.push_back(in);
   }
+  // Per active sequence: where its rows, lookups and draws sit in the sampler.
+  struct Planned {
+    int32_t first_row = 0;
+    int32_t first_lookup = 0;
+    int32_t bonus_draw = -1;
+    int32_t first_candidate = -1;
+  };
+  std::vector<Planned> plan(batch.size());
   int64_t forward_ns = 0;
-  absl::StatusOr<ForwardResult> out = st.ok()
-                                          ? TimedForward(ForwardKind::kVerify, inputs, &forward_ns)
-                                          : absl::StatusOr<ForwardResult>(st);
-  if (!out.ok()) {
+  if (st.ok()) {
+    st = ForwardAndSample(
+        ForwardKind::kVerify, inputs,
+        [&]() -> absl::Status {
+          int64_t rows = 0;
+          for (const size_t i : active) rows += static_cast<int64_t>(batch[i].drafts.size()) + 1;
+          SPECD_ASSIGN_OR_RETURN(const std::vector<int32_t> slots, pool_.Acquire(rows));
+          size_t next_slot = 0;
+          for (const size_t i : active) {
+            const VerifySequenceRequest& req = batch[i];
+            Sequence& s = seqs_[req.seq];
+            s.tokens.insert(s.tokens.end(), feeds[i].begin(), feeds[i].end());
+            const size_t K = req.drafts.size();
+            const size_t x_len = s.tokens.size() - K;  // len(x): committed tokens
+            const kernels::RowMode mode =
+                req.sampling.greedy() ? kernels::RowMode::kGreedy : kernels::RowMode::kSample;
+            Planned& p = plan[i];
+            p.first_row = static_cast<int32_t>(next_slot);
+            for (size_t j = 0; j <= K; ++j) {
+              // p_{j+1} conditions on x and t_1..t_j, which count as output for the penalties.
+              AddKeptRow(s, x_len + j, req.sampling, mode, slots[next_slot++]);
+            }
+            for (size_t j = 0; j < K; ++j) {
+              const int32_t lookup = sampler_.AddLookup(s.rows[j], req.drafts[j]);
+              if (j == 0) p.first_lookup = lookup;
+            }
+            if (req.sampling.greedy()) continue;
+            kernels::Draw d;
+            d.seed = req.seed;
+            d.prob_slot = s.rows[K];
+            d.position = static_cast<uint32_t>(x_len + K);
+            d.purpose = K > 0 ? Purpose::kBonus : Purpose::kTargetSample;
+            p.bonus_draw = sampler_.AddDraw(d);
+            for (size_t j = 0; j < K; ++j) {
+              for (int32_t m = 0; m < req.num_candidates; ++m) {
+                d.prob_slot = s.rows[j];
+                d.position = static_cast<uint32_t>(x_len + j);
+                d.purpose = Purpose::kCandidate;
+                d.index = static_cast<uint32_t>(m);
+                const int32_t draw = sampler_.AddDraw(d);
+                if (j == 0 && m == 0) p.first_candidate = draw;
+              }
+            }
+          }
+          return absl::OkStatus();
+        },
+        &forward_ns);
+    if (!st.ok()) RollBack(inputs);
+  }
+  if (!st.ok()) {
     for (const size_t i : active) {
-      results[i].status = out.status();
+      results[i].status = st;
       finish(i);
     }
     return results;
   }
 
-  int64_t row_base = 0;
   for (const size_t i : active) {
     const VerifySequenceRequest& req = batch[i];
     VerifySequenceResult& r = results[i];
-    r.forward_ns = forward_ns;
+    const Planned& p = plan[i];
     Sequence& s = seqs_[req.seq];
-    s.tokens.insert(s.tokens.end(), feeds[i].begin(), feeds[i].end());
     const size_t K = req.drafts.size();
-    const size_t x_len = s.tokens.size() - K;  // len(x): committed tokens
-    r.position = static_cast<int32_t>(x_len);
+    const size_t M = static_cast<size_t>(req.num_candidates);
+    r.forward_ns = forward_ns;
+    r.position = static_cast<int32_t>(s.tokens.size() - K);
+    int32_t error = kernels::kRowOk;
     r.argmax.resize(K + 1);
-    r.p_draft.resize(K);
-    s.rows.resize(K + 1);
-    absl::Status row_status;
-    for (size_t j = 0; j <= K && row_status.ok(); ++j) {
-      const std::span<const float> logits = out->row(row_base + static_cast<int64_t>(j));
-      // p_{j+1} conditions on x and t_1..t_j, which count as output for the penalties.
-      const TokenHistory history = History(s, x_len + j);
-      absl::StatusOr<int32_t> greedy = processor_.GreedyToken(logits, req.sampling, history);
-      if (!greedy.ok()) {
-        row_status = greedy.status();
-        break;
-      }
-      r.argmax[j] = *greedy;
-      if (req.sampling.greedy()) {
-        PointMass(*greedy, vocab, &s.rows[j]);
-      } else {
-        s.rows[j].resize(static_cast<size_t>(vocab));
-        row_status = processor_.ProcessedDistribution(logits, req.sampling, history, s.rows[j]);
-      }
+    for (size_t j = 0; j <= K; ++j) {
+      const int32_t row = p.first_row + static_cast<int32_t>(j);
+      if (error == kernels::kRowOk) error = sampler_.row_error(row);
+      r.argmax[j] = sampler_.argmax(row);
     }
-    row_base += static_cast<int64_t>(K + 1);
-    if (row_status.ok()) {
+    r.p_draft.resize(K);
+    for (size_t j = 0; j < K; ++j)
+      r.p_draft[j] = sampler_.lookup(p.first_lookup + static_cast<int32_t>(j));
+    if (req.sampling.greedy()) {
+      r.bonus_token = r.argmax[K];
+    } else if (error == kernels::kRowOk) {
+      error = sampler_.draw_error(p.bonus_draw);
+      r.bonus_token = sampler_.token(p.bonus_draw);
+      r.candidate_tokens.assign(K, std::vector<int32_t>(M));
+      r.candidate_probs.assign(K, std::vector<float>(M));
       for (size_t j = 0; j < K; ++j) {
-        r.p_draft[j] = s.rows[j][static_cast<size_t>(req.drafts[j])];
-      }
-      if (req.sampling.greedy()) {
-        r.bonus_token = r.argmax[K];
-      } else {
-        const uint32_t bonus_pos = static_cast<uint32_t>(x_len + K);
-        const double u =
-            StreamUniform(req.seed, bonus_pos, K > 0 ? Purpose::kBonus : Purpose::kTargetSample);
-        absl::StatusOr<int32_t> b = SampleInverseCdf(s.rows[K], u);
-        row_status = b.status();
-        if (b.ok()) r.bonus_token = *b;
-        r.candidate_tokens.assign(K, {});
-        r.candidate_probs.assign(K, {});
-        for (size_t j = 0; j < K && row_status.ok(); ++j) {
-          for (int32_t m = 0; m < req.num_candidates; ++m) {
-            const double uc = StreamUniform(req.seed, static_cast<uint32_t>(x_len + j),
-                                            Purpose::kCandidate, static_cast<uint32_t>(m));
-            absl::StatusOr<int32_t> y = SampleInverseCdf(s.rows[j], uc);
-            if (!y.ok()) {
-              row_status = y.status();
-              break;
-            }
-            r.candidate_tokens[j].push_back(*y);
-            r.candidate_probs[j].push_back(s.rows[j][static_cast<size_t>(*y)]);
-          }
+        for (size_t m = 0; m < M; ++m) {
+          const int32_t draw = p.first_candidate + static_cast<int32_t>(j * M + m);
+          if (error == kernels::kRowOk) error = sampler_.draw_error(draw);
+          r.candidate_tokens[j][m] = sampler_.token(draw);
+          r.candidate_probs[j][m] = sampler_.token_prob(draw);
         }
       }
     }
-    if (!row_status.ok()) {
+    if (error != kernels::kRowOk) {
       // No half-filled rows: ReadRows and Truncate queries must not read them.
-      s.rows.clear();
+      ReleaseRows(s);
       r = VerifySequenceResult();
       r.seq = req.seq;
-      r.status = row_status;
+      r.status = RowError(req.seq, error);
     }
     finish(i);
   }
   return results;
 }
 
-absl::StatusOr<TruncateResult> WorkerRuntime::Truncate(KvPool::SeqId seq, int64_t new_len,
+absl::StatusOr<TruncateResult> WorkerRuntime::Truncate(SeqId seq, int64_t new_len,
                                                        int32_t query_step,
                                                        std::span<const int32_t> query_tokens) {
   const auto it = seqs_.find(seq);
@@ -488,13 +556,19 @@ absl::StatusOr<TruncateResult> WorkerRuntime::Truncate(KvPool::SeqId seq, int64_
           absl::StrCat("sequence ", seq, ": no kept row for query_step ", query_step, " (",
                        s.rows.size(), " rows are kept from the last Draft/Verify)"));
     }
-    const std::vector<float>& row = s.rows[static_cast<size_t>(query_step - 1)];
+    const int32_t slot = s.rows[static_cast<size_t>(query_step - 1)];
+    const int64_t vocab = engine_->config().vocab_size;
+    sampler_.Clear();
     for (const int32_t y : query_tokens) {
-      if (y < 0 || y >= static_cast<int32_t>(row.size())) {
-        return absl::InvalidArgumentError(absl::StrCat("sequence ", seq, ": query token ", y,
-                                                       " is outside [0, ", row.size(), ")"));
+      if (y < 0 || y >= vocab) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("sequence ", seq, ": query token ", y, " is outside [0, ", vocab, ")"));
       }
-      result.q_probs.push_back(row[static_cast<size_t>(y)]);
+      sampler_.AddLookup(slot, y);
+    }
+    SPECD_RETURN_IF_ERROR(sampler_.Run(nullptr, pool_));
+    for (size_t i = 0; i < query_tokens.size(); ++i) {
+      result.q_probs.push_back(sampler_.lookup(static_cast<int32_t>(i)));
     }
   }
   SPECD_RETURN_IF_ERROR(engine_->Truncate(seq, new_len));
@@ -506,7 +580,7 @@ absl::StatusOr<TruncateResult> WorkerRuntime::Truncate(KvPool::SeqId seq, int64_
   return result;
 }
 
-absl::StatusOr<ProbRow> WorkerRuntime::ReadRow(KvPool::SeqId seq, int32_t step) const {
+absl::StatusOr<ProbRow> WorkerRuntime::ReadRow(SeqId seq, int32_t step) {
   const auto it = seqs_.find(seq);
   if (it == seqs_.end()) return absl::NotFoundError(absl::StrCat("unknown sequence ", seq));
   const Sequence& s = it->second;
@@ -514,19 +588,22 @@ absl::StatusOr<ProbRow> WorkerRuntime::ReadRow(KvPool::SeqId seq, int32_t step) 
     return absl::FailedPreconditionError(absl::StrCat("sequence ", seq, ": no kept row for step ",
                                                       step, " (", s.rows.size(), " kept)"));
   }
-  return CompactRow(s.rows[static_cast<size_t>(step - 1)]);
+  SPECD_ASSIGN_OR_RETURN(const std::vector<float> row,
+                         pool_.ReadRow(s.rows[static_cast<size_t>(step - 1)]));
+  return CompactRow(row);
 }
 
-absl::Status WorkerRuntime::Release(KvPool::SeqId seq) {
+absl::Status WorkerRuntime::Release(SeqId seq) {
   const auto it = seqs_.find(seq);
   if (it == seqs_.end()) return absl::NotFoundError(absl::StrCat("unknown sequence ", seq));
   SPECD_RETURN_IF_ERROR(engine_->Release(seq));
+  ReleaseRows(it->second);
   seqs_.erase(it);
   ReportKv();
   return absl::OkStatus();
 }
 
-absl::StatusOr<int64_t> WorkerRuntime::CachedLength(KvPool::SeqId seq) const {
+absl::StatusOr<int64_t> WorkerRuntime::CachedLength(SeqId seq) const {
   const auto it = seqs_.find(seq);
   if (it == seqs_.end()) return absl::NotFoundError(absl::StrCat("unknown sequence ", seq));
   return static_cast<int64_t>(it->second.tokens.size());

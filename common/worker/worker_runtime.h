@@ -21,7 +21,8 @@
 #include "base/sampling_params.h"
 #include "common/engine/llama_engine.h"
 #include "common/protocol/worker_protocol.h"
-#include "common/sampling/processed.h"
+#include "common/sampling/row_pool.h"
+#include "common/sampling/row_sampler.h"
 
 namespace specd {
 
@@ -68,8 +69,9 @@ class WorkerRuntime {
   absl::StatusOr<TruncateResult> Truncate(SeqId seq, int64_t new_len, int32_t query_step,
                                           std::span<const int32_t> query_tokens);
 
-  // One kept processed row (1-based step), sparse when that is smaller on the wire.
-  absl::StatusOr<ProbRow> ReadRow(SeqId seq, int32_t step) const;
+  // One kept processed row (1-based step), sparse when that is smaller on the wire. The only call
+  // that copies a whole row out of back-end memory.
+  absl::StatusOr<ProbRow> ReadRow(SeqId seq, int32_t step);
 
   absl::Status Release(SeqId seq);
 
@@ -83,7 +85,9 @@ class WorkerRuntime {
   struct Sequence {
     std::vector<int32_t> tokens;  // exactly what the KV cache holds
     int64_t prompt_len = 0;
-    std::vector<std::vector<float>> rows;  // last round's processed rows, 1-based step - 1
+    // Row-pool slots of the last round's processed rows, 1-based step - 1. They stay in back-end
+    // memory until the sequence's next Draft or Verify, or its Release.
+    std::vector<int32_t> rows;
   };
 
   // Checks a request against the table, creating the sequence when expected_cached_len is 0 and
@@ -92,17 +96,28 @@ class WorkerRuntime {
   absl::Status Admit(const SequenceRequest& req, int64_t extra_tokens, int64_t* blocks_budget);
   // Feeds every catch-up but its last prefill_chunk (or fewer) tokens per sequence, in chunks.
   absl::Status FeedLongCatchUps(std::span<const SequenceRequest* const> reqs);
-  // engine_->Forward, timed and reported to the observer.
-  absl::StatusOr<ForwardResult> TimedForward(ForwardKind kind, std::span<const SequenceInput> batch,
-                                             int64_t* forward_ns);
-  TokenHistory History(const Sequence& s, size_t len) const;
+  // A forward pass with logits, then the sampler's work on them (`add_work` fills the sampler),
+  // up to the one synchronization. Timed from the forward's start and reported to the observer.
+  absl::Status ForwardAndSample(ForwardKind kind, std::span<const SequenceInput> batch,
+                                const std::function<absl::Status()>& add_work, int64_t* forward_ns);
+  void ReportForward(ForwardKind kind, std::span<const SequenceInput> batch,
+                     absl::Duration elapsed);
+  // Adds the processed row of logit row `row` of this pass for `s` with the first `len` tokens as
+  // history, into a new kept slot of `s`.
+  void AddKeptRow(Sequence& s, size_t len, const SamplingParams& params, kernels::RowMode mode,
+                  int32_t slot);
+  void ReleaseRows(Sequence& s);
+  // Undoes a pass that failed after its forward: each input's sequence goes back to start_pos,
+  // with no kept rows.
+  void RollBack(std::span<const SequenceInput> inputs);
   int64_t LengthOrZero(SeqId seq) const;
   void ReportKv();
 
   std::unique_ptr<LlamaEngine> engine_;
   WorkerRuntimeOptions options_;
   absl::flat_hash_map<SeqId, Sequence> seqs_;
-  LogitsProcessor processor_;
+  RowPool pool_;
+  RowSampler sampler_;
 };
 
 }  // namespace specd

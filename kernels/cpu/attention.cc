@@ -3,12 +3,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "base/status_macros.h"
+#include "kernels/cpu/kv_cache.h"
 #include "kernels/cpu/validate.h"
 
 namespace specd::kernels::cpu {
@@ -17,27 +17,40 @@ namespace {
 // Multiply-adds below which a batch of attention tasks runs on the calling thread alone.
 constexpr int64_t kMinParallelMacs = 64 * 1024;
 
-absl::Status CheckTokens(absl::string_view op, const PagedKv& cache, const int32_t* token_seq,
-                         const int32_t* pos, int64_t n_tokens, bool whole_prefix) {
-  SPECD_RETURN_IF_ERROR(CheckNotNull(op, "token_seq", token_seq));
-  SPECD_RETURN_IF_ERROR(CheckNotNull(op, "pos", pos));
-  for (int64_t t = 0; t < n_tokens; ++t) {
-    SPECD_RETURN_IF_ERROR(CheckTokenInCache(op, cache, token_seq, pos, t, whole_prefix));
+absl::Status CheckTokens(const AttentionArgs& args) {
+  constexpr absl::string_view kOp = "Attention";
+  SPECD_RETURN_IF_ERROR(CheckNotNull(kOp, "token_seq", args.token_seq));
+  SPECD_RETURN_IF_ERROR(CheckNotNull(kOp, "slot", args.slot));
+  if (args.tree_mask != nullptr)
+    SPECD_RETURN_IF_ERROR(CheckNotNull(kOp, "mask_start", args.mask_start));
+  for (int64_t t = 0; t < args.n_tokens; ++t) {
+    SPECD_RETURN_IF_ERROR(
+        CheckTokenInCache(kOp, args.cache, args.token_seq, args.slot, t, /*whole_prefix=*/true));
+    if (args.tree_mask == nullptr) continue;
+    const int64_t window = int64_t{args.slot[t]} - args.mask_start[t];
+    if (args.mask_start[t] < 0 || window < 0 || window >= 64) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("Attention: mask_start[", t, "] = ", args.mask_start[t],
+                       " must be in [slot - 63, slot] (slot[", t, "] = ", args.slot[t], ")"));
+    }
+    if (((args.tree_mask[t] >> window) & 1) == 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "Attention: tree_mask[", t, "] must let the token see its own slot (bit ", window, ")"));
+    }
   }
   return absl::OkStatus();
 }
 
-// Offset in floats of position p's row of sequence `table` in a PagedKv cache.
-int64_t SlotOffset(const PagedKv& cache, const int32_t* table, int64_t p) {
-  const int64_t block = table[p / cache.block_size];
-  return (block * cache.block_size + p % cache.block_size) * cache.kv_dim;
+// Element offset of slot s's row of the sequence whose block table is `table`.
+int64_t SlotOffset(const PagedKv& cache, const int32_t* table, int64_t s) {
+  const int64_t block = table[s / cache.block_size];
+  return (block * cache.block_size + s % cache.block_size) * cache.kv_dim;
 }
 
-// Scores for positions [0, pos] of one task; grows per thread and is reused across calls.
-std::vector<float>& ScoreScratch(int64_t n) {
-  thread_local std::vector<float> scratch;
-  if (static_cast<int64_t>(scratch.size()) < n) scratch.resize(static_cast<size_t>(n));
-  return scratch;
+// Per-thread scratch, grown as needed and reused across calls.
+float* Scratch(std::vector<float>& v, int64_t n) {
+  if (static_cast<int64_t>(v.size()) < n) v.resize(static_cast<size_t>(n));
+  return v.data();
 }
 
 void AttendOneHead(const AttentionArgs& args, const SimdOps& ops, int64_t t, int64_t h) {
@@ -46,66 +59,59 @@ void AttendOneHead(const AttentionArgs& args, const SimdOps& ops, int64_t t, int
   const int64_t kv_head = h / (args.n_heads / args.n_kv_heads);
   const int64_t width = args.n_heads * head_dim;
   const int32_t* table = cache.block_tables + int64_t{args.token_seq[t]} * cache.max_blocks;
-  const int64_t n_pos = int64_t{args.pos[t]} + 1;
+  const int64_t n_slots = int64_t{args.slot[t]} + 1;
   const float* q = args.q + t * width + h * head_dim;
   float* out = args.out + t * width + h * head_dim;
   const int64_t head_offset = kv_head * head_dim;
-  // Positions [p, p + n) of one block are consecutive slots, kv_dim floats apart.
-  const auto for_each_block = [&](auto&& fn) {
-    for (int64_t p = 0; p < n_pos; p += cache.block_size) {
-      const int64_t n = std::min(cache.block_size, n_pos - p);
-      fn(p, n, SlotOffset(cache, table, p) + head_offset);
+  // Slots [s, s + n) of one block are consecutive rows, kv_dim elements apart. An f32 cache is
+  // read in place; a bf16/f16 one is widened block by block into a dense [n, head_dim] copy.
+  thread_local std::vector<float> widened;
+  const auto for_each_block = [&](const void* base, auto&& fn) {
+    for (int64_t s = 0; s < n_slots; s += cache.block_size) {
+      const int64_t n = std::min(cache.block_size, n_slots - s);
+      const int64_t offset = SlotOffset(cache, table, s) + head_offset;
+      if (cache.dtype == DType::kF32) {
+        fn(s, n, static_cast<const float*>(base) + offset, cache.kv_dim);
+      } else {
+        float* rows = Scratch(widened, n * head_dim);
+        for (int64_t i = 0; i < n; ++i) {
+          LoadKvAsF32(base, cache.dtype, offset + i * cache.kv_dim, head_dim, rows + i * head_dim);
+        }
+        fn(s, n, rows, head_dim);
+      }
     }
   };
 
-  std::vector<float>& scores = ScoreScratch(n_pos);
-  for_each_block([&](int64_t p, int64_t n, int64_t offset) {
-    ops.dot_rows(q, cache.k + offset, cache.kv_dim, n, head_dim, scores.data() + p);
+  thread_local std::vector<float> score_scratch;
+  float* scores = Scratch(score_scratch, n_slots);
+  for_each_block(cache.k, [&](int64_t s, int64_t n, const float* k, int64_t stride) {
+    ops.dot_rows(q, k, stride, n, head_dim, scores + s);
   });
+  // A masked slot gets weight exp(-inf) = 0, and fma(0, v, y) == y for the finite v of a stored
+  // row, so masking changes no bit of the visible slots' sums.
+  const uint64_t mask = args.tree_mask != nullptr ? args.tree_mask[t] : ~uint64_t{0};
+  const int64_t mask_start = args.tree_mask != nullptr ? args.mask_start[t] : n_slots;
   float max_score = -INFINITY;
-  for (int64_t p = 0; p < n_pos; ++p) {
-    scores[p] *= args.scale;
-    max_score = std::max(max_score, scores[p]);
+  for (int64_t s = 0; s < n_slots; ++s) {
+    const bool visible = s < mask_start || ((mask >> (s - mask_start)) & 1) != 0;
+    scores[s] = visible ? scores[s] * args.scale : -INFINITY;
+    max_score = std::max(max_score, scores[s]);
   }
   float sum = 0.0f;
-  for (int64_t p = 0; p < n_pos; ++p) {
-    const float e = std::exp(scores[p] - max_score);
-    scores[p] = e;
+  for (int64_t s = 0; s < n_slots; ++s) {
+    const float e = std::exp(scores[s] - max_score);
+    scores[s] = e;
     sum += e;
   }
   // q is no longer read, so out may be q itself from here on.
   std::fill(out, out + head_dim, 0.0f);
-  for_each_block([&](int64_t p, int64_t n, int64_t offset) {
-    ops.axpy_rows(scores.data() + p, cache.v + offset, cache.kv_dim, n, head_dim, out);
+  for_each_block(cache.v, [&](int64_t s, int64_t n, const float* v, int64_t stride) {
+    ops.axpy_rows(scores + s, v, stride, n, head_dim, out);
   });
   for (int64_t d = 0; d < head_dim; ++d) out[d] = out[d] / sum;
 }
 
 }  // namespace
-
-absl::Status CpuStoreKv(const StoreKvArgs& args, const CpuContext& ctx) {
-  (void)ctx;  // a copy of n_tokens rows is not worth other threads
-  constexpr absl::string_view kOp = "StoreKv";
-  SPECD_RETURN_IF_ERROR(CheckNonNegative(kOp, "n_tokens", args.n_tokens));
-  SPECD_RETURN_IF_ERROR(CheckPagedKv(kOp, args.cache));
-  SPECD_RETURN_IF_ERROR(
-      CheckElementCount(kOp, "n_tokens x cache.kv_dim", args.n_tokens, args.cache.kv_dim));
-  if (args.n_tokens == 0) return absl::OkStatus();
-  SPECD_RETURN_IF_ERROR(CheckNotNull(kOp, "k", args.k));
-  SPECD_RETURN_IF_ERROR(CheckNotNull(kOp, "v", args.v));
-  SPECD_RETURN_IF_ERROR(
-      CheckTokens(kOp, args.cache, args.token_seq, args.pos, args.n_tokens, false));
-
-  const PagedKv& cache = args.cache;
-  const size_t row_bytes = static_cast<size_t>(cache.kv_dim) * sizeof(float);
-  for (int64_t t = 0; t < args.n_tokens; ++t) {
-    const int32_t* table = cache.block_tables + int64_t{args.token_seq[t]} * cache.max_blocks;
-    const int64_t offset = SlotOffset(cache, table, args.pos[t]);
-    std::memcpy(cache.k + offset, args.k + t * cache.kv_dim, row_bytes);
-    std::memcpy(cache.v + offset, args.v + t * cache.kv_dim, row_bytes);
-  }
-  return absl::OkStatus();
-}
 
 absl::Status CpuAttention(const AttentionArgs& args, const CpuContext& ctx) {
   constexpr absl::string_view kOp = "Attention";
@@ -138,11 +144,10 @@ absl::Status CpuAttention(const AttentionArgs& args, const CpuContext& ctx) {
     const int64_t bytes = args.n_tokens * width * 4;
     SPECD_RETURN_IF_ERROR(CheckNoOverlap(kOp, "out", args.out, bytes, "q", args.q, bytes));
   }
-  SPECD_RETURN_IF_ERROR(CheckTokens(kOp, args.cache, args.token_seq, args.pos, args.n_tokens,
-                                    /*whole_prefix=*/true));
+  SPECD_RETURN_IF_ERROR(CheckTokens(args));
 
   int64_t macs = 0;
-  for (int64_t t = 0; t < args.n_tokens; ++t) macs += (int64_t{args.pos[t]} + 1) * width * 2;
+  for (int64_t t = 0; t < args.n_tokens; ++t) macs += (int64_t{args.slot[t]} + 1) * width * 2;
   const int64_t tasks = args.n_tokens * args.n_heads;
   const int64_t grain = macs < kMinParallelMacs ? tasks : 1;
   const SimdOps& ops = *ctx.ops;

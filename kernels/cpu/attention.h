@@ -1,5 +1,5 @@
-// Paged KV store and causal grouped-query attention on the CPU (see StoreKvArgs, AttentionArgs
-// and PagedKv in kernels/backend.h).
+// Grouped-query attention over the paged KV cache on the CPU (see AttentionArgs and PagedKv in
+// kernels/backend.h).
 #ifndef SPECD_KERNELS_CPU_ATTENTION_H_
 #define SPECD_KERNELS_CPU_ATTENTION_H_
 
@@ -9,16 +9,13 @@
 
 namespace specd::kernels::cpu {
 
-// Copies each token's k and v rows into its (sequence, position) slot. Every token is checked
-// before anything is written. n_tokens == 0 is a no-op.
-absl::Status CpuStoreKv(const StoreKvArgs& args, const CpuContext& ctx);
-
-// One task per (token, head), run on any thread. A task scores positions 0..pos in order
+// One task per (token, head), run on any thread. A task scores slots 0..slot in order
 // (canonical dot product of simd.h, times scale), takes the max, exponentiates with std::exp
 // and sums in order, accumulates exp-weighted v rows in order with fused multiply-adds, and
 // divides by the sum: a two-pass softmax in f32 whose result never depends on n_tokens or the
-// thread count. `out` may be the same buffer as `q` (every score is computed before the head's
-// output is written) but must not overlap it otherwise. n_tokens == 0 is a no-op.
+// thread count. Slots a tree mask hides get weight exactly 0. A bf16/f16 cache is widened to f32
+// exactly before the same arithmetic. `out` may be the same buffer as `q` (every score is computed
+// before the head's output is written) but must not overlap it otherwise. n_tokens == 0 is a no-op.
 absl::Status CpuAttention(const AttentionArgs& args, const CpuContext& ctx);
 
 }  // namespace specd::kernels::cpu

@@ -105,4 +105,31 @@ absl::Status CpuEmbedding(const EmbeddingArgs& args, const CpuContext& ctx) {
   return absl::OkStatus();
 }
 
+absl::Status CpuGatherRows(const GatherRowsArgs& args, const CpuContext& ctx) {
+  (void)ctx;  // a copy of the few rows whose logits are wanted is not worth other threads
+  constexpr absl::string_view kOp = "GatherRows";
+  SPECD_RETURN_IF_ERROR(CheckPositive(kOp, "dim", args.dim));
+  SPECD_RETURN_IF_ERROR(CheckNonNegative(kOp, "n", args.n));
+  SPECD_RETURN_IF_ERROR(CheckNonNegative(kOp, "n_src", args.n_src));
+  SPECD_RETURN_IF_ERROR(CheckElementCount(kOp, "n x dim", args.n, args.dim));
+  SPECD_RETURN_IF_ERROR(CheckElementCount(kOp, "n_src x dim", args.n_src, args.dim));
+  if (args.n == 0) return absl::OkStatus();
+  SPECD_RETURN_IF_ERROR(CheckNotNull(kOp, "src", args.src));
+  SPECD_RETURN_IF_ERROR(CheckNotNull(kOp, "rows", args.rows));
+  SPECD_RETURN_IF_ERROR(CheckNotNull(kOp, "dst", args.dst));
+  SPECD_RETURN_IF_ERROR(CheckNoOverlap(kOp, "dst", args.dst, args.n * args.dim * 4, "src", args.src,
+                                       args.n_src * args.dim * 4));
+  for (int64_t i = 0; i < args.n; ++i) {
+    if (args.rows[i] < 0 || args.rows[i] >= args.n_src) {
+      return absl::InvalidArgumentError(absl::StrCat("GatherRows: rows[", i, "] = ", args.rows[i],
+                                                     " is outside [0, n_src = ", args.n_src, ")"));
+    }
+  }
+  for (int64_t i = 0; i < args.n; ++i) {
+    std::memcpy(args.dst + i * args.dim, args.src + int64_t{args.rows[i]} * args.dim,
+                static_cast<size_t>(args.dim) * sizeof(float));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace specd::kernels::cpu

@@ -1,6 +1,6 @@
-// Row-wise CPU ops with no reduction: SwiGLU, the residual add and the embedding lookup (see the
-// Args structs in kernels/backend.h). Each output element depends only on its own inputs, so
-// these are batch invariant by construction. n_tokens / n == 0 is a no-op.
+// Row-wise CPU ops with no reduction: SwiGLU, the residual add, the embedding lookup and the row
+// gather (see the Args structs in kernels/backend.h). Each output element depends only on its own
+// inputs, so these are batch invariant by construction. n_tokens / n == 0 is a no-op.
 #ifndef SPECD_KERNELS_CPU_ELEMENTWISE_H_
 #define SPECD_KERNELS_CPU_ELEMENTWISE_H_
 
@@ -17,6 +17,9 @@ absl::Status CpuAdd(const AddArgs& args, const CpuContext& ctx);
 
 // Also checks every id against table.rows.
 absl::Status CpuEmbedding(const EmbeddingArgs& args, const CpuContext& ctx);
+
+// Also checks every row index against n_src.
+absl::Status CpuGatherRows(const GatherRowsArgs& args, const CpuContext& ctx);
 
 }  // namespace specd::kernels::cpu
 

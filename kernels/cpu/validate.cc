@@ -61,28 +61,33 @@ absl::Status CheckNoOverlap(absl::string_view op, absl::string_view a_name, cons
 absl::Status CheckPagedKv(absl::string_view op, const PagedKv& cache) {
   SPECD_RETURN_IF_ERROR(CheckNotNull(op, "cache.k", cache.k));
   SPECD_RETURN_IF_ERROR(CheckNotNull(op, "cache.v", cache.v));
+  SPECD_RETURN_IF_ERROR(CheckDType(op, "cache.dtype", cache.dtype));
   SPECD_RETURN_IF_ERROR(CheckNotNull(op, "cache.block_tables", cache.block_tables));
   SPECD_RETURN_IF_ERROR(CheckPositive(op, "cache.max_blocks", cache.max_blocks));
+  SPECD_RETURN_IF_ERROR(CheckPositive(op, "cache.num_blocks", cache.num_blocks));
   SPECD_RETURN_IF_ERROR(CheckPositive(op, "cache.block_size", cache.block_size));
   SPECD_RETURN_IF_ERROR(CheckPositive(op, "cache.kv_dim", cache.kv_dim));
-  return CheckElementCount(op, "cache.block_size x cache.kv_dim", cache.block_size, cache.kv_dim);
+  SPECD_RETURN_IF_ERROR(
+      CheckElementCount(op, "cache.block_size x cache.kv_dim", cache.block_size, cache.kv_dim));
+  return CheckElementCount(op, "cache.num_blocks x cache.block_size x cache.kv_dim",
+                           cache.num_blocks, cache.block_size * cache.kv_dim);
 }
 
 absl::Status CheckTokenInCache(absl::string_view op, const PagedKv& cache, const int32_t* token_seq,
-                               const int32_t* pos, int64_t t, bool whole_prefix) {
+                               const int32_t* slot, int64_t t, bool whole_prefix) {
   const int64_t seq = token_seq[t];
-  const int64_t p = pos[t];
+  const int64_t s = slot[t];
   if (seq < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat(op, ": token_seq[", t, "] must be >= 0, got ", seq));
   }
-  if (p < 0) {
-    return absl::InvalidArgumentError(absl::StrCat(op, ": pos[", t, "] must be >= 0, got ", p));
+  if (s < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(op, ": slot[", t, "] must be >= 0, got ", s));
   }
-  const int64_t last_block = p / cache.block_size;
+  const int64_t last_block = s / cache.block_size;
   if (last_block >= cache.max_blocks) {
     return absl::InvalidArgumentError(absl::StrCat(
-        op, ": pos[", t, "] = ", p, " needs block ", last_block, " but cache.max_blocks is ",
+        op, ": slot[", t, "] = ", s, " needs block ", last_block, " but cache.max_blocks is ",
         cache.max_blocks, " (cache.block_size ", cache.block_size, ")"));
   }
   if (seq > kMaxElements / cache.max_blocks) {
@@ -91,10 +96,10 @@ absl::Status CheckTokenInCache(absl::string_view op, const PagedKv& cache, const
   }
   const int32_t* table = cache.block_tables + seq * cache.max_blocks;
   for (int64_t b = whole_prefix ? 0 : last_block; b <= last_block; ++b) {
-    if (table[b] < 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(op, ": cache.block_tables[", seq, "][", b, "] = ", table[b],
-                       " is not a valid block (pos[", t, "] = ", p, ")"));
+    if (table[b] < 0 || table[b] >= cache.num_blocks) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          op, ": cache.block_tables[", seq, "][", b, "] = ", table[b],
+          " is not a block of the cache (", cache.num_blocks, " blocks; slot[", t, "] = ", s, ")"));
     }
   }
   return absl::OkStatus();

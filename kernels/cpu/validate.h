@@ -26,14 +26,14 @@ absl::Status CheckNoOverlap(absl::string_view op, absl::string_view a_name, cons
                             int64_t b_bytes);
 
 // The PagedKv fields an op reads (named "cache.<field>" in messages): both caches and the block
-// table non-null, the sizes positive.
+// table non-null, a known dtype, the sizes positive.
 absl::Status CheckPagedKv(absl::string_view op, const PagedKv& cache);
 
-// Token t of a paged op: its row of block_tables and its position are in range, and every block
-// that holds positions [0, pos] (all of them when `whole_prefix`, else only the block of pos) is
-// a valid (non-negative) block id.
+// Token t of a paged op: its row of block_tables and its KV slot are in range, and every block
+// that holds slots [0, slot] (all of them when `whole_prefix`, else only the block of slot) is a
+// block of the cache.
 absl::Status CheckTokenInCache(absl::string_view op, const PagedKv& cache, const int32_t* token_seq,
-                               const int32_t* pos, int64_t t, bool whole_prefix);
+                               const int32_t* slot, int64_t t, bool whole_prefix);
 
 }  // namespace specd::kernels::cpu
 

@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "base/philox.h"
-#include "common/sampling/processed.h"
+#include "kernels/cpu/processed.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/base/chi_square.h"
@@ -107,7 +107,7 @@ TEST(SampleInverseCdfTest, ChiSquareFitAgainstAProcessedRow) {
   params.top_k = 40;
   params.top_p = 0.97f;
   std::vector<float> probs(kVocab);
-  ASSERT_TRUE(ProcessedDistribution(logits, params, {}, probs).ok());
+  ASSERT_TRUE(kernels::cpu::ProcessedDistribution(logits, params, {}, probs).ok());
 
   constexpr int kDraws = 200000;
   std::vector<int64_t> observed(kVocab, 0);

@@ -31,16 +31,16 @@ pkgs=(absl_status absl_statusor absl_strings)
 case "$target" in
   safetensors_header)
     sources=("$src/common/model/safetensors.cc" "$src/kernels/dtype.cc")
-    header_dirs=("$src/common/model" "$src/common/util" "$src/kernels")
+    header_dirs=("$src/common/model" "$src/base" "$src/kernels")
     ;;
   model_config)
     sources=("$src/common/model/config.cc" "$src/common/model/mapped_file.cc"
              "$src/kernels/dtype.cc")
-    header_dirs=("$src/common/model" "$src/common/util" "$src/kernels")
+    header_dirs=("$src/common/model" "$src/base" "$src/kernels")
     ;;
   tokenizer)
     sources=("${tokenizer_sources[@]}")
-    header_dirs=("$src/common/tokenizer" "$src/common/util" "$src/tests/common/tokenizer")
+    header_dirs=("$src/common/tokenizer" "$src/base" "$src/tests/common/tokenizer")
     pkgs+=(absl_flat_hash_map absl_flat_hash_set absl_synchronization absl_str_format
            libpcre2-8)
     ;;
@@ -54,7 +54,7 @@ case "$target" in
     fi
     sources=("$work/proto/specd/v1/generation.pb.cc"
              "$src/services/coordinator/request_validation.cc"
-             "$src/common/sampling/params.cc" "${tokenizer_sources[@]}")
+             "$src/base/sampling_params.cc" "${tokenizer_sources[@]}")
     header_dirs=("$src/services" "$src/common" "$src/tests/common/tokenizer" "$work/proto")
     pkgs+=(absl_flat_hash_map absl_flat_hash_set absl_synchronization absl_str_format
            libpcre2-8 protobuf)

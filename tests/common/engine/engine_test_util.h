@@ -48,6 +48,16 @@ inline std::unique_ptr<LlamaEngine> MakeEngine(const std::filesystem::path& dir,
   return engine.ok() ? *std::move(engine) : nullptr;
 }
 
+// Runs `batch` and returns its logit rows on the host ([rows, vocab]); empty on failure.
+inline std::vector<float> ForwardLogits(LlamaEngine& engine, std::span<const SequenceInput> batch) {
+  absl::StatusOr<Logits> out = engine.Forward(batch);
+  EXPECT_TRUE(out.ok()) << out.status();
+  if (!out.ok()) return {};
+  absl::StatusOr<std::vector<float>> logits = engine.ReadLogits(*out);
+  EXPECT_TRUE(logits.ok()) << logits.status();
+  return logits.ok() ? *logits : std::vector<float>();
+}
+
 // Feeds `tokens` to a fresh sequence in one call and returns the logits at every position.
 inline std::vector<float> PrefillAll(LlamaEngine& engine, KvPool::SeqId seq,
                                      const std::vector<int32_t>& tokens) {
@@ -57,9 +67,7 @@ inline std::vector<float> PrefillAll(LlamaEngine& engine, KvPool::SeqId seq,
   in.tokens = tokens;
   in.start_pos = 0;
   for (size_t i = 0; i < tokens.size(); ++i) in.logit_indices.push_back(static_cast<int32_t>(i));
-  absl::StatusOr<ForwardResult> out = engine.Forward(std::span<const SequenceInput>(&in, 1));
-  EXPECT_TRUE(out.ok()) << out.status();
-  return out.ok() ? out->logits : std::vector<float>();
+  return ForwardLogits(engine, std::span<const SequenceInput>(&in, 1));
 }
 
 }  // namespace specd::testing

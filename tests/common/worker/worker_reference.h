@@ -17,8 +17,9 @@
 #include "base/philox.h"
 #include "base/sampling_params.h"
 #include "common/engine/llama_engine.h"
-#include "common/sampling/processed.h"
+#include "common/protocol/worker_protocol.h"
 #include "gtest/gtest.h"
+#include "kernels/cpu/processed.h"
 
 namespace specd::testing {
 
@@ -44,12 +45,15 @@ class RowOracle {
     in.tokens = tokens;
     for (size_t p = first; p < tokens.size(); ++p)
       in.logit_indices.push_back(static_cast<int32_t>(p));
-    absl::StatusOr<ForwardResult> out = engine_->Forward(std::span<const SequenceInput>(&in, 1));
+    absl::StatusOr<specd::Logits> out = engine_->Forward(std::span<const SequenceInput>(&in, 1));
     EXPECT_TRUE(out.ok()) << out.status();
+    absl::StatusOr<std::vector<float>> all =
+        out.ok() ? engine_->ReadLogits(*out) : absl::StatusOr<std::vector<float>>(out.status());
+    EXPECT_TRUE(all.ok()) << all.status();
     std::vector<std::vector<float>> rows;
-    for (size_t r = 0; out.ok() && r < in.logit_indices.size(); ++r) {
-      const std::span<const float> row = out->row(static_cast<int64_t>(r));
-      rows.emplace_back(row.begin(), row.end());
+    const size_t v = static_cast<size_t>(vocab());
+    for (size_t r = 0; all.ok() && r < in.logit_indices.size(); ++r) {
+      rows.emplace_back(all->begin() + r * v, all->begin() + (r + 1) * v);
     }
     EXPECT_TRUE(engine_->Release(seq).ok());
     return rows;
@@ -60,8 +64,8 @@ class RowOracle {
   std::vector<float> Row(std::span<const float> logits, const std::vector<int32_t>& context,
                          int64_t prompt_len, const SamplingParams& params) {
     const size_t prompt = std::min(context.size(), static_cast<size_t>(prompt_len));
-    const TokenHistory history{std::span<const int32_t>(context).subspan(0, prompt),
-                               std::span<const int32_t>(context).subspan(prompt)};
+    const kernels::cpu::TokenHistory history{std::span<const int32_t>(context).subspan(0, prompt),
+                                             std::span<const int32_t>(context).subspan(prompt)};
     std::vector<float> row(static_cast<size_t>(vocab()), 0.0f);
     if (params.greedy()) {
       absl::StatusOr<int32_t> t = processor_.GreedyToken(logits, params, history);
@@ -77,8 +81,8 @@ class RowOracle {
   int32_t Greedy(std::span<const float> logits, const std::vector<int32_t>& context,
                  int64_t prompt_len, const SamplingParams& params) {
     const size_t prompt = std::min(context.size(), static_cast<size_t>(prompt_len));
-    const TokenHistory history{std::span<const int32_t>(context).subspan(0, prompt),
-                               std::span<const int32_t>(context).subspan(prompt)};
+    const kernels::cpu::TokenHistory history{std::span<const int32_t>(context).subspan(0, prompt),
+                                             std::span<const int32_t>(context).subspan(prompt)};
     absl::StatusOr<int32_t> t = processor_.GreedyToken(logits, params, history);
     EXPECT_TRUE(t.ok()) << t.status();
     return t.ok() ? *t : -1;
@@ -86,7 +90,7 @@ class RowOracle {
 
  private:
   std::unique_ptr<LlamaEngine> engine_;
-  LogitsProcessor processor_;
+  kernels::cpu::LogitsProcessor processor_;
   SeqId next_seq_ = 1'000'000;
 };
 

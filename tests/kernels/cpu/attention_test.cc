@@ -80,6 +80,7 @@ class PagedFixture {
             .v = v_cache_->data(),
             .block_tables = block_tables_.data(),
             .max_blocks = max_blocks_,
+            .num_blocks = num_blocks_,
             .block_size = block_size_,
             .kv_dim = kv_dim_};
   }
@@ -106,7 +107,7 @@ class PagedFixture {
                                                    .v = v.data(),
                                                    .cache = cache(),
                                                    .token_seq = seq.data(),
-                                                   .pos = pos.data(),
+                                                   .slot = pos.data(),
                                                    .n_tokens = static_cast<int64_t>(seq.size())});
       ASSERT_TRUE(status.ok()) << status;
     }
@@ -121,7 +122,7 @@ class PagedFixture {
                                                    .out = out.data(),
                                                    .cache = cache(),
                                                    .token_seq = token_seq_.data() + begin,
-                                                   .pos = pos_.data() + begin,
+                                                   .slot = pos_.data() + begin,
                                                    .n_tokens = n,
                                                    .n_heads = n_heads_,
                                                    .n_kv_heads = n_kv_heads_,

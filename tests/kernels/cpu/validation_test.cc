@@ -44,6 +44,7 @@ class ValidationTest : public ::testing::Test {
             .v = v_cache_.data(),
             .block_tables = tables_.data(),
             .max_blocks = 2,
+            .num_blocks = 4,
             .block_size = 2,
             .kv_dim = 4};
   }
@@ -52,7 +53,7 @@ class ValidationTest : public ::testing::Test {
             .out = y_.data(),
             .cache = GoodCache(),
             .token_seq = seq_.data(),
-            .pos = pos_.data(),
+            .slot = pos_.data(),
             .n_tokens = 2,
             .n_heads = 2,
             .n_kv_heads = 1,
@@ -64,7 +65,7 @@ class ValidationTest : public ::testing::Test {
             .v = x_.data(),
             .cache = GoodCache(),
             .token_seq = seq_.data(),
-            .pos = pos_.data(),
+            .slot = pos_.data(),
             .n_tokens = 2};
   }
 
@@ -160,8 +161,8 @@ TEST_F(ValidationTest, StoreKv) {
   EXPECT_THAT(backend_->StoreKv(a), InvalidArgumentNaming("StoreKv", "cache.block_size"));
   a = GoodStore();
   const int32_t far[2] = {0, 4};  // block 2 of a 2-block table
-  a.pos = far;
-  EXPECT_THAT(backend_->StoreKv(a), InvalidArgumentNaming("StoreKv", "pos[1]"));
+  a.slot = far;
+  EXPECT_THAT(backend_->StoreKv(a), InvalidArgumentNaming("StoreKv", "slot[1]"));
   a = GoodStore();
   const int32_t bad_seq[2] = {-1, 0};
   a.token_seq = bad_seq;

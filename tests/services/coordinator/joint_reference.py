@@ -2,7 +2,7 @@
 """Closed-form joint distribution of the first three generated tokens, for the exactness test.
 
 P(a, b, c) = p1(a) * p2(b | a) * p3(c | a, b), where each p is the target's processed distribution
-(tests/common/sampling/processed_reference.py) of the logits of an independent numpy forward pass
+(tests/kernels/cpu/processed_reference.py) of the logits of an independent numpy forward pass
 (tests/reference/llama_ref.py). Nothing here comes from specd's C++.
 
 usage: joint_reference.py MODEL_DIR OUT.f64 TEMPERATURE TOP_K TOP_P PROMPT_ID [PROMPT_ID ...]
@@ -15,7 +15,7 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "reference"))
-sys.path.insert(0, os.path.join(HERE, "..", "..", "common", "sampling"))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "kernels", "cpu"))
 
 import llama_ref  # noqa: E402
 import processed_reference  # noqa: E402

@@ -16,7 +16,6 @@
 #include <vector>
 
 #include "common/engine/llama_engine.h"
-#include "common/model/resident_weights.h"
 #include "common/synth/synth.h"
 #include "kernels/cpu/bandwidth.h"
 
@@ -25,32 +24,34 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-int64_t WeightBytesPerToken(const ModelWeights& w) {
+int64_t WeightBytesPerToken(const DeviceWeights& w, const ModelConfig& c) {
   auto bytes = [](const kernels::WeightView& v) {
     return v.rows * v.cols * kernels::DTypeSize(v.dtype);
   };
   int64_t total = w.embed.cols * kernels::DTypeSize(w.embed.dtype);  // one embedding row
   total += bytes(w.lm_head);
-  for (const LayerWeights& l : w.layers) {
+  for (const DeviceLayerWeights& l : w.layers) {
     total += bytes(l.wq) + bytes(l.wk) + bytes(l.wv) + bytes(l.wo) + bytes(l.w_gate) +
              bytes(l.w_up) + bytes(l.w_down);
-    total += static_cast<int64_t>(l.attn_norm.size() + l.ffn_norm.size()) * 4;
+    total += 2 * c.hidden_size * 4;  // the two norm weights
   }
-  return total + static_cast<int64_t>(w.final_norm.size()) * 4;
+  return total + c.hidden_size * 4;  // the final norm
 }
 
-// Read bandwidth of the very memory decode streams (the resident weights, on huge pages), best of
-// three passes. A separate buffer can sit on pages or host memory of another speed.
-double WeightReadGBps(const ModelWeights& w, int threads) {
+// Read bandwidth of the very memory decode streams (the CPU back end's weight buffer, on huge
+// pages), best of three passes. A separate buffer can sit on pages or host memory of another
+// speed.
+double WeightReadGBps(const DeviceWeights& w, const ModelConfig& c, int threads) {
   absl::StatusOr<std::unique_ptr<kernels::ReadBandwidthProbe>> probe =
       kernels::ReadBandwidthProbe::Create(threads, 1 << 20);
-  if (!probe.ok() || w.resident == nullptr) return 0;
-  const size_t n = std::min(w.resident->size(), static_cast<size_t>(WeightBytesPerToken(w)));
+  if (!probe.ok() || w.matrices.empty()) return 0;
+  const size_t n = std::min(static_cast<size_t>(w.matrices.bytes()),
+                            static_cast<size_t>(WeightBytesPerToken(w, c)));
   double best = 0;
   uint64_t sink = 0;
   for (int pass = 0; pass < 3; ++pass) {
     const auto t0 = Clock::now();
-    sink += (*probe)->Read(w.resident->data(), n);
+    sink += (*probe)->Read(w.matrices.data(), n);
     best = std::max(best, n / std::chrono::duration<double>(Clock::now() - t0).count() / 1e9);
   }
   if (sink == 42) std::fprintf(stderr, " ");  // keeps the reads observable
@@ -71,6 +72,7 @@ double TimeForward(LlamaEngine& engine, int64_t context, int n, int reps) {
   pre.tokens = prompt;
   pre.start_pos = 0;
   if (!engine.Forward(std::span<const SequenceInput>(&pre, 1)).ok()) return -1;
+  if (!engine.Synchronize().ok()) return -1;
   std::vector<int32_t> step(static_cast<size_t>(n), 42);
   SequenceInput in;
   in.seq = seq;
@@ -83,6 +85,7 @@ double TimeForward(LlamaEngine& engine, int64_t context, int n, int reps) {
     const auto t0 = Clock::now();
     for (int r = 0; r < reps; ++r) {
       if (!engine.Forward(std::span<const SequenceInput>(&in, 1)).ok()) return -1;
+      if (!engine.Synchronize().ok()) return -1;
       (void)engine.Truncate(seq, context);
     }
     best = std::min(best, std::chrono::duration<double>(Clock::now() - t0).count() / reps);
@@ -142,11 +145,12 @@ int Main(int argc, char** argv) {
         std::fprintf(stderr, "%s\n", std::string(engine.status().message()).c_str());
         return 1;
       }
-      const double gbps = WeightReadGBps((*engine)->weights(), threads);
+      const double gbps = WeightReadGBps((*engine)->weights(), (*engine)->config(), threads);
       if (gbps <= 0) return 1;
       const double t1 = TimeForward(**engine, context, 1, steps);
       const double tk = TimeForward(**engine, context, k + 1, steps);
-      const double bytes = static_cast<double>(WeightBytesPerToken((*engine)->weights()));
+      const double bytes =
+          static_cast<double>(WeightBytesPerToken((*engine)->weights(), (*engine)->config()));
       const double tok_s = 1.0 / t1;
       rows.push_back({std::string(kernels::DTypeName(dtype)), threads, tok_s,
                       bytes * tok_s / (gbps * 1e9), tk / t1, gbps});

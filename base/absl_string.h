@@ -1,7 +1,7 @@
 // Debian's Abseil is built with its own absl::string_view (ABSL_OPTION_USE_STD_STRING_VIEW 0),
 // which absl::StrCat and friends take; std::string_view does not convert to it implicitly.
-#ifndef SPECD_COMMON_UTIL_ABSL_STRING_H_
-#define SPECD_COMMON_UTIL_ABSL_STRING_H_
+#ifndef SPECD_BASE_ABSL_STRING_H_
+#define SPECD_BASE_ABSL_STRING_H_
 
 #include <string_view>
 
@@ -15,4 +15,4 @@ inline absl::string_view ToAbsl(std::string_view s) {
 
 }  // namespace specd
 
-#endif  // SPECD_COMMON_UTIL_ABSL_STRING_H_
+#endif  // SPECD_BASE_ABSL_STRING_H_

@@ -1,4 +1,4 @@
-#include "common/sampling/processed.h"
+#include "kernels/cpu/processed.h"
 
 #include <algorithm>
 #include <bit>
@@ -19,7 +19,7 @@
 #include "nlohmann/json.hpp"
 #include "tests/test_util.h"
 
-namespace specd {
+namespace specd::kernels::cpu {
 namespace {
 
 using ::testing::HasSubstr;
@@ -61,7 +61,7 @@ TEST(ProcessedDistributionTest, MatchesIndependentNumpyReference) {
     GTEST_SKIP() << "/usr/bin/python3 (with numpy) runs the reference; it is not installed here";
   }
   const std::filesystem::path script =
-      testing::SourceDir() / "tests/common/sampling/processed_reference.py";
+      testing::SourceDir() / "tests/kernels/cpu/processed_reference.py";
   ASSERT_TRUE(std::filesystem::exists(script)) << script;
   const testing::ScopedTempDir dir;
   const std::string command =
@@ -303,4 +303,4 @@ TEST(ProcessedDistributionTest, AllBannedRowHasNoDistribution) {
 }
 
 }  // namespace
-}  // namespace specd
+}  // namespace specd::kernels::cpu

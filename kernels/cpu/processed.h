@@ -1,6 +1,7 @@
 // The processed distribution: logits -> sampling probabilities (DESIGN.md, "The processed
-// distribution"). Both workers use this code, and the target must produce bit-identical rows in
-// Verify, in K = 0 decoding and in ReadRows, so every rounding step is fixed here. A separately
+// distribution"), the CPU back end's ProcessRows and the reference every other back end is
+// tested against. The target must produce bit-identical rows in Verify, in K = 0 decoding and in
+// ReadRows, so every rounding step is fixed here. A separately
 // written numpy reference (tests/common/sampling/processed_reference.py) follows this list:
 //
 //  0. Logits are fp32. A NaN logit is INVALID_ARGUMENT; -inf bans a token, +inf is allowed.
@@ -27,8 +28,8 @@
 //     S' = sum of the kept p in fp64 in ascending id order; out = fl32(double(p) / S').
 // Removed tokens get exactly 0. Everything is deterministic and depends only on this row's
 // inputs. Temperature 0 (greedy) gives the one-hot row of GreedyToken.
-#ifndef SPECD_COMMON_SAMPLING_PROCESSED_H_
-#define SPECD_COMMON_SAMPLING_PROCESSED_H_
+#ifndef SPECD_KERNELS_CPU_PROCESSED_H_
+#define SPECD_KERNELS_CPU_PROCESSED_H_
 
 #include <cstdint>
 #include <span>
@@ -38,7 +39,7 @@
 #include "absl/status/statusor.h"
 #include "base/sampling_params.h"
 
-namespace specd {
+namespace specd::kernels::cpu {
 
 // The tokens the penalties look at. This round's earlier drafts belong in `output`.
 struct TokenHistory {
@@ -73,6 +74,12 @@ class LogitsProcessor {
   absl::StatusOr<int32_t> GreedyToken(std::span<const float> logits, const SamplingParams& params,
                                       const TokenHistory& history);
 
+  // Steps 0 and 1 alone: `logits` with the penalties applied, into `out` (V entries; may be the
+  // same memory). ProcessedDistribution of the result with neutral penalties is bit-identical to
+  // ProcessedDistribution of `logits`. Same errors as GreedyToken.
+  absl::Status Penalize(std::span<const float> logits, const SamplingParams& params,
+                        const TokenHistory& history, std::span<float> out);
+
  private:
   // Step 0 and 1: copies `logits` to `work` with the penalties applied.
   absl::Status LoadPenalized(std::span<const float> logits, const SamplingParams& params,
@@ -97,12 +104,15 @@ class LogitsProcessor {
   std::vector<double> bucket_mass_;
 };
 
+// The lowest id among the maxima of a NaN-free row (0 for an empty one).
+int32_t ArgMaxLowestId(std::span<const float> row);
+
 // One-shot forms that allocate their scratch; prefer a LogitsProcessor for many rows.
 absl::Status ProcessedDistribution(std::span<const float> logits, const SamplingParams& params,
                                    const TokenHistory& history, std::span<float> probs_out);
 absl::StatusOr<int32_t> GreedyToken(std::span<const float> logits, const SamplingParams& params,
                                     const TokenHistory& history);
 
-}  // namespace specd
+}  // namespace specd::kernels::cpu
 
-#endif  // SPECD_COMMON_SAMPLING_PROCESSED_H_
+#endif  // SPECD_KERNELS_CPU_PROCESSED_H_

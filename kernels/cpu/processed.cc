@@ -1,4 +1,4 @@
-#include "common/sampling/processed.h"
+#include "kernels/cpu/processed.h"
 
 #include <algorithm>
 #include <array>
@@ -11,7 +11,7 @@
 #include "absl/strings/string_view.h"
 #include "base/status_macros.h"
 
-namespace specd {
+namespace specd::kernels::cpu {
 namespace {
 
 constexpr float kInf = std::numeric_limits<float>::infinity();
@@ -26,15 +26,6 @@ absl::Status CheckHistoryIds(std::span<const int32_t> ids, absl::string_view fie
     }
   }
   return absl::OkStatus();
-}
-
-// Lowest id among the maxima. NaN-free input.
-int32_t ArgMax(std::span<const float> w) {
-  int32_t best = 0;
-  for (size_t i = 1; i < w.size(); ++i) {
-    if (w[i] > w[best]) best = static_cast<int32_t>(i);
-  }
-  return best;
 }
 
 // The maximum of a NaN-free row. Max is exact, so splitting into lanes changes no bit; the
@@ -283,7 +274,7 @@ absl::Status LogitsProcessor::ProcessedDistribution(std::span<const float> logit
   }
   SPECD_RETURN_IF_ERROR(LoadPenalized(logits, params, history, probs_out));
   if (params.greedy()) {
-    const int32_t token = ArgMax(probs_out);
+    const int32_t token = ArgMaxLowestId(probs_out);
     std::fill(probs_out.begin(), probs_out.end(), 0.0f);
     probs_out[token] = 1.0f;
     return absl::OkStatus();
@@ -336,7 +327,25 @@ absl::StatusOr<int32_t> LogitsProcessor::GreedyToken(std::span<const float> logi
   SPECD_RETURN_IF_ERROR(ValidateSamplingParams(params, static_cast<int64_t>(logits.size())));
   values_.resize(logits.size());
   SPECD_RETURN_IF_ERROR(LoadPenalized(logits, params, history, values_));
-  return ArgMax(values_);
+  return ArgMaxLowestId(values_);
+}
+
+absl::Status LogitsProcessor::Penalize(std::span<const float> logits, const SamplingParams& params,
+                                       const TokenHistory& history, std::span<float> out) {
+  SPECD_RETURN_IF_ERROR(ValidateSamplingParams(params, static_cast<int64_t>(logits.size())));
+  if (out.size() != logits.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("out has ", out.size(), " entries but logits has ", logits.size()));
+  }
+  return LoadPenalized(logits, params, history, out);
+}
+
+int32_t ArgMaxLowestId(std::span<const float> row) {
+  int32_t best = 0;
+  for (size_t i = 1; i < row.size(); ++i) {
+    if (row[i] > row[best]) best = static_cast<int32_t>(i);
+  }
+  return best;
 }
 
 float ExpForSoftmax(float x) { return ExpNonPositive(x); }
@@ -353,4 +362,4 @@ absl::StatusOr<int32_t> GreedyToken(std::span<const float> logits, const Samplin
   return processor.GreedyToken(logits, params, history);
 }
 
-}  // namespace specd
+}  // namespace specd::kernels::cpu

@@ -1,5 +1,5 @@
 // Rows per second of the processed distribution at Llama-3 vocabulary size, for the parameter
-// mixes a server sees. Run: build/tests/common/sampling/sampling_benchmark
+// mixes a server sees. Run: build/tests/kernels/cpu/sampling_benchmark
 #include <cmath>
 #include <cstdint>
 #include <random>
@@ -8,9 +8,9 @@
 #include "base/inverse_cdf.h"
 #include "base/philox.h"
 #include "benchmark/benchmark.h"
-#include "common/sampling/processed.h"
+#include "kernels/cpu/processed.h"
 
-namespace specd {
+namespace specd::kernels::cpu {
 namespace {
 
 constexpr int64_t kVocab = 128256;
@@ -86,6 +86,6 @@ BENCHMARK(BM_PenaltiesLongHistory);
 BENCHMARK(BM_SampleInverseCdf);
 
 }  // namespace
-}  // namespace specd
+}  // namespace specd::kernels::cpu
 
 BENCHMARK_MAIN();

@@ -2,7 +2,7 @@
 """Independent numpy reference for specd's processed distribution.
 
 Written from DESIGN.md ("The processed distribution") and the precision list at the top of
-common/sampling/processed.h, with whole-array numpy operations (full sorts, masks) instead of the
+kernels/cpu/processed.h, with whole-array numpy operations (full sorts, masks) instead of the
 C++ selection algorithms. It generates the test cases itself and writes, into OUT_DIR:
 
   cases.json    one entry per case: name, vocab, params, prompt, output, offset (into the binary

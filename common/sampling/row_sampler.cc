@@ -1,0 +1,179 @@
+#include "common/sampling/row_sampler.h"
+
+#include <cstring>
+#include <utility>
+
+#include "base/math.h"
+#include "base/status_macros.h"
+
+namespace specd {
+namespace {
+
+bool ReadsHistory(const SamplingParams& p) {
+  return p.repetition_penalty != 1.0f || p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f;
+}
+
+// Lays arrays out one after another, each 16-byte aligned.
+class Layout {
+ public:
+  template <typename T>
+  int64_t Take(size_t count) {
+    const int64_t at = bytes_;
+    bytes_ = RoundUpTo(bytes_ + static_cast<int64_t>(count * sizeof(T)), 16);
+    return at;
+  }
+  int64_t bytes() const { return bytes_; }
+
+ private:
+  int64_t bytes_ = 0;
+};
+
+absl::Status Ensure(kernels::Backend& backend, kernels::Buffer& buffer, int64_t bytes,
+                    kernels::MemoryKind kind) {
+  if (buffer.bytes() >= bytes) return absl::OkStatus();
+  buffer = kernels::Buffer();
+  SPECD_ASSIGN_OR_RETURN(buffer, backend.Allocate(RoundUpTo(bytes, 4096), kind, "sampling inputs"));
+  return absl::OkStatus();
+}
+
+template <typename T>
+void Put(char* base, int64_t at, const std::vector<T>& v) {
+  if (!v.empty()) std::memcpy(base + at, v.data(), v.size() * sizeof(T));
+}
+
+template <typename T>
+void Get(const char* base, int64_t at, std::vector<T>& v) {
+  if (!v.empty()) std::memcpy(v.data(), base + at, v.size() * sizeof(T));
+}
+
+}  // namespace
+
+void RowSampler::Clear() {
+  rows_.clear();
+  history_.clear();
+  draws_.clear();
+  lookup_slots_.clear();
+  lookup_tokens_.clear();
+}
+
+int32_t RowSampler::AddRow(const SamplingParams& params, kernels::RowMode mode,
+                           std::span<const int32_t> prompt, std::span<const int32_t> output,
+                           int32_t slot) {
+  kernels::RowSampling row;
+  row.params = params;
+  row.mode = mode;
+  row.prob_slot = slot;
+  if (ReadsHistory(params)) {
+    row.prompt_begin = static_cast<int64_t>(history_.size());
+    row.prompt_len = static_cast<int64_t>(prompt.size());
+    history_.insert(history_.end(), prompt.begin(), prompt.end());
+    row.output_begin = static_cast<int64_t>(history_.size());
+    row.output_len = static_cast<int64_t>(output.size());
+    history_.insert(history_.end(), output.begin(), output.end());
+  }
+  rows_.push_back(row);
+  return static_cast<int32_t>(rows_.size() - 1);
+}
+
+int32_t RowSampler::AddDraw(const kernels::Draw& draw) {
+  draws_.push_back(draw);
+  return static_cast<int32_t>(draws_.size() - 1);
+}
+
+int32_t RowSampler::AddLookup(int32_t slot, int32_t token) {
+  lookup_slots_.push_back(slot);
+  lookup_tokens_.push_back(token);
+  return static_cast<int32_t>(lookup_slots_.size() - 1);
+}
+
+absl::Status RowSampler::Run(const float* logits, RowPool& pool) {
+  const size_t n_rows = rows_.size();
+  const size_t n_draws = draws_.size();
+  const size_t n_lookups = lookup_slots_.size();
+  out_argmax_.assign(n_rows, 0);
+  out_row_error_.assign(n_rows, 0);
+  out_tokens_.assign(n_draws, 0);
+  out_draw_error_.assign(n_draws, 0);
+  out_token_probs_.assign(n_draws, 0.0f);
+  out_lookups_.assign(n_lookups, 0.0f);
+  if (n_rows + n_draws + n_lookups == 0) return absl::OkStatus();
+
+  // Inputs first, then outputs, so each crosses in one copy.
+  Layout layout;
+  const int64_t at_rows = layout.Take<kernels::RowSampling>(n_rows);
+  const int64_t at_history = layout.Take<int32_t>(history_.size());
+  const int64_t at_draws = layout.Take<kernels::Draw>(n_draws);
+  const int64_t at_slots = layout.Take<int32_t>(n_lookups);
+  const int64_t at_tokens = layout.Take<int32_t>(n_lookups);
+  const int64_t inputs_end = layout.bytes();
+  const int64_t at_argmax = layout.Take<int32_t>(n_rows);
+  const int64_t at_row_error = layout.Take<int32_t>(n_rows);
+  const int64_t at_drawn = layout.Take<int32_t>(n_draws);
+  const int64_t at_drawn_probs = layout.Take<float>(n_draws);
+  const int64_t at_draw_error = layout.Take<int32_t>(n_draws);
+  const int64_t at_lookups = layout.Take<float>(n_lookups);
+  const int64_t total = layout.bytes();
+  SPECD_RETURN_IF_ERROR(Ensure(*backend_, staging_, total, kernels::MemoryKind::kStaging));
+  SPECD_RETURN_IF_ERROR(Ensure(*backend_, device_, total, kernels::MemoryKind::kScratch));
+
+  char* host = staging_.as<char>();
+  Put(host, at_rows, rows_);
+  Put(host, at_history, history_);
+  Put(host, at_draws, draws_);
+  Put(host, at_slots, lookup_slots_);
+  Put(host, at_tokens, lookup_tokens_);
+  char* dev = device_.as<char>();
+  SPECD_RETURN_IF_ERROR(backend_->Upload(dev, host, inputs_end));
+
+  const auto i32 = [dev](int64_t at) { return reinterpret_cast<int32_t*>(dev + at); };
+  const auto f32 = [dev](int64_t at) { return reinterpret_cast<float*>(dev + at); };
+  if (n_rows > 0) {
+    kernels::ProcessRowsArgs p;
+    p.logits = logits;
+    p.n_rows = static_cast<int64_t>(n_rows);
+    p.vocab = pool.vocab();
+    p.rows = reinterpret_cast<const kernels::RowSampling*>(dev + at_rows);
+    p.history = i32(at_history);
+    p.history_len = static_cast<int64_t>(history_.size());
+    p.probs = pool.rows();
+    p.prob_capacity = pool.capacity();
+    p.argmax = i32(at_argmax);
+    p.error = i32(at_row_error);
+    SPECD_RETURN_IF_ERROR(backend_->ProcessRows(p));
+  }
+  if (n_draws > 0) {
+    kernels::SampleRowsArgs d;
+    d.probs = pool.rows();
+    d.prob_capacity = pool.capacity();
+    d.vocab = pool.vocab();
+    d.draws = reinterpret_cast<const kernels::Draw*>(dev + at_draws);
+    d.n = static_cast<int64_t>(n_draws);
+    d.tokens = i32(at_drawn);
+    d.token_probs = f32(at_drawn_probs);
+    d.error = i32(at_draw_error);
+    SPECD_RETURN_IF_ERROR(backend_->SampleRows(d));
+  }
+  if (n_lookups > 0) {
+    kernels::GatherProbsArgs g;
+    g.probs = pool.rows();
+    g.prob_capacity = pool.capacity();
+    g.vocab = pool.vocab();
+    g.slots = i32(at_slots);
+    g.tokens = i32(at_tokens);
+    g.out = f32(at_lookups);
+    g.n = static_cast<int64_t>(n_lookups);
+    SPECD_RETURN_IF_ERROR(backend_->GatherProbs(g));
+  }
+  SPECD_RETURN_IF_ERROR(
+      backend_->Download(host + inputs_end, dev + inputs_end, total - inputs_end));
+  SPECD_RETURN_IF_ERROR(backend_->Synchronize());
+  Get(host, at_argmax, out_argmax_);
+  Get(host, at_row_error, out_row_error_);
+  Get(host, at_drawn, out_tokens_);
+  Get(host, at_drawn_probs, out_token_probs_);
+  Get(host, at_draw_error, out_draw_error_);
+  Get(host, at_lookups, out_lookups_);
+  return absl::OkStatus();
+}
+
+}  // namespace specd

@@ -1,0 +1,56 @@
+#include "kernels/cpu/host_memory.h"
+
+#include <sys/mman.h>
+
+#include <cerrno>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "base/math.h"
+
+namespace specd::kernels::cpu {
+namespace {
+
+constexpr int64_t kHugePage = int64_t{2} << 20;
+constexpr int64_t kCacheLine = 64;
+
+// Large allocations carry one extra huge page so the usable range starts on a 2 MiB boundary;
+// the mapping's base is kept in the first 8 bytes of that page, before the aligned start.
+int64_t MappedBytes(int64_t bytes) { return RoundUpTo(bytes, kHugePage) + kHugePage; }
+
+}  // namespace
+
+absl::StatusOr<void*> AllocateHostMemory(int64_t bytes) {
+  if (bytes < kHugePage) {
+    void* p = std::aligned_alloc(kCacheLine, static_cast<size_t>(RoundUpTo(bytes, kCacheLine)));
+    if (p == nullptr) return absl::ResourceExhaustedError("aligned_alloc failed");
+    std::memset(p, 0, static_cast<size_t>(bytes));
+    return p;
+  }
+  const int64_t mapped = MappedBytes(bytes);
+  void* base = mmap(nullptr, static_cast<size_t>(mapped), PROT_READ | PROT_WRITE,
+                    MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (base == MAP_FAILED) return absl::ResourceExhaustedError(strerror(errno));
+  // The first huge-page boundary strictly after base leaves room to remember base.
+  char* aligned = reinterpret_cast<char*>(
+      RoundUpTo(static_cast<int64_t>(reinterpret_cast<uintptr_t>(base)) + 1, kHugePage));
+  std::memcpy(aligned - sizeof(void*), &base, sizeof(void*));
+  // Advisory: without transparent huge pages the memory still works, only slower.
+  (void)madvise(aligned, static_cast<size_t>(RoundUpTo(bytes, kHugePage)), MADV_HUGEPAGE);
+  return static_cast<void*>(aligned);
+}
+
+void FreeHostMemory(void* data, int64_t bytes) {
+  if (bytes < kHugePage) {
+    std::free(data);
+    return;
+  }
+  void* base;
+  std::memcpy(&base, static_cast<char*>(data) - sizeof(void*), sizeof(void*));
+  munmap(base, static_cast<size_t>(MappedBytes(bytes)));
+}
+
+}  // namespace specd::kernels::cpu

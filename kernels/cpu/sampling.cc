@@ -1,0 +1,293 @@
+#include "kernels/cpu/sampling.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <span>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "base/inverse_cdf.h"
+#include "base/philox.h"
+#include "base/status_macros.h"
+#include "kernels/cpu/processed.h"
+#include "kernels/cpu/validate.h"
+
+namespace specd::kernels::cpu {
+namespace {
+
+constexpr float kInf = std::numeric_limits<float>::infinity();
+
+absl::Status CheckRowIndex(absl::string_view op, absl::string_view field, int64_t i, int64_t value,
+                           int64_t limit) {
+  if (value >= 0 && value < limit) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat(op, ": ", field, "[", i, "] = ", value, " is outside [0, ", limit, ")"));
+}
+
+std::span<const float> Row(const float* base, int64_t row, int64_t vocab) {
+  return {base + row * vocab, static_cast<size_t>(vocab)};
+}
+
+bool HasNan(std::span<const float> row) {
+  return std::any_of(row.begin(), row.end(), [](float x) { return std::isnan(x); });
+}
+
+absl::Status CheckRowSampling(const ProcessRowsArgs& a, int64_t r) {
+  constexpr absl::string_view kOp = "ProcessRows";
+  const RowSampling& rs = a.rows[r];
+  SPECD_RETURN_IF_ERROR(CheckRowIndex(kOp, "rows.prob_slot", r, rs.prob_slot, a.prob_capacity));
+  switch (rs.mode) {
+    case RowMode::kGreedy:
+    case RowMode::kSample:
+    case RowMode::kArgmaxOfProcessed:
+      break;
+    default:
+      return absl::InvalidArgumentError(absl::StrCat(kOp, ": rows[", r, "].mode has unknown value ",
+                                                     static_cast<int32_t>(rs.mode)));
+  }
+  for (const auto& [begin, len] :
+       {std::pair{rs.prompt_begin, rs.prompt_len}, std::pair{rs.output_begin, rs.output_len}}) {
+    if (begin < 0 || len < 0 || begin > a.history_len || len > a.history_len - begin) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          kOp, ": rows[", r, "] names history outside [0, history_len = ", a.history_len, ")"));
+    }
+  }
+  if (a.history == nullptr && (rs.prompt_len > 0 || rs.output_len > 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(kOp, ": history must not be null"));
+  }
+  absl::Status params = ValidateSamplingParams(rs.params, a.vocab);
+  if (!params.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(kOp, ": rows[", r, "]: ", params.message()));
+  }
+  return absl::OkStatus();
+}
+
+// One row of ProcessRows; returns its RowError.
+int32_t ProcessOneRow(const ProcessRowsArgs& a, int64_t r) {
+  thread_local LogitsProcessor processor;
+  thread_local std::vector<float> work;
+  const RowSampling& rs = a.rows[r];
+  const std::span<const float> logits = Row(a.logits, r, a.vocab);
+  if (HasNan(logits)) return kRowNanLogit;
+  std::span<float> penalized;
+  if (a.penalized != nullptr) {
+    penalized = {a.penalized + r * a.vocab, static_cast<size_t>(a.vocab)};
+  } else {
+    work.resize(static_cast<size_t>(a.vocab));
+    penalized = work;
+  }
+  const TokenHistory history{{a.history + rs.prompt_begin, static_cast<size_t>(rs.prompt_len)},
+                             {a.history + rs.output_begin, static_cast<size_t>(rs.output_len)}};
+  if (!processor.Penalize(logits, rs.params, history, penalized).ok()) return kRowBadHistory;
+  a.argmax[r] = ArgMaxLowestId(penalized);
+
+  const std::span<float> probs(a.probs + int64_t{rs.prob_slot} * a.vocab,
+                               static_cast<size_t>(a.vocab));
+  int32_t one_hot = a.argmax[r];
+  if (rs.mode != RowMode::kGreedy) {
+    // The penalties are already in `penalized`; applying neutral ones again changes no bit.
+    SamplingParams rest = rs.params;
+    rest.repetition_penalty = 1.0f;
+    rest.presence_penalty = 0.0f;
+    rest.frequency_penalty = 0.0f;
+    if (!processor.ProcessedDistribution(penalized, rest, {}, probs).ok()) {
+      return kRowNoFiniteLogit;
+    }
+    if (rs.mode == RowMode::kSample) return kRowOk;
+    one_hot = ArgMaxLowestId(probs);
+  }
+  std::fill(probs.begin(), probs.end(), 0.0f);
+  probs[static_cast<size_t>(one_hot)] = 1.0f;
+  return kRowOk;
+}
+
+// Log-probabilities of one row into `out` (vocab entries), as LogprobsArgs defines them.
+void RowLogprobs(std::span<const float> w, std::span<float> out) {
+  const float m = *std::max_element(w.begin(), w.end());
+  if (m == -kInf || m == kInf) {
+    // No finite maximum: the mass sits on the +inf tokens (the limit), or nowhere.
+    const auto at_max = static_cast<double>(std::count(w.begin(), w.end(), m));
+    for (size_t i = 0; i < w.size(); ++i) {
+      out[i] = (m == kInf && w[i] == kInf) ? static_cast<float>(-std::log(at_max)) : -kInf;
+    }
+    return;
+  }
+  const double md = static_cast<double>(m);
+  double sum = 0.0;
+  for (const float x : w) sum += std::exp(static_cast<double>(x) - md);
+  const double log_sum = std::log(sum);
+  for (size_t i = 0; i < w.size(); ++i) {
+    out[i] = static_cast<float>((static_cast<double>(w[i]) - md) - log_sum);
+  }
+}
+
+}  // namespace
+
+absl::Status CpuCombineLogits(const CombineLogitsArgs& a, const CpuContext& ctx) {
+  constexpr absl::string_view kOp = "CombineLogits";
+  SPECD_RETURN_IF_ERROR(CheckPositive(kOp, "vocab", a.vocab));
+  SPECD_RETURN_IF_ERROR(CheckNonNegative(kOp, "n_rows", a.n_rows));
+  SPECD_RETURN_IF_ERROR(CheckNonNegative(kOp, "n_pairs", a.n_pairs));
+  SPECD_RETURN_IF_ERROR(CheckElementCount(kOp, "n_rows x vocab", a.n_rows, a.vocab));
+  if (a.n_pairs == 0) return absl::OkStatus();
+  SPECD_RETURN_IF_ERROR(CheckNotNull(kOp, "logits", a.logits));
+  SPECD_RETURN_IF_ERROR(CheckNotNull(kOp, "cond_rows", a.cond_rows));
+  SPECD_RETURN_IF_ERROR(CheckNotNull(kOp, "uncond_rows", a.uncond_rows));
+  SPECD_RETURN_IF_ERROR(CheckNotNull(kOp, "scale", a.scale));
+  std::vector<bool> used(static_cast<size_t>(a.n_rows), false);
+  for (int64_t i = 0; i < a.n_pairs; ++i) {
+    SPECD_RETURN_IF_ERROR(CheckRowIndex(kOp, "cond_rows", i, a.cond_rows[i], a.n_rows));
+    SPECD_RETURN_IF_ERROR(CheckRowIndex(kOp, "uncond_rows", i, a.uncond_rows[i], a.n_rows));
+    for (const int32_t row : {a.cond_rows[i], a.uncond_rows[i]}) {
+      if (used[static_cast<size_t>(row)]) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(kOp, ": row ", row, " appears in more than one place"));
+      }
+      used[static_cast<size_t>(row)] = true;
+    }
+    if (!std::isfinite(a.scale[i])) {
+      return absl::InvalidArgumentError(absl::StrCat(kOp, ": scale[", i, "] must be finite"));
+    }
+  }
+  ctx.pool->ParallelFor(a.n_pairs, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      float* c = a.logits + int64_t{a.cond_rows[i]} * a.vocab;
+      const float* u = a.logits + int64_t{a.uncond_rows[i]} * a.vocab;
+      const float s = a.scale[i];
+      for (int64_t j = 0; j < a.vocab; ++j) {
+        const float diff = c[j] - u[j];
+        const float scaled = s * diff;
+        c[j] = u[j] + scaled;
+      }
+    }
+  });
+  return absl::OkStatus();
+}
+
+absl::Status CpuProcessRows(const ProcessRowsArgs& a, const CpuContext& ctx) {
+  constexpr absl::string_view kOp = "ProcessRows";
+  SPECD_RETURN_IF_ERROR(CheckPositive(kOp, "vocab", a.vocab));
+  SPECD_RETURN_IF_ERROR(CheckNonNegative(kOp, "n_rows", a.n_rows));
+  SPECD_RETURN_IF_ERROR(CheckNonNegative(kOp, "history_len", a.history_len));
+  SPECD_RETURN_IF_ERROR(CheckNonNegative(kOp, "prob_capacity", a.prob_capacity));
+  SPECD_RETURN_IF_ERROR(CheckElementCount(kOp, "n_rows x vocab", a.n_rows, a.vocab));
+  SPECD_RETURN_IF_ERROR(CheckElementCount(kOp, "prob_capacity x vocab", a.prob_capacity, a.vocab));
+  if (a.n_rows == 0) return absl::OkStatus();
+  SPECD_RETURN_IF_ERROR(CheckNotNull(kOp, "logits", a.logits));
+  SPECD_RETURN_IF_ERROR(CheckNotNull(kOp, "rows", a.rows));
+  SPECD_RETURN_IF_ERROR(CheckNotNull(kOp, "probs", a.probs));
+  SPECD_RETURN_IF_ERROR(CheckNotNull(kOp, "argmax", a.argmax));
+  SPECD_RETURN_IF_ERROR(CheckNotNull(kOp, "error", a.error));
+  for (int64_t r = 0; r < a.n_rows; ++r) SPECD_RETURN_IF_ERROR(CheckRowSampling(a, r));
+  ctx.pool->ParallelFor(a.n_rows, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) a.error[r] = ProcessOneRow(a, r);
+  });
+  return absl::OkStatus();
+}
+
+absl::Status CpuSampleRows(const SampleRowsArgs& a, const CpuContext& ctx) {
+  constexpr absl::string_view kOp = "SampleRows";
+  SPECD_RETURN_IF_ERROR(CheckPositive(kOp, "vocab", a.vocab));
+  SPECD_RETURN_IF_ERROR(CheckNonNegative(kOp, "n", a.n));
+  SPECD_RETURN_IF_ERROR(CheckNonNegative(kOp, "prob_capacity", a.prob_capacity));
+  SPECD_RETURN_IF_ERROR(CheckElementCount(kOp, "prob_capacity x vocab", a.prob_capacity, a.vocab));
+  if (a.n == 0) return absl::OkStatus();
+  SPECD_RETURN_IF_ERROR(CheckNotNull(kOp, "probs", a.probs));
+  SPECD_RETURN_IF_ERROR(CheckNotNull(kOp, "draws", a.draws));
+  SPECD_RETURN_IF_ERROR(CheckNotNull(kOp, "tokens", a.tokens));
+  SPECD_RETURN_IF_ERROR(CheckNotNull(kOp, "token_probs", a.token_probs));
+  SPECD_RETURN_IF_ERROR(CheckNotNull(kOp, "error", a.error));
+  for (int64_t i = 0; i < a.n; ++i) {
+    SPECD_RETURN_IF_ERROR(
+        CheckRowIndex(kOp, "draws.prob_slot", i, a.draws[i].prob_slot, a.prob_capacity));
+  }
+  ctx.pool->ParallelFor(a.n, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const Draw& d = a.draws[i];
+      const std::span<const float> row = Row(a.probs, d.prob_slot, a.vocab);
+      const double u = StreamUniform(d.seed, d.position, d.purpose, d.index, d.sample);
+      const absl::StatusOr<int32_t> token = SampleInverseCdf(row, u);
+      a.error[i] = token.ok() ? kRowOk : kRowEmpty;
+      a.tokens[i] = token.ok() ? *token : 0;
+      a.token_probs[i] = token.ok() ? row[static_cast<size_t>(*token)] : 0.0f;
+    }
+  });
+  return absl::OkStatus();
+}
+
+absl::Status CpuGatherProbs(const GatherProbsArgs& a, const CpuContext& ctx) {
+  (void)ctx;  // a lookup per request is not worth other threads
+  constexpr absl::string_view kOp = "GatherProbs";
+  SPECD_RETURN_IF_ERROR(CheckPositive(kOp, "vocab", a.vocab));
+  SPECD_RETURN_IF_ERROR(CheckNonNegative(kOp, "n", a.n));
+  SPECD_RETURN_IF_ERROR(CheckNonNegative(kOp, "prob_capacity", a.prob_capacity));
+  SPECD_RETURN_IF_ERROR(CheckElementCount(kOp, "prob_capacity x vocab", a.prob_capacity, a.vocab));
+  if (a.n == 0) return absl::OkStatus();
+  SPECD_RETURN_IF_ERROR(CheckNotNull(kOp, "probs", a.probs));
+  SPECD_RETURN_IF_ERROR(CheckNotNull(kOp, "slots", a.slots));
+  SPECD_RETURN_IF_ERROR(CheckNotNull(kOp, "tokens", a.tokens));
+  SPECD_RETURN_IF_ERROR(CheckNotNull(kOp, "out", a.out));
+  for (int64_t i = 0; i < a.n; ++i) {
+    SPECD_RETURN_IF_ERROR(CheckRowIndex(kOp, "slots", i, a.slots[i], a.prob_capacity));
+    SPECD_RETURN_IF_ERROR(CheckRowIndex(kOp, "tokens", i, a.tokens[i], a.vocab));
+  }
+  for (int64_t i = 0; i < a.n; ++i) a.out[i] = a.probs[int64_t{a.slots[i]} * a.vocab + a.tokens[i]];
+  return absl::OkStatus();
+}
+
+absl::Status CpuLogprobs(const LogprobsArgs& a, const CpuContext& ctx) {
+  constexpr absl::string_view kOp = "Logprobs";
+  SPECD_RETURN_IF_ERROR(CheckPositive(kOp, "vocab", a.vocab));
+  SPECD_RETURN_IF_ERROR(CheckNonNegative(kOp, "n_rows", a.n_rows));
+  SPECD_RETURN_IF_ERROR(CheckNonNegative(kOp, "n_queries", a.n_queries));
+  SPECD_RETURN_IF_ERROR(CheckElementCount(kOp, "n_rows x vocab", a.n_rows, a.vocab));
+  if (a.top_n < 0 || a.top_n > kMaxTopLogprobs || a.top_n > a.vocab) {
+    return absl::InvalidArgumentError(absl::StrCat(kOp, ": top_n must be in [0, ",
+                                                   std::min<int64_t>(kMaxTopLogprobs, a.vocab),
+                                                   "], got ", a.top_n));
+  }
+  if (a.n_rows == 0 && a.n_queries == 0) return absl::OkStatus();
+  SPECD_RETURN_IF_ERROR(CheckNotNull(kOp, "logits", a.logits));
+  if (a.top_n > 0 && a.n_rows > 0) {
+    SPECD_RETURN_IF_ERROR(CheckNotNull(kOp, "top_ids", a.top_ids));
+    SPECD_RETURN_IF_ERROR(CheckNotNull(kOp, "top_logprobs", a.top_logprobs));
+  }
+  if (a.n_queries > 0) {
+    SPECD_RETURN_IF_ERROR(CheckNotNull(kOp, "query_rows", a.query_rows));
+    SPECD_RETURN_IF_ERROR(CheckNotNull(kOp, "query_tokens", a.query_tokens));
+    SPECD_RETURN_IF_ERROR(CheckNotNull(kOp, "query_logprobs", a.query_logprobs));
+  }
+  for (int64_t i = 0; i < a.n_queries; ++i) {
+    SPECD_RETURN_IF_ERROR(CheckRowIndex(kOp, "query_rows", i, a.query_rows[i], a.n_rows));
+    SPECD_RETURN_IF_ERROR(CheckRowIndex(kOp, "query_tokens", i, a.query_tokens[i], a.vocab));
+  }
+  // Each row's logprobs are computed once, on one thread; queries then read them.
+  std::vector<float> all(static_cast<size_t>(a.n_rows * a.vocab));
+  ctx.pool->ParallelFor(a.n_rows, 1, [&](int64_t begin, int64_t end) {
+    thread_local std::vector<int32_t> order;
+    for (int64_t r = begin; r < end; ++r) {
+      const std::span<float> lp(all.data() + r * a.vocab, static_cast<size_t>(a.vocab));
+      RowLogprobs(Row(a.logits, r, a.vocab), lp);
+      if (a.top_n == 0) continue;
+      order.resize(static_cast<size_t>(a.vocab));
+      for (int32_t i = 0; i < a.vocab; ++i) order[static_cast<size_t>(i)] = i;
+      std::partial_sort(
+          order.begin(), order.begin() + a.top_n, order.end(),
+          [&](int32_t x, int32_t y) { return lp[x] > lp[y] || (lp[x] == lp[y] && x < y); });
+      for (int32_t j = 0; j < a.top_n; ++j) {
+        a.top_ids[r * a.top_n + j] = order[static_cast<size_t>(j)];
+        a.top_logprobs[r * a.top_n + j] = lp[order[static_cast<size_t>(j)]];
+      }
+    }
+  });
+  for (int64_t i = 0; i < a.n_queries; ++i) {
+    a.query_logprobs[i] =
+        all[static_cast<size_t>(int64_t{a.query_rows[i]} * a.vocab + a.query_tokens[i])];
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace specd::kernels::cpu
