@@ -289,7 +289,8 @@ struct RowSampling {
 //!     penalised logits, written to `penalized` when that is set;
 //!  2. argmax[r] = the penalised argmax, lowest id on ties;
 //!  3. by mode: the processed row (temperature, top-k, softmax, top-p, min-p, renormalisation)
-//!     or a one-hot row, written to probs + rows[r].prob_slot * vocab.
+//!     or a one-hot row, written to probs + rows[r].prob_slot * vocab. For kArgmaxOfProcessed,
+//!     argmax[r] is then the processed row's argmax (lowest id on ties), where the one-hot is.
 //! error[r] gets a RowError; after an error the row's outputs are meaningless.
 //! Invariance: each row is computed alone; the CPU back end is the bit-exact reference, and
 //! every back end must match it bit for bit on the one-hot rows and argmax.

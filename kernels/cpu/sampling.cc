@@ -97,7 +97,7 @@ int32_t ProcessOneRow(const ProcessRowsArgs& a, int64_t r) {
       return kRowNoFiniteLogit;
     }
     if (rs.mode == RowMode::kSample) return kRowOk;
-    one_hot = ArgMaxLowestId(probs);
+    one_hot = a.argmax[r] = ArgMaxLowestId(probs);
   }
   std::fill(probs.begin(), probs.end(), 0.0f);
   probs[static_cast<size_t>(one_hot)] = 1.0f;

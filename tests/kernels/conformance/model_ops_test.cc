@@ -1,0 +1,242 @@
+// Conformance of the model ops (Matmul, RmsNorm, Rope, SwiGlu, Add, Embedding, GatherRows) on
+// every available back end: against double-precision references written independently of
+// kernels/, with finite outputs, intact guard zones, and batch invariance (a row alone and among
+// 1..63 others, at any position, gives the same bits).
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "kernels/backend.h"
+#include "tests/kernels/conformance/backend_under_test.h"
+#include "tests/kernels/cpu/reference.h"
+
+namespace specd::kernels::conformance {
+namespace {
+
+using cpu_test::AllClose;
+using cpu_test::RandomFloats;
+using cpu_test::RandomWeight;
+using cpu_test::SameBits;
+using cpu_test::TestWeight;
+
+// Any summation order of n fp32 terms errs by at most about n * 2^-24 * sum |term|.
+std::vector<double> SumBound(const std::vector<double>& abs_sum, int64_t terms) {
+  std::vector<double> atol(abs_sum.size());
+  const double gamma = static_cast<double>(terms + 8) * std::ldexp(1.0, -24);
+  for (size_t i = 0; i < atol.size(); ++i) atol[i] = gamma * abs_sum[i] + 1e-30;
+  return atol;
+}
+
+// Rows `rows` of a [n, width] host array, in that order.
+std::vector<float> PickRows(const std::vector<float>& all, int64_t width,
+                            const std::vector<int>& rows) {
+  std::vector<float> out;
+  for (const int r : rows)
+    out.insert(out.end(), all.begin() + r * width, all.begin() + (r + 1) * width);
+  return out;
+}
+
+class ModelOpsTest : public BackendTest {
+ protected:
+  std::vector<float> Matmul(const TestWeight& w, const std::vector<float>& x, int64_t n) {
+    const WeightView view{device().Put(w.bytes), w.dtype, w.rows, w.cols};
+    float* y = device().Output<float>(n * w.rows);
+    const absl::Status st = backend().Matmul({device().Put(x), view, y, n});
+    EXPECT_TRUE(st.ok()) << st;
+    return device().Get(y, n * w.rows);
+  }
+  std::vector<float> RmsNorm(const std::vector<float>& x, const std::vector<float>& weight,
+                             int64_t n, int64_t dim) {
+    float* y = device().Output<float>(n * dim);
+    EXPECT_TRUE(backend().RmsNorm({device().Put(x), device().Put(weight), y, n, dim, 1e-5f}).ok());
+    return device().Get(y, n * dim);
+  }
+  std::vector<float> Rope(const std::vector<float>& x, const std::vector<int32_t>& pos,
+                          const std::vector<float>& inv_freq, int64_t heads, int64_t head_dim) {
+    const int64_t n = static_cast<int64_t>(pos.size());
+    float* d = device().Put(x);
+    EXPECT_TRUE(
+        backend().Rope({d, device().Put(pos), device().Put(inv_freq), n, heads, head_dim}).ok());
+    return device().Get(d, n * heads * head_dim);
+  }
+  std::vector<float> SwiGlu(const std::vector<float>& gate, const std::vector<float>& up, int64_t n,
+                            int64_t dim) {
+    float* out = device().Output<float>(n * dim);
+    EXPECT_TRUE(backend().SwiGlu({device().Put(gate), device().Put(up), out, n, dim}).ok());
+    return device().Get(out, n * dim);
+  }
+};
+
+TEST_P(ModelOpsTest, MatmulMatchesDoubleReferenceForEveryDtypeAndShape) {
+  struct Shape {
+    int64_t rows, cols, n;
+  };
+  for (const DType dtype : {DType::kF32, DType::kF16, DType::kBF16}) {
+    for (const Shape s : {Shape{1, 1, 1}, Shape{3, 5, 1}, Shape{17, 33, 2}, Shape{64, 768, 1},
+                          Shape{100, 768, 5}, Shape{130, 48, 49}, Shape{2049, 64, 3}}) {
+      const TestWeight w = RandomWeight(dtype, s.rows, s.cols, rng_);
+      const std::vector<float> x = RandomFloats(s.n * s.cols, rng_);
+      const std::vector<float> y = Matmul(w, x, s.n);
+      std::vector<double> want(static_cast<size_t>(s.n * s.rows)), abs_sum(want.size());
+      for (int64_t t = 0; t < s.n; ++t) {
+        for (int64_t o = 0; o < s.rows; ++o) {
+          double acc = 0, mag = 0;
+          for (int64_t i = 0; i < s.cols; ++i) {
+            const double p = w.values[o * s.cols + i] * static_cast<double>(x[t * s.cols + i]);
+            acc += p;
+            mag += std::fabs(p);
+          }
+          want[t * s.rows + o] = acc;
+          abs_sum[t * s.rows + o] = mag;
+        }
+      }
+      EXPECT_TRUE(AllClose(y.data(), want, SumBound(abs_sum, s.cols), 0.0))
+          << DTypeName(dtype) << " " << s.rows << "x" << s.cols << " x " << s.n;
+    }
+  }
+}
+
+TEST_P(ModelOpsTest, MatmulRowsAreBatchInvariant) {
+  for (const DType dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
+    const int64_t rows = 96, cols = 700, n = 64;
+    const TestWeight w = RandomWeight(dtype, rows, cols, rng_);
+    const std::vector<float> x = RandomFloats(n * cols, rng_);
+    for (const int r : {0, 31, 63}) {
+      std::vector<float> reference;
+      for (const std::vector<int>& batch : InvarianceBatches(n, r, rng_)) {
+        const std::vector<float> y =
+            Matmul(w, PickRows(x, cols, batch), static_cast<int64_t>(batch.size()));
+        const int at = static_cast<int>(std::find(batch.begin(), batch.end(), r) - batch.begin());
+        const std::vector<float> row(y.begin() + at * rows, y.begin() + (at + 1) * rows);
+        if (reference.empty()) reference = row;
+        EXPECT_TRUE(SameBits(row, reference))
+            << DTypeName(dtype) << ": row " << r << " in a batch of " << batch.size();
+      }
+    }
+  }
+}
+
+TEST_P(ModelOpsTest, RmsNormMatchesReferenceAndIsBatchInvariant) {
+  const int64_t dim = 768, n = 64;
+  const std::vector<float> x = RandomFloats(n * dim, rng_, -3.0f, 3.0f);
+  const std::vector<float> weight = RandomFloats(dim, rng_, 0.5f, 1.5f);
+  const std::vector<float> y = RmsNorm(x, weight, n, dim);
+  std::vector<double> want(y.size());
+  for (int64_t t = 0; t < n; ++t) {
+    double ss = 0;
+    for (int64_t i = 0; i < dim; ++i) ss += static_cast<double>(x[t * dim + i]) * x[t * dim + i];
+    const double r = 1.0 / std::sqrt(ss / dim + 1e-5);
+    for (int64_t i = 0; i < dim; ++i) want[t * dim + i] = x[t * dim + i] * r * weight[i];
+  }
+  EXPECT_TRUE(AllClose(y.data(), want, {1e-6}, 1e-5));
+  for (const int r : {0, 40}) {
+    for (const std::vector<int>& batch : InvarianceBatches(static_cast<int>(n), r, rng_)) {
+      const std::vector<float> got =
+          RmsNorm(PickRows(x, dim, batch), weight, static_cast<int64_t>(batch.size()), dim);
+      const int at = static_cast<int>(std::find(batch.begin(), batch.end(), r) - batch.begin());
+      EXPECT_TRUE(SameBits(std::vector<float>(got.begin() + at * dim, got.begin() + (at + 1) * dim),
+                           PickRows(y, dim, {r})))
+          << "row " << r << " in a batch of " << batch.size();
+    }
+  }
+}
+
+TEST_P(ModelOpsTest, RopeMatchesReferenceAtPositionsApartFromSlots) {
+  const int64_t heads = 4, head_dim = 16, half = head_dim / 2;
+  // Tree nodes at the same depth share a position, so positions repeat and need not ascend.
+  const std::vector<int32_t> pos = {0, 1, 7, 7, 7, 300, 2, 4095};
+  const int64_t n = static_cast<int64_t>(pos.size());
+  std::vector<float> inv_freq(half);
+  for (int64_t i = 0; i < half; ++i)
+    inv_freq[i] = static_cast<float>(std::pow(10000.0, -2.0 * i / head_dim));
+  const std::vector<float> x = RandomFloats(n * heads * head_dim, rng_);
+  const std::vector<float> y = Rope(x, pos, inv_freq, heads, head_dim);
+  std::vector<double> want(y.size());
+  for (int64_t t = 0; t < n; ++t) {
+    for (int64_t h = 0; h < heads; ++h) {
+      for (int64_t i = 0; i < half; ++i) {
+        const double angle = static_cast<float>(static_cast<float>(pos[t]) * inv_freq[i]);
+        const int64_t a = (t * heads + h) * head_dim + i, b = a + half;
+        want[a] = x[a] * std::cos(angle) - x[b] * std::sin(angle);
+        want[b] = x[b] * std::cos(angle) + x[a] * std::sin(angle);
+      }
+    }
+  }
+  EXPECT_TRUE(AllClose(y.data(), want, {2e-6}, 1e-5));
+  // The same (token, position) alone gives the same bits.
+  for (int64_t t = 0; t < n; ++t) {
+    const std::vector<float> one = Rope(PickRows(x, heads * head_dim, {static_cast<int>(t)}),
+                                        {pos[t]}, inv_freq, heads, head_dim);
+    EXPECT_TRUE(SameBits(one, PickRows(y, heads * head_dim, {static_cast<int>(t)}))) << t;
+  }
+}
+
+TEST_P(ModelOpsTest, SwiGluAddEmbeddingAndGatherMatchReferences) {
+  const int64_t n = 9, dim = 130;
+  const std::vector<float> gate = RandomFloats(n * dim, rng_, -8.0f, 8.0f);
+  const std::vector<float> up = RandomFloats(n * dim, rng_);
+  const std::vector<float> sw = SwiGlu(gate, up, n, dim);
+  std::vector<double> want(sw.size());
+  for (size_t i = 0; i < want.size(); ++i)
+    want[i] = gate[i] / (1.0 + std::exp(-static_cast<double>(gate[i]))) * up[i];
+  EXPECT_TRUE(AllClose(sw.data(), want, {1e-6}, 1e-5));
+  for (int64_t t = 0; t < n; ++t) {
+    const std::vector<float> one = SwiGlu(PickRows(gate, dim, {static_cast<int>(t)}),
+                                          PickRows(up, dim, {static_cast<int>(t)}), 1, dim);
+    EXPECT_TRUE(SameBits(one, PickRows(sw, dim, {static_cast<int>(t)}))) << t;
+  }
+
+  // Add is one f32 addition per element: exact.
+  float* y = device().Put(gate);
+  ASSERT_TRUE(backend().Add({y, device().Put(up), n, dim}).ok());
+  const std::vector<float> sum = device().Get(y, n * dim);
+  for (size_t i = 0; i < sum.size(); ++i) ASSERT_EQ(sum[i], gate[i] + up[i]) << i;
+
+  // Embedding widens exactly; GatherRows copies exactly.
+  for (const DType dtype : {DType::kF32, DType::kF16, DType::kBF16}) {
+    const TestWeight table = RandomWeight(dtype, 50, dim, rng_);
+    const std::vector<int32_t> ids = {49, 0, 7, 7, 23};
+    float* out = device().Output<float>(5 * dim);
+    ASSERT_TRUE(
+        backend()
+            .Embedding({{device().Put(table.bytes), dtype, 50, dim}, device().Put(ids), out, 5})
+            .ok());
+    const std::vector<float> got = device().Get(out, 5 * dim);
+    for (int64_t t = 0; t < 5; ++t) {
+      for (int64_t i = 0; i < dim; ++i) {
+        ASSERT_EQ(got[t * dim + i], table.values[ids[t] * dim + i]) << DTypeName(dtype);
+      }
+    }
+  }
+  const std::vector<int32_t> rows = {8, 0, 3, 3};
+  float* gathered = device().Output<float>(4 * dim);
+  ASSERT_TRUE(
+      backend().GatherRows({device().Put(gate), device().Put(rows), gathered, n, 4, dim}).ok());
+  EXPECT_TRUE(SameBits(device().Get(gathered, 4 * dim), PickRows(gate, dim, {8, 0, 3, 3})));
+}
+
+TEST_P(ModelOpsTest, BadArgumentsAreErrorsNotCrashes) {
+  const std::vector<float> x(16, 1.0f);
+  const TestWeight w = RandomWeight(DType::kF32, 4, 4, rng_);
+  MatmulArgs m{
+      device().Put(x), {device().Put(w.bytes), DType::kF32, 4, 4}, device().Output<float>(16), 4};
+  m.w.cols = 0;
+  EXPECT_EQ(backend().Matmul(m).code(), absl::StatusCode::kInvalidArgument);
+  m.w.cols = 4;
+  m.x = nullptr;
+  EXPECT_EQ(backend().Matmul(m).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      backend().RmsNorm({device().Put(x), nullptr, device().Output<float>(16), 4, 4, 1e-5f}).code(),
+      absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(backend().Rope({device().Output<float>(16), nullptr, nullptr, 2, 2, 3}).code(),
+            absl::StatusCode::kInvalidArgument);  // odd head_dim
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, ModelOpsTest, ::testing::ValuesIn(AllBackends()), CaseName);
+
+}  // namespace
+}  // namespace specd::kernels::conformance

@@ -1,0 +1,410 @@
+// Conformance of the per-token math (CombineLogits, ProcessRows, SampleRows, GatherProbs,
+// Logprobs) on every available back end. References: the scalar processed distribution of
+// kernels/cpu/processed.h (itself checked against an independent numpy reference in
+// tests/kernels/cpu/processed_test.cc), base/inverse_cdf.h with base/philox.h for draws, and
+// double-precision log-softmax. On the CPU every result is bit-identical to the reference; other
+// back ends must match one-hot rows, argmaxes and draws exactly and sampled rows within 1e-6.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "base/inverse_cdf.h"
+#include "base/philox.h"
+#include "gtest/gtest.h"
+#include "kernels/backend.h"
+#include "kernels/cpu/processed.h"
+#include "tests/kernels/conformance/backend_under_test.h"
+#include "tests/kernels/cpu/reference.h"
+
+namespace specd::kernels::conformance {
+namespace {
+
+using cpu_test::RandomFloats;
+using cpu_test::SameBits;
+
+constexpr float kInf = std::numeric_limits<float>::infinity();
+
+SamplingParams Params(float temperature, int32_t top_k = 0, float top_p = 1.0f, float min_p = 0.0f,
+                      float repetition = 1.0f, float presence = 0.0f, float frequency = 0.0f) {
+  SamplingParams p;
+  p.temperature = temperature;
+  p.top_k = top_k;
+  p.top_p = top_p;
+  p.min_p = min_p;
+  p.repetition_penalty = repetition;
+  p.presence_penalty = presence;
+  p.frequency_penalty = frequency;
+  return p;
+}
+
+struct RowCase {
+  SamplingParams params;
+  RowMode mode;
+  std::vector<int32_t> prompt, output;
+};
+
+class SamplingOpsTest : public BackendTest {
+ protected:
+  static constexpr int64_t kVocab = 1000;
+
+  struct Processed {
+    std::vector<float> probs;  // [rows, vocab] in row order
+    std::vector<int32_t> argmax, error;
+    std::vector<float> penalized;
+  };
+
+  // ProcessRows of `logits` ([cases.size(), vocab]) for `cases`, row r into pool slot
+  // capacity - 1 - r (so slots are not the row order).
+  Processed Process(const std::vector<float>& logits, const std::vector<RowCase>& cases) {
+    const int64_t n = static_cast<int64_t>(cases.size());
+    std::vector<RowSampling> rows;
+    std::vector<int32_t> history;
+    const int64_t capacity = n + 3;
+    for (int64_t r = 0; r < n; ++r) {
+      RowSampling rs;
+      rs.params = cases[r].params;
+      rs.mode = cases[r].mode;
+      rs.prob_slot = static_cast<int32_t>(capacity - 1 - r);
+      rs.prompt_begin = static_cast<int64_t>(history.size());
+      rs.prompt_len = static_cast<int64_t>(cases[r].prompt.size());
+      history.insert(history.end(), cases[r].prompt.begin(), cases[r].prompt.end());
+      rs.output_begin = static_cast<int64_t>(history.size());
+      rs.output_len = static_cast<int64_t>(cases[r].output.size());
+      history.insert(history.end(), cases[r].output.begin(), cases[r].output.end());
+      rows.push_back(rs);
+    }
+    history.push_back(0);  // never empty
+    ProcessRowsArgs a;
+    a.logits = device().Put(logits);
+    a.n_rows = n;
+    a.vocab = kVocab;
+    a.rows = device().Put(rows);
+    a.history = device().Put(history);
+    a.history_len = static_cast<int64_t>(history.size());
+    pool_ = device().Output<float>(capacity * kVocab);
+    capacity_ = capacity;
+    a.probs = pool_;
+    a.prob_capacity = capacity;
+    a.penalized = device().Output<float>(n * kVocab);
+    a.argmax = device().Output<int32_t>(n);
+    a.error = device().Output<int32_t>(n);
+    const absl::Status st = backend().ProcessRows(a);
+    EXPECT_TRUE(st.ok()) << st;
+    Processed out;
+    const std::vector<float> pool = device().Get(pool_, capacity * kVocab);
+    for (int64_t r = 0; r < n; ++r) {
+      const int64_t slot = capacity - 1 - r;
+      out.probs.insert(out.probs.end(), pool.begin() + slot * kVocab,
+                       pool.begin() + (slot + 1) * kVocab);
+    }
+    out.argmax = device().Get(a.argmax, n);
+    out.error = device().Get(a.error, n);
+    out.penalized = device().Get(a.penalized, n * kVocab);
+    return out;
+  }
+
+  // What the scalar reference makes of row `r`: the row (or one-hot), its argmax and error.
+  static void Reference(std::span<const float> logits, const RowCase& c, std::vector<float>* row,
+                        int32_t* argmax, int32_t* error) {
+    cpu::LogitsProcessor processor;
+    const cpu::TokenHistory history{c.prompt, c.output};
+    row->assign(static_cast<size_t>(kVocab), 0.0f);
+    *error = kRowOk;
+    if (std::any_of(logits.begin(), logits.end(), [](float x) { return std::isnan(x); })) {
+      *error = kRowNanLogit;
+      return;
+    }
+    absl::StatusOr<int32_t> greedy = processor.GreedyToken(logits, c.params, history);
+    if (!greedy.ok()) {
+      *error = kRowBadHistory;
+      return;
+    }
+    *argmax = *greedy;
+    if (c.mode == RowMode::kGreedy) {
+      (*row)[static_cast<size_t>(*greedy)] = 1.0f;
+      return;
+    }
+    if (!processor.ProcessedDistribution(logits, c.params, history, *row).ok()) {
+      *error = kRowNoFiniteLogit;
+      return;
+    }
+    if (c.mode == RowMode::kArgmaxOfProcessed) {
+      *argmax = cpu::ArgMaxLowestId(*row);
+      row->assign(static_cast<size_t>(kVocab), 0.0f);
+      (*row)[static_cast<size_t>(*argmax)] = 1.0f;
+    }
+  }
+
+  std::vector<RowCase> Cases() {
+    std::uniform_int_distribution<int32_t> id(0, kVocab - 1);
+    std::vector<int32_t> prompt(40), output(25);
+    for (int32_t& t : prompt) t = id(rng_);
+    for (int32_t& t : output) t = id(rng_) % 50;  // repeats, so frequency counts matter
+    return {
+        {Params(0.0f), RowMode::kGreedy, {}, {}},
+        {Params(0.0f, 0, 1, 0, 1.3f, 0.5f, 0.7f), RowMode::kGreedy, prompt, output},
+        {Params(1.0f), RowMode::kSample, {}, {}},
+        {Params(0.7f, 0, 0.9f), RowMode::kSample, {}, {}},
+        {Params(1.0f, 40), RowMode::kSample, {}, {}},
+        {Params(1.3f, 5, 0.8f, 0.05f), RowMode::kSample, {}, {}},
+        {Params(0.9f, 0, 1, 0.1f, 1.2f, -0.4f, 0.3f), RowMode::kSample, prompt, output},
+        {Params(0.8f, 0, 0.95f), RowMode::kArgmaxOfProcessed, prompt, output},
+        {Params(1.0f, 3), RowMode::kSample, {}, {}},  // ties at the top-k boundary (below)
+    };
+  }
+
+  std::vector<float> Logits(size_t rows) {
+    std::vector<float> logits = RandomFloats(static_cast<int64_t>(rows) * kVocab, rng_, -6, 6);
+    // Row 8: the five largest logits tie, so top-k 3 must keep the three lowest ids.
+    for (int64_t i = 0; i < 5; ++i) logits[8 * kVocab + 100 + 37 * i] = 9.0f;
+    return logits;
+  }
+
+  float* pool_ = nullptr;
+  int64_t capacity_ = 0;
+};
+
+TEST_P(SamplingOpsTest, ProcessRowsMatchesTheScalarReference) {
+  const std::vector<RowCase> cases = Cases();
+  const std::vector<float> logits = Logits(cases.size());
+  const Processed got = Process(logits, cases);
+  for (size_t r = 0; r < cases.size(); ++r) {
+    std::vector<float> want;
+    int32_t argmax = -1, error = -1;
+    Reference(std::span<const float>(logits).subspan(r * kVocab, kVocab), cases[r], &want, &argmax,
+              &error);
+    ASSERT_EQ(got.error[r], error) << "row " << r;
+    EXPECT_EQ(got.argmax[r], argmax) << "row " << r;
+    const std::vector<float> row(got.probs.begin() + r * kVocab,
+                                 got.probs.begin() + (r + 1) * kVocab);
+    if (IsCpu() || cases[r].mode != RowMode::kSample) {
+      EXPECT_TRUE(SameBits(row, want)) << "row " << r;
+    } else {
+      for (int64_t i = 0; i < kVocab; ++i) {
+        ASSERT_NEAR(row[i], want[i], 1e-6 + 1e-5 * want[i]) << "row " << r << " token " << i;
+      }
+    }
+  }
+}
+
+TEST_P(SamplingOpsTest, ProcessRowsReportsBadRowsWithoutDisturbingOthers) {
+  std::vector<RowCase> cases = {{Params(1.0f), RowMode::kSample, {}, {}},
+                                {Params(1.0f), RowMode::kSample, {}, {}},
+                                {Params(1.0f, 0, 1, 0, 1.5f), RowMode::kSample, {3, 1000}, {}},
+                                {Params(0.0f), RowMode::kGreedy, {}, {}},
+                                {Params(1.0f), RowMode::kSample, {}, {}}};
+  std::vector<float> logits = RandomFloats(5 * kVocab, rng_, -3, 3);
+  logits[0 * kVocab + 17] = std::numeric_limits<float>::quiet_NaN();
+  std::fill(logits.begin() + 1 * kVocab, logits.begin() + 2 * kVocab, -kInf);
+  std::fill(logits.begin() + 3 * kVocab, logits.begin() + 4 * kVocab, -kInf);  // greedy: token 0
+  const Processed got = Process(logits, cases);
+  EXPECT_EQ(got.error[0], kRowNanLogit);
+  EXPECT_EQ(got.error[1], kRowNoFiniteLogit);
+  EXPECT_EQ(got.error[2], kRowBadHistory);  // history id 1000 is outside the vocabulary
+  EXPECT_EQ(got.error[3], kRowOk);
+  EXPECT_EQ(got.argmax[3], 0);
+  EXPECT_EQ(got.error[4], kRowOk);
+  std::vector<float> want;
+  int32_t argmax = 0, error = 0;
+  Reference(std::span<const float>(logits).subspan(4 * kVocab, kVocab), cases[4], &want, &argmax,
+            &error);
+  EXPECT_EQ(got.argmax[4], argmax);
+}
+
+TEST_P(SamplingOpsTest, ProcessRowsIsBatchInvariant) {
+  const std::vector<RowCase> base = Cases();
+  const int n = 64;
+  std::vector<RowCase> cases;
+  for (int i = 0; i < n; ++i) cases.push_back(base[static_cast<size_t>(i) % base.size()]);
+  const std::vector<float> logits = Logits(n);
+  const Processed all = Process(logits, cases);
+  for (const int r : {2, 6, 45}) {
+    for (const std::vector<int>& batch : InvarianceBatches(n, r, rng_)) {
+      std::vector<float> sub;
+      std::vector<RowCase> sub_cases;
+      for (const int b : batch) {
+        sub.insert(sub.end(), logits.begin() + b * kVocab, logits.begin() + (b + 1) * kVocab);
+        sub_cases.push_back(cases[static_cast<size_t>(b)]);
+      }
+      const Processed got = Process(sub, sub_cases);
+      const int at = static_cast<int>(std::find(batch.begin(), batch.end(), r) - batch.begin());
+      EXPECT_TRUE(SameBits(
+          std::vector<float>(got.probs.begin() + at * kVocab,
+                             got.probs.begin() + (at + 1) * kVocab),
+          std::vector<float>(all.probs.begin() + r * kVocab, all.probs.begin() + (r + 1) * kVocab)))
+          << "row " << r << " in a batch of " << batch.size();
+      EXPECT_EQ(got.argmax[at], all.argmax[r]);
+    }
+  }
+}
+
+TEST_P(SamplingOpsTest, SampleRowsAndGatherProbsFollowTheInverseCdfOfTheRow) {
+  const std::vector<RowCase> cases = Cases();
+  const Processed rows = Process(Logits(cases.size()), cases);
+  std::vector<Draw> draws;
+  for (int32_t r = 0; r < static_cast<int32_t>(cases.size()); ++r) {
+    for (uint32_t index = 0; index < 40; ++index) {
+      Draw d;
+      d.prob_slot = static_cast<int32_t>(capacity_ - 1 - r);
+      d.seed = 0x9e3779b97f4a7c15ull * (r + 1);
+      d.position = 17 + index;
+      d.purpose = index % 2 == 0 ? Purpose::kCandidate : Purpose::kBonus;
+      d.index = index;
+      d.sample = index % 3;
+      draws.push_back(d);
+    }
+  }
+  const int64_t n = static_cast<int64_t>(draws.size());
+  SampleRowsArgs s;
+  s.probs = pool_;
+  s.prob_capacity = capacity_;
+  s.vocab = kVocab;
+  s.draws = device().Put(draws);
+  s.n = n;
+  s.tokens = device().Output<int32_t>(n);
+  s.token_probs = device().Output<float>(n);
+  s.error = device().Output<int32_t>(n);
+  ASSERT_TRUE(backend().SampleRows(s).ok());
+  const std::vector<int32_t> tokens = device().Get(s.tokens, n);
+  const std::vector<float> probs = device().Get(s.token_probs, n);
+  const std::vector<int32_t> errors = device().Get(s.error, n);
+
+  std::vector<int32_t> slots, lookup_tokens;
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t r = capacity_ - 1 - draws[i].prob_slot;
+    const std::span<const float> row(rows.probs.data() + r * kVocab, kVocab);
+    const double u = StreamUniform(draws[i].seed, draws[i].position, draws[i].purpose,
+                                   draws[i].index, draws[i].sample);
+    absl::StatusOr<int32_t> want = SampleInverseCdf(row, u);
+    ASSERT_TRUE(want.ok());
+    ASSERT_EQ(errors[i], kRowOk);
+    EXPECT_EQ(tokens[i], *want) << "draw " << i;
+    EXPECT_EQ(probs[i], row[static_cast<size_t>(*want)]) << "draw " << i;
+    EXPECT_GT(probs[i], 0.0f) << "a zero-probability token was drawn";
+    slots.push_back(draws[i].prob_slot);
+    lookup_tokens.push_back((tokens[i] * 7 + 3) % kVocab);
+  }
+
+  GatherProbsArgs g;
+  g.probs = pool_;
+  g.prob_capacity = capacity_;
+  g.vocab = kVocab;
+  g.slots = device().Put(slots);
+  g.tokens = device().Put(lookup_tokens);
+  g.out = device().Output<float>(n);
+  g.n = n;
+  ASSERT_TRUE(backend().GatherProbs(g).ok());
+  const std::vector<float> looked_up = device().Get(g.out, n);
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t r = capacity_ - 1 - slots[i];
+    EXPECT_EQ(looked_up[i], rows.probs[r * kVocab + lookup_tokens[i]]) << i;
+  }
+}
+
+TEST_P(SamplingOpsTest, SampleRowsReportsAnEmptyRow) {
+  std::vector<float> pool(3 * kVocab, 0.0f);
+  pool[2 * kVocab + 5] = 1.0f;
+  float* d = device().Put(pool);
+  std::vector<Draw> draws(2);
+  draws[0].prob_slot = 1;  // all zero
+  draws[1].prob_slot = 2;
+  SampleRowsArgs s{d,
+                   3,
+                   kVocab,
+                   device().Put(draws),
+                   2,
+                   device().Output<int32_t>(2),
+                   device().Output<float>(2),
+                   device().Output<int32_t>(2)};
+  ASSERT_TRUE(backend().SampleRows(s).ok());
+  const std::vector<int32_t> errors = device().Get(s.error, 2);
+  EXPECT_EQ(errors[0], kRowEmpty);
+  EXPECT_EQ(errors[1], kRowOk);
+  EXPECT_EQ(device().Get(s.tokens, 2)[1], 5);
+}
+
+TEST_P(SamplingOpsTest, CombineLogitsIsOneRoundingPerOperation) {
+  const int64_t rows = 6;
+  const std::vector<float> logits = RandomFloats(rows * kVocab, rng_, -20, 20);
+  float* d = device().Put(logits);
+  const std::vector<int32_t> cond = {0, 4}, uncond = {3, 1};
+  const std::vector<float> scale = {1.5f, 7.25f};
+  ASSERT_TRUE(backend()
+                  .CombineLogits({d, rows, kVocab, device().Put(cond), device().Put(uncond),
+                                  device().Put(scale), 2})
+                  .ok());
+  const std::vector<float> got = device().Get(d, rows * kVocab);
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t i = 0; i < kVocab; ++i) {
+      float want = logits[r * kVocab + i];
+      for (size_t p = 0; p < cond.size(); ++p) {
+        if (r != cond[p]) continue;
+        const float c = logits[r * kVocab + i], u = logits[uncond[p] * kVocab + i];
+        const float diff = c - u;
+        const float scaled = scale[p] * diff;
+        want = u + scaled;
+      }
+      ASSERT_EQ(got[r * kVocab + i], want) << "row " << r << " token " << i;
+    }
+  }
+}
+
+TEST_P(SamplingOpsTest, LogprobsMatchDoubleLogSoftmax) {
+  const int64_t rows = 5;
+  std::vector<float> logits = RandomFloats(rows * kVocab, rng_, -10, 10);
+  logits[1 * kVocab + 3] = -kInf;
+  const int32_t top_n = 7;
+  const std::vector<int32_t> query_rows = {0, 1, 4, 1};
+  const std::vector<int32_t> query_tokens = {5, 3, 999, 0};
+  LogprobsArgs a;
+  a.logits = device().Put(logits);
+  a.n_rows = rows;
+  a.vocab = kVocab;
+  a.top_n = top_n;
+  a.top_ids = device().Output<int32_t>(rows * top_n);
+  a.top_logprobs = device().Output<float>(rows * top_n);
+  a.query_rows = device().Put(query_rows);
+  a.query_tokens = device().Put(query_tokens);
+  a.query_logprobs = device().Output<float>(4);
+  a.n_queries = 4;
+  ASSERT_TRUE(backend().Logprobs(a).ok());
+  const std::vector<int32_t> ids = device().Get(a.top_ids, rows * top_n);
+  const std::vector<float> top = device().Get(a.top_logprobs, rows * top_n);
+  const std::vector<float> queried = device().Get(a.query_logprobs, 4);
+  auto reference = [&](int64_t r, int32_t t) {
+    double m = -INFINITY, sum = 0;
+    for (int64_t i = 0; i < kVocab; ++i)
+      m = std::max(m, static_cast<double>(logits[r * kVocab + i]));
+    for (int64_t i = 0; i < kVocab; ++i) sum += std::exp(logits[r * kVocab + i] - m);
+    return (logits[r * kVocab + t] - m) - std::log(sum);
+  };
+  for (int64_t r = 0; r < rows; ++r) {
+    std::vector<int32_t> order(kVocab);
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](int32_t x, int32_t y) {
+      return logits[r * kVocab + x] > logits[r * kVocab + y];
+    });
+    for (int32_t j = 0; j < top_n; ++j) {
+      EXPECT_EQ(ids[r * top_n + j], order[j]) << "row " << r << " rank " << j;
+      EXPECT_NEAR(top[r * top_n + j], reference(r, order[j]), 1e-5);
+      if (j > 0) EXPECT_GE(top[r * top_n + j - 1], top[r * top_n + j]);
+    }
+  }
+  for (size_t q = 0; q < query_rows.size(); ++q) {
+    const double want = reference(query_rows[q], query_tokens[q]);
+    if (std::isinf(want)) {
+      EXPECT_EQ(queried[q], -kInf) << q;
+    } else {
+      EXPECT_NEAR(queried[q], want, 1e-5) << q;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, SamplingOpsTest, ::testing::ValuesIn(AllBackends()), CaseName);
+
+}  // namespace
+}  // namespace specd::kernels::conformance
