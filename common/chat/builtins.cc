@@ -698,7 +698,9 @@ absl::StatusOr<Value> RaiseException(const CallArgs& args, Interpreter&, Scope&)
     SPECD_ASSIGN_OR_RETURN(message, args.positional[0].ToJsString());
   }
   // The template's own message, unprefixed: it is meant for the person who sent the request.
-  return absl::InvalidArgumentError(message);
+  absl::Status status = absl::InvalidArgumentError(message);
+  status.SetPayload(kRaisedPayload, absl::Cord("1"));
+  return status;
 }
 
 absl::StatusOr<Value> Range(const CallArgs& args, Interpreter&, Scope&) {

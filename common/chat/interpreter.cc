@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "common/chat/builtins.h"
@@ -101,10 +102,18 @@ Value Scope::Lookup(std::string_view name) const {
 
 absl::StatusOr<std::string> Interpreter::Run(const Block& program, Scope& global) {
   absl::StatusOr<std::string> out = ExecBlock(program, global);
-  if (!out.ok() && LoopControlIsBreak(out.status()).has_value()) {
-    return TemplateError(absl::StrCat("{% ", out.status().message(), " %} outside a loop"));
+  if (out.ok()) return out;
+  const absl::Status& status = out.status();
+  if (LoopControlIsBreak(status).has_value()) {
+    return TemplateError(absl::StrCat("{% ", status.message(), " %} outside a loop"));
   }
-  return out;
+  if (status.GetPayload(kRaisedPayload).has_value()) {
+    return absl::InvalidArgumentError(status.message());  // the template's words, unprefixed
+  }
+  if (!absl::StartsWith(status.message(), "chat template error: ")) {
+    return TemplateError(std::string(status.message()));
+  }
+  return status;
 }
 
 absl::StatusOr<std::string> Interpreter::ExecBlock(const Block& block, Scope& scope) {

@@ -67,8 +67,11 @@ class Interpreter {
   absl::CivilSecond now_;
 };
 
-// An error raised by the template itself or by its evaluation (INVALID_ARGUMENT).
+// An error of the template's evaluation (INVALID_ARGUMENT "chat template error: ...").
 absl::Status TemplateError(std::string_view message);
+
+// Marks the status of raise_exception(), whose message Run returns as written.
+inline constexpr char kRaisedPayload[] = "specd.chat/raised";
 
 }  // namespace specd::chat
 
