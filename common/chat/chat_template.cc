@@ -1,5 +1,6 @@
 #include "common/chat/chat_template.h"
 
+#include <algorithm>
 #include <string>
 #include <utility>
 #include <vector>
@@ -95,6 +96,21 @@ absl::StatusOr<std::string> TemplateFromConfig(const Json& config, std::string_v
                                           "' (it has: ", absl::StrJoin(names, ", "), ")"));
 }
 
+// Nesting depth of a JSON value (iteratively: the value may be hostile).
+int JsonDepth(const Json& root) {
+  int deepest = 0;
+  std::vector<std::pair<const Json*, int>> stack = {{&root, 1}};
+  while (!stack.empty()) {
+    const auto [json, depth] = stack.back();
+    stack.pop_back();
+    if (!json->is_array() && !json->is_object()) continue;
+    deepest = std::max(deepest, depth);
+    if (deepest > kMaxValueDepth) break;
+    for (const Json& child : *json) stack.emplace_back(&child, depth + 1);
+  }
+  return deepest;
+}
+
 // Declares a caller variable; the reference refuses to redeclare its globals.
 absl::Status Declare(Scope& global, const std::string& name, Value value) {
   if (global.HasOwn(name) || name == "namespace") {
@@ -168,6 +184,10 @@ absl::StatusOr<RenderedPrompt> ChatTemplate::Render(const nlohmann::ordered_json
 
   Scope global;
   AddGlobals(global);
+  if (JsonDepth(context) > kMaxValueDepth) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "chat messages, tools or variables nest deeper than ", kMaxValueDepth, " levels"));
+  }
   for (const auto& [key, value] : context.items()) {
     SPECD_RETURN_IF_ERROR(Declare(global, key, Value::FromJson(value)));
   }
@@ -187,6 +207,19 @@ absl::StatusOr<RenderedPrompt> ChatTemplate::Render(std::span<const ChatMessage>
     list.push_back(Json{{"role", m.role}, {"content", m.content}});
   }
   return Render(list, options);
+}
+
+absl::StatusOr<ChatTemplate> LoadChatTemplate(std::string_view tokenizer_config_json,
+                                              std::optional<std::string_view> override_source) {
+  if (override_source.has_value()) {
+    return ChatTemplate::FromSource(*override_source, tokenizer_config_json);
+  }
+  if (tokenizer_config_json.empty()) {
+    return absl::NotFoundError(
+        absl::StrCat("the model has no ", kConfigName,
+                     ", so no chat template; give one with --chat-template FILE"));
+  }
+  return ChatTemplate::FromTokenizerConfig(tokenizer_config_json);
 }
 
 absl::StatusOr<nlohmann::ordered_json> NormalizeMessages(const nlohmann::ordered_json& messages) {

@@ -11,8 +11,7 @@
 // returns a prompt that differs from the reference's.
 //
 // Typical use in a server:
-//   auto tmpl = ChatTemplate::FromTokenizerConfig(files.at("tokenizer_config.json"));
-//   // or, for --chat-template FILE: ChatTemplate::FromSource(file_text, tokenizer_config_text)
+//   auto tmpl = LoadChatTemplate(files.at("tokenizer_config.json"), override_file_text);
 //   auto messages = NormalizeMessages(request["messages"]);
 //   auto prompt = tmpl->Render(*messages, {.add_generation_prompt = true});
 //   // Encode prompt->text with special tokens parsed; add BOS only when
@@ -110,6 +109,14 @@ class ChatTemplate {
   std::shared_ptr<const Program> program_;
   SpecialTokens tokens_;
 };
+
+// What a server loads: the `--chat-template FILE` text when given, else the template in
+// tokenizer_config.json (the target worker's InfoResponse.tokenizer_files carries that file, so
+// the coordinator needs no model directory). Special tokens come from tokenizer_config.json in
+// both cases; an empty config is allowed with an override only.
+absl::StatusOr<ChatTemplate> LoadChatTemplate(
+    std::string_view tokenizer_config_json,
+    std::optional<std::string_view> override_source = std::nullopt);
 
 // Checks an OpenAI-style `messages` array (objects with a string `role`) and flattens content
 // given as a list of parts: the texts of {"type": "text", "text": ...} parts joined with "\n"

@@ -258,6 +258,10 @@ absl::StatusOr<Value> Interpreter::ExecSet(const Stmt& stmt, Scope& scope) {
     SPECD_ASSIGN_OR_RETURN(std::string body, ExecBlock(stmt.body, scope));
     rhs = Value::String(std::move(body));
   }
+  if (rhs.depth() >= kMaxValueDepth) {
+    return TemplateError(
+        absl::StrCat("values nested deeper than ", kMaxValueDepth, " are not supported"));
+  }
   const Expr& target = *stmt.target;
   switch (target.kind) {
     case ExprKind::kIdentifier:
@@ -370,10 +374,18 @@ absl::StatusOr<Value> Interpreter::ExecMacro(const Stmt& stmt, Scope& scope) {
 absl::StatusOr<Value> Interpreter::ExecCallBlock(const Stmt& stmt, Scope& scope) {
   const Stmt* block = &stmt;
   Scope* defining = &scope;
+  // caller() runs in the call block's scope, so it must not outlive it (a template could store
+  // it in a namespace).
+  auto alive = std::make_shared<bool>(true);
+  struct Expire {
+    std::shared_ptr<bool> alive;
+    ~Expire() { *alive = false; }
+  } expire{alive};
   const Value caller = Value::Function(
       "caller",
-      [block, defining](const CallArgs& args, Interpreter& interp,
-                        Scope&) -> absl::StatusOr<Value> {
+      [block, defining, alive](const CallArgs& args, Interpreter& interp,
+                               Scope&) -> absl::StatusOr<Value> {
+        if (!*alive) return TemplateError("caller() used outside its call block");
         Scope call_scope(defining);
         SPECD_RETURN_IF_ERROR(
             interp.BindParameters("None", block->params, block->body, args, call_scope));
@@ -434,7 +446,15 @@ absl::StatusOr<Value> Interpreter::CallFunction(const Value& fn, const CallArgs&
   if (fn.type() != Value::Type::kFunction) {
     return TemplateError(absl::StrCat("cannot call a ", fn.TypeName()));
   }
-  return fn.function()(args, *this, scope);
+  // Bounds recursive macros, which would otherwise exhaust the stack.
+  if (call_depth_ >= kMaxCallDepth) {
+    return TemplateError(
+        absl::StrCat("calls nested deeper than ", kMaxCallDepth, " (a recursive macro?)"));
+  }
+  ++call_depth_;
+  absl::StatusOr<Value> result = fn.function()(args, *this, scope);
+  --call_depth_;
+  return result;
 }
 
 absl::StatusOr<Value> Interpreter::Evaluate(const Expr& expr, Scope& scope) {

@@ -64,7 +64,10 @@ class Interpreter {
   absl::Status BindParameters(std::string_view name, const std::vector<ExprPtr>& params,
                               const Block& body, const CallArgs& args, Scope& scope);
 
+  static constexpr int kMaxCallDepth = 100;
+
   absl::CivilSecond now_;
+  int call_depth_ = 0;
 };
 
 // An error of the template's evaluation (INVALID_ARGUMENT "chat template error: ...").

@@ -130,6 +130,18 @@ class Parser {
     return false;
   }
 
+  // Every level of nesting passes here; deep nesting would exhaust the stack.
+  class DepthGuard {
+   public:
+    explicit DepthGuard(int& depth) : depth_(depth) { ++depth_; }
+    ~DepthGuard() { --depth_; }
+    bool exceeded() const { return depth_ > kMaxDepth; }
+
+   private:
+    int& depth_;
+  };
+  static constexpr int kMaxDepth = 100;
+
   absl::Status Error(std::string_view what) const {
     std::string where =
         current_ < tokens_.size()
@@ -172,6 +184,8 @@ class Parser {
   }
 
   absl::StatusOr<StmtPtr> ParseAny() {
+    const DepthGuard guard(depth_);
+    if (guard.exceeded()) return Error("blocks nested too deeply");
     const Token* t = Peek();
     if (t == nullptr) return Error("unexpected end of template (a block is not closed)");
     switch (t->type) {
@@ -334,6 +348,8 @@ class Parser {
   }
 
   absl::StatusOr<ExprPtr> ParseExpression() {
+    const DepthGuard guard(depth_);
+    if (guard.exceeded()) return Error("expression nested too deeply");
     SPECD_ASSIGN_OR_RETURN(ExprPtr a, ParseLogicalOr());
     if (!IsIdentifier({"if"})) return a;
     ++current_;
@@ -371,6 +387,8 @@ class Parser {
   }
 
   absl::StatusOr<ExprPtr> ParseLogicalNot() {
+    const DepthGuard guard(depth_);
+    if (guard.exceeded()) return Error("expression nested too deeply");
     ExprPtr result;
     while (IsIdentifier({"not"})) {
       ++current_;
@@ -453,6 +471,8 @@ class Parser {
   }
 
   absl::StatusOr<ExprPtr> ParseUnarySign() {
+    const DepthGuard guard(depth_);
+    if (guard.exceeded()) return Error("expression nested too deeply");
     const Token* t = Peek();
     if (t != nullptr &&
         (t->type == TokenType::kUnaryOperator || t->type == TokenType::kAdditiveOperator) &&
@@ -470,6 +490,8 @@ class Parser {
 
   // callee(args), then any .member, [index] and further calls.
   absl::StatusOr<ExprPtr> ParseCall(ExprPtr callee) {
+    const DepthGuard guard(depth_);
+    if (guard.exceeded()) return Error("calls chained too deeply");
     ExprPtr call = MakeExpr(ExprKind::kCall);
     call->children.push_back(std::move(callee));
     SPECD_ASSIGN_OR_RETURN(std::vector<ExprPtr> args, ParseArgs(ArgsMode::kCall));
@@ -652,6 +674,7 @@ class Parser {
 
   const std::vector<Token>& tokens_;
   size_t current_ = 0;
+  int depth_ = 0;
 };
 
 }  // namespace

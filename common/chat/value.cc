@@ -107,12 +107,19 @@ Value Value::String(std::string s) {
   return v;
 }
 Value Value::Array(ValueList items, bool tuple) {
+  int depth = 1;
+  for (const Value& item : items) depth = std::max(depth, item.depth() + 1);
   Value v;
   v.type_ = Type::kArray;
-  v.array_ = std::make_shared<ArrayData>(ArrayData{std::move(items), tuple});
+  v.array_ = std::make_shared<ArrayData>();
+  v.array_->items = std::move(items);
+  v.array_->tuple = tuple;
+  v.array_->depth = depth;
   return v;
 }
 Value Value::Object(ObjectData data) {
+  data.depth = 1;
+  for (const auto& [key, item] : data.entries) data.depth = std::max(data.depth, item.depth() + 1);
   Value v;
   v.type_ = Type::kObject;
   v.object_ = std::make_shared<ObjectData>(std::move(data));
@@ -178,6 +185,18 @@ Value Value::FromJson(const nlohmann::ordered_json& json) {
     }
     default:
       return Value();
+  }
+}
+
+int Value::depth() const {
+  switch (type_) {
+    case Type::kArray:
+      return array_->depth;
+    case Type::kObject:
+    case Type::kNamespace:
+      return object_->depth;
+    default:
+      return 0;
   }
 }
 
@@ -361,6 +380,10 @@ absl::StatusOr<std::string> ToJson(const Value& value, const JsonOptions& option
           absl::StrCat("cannot convert the function '", value.function_name(), "' to JSON"));
     default:
       break;
+  }
+  if (depth > kMaxValueDepth) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot convert values nested deeper than ", kMaxValueDepth, " to JSON"));
   }
   if (value.is_array() && value.array().tuple) {
     return absl::InvalidArgumentError("cannot convert a tuple to JSON");

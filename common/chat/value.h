@@ -36,14 +36,19 @@ struct CallArgs {
 using NativeFunction =
     std::function<absl::StatusOr<Value>(const CallArgs& args, Interpreter& interp, Scope& scope)>;
 
+// Deeper values are refused: they would exhaust the stack when printed or destroyed.
+inline constexpr int kMaxValueDepth = 256;
+
 struct ArrayData {
   ValueList items;
+  int depth = 1;       // nesting of containers, this one included
   bool tuple = false;  // from a (a, b) literal: not a JSON value, and not `iterable`
 };
 
 // Insertion-ordered mapping (a JavaScript Map).
 struct ObjectData {
   std::vector<std::pair<std::string, Value>> entries;
+  int depth = 1;  // at creation; a namespace's later attributes are checked where they are set
   const Value* Find(std::string_view key) const;
   void Set(std::string key, Value value);
 };
@@ -88,6 +93,9 @@ class Value {
   bool is_attribute_container() const {
     return type_ == Type::kObject || type_ == Type::kNamespace;
   }
+
+  // 0 for scalars, 1 for a flat list or object.
+  int depth() const;
 
   bool bool_value() const { return bool_; }
   int64_t int_value() const { return int_; }

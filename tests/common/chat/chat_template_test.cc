@@ -111,6 +111,18 @@ TEST(ChatTemplate, PicksANamedTemplateFromAList) {
   EXPECT_TRUE(absl::StrContains(missing.status().message(), "tool_use, default"));
 }
 
+TEST(LoadChatTemplate, AnOverrideReplacesTheConfigsTemplateButKeepsItsTokens) {
+  const auto from_config = LoadChatTemplate(Config(kChatMl));
+  ASSERT_TRUE(from_config.ok()) << from_config.status();
+  EXPECT_EQ(from_config->source(), kChatMl);
+  const auto overridden = LoadChatTemplate(Config(kChatMl), "{{ bos_token }}{{ eos_token }}");
+  ASSERT_TRUE(overridden.ok()) << overridden.status();
+  EXPECT_EQ(overridden->Render(Json::array(), RenderOptions{})->text, "<s></s>");
+  // A model without tokenizer_config.json needs the override.
+  EXPECT_EQ(LoadChatTemplate("").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(LoadChatTemplate("", "{{ 'x' }}").ok());
+}
+
 TEST(ChatTemplate, LoadErrorsSayWhatIsWrong) {
   EXPECT_EQ(ChatTemplate::FromTokenizerConfig("{not json").status().code(),
             absl::StatusCode::kInvalidArgument);
@@ -164,6 +176,43 @@ TEST(ChatTemplate, MessagesMustBeAList) {
   const auto t = ChatTemplate::FromSource("x", SpecialTokens{});
   ASSERT_TRUE(t.ok());
   EXPECT_EQ(t->Render(Json::object(), RenderOptions{}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+// Hostile templates and inputs get an error, never a crash from exhausting the stack.
+TEST(ChatTemplate, BoundsRecursionAndNesting) {
+  const std::string deep_parens = std::string(5000, '(') + "1" + std::string(5000, ')');
+  EXPECT_EQ(ChatTemplate::FromSource("{{ " + deep_parens + " }}", SpecialTokens{}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  std::string deep_ifs;
+  for (int i = 0; i < 5000; ++i) deep_ifs += "{% if true %}";
+  EXPECT_EQ(ChatTemplate::FromSource(deep_ifs, SpecialTokens{}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+
+  for (const char* hostile : {
+           "{% macro f() %}{{ f() }}{% endmacro %}{{ f() }}",
+           "{% set x = [] %}{% for i in range(100000) %}{% set x = [x] %}{% endfor %}{{ x }}",
+           "{% set ns = namespace(v=1) %}{% for i in range(100000) %}{% set ns.v = {'a': ns.v} "
+           "%}{% endfor %}",
+           "{% set ns = namespace() %}{% set ns.self = ns %}{{ ns }}",
+           "{% set ns = namespace() %}{% macro m() %}{{ caller }}{% endmacro %}"
+           "{% macro keep() %}{% set ns.c = caller %}{% endmacro %}"
+           "{% for i in [1] %}{% call keep() %}x{% endcall %}{% endfor %}{{ ns.c() }}",
+       }) {
+    const auto t = ChatTemplate::FromSource(hostile, SpecialTokens{});
+    ASSERT_TRUE(t.ok()) << hostile << ": " << t.status();
+    EXPECT_EQ(t->Render(Json::array(), RenderOptions{}).status().code(),
+              absl::StatusCode::kInvalidArgument)
+        << hostile;
+  }
+
+  Json deep = "x";
+  for (int i = 0; i < 5000; ++i) deep = Json::array({deep});
+  const auto t = ChatTemplate::FromSource("{{ messages | length }}", SpecialTokens{});
+  ASSERT_TRUE(t.ok());
+  EXPECT_EQ(t->Render(Json::array({{{"role", "user"}, {"content", deep}}}), RenderOptions{})
+                .status()
+                .code(),
             absl::StatusCode::kInvalidArgument);
 }
 
