@@ -737,7 +737,7 @@ absl::StatusOr<Value> StrftimeNow(const CallArgs& args, Interpreter& interp, Sco
   return Value::String(Strftime(interp.now(), args.positional[0].str()));
 }
 
-absl::StatusOr<Value> MakeNamespace(const CallArgs& args, Interpreter&, Scope&) {
+absl::StatusOr<Value> MakeNamespace(const CallArgs& args, Interpreter& interp, Scope&) {
   if (args.positional.size() > 1) {
     return TemplateError(
         absl::StrCat("namespace expected at most 1 argument, got ", args.positional.size()));
@@ -767,7 +767,9 @@ absl::StatusOr<Value> MakeNamespace(const CallArgs& args, Interpreter&, Scope&) 
     }
   }
   for (const auto& [k, v] : args.keywords) data.Set(k, v);
-  return Value::Namespace(std::move(data));
+  Value ns = Value::Namespace(std::move(data));
+  interp.TrackNamespace(ns);
+  return ns;
 }
 
 }  // namespace

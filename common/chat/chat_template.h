@@ -7,8 +7,9 @@
 // The template is interpreted, not matched against known families, so any model's template
 // works as long as it stays inside the supported subset. What is outside it fails loudly:
 // unsupported syntax when the template is loaded, an unknown filter or a runtime error
-// (including the template's own raise_exception) when a conversation is rendered. Rendering never
-// returns a prompt that differs from the reference's.
+// (including the template's own raise_exception) when a conversation is rendered. What specd
+// cannot reproduce exactly (upper()/lower() of non-ASCII letters, tojson(sort_keys=true),
+// printing a function) is an error rather than a different prompt.
 //
 // Typical use in a server:
 //   auto tmpl = LoadChatTemplate(files.at("tokenizer_config.json"), override_file_text);

@@ -100,6 +100,10 @@ Value Scope::Lookup(std::string_view name) const {
   return Value();
 }
 
+Interpreter::~Interpreter() {
+  for (const Value& ns : namespaces_) ns.mutable_object().entries.clear();
+}
+
 absl::StatusOr<std::string> Interpreter::Run(const Block& program, Scope& global) {
   absl::StatusOr<std::string> out = ExecBlock(program, global);
   if (out.ok()) return out;

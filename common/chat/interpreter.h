@@ -35,6 +35,11 @@ class Interpreter {
  public:
   // `now` is what strftime_now() formats (local time of the caller's choosing).
   explicit Interpreter(absl::CivilSecond now) : now_(now) {}
+  // Empties the namespaces of the render, breaking any reference cycle a template made through
+  // them (`{% set ns.self = ns %}`); nothing else is mutable, so nothing else can form one.
+  ~Interpreter();
+  Interpreter(const Interpreter&) = delete;
+  Interpreter& operator=(const Interpreter&) = delete;
 
   // Renders `program` in `global` (which holds the globals and the caller's variables).
   // raise_exception() gives INVALID_ARGUMENT with exactly the template's message; other runtime
@@ -49,6 +54,7 @@ class Interpreter {
   absl::StatusOr<std::string> ExecBlock(const Block& block, Scope& scope);
 
   absl::CivilSecond now() const { return now_; }
+  void TrackNamespace(const Value& ns) { namespaces_.push_back(ns); }
 
  private:
   absl::StatusOr<Value> Exec(const Stmt& stmt, Scope& scope);
@@ -68,6 +74,7 @@ class Interpreter {
 
   absl::CivilSecond now_;
   int call_depth_ = 0;
+  std::vector<Value> namespaces_;
 };
 
 // An error of the template's evaluation (INVALID_ARGUMENT "chat template error: ...").

@@ -21,7 +21,7 @@ import { parseArgs } from "node:util";
 const require = createRequire(import.meta.url);
 
 // A fixed "now" for strftime_now(); it formats local time, so TZ must be UTC.
-export const FIXED_NOW_UTC = { year: 2024, month: 7, day: 26, hour: 10, minute: 5, second: 0 };
+const FIXED_NOW_UTC = { year: 2024, month: 7, day: 26, hour: 10, minute: 5, second: 0 };
 process.env.TZ = "UTC";
 const RealDate = Date;
 const FIXED_MS = RealDate.UTC(
