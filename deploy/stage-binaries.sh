@@ -39,4 +39,5 @@ ldd "${binaries[@]}" | awk '/=> \// {print $3}' | sort -u \
   | grep -v -E '/(libc|libm|libdl|libpthread|librt|libresolv|ld-linux[^/]*)\.so' \
   | grep -v -E "^/usr/local/cuda|/$driver" \
   | while read -r lib; do cp -L "$lib" "$out/lib/"; done
-echo "staged $(ls "$out/bin" | wc -l) binaries and $(ls "$out/lib" | wc -l) libraries in $out" >&2
+staged_bins=("$out"/bin/*) staged_libs=("$out"/lib/*)
+echo "staged ${#staged_bins[@]} binaries and ${#staged_libs[@]} libraries in $out" >&2

@@ -73,7 +73,8 @@ trap 'exit 143' TERM
 install_packages() {
   local missing=()
   for p in docker.io docker-compose debootstrap; do
-    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" \
+      || missing+=("$p")
   done
   ((${#missing[@]})) || return 0
   log "installing Debian packages: ${missing[*]}"
@@ -103,8 +104,9 @@ start_dockerd() {
   fi
   log "starting dockerd"
   local dockerd_log="$STATE_DIR/dockerd.log"
-  # Its own session, so that a Ctrl-C meant for this script reaches it only as the stop below.
-  setsid dockerd >"$dockerd_log" 2>&1 </dev/null &
+  # Its own session, so that a Ctrl-C meant for this script reaches it only as the stop below;
+  # without the lock, which it would otherwise hold for as long as it runs.
+  setsid dockerd >"$dockerd_log" 2>&1 </dev/null {lock_fd}>&- &
   started_dockerd=$!
   echo "$started_dockerd" >"$DOCKERD_PID_FILE"
   for _ in $(seq 1 60); do
@@ -172,7 +174,8 @@ EOF
   find "$root/usr/share/doc" -mindepth 1 -type d -empty -delete
   rm -rf "$root"/usr/share/man/* "$root"/usr/share/info/* "$root"/usr/share/lintian/*
   find "$root/usr/share/locale" -mindepth 1 -maxdepth 1 -not -name locale.alias -exec rm -rf {} +
-  rm -rf "$root"/var/cache/apt/archives/*.deb "$root"/var/cache/apt/*.bin "$root"/var/lib/apt/lists/*
+  rm -rf "$root"/var/cache/apt/archives/*.deb "$root"/var/cache/apt/*.bin \
+    "$root"/var/lib/apt/lists/*
 }
 
 make_base_image() {
@@ -240,7 +243,7 @@ build_images
 if ((${#command[@]})); then
   log "running: ${command[*]}"
   set +e
-  "${command[@]}"
+  "${command[@]}" {lock_fd}>&-
   status=$?
   set -e
   log "done (exit status $status)"

@@ -76,7 +76,8 @@ def check(condition, message):
 def run(args, timeout=120, env=None, check_status=True):
     result = subprocess.run(args, capture_output=True, text=True, timeout=timeout, env=env)
     if check_status and result.returncode != 0:
-        raise Failure(f"{' '.join(args)} exited {result.returncode}:\n{result.stdout}{result.stderr}")
+        raise Failure(f"{' '.join(args)} exited {result.returncode}:\n"
+                      f"{result.stdout}{result.stderr}")
     return result
 
 
@@ -109,10 +110,11 @@ class Stack:
     def compose(self, *args, timeout=180):
         return run(self.base + list(args), timeout=timeout, env=self.env)
 
-    def container(self, service):
-        cid = self.compose("ps", "-q", service).stdout.strip()
-        check(cid, f"no container for service {service}")
-        return cid
+    def containers(self):
+        """{service: container id} of the project's containers, running or not."""
+        out = run([DOCKER, "ps", "-a", "--filter", f"label=com.docker.compose.project={PROJECT}",
+                   "--format", '{{.ID}} {{.Label "com.docker.compose.service"}}']).stdout
+        return {service: cid for cid, service in (line.split() for line in out.splitlines())}
 
     def config(self):
         return yaml.safe_load(self.compose("config").stdout)
@@ -131,12 +133,9 @@ class Stack:
 
     def describe(self):
         """What a person debugging a failure wants: each service's state and its last logs."""
-        for service in ("coordinator", "target-worker", "draft-worker", "prometheus"):
-            cid = run(self.base + ["ps", "-q", service], env=self.env, check_status=False)
-            cid = cid.stdout.strip()
-            if cid:
-                state = run([DOCKER, "inspect", "-f", "{{json .State}}", cid], check_status=False)
-                print(f"--- {service}: {state.stdout.strip()}")
+        for service, cid in self.containers().items():
+            state = run([DOCKER, "inspect", "-f", "{{json .State}}", cid], check_status=False)
+            print(f"--- {service}: {state.stdout.strip()}")
         logs = run(self.base + ["logs", "--no-color", "--tail", "30"], env=self.env,
                    check_status=False)
         print(logs.stdout[-6000:], logs.stderr[-2000:])
@@ -312,7 +311,8 @@ def kill_target_mid_stream(stack, containers, client, address, expected):
 def stop_coordinator_mid_stream(stack, containers, client, address, expected, grace):
     coordinator = containers["coordinator"]
     stop_timeout = inspect(coordinator, "{{.Config.StopTimeout}}")
-    check(stop_timeout == str(grace), f"the coordinator's StopTimeout is {stop_timeout}, not {grace}")
+    check(stop_timeout == str(grace),
+          f"the coordinator's StopTimeout is {stop_timeout}, not stop_grace_period {grace}")
     stopped = {}
 
     def stop():
@@ -357,8 +357,10 @@ def scenario(source_dir, build_dir, workdir, stack):
     log(f"reference streams from specd serve on the host: {SHORT} and {LONG} tokens")
 
     stack.compose("up", "-d", "--no-build")
-    containers = {s: stack.container(s)
-                  for s in ("coordinator", "target-worker", "draft-worker", "prometheus")}
+    log("docker-compose up -d returned")
+    containers = stack.containers()
+    check(set(containers) == {"coordinator", "target-worker", "draft-worker", "prometheus"},
+          f"docker-compose up made containers for {sorted(containers)}")
 
     def all_healthy():
         states = {s: inspect(c, "{{.State.Health.Status}}") for s, c in containers.items()}
@@ -435,7 +437,10 @@ def inside(source_dir, build_dir):
         if not isinstance(e, Failure):
             traceback.print_exc()
         print(f"FAILED: {e}")
-        stack.describe()
+        try:
+            stack.describe()
+        except Exception as described:  # noqa: BLE001 - the failure above is the news
+            print(f"(could not describe the stack: {described})")
         return 1
     finally:
         stack.down()
