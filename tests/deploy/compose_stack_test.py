@@ -403,7 +403,9 @@ def scenario(source_dir, build_dir, workdir, stack):
           f"Prometheus counter deltas {deltas} differ from the clients' Usage {want}")
     log(f"Prometheus counter deltas equal the clients' Usage: {want}")
 
-    grace = 20
+    period = stack.config()["services"]["coordinator"]["stop_grace_period"]
+    check(period.endswith("s") and period[:-1].isdigit(), f"stop_grace_period {period!r}")
+    grace = int(period[:-1])
     stop_coordinator_mid_stream(stack, containers, client, api, expected[LONG], grace)
 
     began = time.monotonic()
