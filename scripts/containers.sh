@@ -181,8 +181,10 @@ EOF
 make_base_image() {
   if ! image_exists debian:12; then
     log "making the debian:12 image by debootstrap (about 2 minutes)"
-    local work
-    work=$(mktemp -d /var/tmp/specd-rootfs.XXXXXX)
+    # A fixed place (runs take turns), so that one killed midway is cleaned up by the next.
+    local work=/var/tmp/specd-containers-rootfs
+    remove_work_dir "$work"
+    mkdir -m 0755 "$work"
     cleanups+=("remove_work_dir '$work'")
     # On tmpfs dpkg's many fsyncs cost nothing: a minute less on a slow disk.
     mount -t tmpfs -o size=2g,mode=0755 tmpfs "$work" 2>/dev/null || true
@@ -220,13 +222,12 @@ build_image() {
 
 build_images() {
   if [[ -n "$runtime_only" ]]; then
-    local context
-    context=$(mktemp -d /var/tmp/specd-context.XXXXXX)
+    local context=/var/tmp/specd-containers-context
     cleanups+=("rm -rf '$context'")
-    bash deploy/stage-binaries.sh "$runtime_only" "$context/stage"
+    bash deploy/stage-binaries.sh "$runtime_only" "$context"
     log "building $tag from the host build in $runtime_only"
     build_image "$tag" -f deploy/Dockerfile --build-arg BINARIES=prebuilt \
-      --build-arg RUNTIME_IMAGE=debian:12-slim "$context/stage"
+      --build-arg RUNTIME_IMAGE=debian:12-slim "$context"
   else
     log "building $tag: compiling specd inside the image (long on few cores)"
     build_image "$tag" -f deploy/Dockerfile --build-arg BUILDER_IMAGE=debian:12 \
