@@ -101,6 +101,18 @@ absl::StatusOr<BackendKind> ParseBackendKind(std::string_view name) {
       absl::StrCat("unknown back end \"", ToAbsl(name), "\"; expected cpu, cuda or auto"));
 }
 
+std::string_view BackendKindName(BackendKind kind) {
+  switch (kind) {
+    case BackendKind::kCpu:
+      return "cpu";
+    case BackendKind::kCuda:
+      return "cuda";
+    case BackendKind::kAuto:
+      return "auto";
+  }
+  return "?";
+}
+
 absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(const BackendOptions& options) {
   switch (options.kind) {
     case BackendKind::kCpu:

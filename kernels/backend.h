@@ -434,6 +434,8 @@ enum class BackendKind { kCpu, kCuda, kAuto };
 
 // "cpu", "cuda" or "auto"; INVALID_ARGUMENT otherwise.
 absl::StatusOr<BackendKind> ParseBackendKind(std::string_view name);
+// The inverse: "cpu", "cuda" or "auto".
+std::string_view BackendKindName(BackendKind kind);
 
 struct BackendOptions {
   BackendKind kind = BackendKind::kCpu;

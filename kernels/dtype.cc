@@ -1,8 +1,31 @@
 #include "kernels/dtype.h"
 
 #include <cmath>
+#include <string>
+
+#include "absl/status/status.h"
 
 namespace specd::kernels {
+
+absl::StatusOr<DType> ParseKvDType(std::string_view name) {
+  if (name == "f32") return DType::kF32;
+  if (name == "bf16") return DType::kBF16;
+  if (name == "f16") return DType::kF16;
+  return absl::InvalidArgumentError("--kv-dtype must be f32, bf16 or f16, got '" +
+                                    std::string(name) + "'");
+}
+
+std::string_view KvDTypeFlagName(DType t) {
+  switch (t) {
+    case DType::kF32:
+      return "f32";
+    case DType::kF16:
+      return "f16";
+    case DType::kBF16:
+      return "bf16";
+  }
+  return "?";
+}
 
 float F16ToF32(uint16_t h) {
   const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;

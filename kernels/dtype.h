@@ -1,10 +1,13 @@
-// Element types of weights as stored in checkpoints. Activations and KV are always f32 on CPU.
+// Element types of weights as stored in checkpoints, and of the KV cache (`--kv-dtype`).
+// Activations are always f32.
 #ifndef SPECD_KERNELS_DTYPE_H_
 #define SPECD_KERNELS_DTYPE_H_
 
 #include <cstdint>
 #include <cstring>
 #include <string_view>
+
+#include "absl/status/statusor.h"
 
 namespace specd::kernels {
 
@@ -23,6 +26,11 @@ constexpr std::string_view DTypeName(DType t) {
   }
   return "?";
 }
+
+// The `--kv-dtype` spelling: "f32", "bf16" or "f16"; INVALID_ARGUMENT naming the choices otherwise.
+absl::StatusOr<DType> ParseKvDType(std::string_view name);
+// The inverse: "f32", "bf16" or "f16".
+std::string_view KvDTypeFlagName(DType t);
 
 inline float Bf16ToF32(uint16_t h) {
   const uint32_t bits = static_cast<uint32_t>(h) << 16;

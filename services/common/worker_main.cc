@@ -44,6 +44,10 @@ std::vector<FlagSpec> WorkerFlags() {
       {"kv-block-size", "tokens per KV cache block", "16"},
       {"max-seq-len", "longest sequence served; 0 = the model's max_position_embeddings", "0"},
       {"prefill-chunk", "longest catch-up fed in one forward pass per sequence", "512"},
+      {"backend",
+       "compute back end: cpu, cuda, or auto (CUDA when this build has it and a GPU is present)",
+       "auto"},
+      {"kv-dtype", "KV cache element type: f32, bf16 or f16 (16-bit halves the KV memory)", "f32"},
       {"threads", "CPU threads for the forward pass; 0 = one per core", "0"},
       {"metrics-port", "port of the Prometheus /metrics endpoint; 0 = a free one, -1 = off", "0"},
       {"drain-seconds",
@@ -57,7 +61,7 @@ struct WorkerConfig {
   std::string listen;
   std::filesystem::path model;
   int64_t exit_layer = 0;
-  int64_t threads = 0;
+  kernels::BackendOptions backend;
   int64_t metrics_port = 0;
   int64_t drain_seconds = 10;
   EngineOptions engine;
@@ -78,7 +82,10 @@ absl::StatusOr<WorkerConfig> ReadConfig(const Flags& flags) {
   SPECD_ASSIGN_OR_RETURN(c.engine.kv_block_size, flags.GetInt("kv-block-size", 1, 1 << 16));
   SPECD_ASSIGN_OR_RETURN(c.engine.max_seq_len, flags.GetInt("max-seq-len", 0, int64_t{1} << 31));
   SPECD_ASSIGN_OR_RETURN(c.runtime.prefill_chunk, flags.GetInt("prefill-chunk", 1, 1 << 20));
-  SPECD_ASSIGN_OR_RETURN(c.threads, flags.GetInt("threads", 0, 4096));
+  SPECD_ASSIGN_OR_RETURN(c.backend.kind, kernels::ParseBackendKind(flags.Get("backend")));
+  SPECD_ASSIGN_OR_RETURN(c.engine.kv_dtype, kernels::ParseKvDType(flags.Get("kv-dtype")));
+  SPECD_ASSIGN_OR_RETURN(const int64_t threads, flags.GetInt("threads", 0, 4096));
+  c.backend.num_threads = static_cast<int>(threads);
   SPECD_ASSIGN_OR_RETURN(c.metrics_port, flags.GetInt("metrics-port", -1, 65535));
   SPECD_ASSIGN_OR_RETURN(c.drain_seconds, flags.GetInt("drain-seconds", 0, 3600));
   return c;
@@ -114,6 +121,8 @@ absl::StatusOr<pb::InfoResponse> StaticInfo(const WorkerMainSpec& spec, const Wo
   info.set_prefill_chunk_tokens(config.runtime.prefill_chunk);
   info.set_max_draft_tokens(kMaxDraftTokens);
   info.set_max_candidates(kMaxCandidates);
+  info.set_kv_dtype(std::string(kernels::KvDTypeFlagName(engine.kv_dtype())));
+  info.set_kv_bytes_per_token(engine.kv_bytes_per_token());
   for (const char* file : {"tokenizer.json", "tokenizer_config.json", "generation_config.json"}) {
     if (!std::filesystem::exists(dir / file)) continue;
     SPECD_ASSIGN_OR_RETURN(std::string text, ReadFile(dir / file));
@@ -143,7 +152,8 @@ absl::StatusOr<std::unique_ptr<LlamaEngine>> LoadEngine(const WorkerMainSpec& sp
                                                         const WorkerConfig& config) {
   std::cerr << spec.program << ": loading " << config.model.string();
   if (config.exit_layer > 0) std::cerr << " (first " << config.exit_layer << " layers)";
-  std::cerr << std::endl;
+  std::cerr << " on the " << kernels::BackendKindName(config.backend.kind) << " back end, "
+            << kernels::KvDTypeFlagName(config.engine.kv_dtype) << " KV" << std::endl;
   const auto start = std::chrono::steady_clock::now();
   LoadOptions load;
   load.exit_layer = config.exit_layer;
@@ -155,17 +165,18 @@ absl::StatusOr<std::unique_ptr<LlamaEngine>> LoadEngine(const WorkerMainSpec& sp
     std::cerr << spec.program << ": loading weights " << 10 * decile << "% (" << done << "/"
               << total << " tensors)" << std::endl;
   };
-  SPECD_ASSIGN_OR_RETURN(
-      std::unique_ptr<LlamaEngine> engine,
-      CreateCpuEngine(config.model, static_cast<int>(config.threads), config.engine, load));
+  SPECD_ASSIGN_OR_RETURN(std::unique_ptr<LlamaEngine> engine,
+                         CreateEngine(config.model, config.backend, config.engine, load));
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   const ModelConfig& c = engine->config();
   std::cerr << spec.program << ": loaded " << c.num_layers << " layers, hidden " << c.hidden_size
             << ", vocab " << c.vocab_size << " in " << seconds << " s; KV "
             << engine->kv().total_blocks() << " blocks of " << engine->kv().block_size()
-            << " tokens; max_seq_len " << engine->max_seq_len() << "; " << engine->backend().name()
-            << " back end, " << engine->backend().num_threads() << " threads" << std::endl;
+            << " tokens in " << kernels::KvDTypeFlagName(engine->kv_dtype()) << " ("
+            << engine->kv_bytes_per_token() << " bytes/token); max_seq_len "
+            << engine->max_seq_len() << "; " << engine->backend().name() << " back end, "
+            << engine->backend().num_threads() << " threads" << std::endl;
   return engine;
 }
 
@@ -232,7 +243,7 @@ int WorkerMain(int argc, char** argv, const WorkerMainSpec& spec) {
   if (!engine.ok()) return Fail(spec, engine.status());
   absl::StatusOr<pb::InfoResponse> info = StaticInfo(spec, *config, **engine);
   if (!info.ok()) return Fail(spec, info.status());
-  metrics.OnKvChanged((*engine)->kv());
+  metrics.OnLoaded(**engine);
 
   WorkerRuntimeOptions runtime_options = config->runtime;
   runtime_options.observer = &metrics;

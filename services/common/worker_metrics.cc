@@ -40,6 +40,23 @@ WorkerMetrics::WorkerMetrics() : registry_(std::make_shared<prometheus::Registry
                   .Help("KV cache blocks free for new tokens")
                   .Register(*registry_)
                   .Add({});
+  kv_free_bytes_ = &prometheus::BuildGauge()
+                        .Name("specd_worker_kv_free_bytes")
+                        .Help("Bytes of KV cache free for new tokens, in the KV dtype")
+                        .Register(*registry_)
+                        .Add({});
+  backend_info_ = &prometheus::BuildGauge()
+                       .Name("specd_worker_backend_info")
+                       .Help("Always 1; labels name the back end and the KV cache dtype")
+                       .Register(*registry_);
+  auto& memory = prometheus::BuildGauge()
+                     .Name("specd_worker_memory_bytes")
+                     .Help("Memory the back end holds, by kind (device memory on a GPU)")
+                     .Register(*registry_);
+  for (int k = 0; k < kernels::kNumMemoryKinds; ++k) {
+    memory_bytes_[k] = &memory.Add(
+        {{"kind", std::string(kernels::MemoryKindName(static_cast<kernels::MemoryKind>(k)))}});
+  }
   auto& durations = prometheus::BuildHistogram()
                         .Name("specd_worker_forward_duration_seconds")
                         .Help("Duration of one batched forward pass, by kind")
@@ -72,6 +89,24 @@ absl::StatusOr<int> WorkerMetrics::Serve(const std::string& host, int port) {
   return bound;
 }
 
+void WorkerMetrics::OnLoaded(const LlamaEngine& engine) {
+  backend_ = &engine.backend();
+  kv_bytes_per_token_ = engine.kv_bytes_per_token();
+  backend_info_
+      ->Add({{"backend", std::string(engine.backend().name())},
+             {"kv_dtype", std::string(kernels::KvDTypeFlagName(engine.kv_dtype()))}})
+      .Set(1);
+  OnKvChanged(engine.kv());
+}
+
+void WorkerMetrics::UpdateMemory() {
+  if (backend_ == nullptr) return;
+  for (int k = 0; k < kernels::kNumMemoryKinds; ++k) {
+    memory_bytes_[k]->Set(
+        static_cast<double>(backend_->allocated_bytes(static_cast<kernels::MemoryKind>(k))));
+  }
+}
+
 void WorkerMetrics::OnForward(ForwardKind kind, int64_t batch_size, int64_t tokens,
                               absl::Duration elapsed) {
   const size_t k = static_cast<size_t>(kind);
@@ -83,6 +118,10 @@ void WorkerMetrics::OnForward(ForwardKind kind, int64_t batch_size, int64_t toke
 void WorkerMetrics::OnKvChanged(const KvPool& kv) {
   kv_used_->Set(static_cast<double>(kv.used_blocks()));
   kv_free_->Set(static_cast<double>(kv.free_blocks()));
+  kv_free_bytes_->Set(
+      static_cast<double>(kv.free_blocks() * kv.block_size() * kv_bytes_per_token_));
+  // Scratch grows with the largest batch seen, so the figures are refreshed with the KV ones.
+  UpdateMemory();
 }
 
 }  // namespace specd

@@ -36,9 +36,9 @@ int64_t DraftExitLayer(ModelKind kind) { return kind == ModelKind::kSynthetic ? 
 
 std::vector<std::string> WorkerArgs(const std::filesystem::path& model,
                                     const std::vector<std::string>& extra) {
-  std::vector<std::string> args = {
-      "--model", model.string(), "--listen", "127.0.0.1:0",    "--threads",
-      "1",       "--kv-tokens",  "4096",     "--metrics-port", "0"};
+  std::vector<std::string> args = {"--model",     model.string(), "--listen",       "127.0.0.1:0",
+                                   "--backend",   "cpu",          "--threads",      "1",
+                                   "--kv-tokens", "4096",         "--metrics-port", "0"};
   args.insert(args.end(), extra.begin(), extra.end());
   return args;
 }

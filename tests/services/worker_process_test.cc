@@ -14,6 +14,8 @@
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "grpc/reflection/v1alpha/reflection.grpc.pb.h"
 #include "gtest/gtest.h"
+#include "kernels/backend.h"
+#include "nlohmann/json.hpp"
 #include "tests/common/worker/worker_reference.h"
 #include "tests/services/worker_fixture.h"
 #include "tests/test_util.h"
@@ -370,8 +372,65 @@ TEST_F(WorkerProcessTest, BadFlagsAndModelsFailClearly) {
   EXPECT_EQ(*code, 1);
   EXPECT_THAT(err, HasSubstr("exit_layer (9)"));
 
+  code = ChildProcess::Run(
+      TargetWorkerBinary(),
+      {"--model", model().string(), "--kv-dtype", "f8", "--metrics-port", "-1"}, &err);
+  EXPECT_EQ(*code, 2);
+  EXPECT_THAT(err, HasSubstr("--kv-dtype must be f32, bf16 or f16, got 'f8'"));
+
+  code = ChildProcess::Run(
+      TargetWorkerBinary(),
+      {"--model", model().string(), "--backend", "tpu", "--metrics-port", "-1"}, &err);
+  EXPECT_EQ(*code, 2);
+  EXPECT_THAT(err, HasSubstr("unknown back end \"tpu\"; expected cpu, cuda or auto"));
+
+  if (!kernels::CreateBackend({.kind = kernels::BackendKind::kCuda}).ok()) {
+    // Asking for a GPU where there is none is a start-up error, never a silent CPU fallback.
+    code = ChildProcess::Run(
+        TargetWorkerBinary(),
+        {"--model", model().string(), "--backend", "cuda", "--metrics-port", "-1"}, &err);
+    EXPECT_EQ(*code, 1);
+    EXPECT_THAT(err, HasSubstr("--backend cuda"));
+  }
+
   code = ChildProcess::Run(DraftWorkerBinary(), {"--help"}, &err);
   EXPECT_EQ(*code, 0);
+}
+
+// --kv-dtype sets what Info, the load log and /metrics report, and the KV memory it takes; the
+// expected sizes come from the model's config.json, not from the engine.
+TEST_F(WorkerProcessTest, KvDtypeAndBackendAreReported) {
+  for (const auto& [dtype, element_bytes] :
+       std::vector<std::pair<std::string, int64_t>>{{"f32", 4}, {"bf16", 2}, {"f16", 2}}) {
+    SCOPED_TRACE(dtype);
+    auto target = Start(false, {"--kv-dtype", dtype, "--kv-tokens", "512"});
+    ASSERT_TRUE(target);
+    auto ts = pb::TargetWorker::NewStub(target->Channel());
+    grpc::ClientContext context;
+    pb::InfoResponse info;
+    ASSERT_TRUE(ts->Info(&context, {}, &info).ok());
+    EXPECT_EQ(info.kv_dtype(), dtype);
+    EXPECT_THAT(info.backend(), ::testing::StartsWith("cpu"));
+    const nlohmann::json config = nlohmann::json::parse(info.model_config_json());
+    const int64_t head_dim =
+        config.contains("head_dim")
+            ? config["head_dim"].get<int64_t>()
+            : config["hidden_size"].get<int64_t>() / config["num_attention_heads"].get<int64_t>();
+    const int64_t kv_dim = head_dim * config["num_key_value_heads"].get<int64_t>();
+    const int64_t per_token =
+        2 * config["num_hidden_layers"].get<int64_t>() * kv_dim * element_bytes;
+    EXPECT_EQ(info.kv_bytes_per_token(), per_token);
+    EXPECT_THAT(target->StderrText(), HasSubstr(dtype + " KV"));
+
+    absl::StatusOr<std::string> metrics = HttpGet(target->metrics_port(), "/metrics");
+    ASSERT_TRUE(metrics.ok()) << metrics.status();
+    EXPECT_THAT(*metrics, HasSubstr("kv_dtype=\"" + dtype + "\"} 1"));
+    const int64_t kv_bytes = 512 * per_token;
+    EXPECT_THAT(*metrics, HasSubstr("specd_worker_memory_bytes{kind=\"kv_cache\"} " +
+                                    std::to_string(kv_bytes)));
+    EXPECT_THAT(*metrics, HasSubstr("specd_worker_kv_free_bytes " + std::to_string(kv_bytes)));
+    EXPECT_EQ(target->Terminate(), 0);
+  }
 }
 
 TEST_F(WorkerProcessTest, MetricsCanBeTurnedOff) {

@@ -284,6 +284,9 @@ int RunServe(const std::vector<std::string>& argv) {
       {"draft", "draft model directory (same tokenizer as the target)", ""},
       {"draft-exit-layer", "instead of --draft: the target's first L layers as the draft", ""},
       {"listen", "public gRPC address of the coordinator", "127.0.0.1:50051"},
+      {"backend", "workers' compute back end: cpu, cuda or auto (CUDA when a GPU is present)",
+       "auto"},
+      {"kv-dtype", "workers' KV cache element type: f32, bf16 or f16", "f32"},
       {"threads", "CPU threads per worker (0 = all cores)", "0"},
       {"kv-tokens", "KV cache capacity per worker, in tokens", "16384"},
       {"default-k", "num_speculative_tokens when a request does not say", "4"},
@@ -323,8 +326,9 @@ int RunServe(const std::vector<std::string>& argv) {
 
   const std::string bin_dir = args->Get("bin-dir");
   const std::string metrics = args->GetBool("metrics") ? "0" : "-1";
-  const std::vector<std::string> common = {"--threads", args->Get("threads"), "--kv-tokens",
-                                           args->Get("kv-tokens")};
+  const std::vector<std::string> common = {
+      "--backend", args->Get("backend"), "--kv-dtype",  args->Get("kv-dtype"),
+      "--threads", args->Get("threads"), "--kv-tokens", args->Get("kv-tokens")};
   std::vector<Child> children;
   children.reserve(3);  // Child references below stay valid
   auto fail = [&](const absl::Status& st) {
