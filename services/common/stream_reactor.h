@@ -1,6 +1,8 @@
 // A server-streaming reactor fed from another thread (the engine thread): it queues the messages
 // it is given and writes them in order with at most one write outstanding, then finishes once
-// the producer has closed it and the queue is drained. The producer's Close() is its last touch,
+// the producer has closed it and the queue is drained. A producer with several messages ready
+// hands them over at once (SendAll): the gRPC threads then chain the writes without waking the
+// producer's thread again. The producer's Close() is its last touch,
 // and the reactor finishes (and may be deleted) only after that, so the producer never sees a
 // dangling reactor, cancelled or not.
 #ifndef SPECD_SERVICES_COMMON_STREAM_REACTOR_H_
@@ -9,6 +11,7 @@
 #include <atomic>
 #include <deque>
 #include <utility>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
@@ -26,11 +29,19 @@ class QueuedWriteReactor : public grpc::ServerWriteReactor<Response> {
 
   // Queues one message; dropped after cancellation. Thread-safe; not after Close().
   void Send(Response message) {
+    std::vector<Response> one;
+    one.push_back(std::move(message));
+    SendAll(std::move(one));
+  }
+
+  // Queues `messages` in order; thread-safe, not after Close().
+  void SendAll(std::vector<Response> messages) {
+    if (messages.empty()) return;
     const Response* to_write = nullptr;
     {
       absl::MutexLock lock(&mu_);
       if (broken_ || cancelled()) return;
-      queue_.push_back(std::move(message));
+      for (Response& m : messages) queue_.push_back(std::move(m));
       if (writing_) return;
       writing_ = true;
       to_write = &queue_.front();  // deque::push_back keeps references to elements valid
