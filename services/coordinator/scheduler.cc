@@ -119,11 +119,6 @@ bool Scheduler::Commit(Active& a, const RoundStats& stats, const RoundPhaseTimes
   ++u.rounds;
   if (stats.drafted > 0) ++u.drafting_rounds;
   u.draft_tokens += stats.drafted;
-  u.accepted_tokens += stats.accepted;
-  if (static_cast<int64_t>(u.accepted_per_position.size()) < stats.drafted) {
-    u.accepted_per_position.resize(static_cast<size_t>(stats.drafted), 0);
-  }
-  for (int32_t k = 0; k < stats.accepted; ++k) ++u.accepted_per_position[static_cast<size_t>(k)];
 
   GenerationEvent event;
   FinishReason reason = FinishReason::kNone;
@@ -154,6 +149,14 @@ bool Scheduler::Commit(Active& a, const RoundStats& stats, const RoundPhaseTimes
     event.tokens.resize(chunk->tokens_used);
     reason = FinishReason::kStopString;
   }
+  // Only drafts that reach the client count as accepted: a stop inside the round drops the rest,
+  // so the usage figures satisfy accepted + rounds <= completion + 1.
+  const int32_t accepted = std::min(stats.accepted, static_cast<int32_t>(event.tokens.size()));
+  u.accepted_tokens += accepted;
+  if (static_cast<int64_t>(u.accepted_per_position.size()) < stats.drafted) {
+    u.accepted_per_position.resize(static_cast<size_t>(stats.drafted), 0);
+  }
+  for (int32_t k = 0; k < accepted; ++k) ++u.accepted_per_position[static_cast<size_t>(k)];
   const int64_t len = static_cast<int64_t>(r.prompt.size()) + u.completion_tokens;
   if (reason == FinishReason::kNone &&
       (u.completion_tokens >= r.max_new_tokens || len >= options_.max_seq_len)) {
@@ -180,6 +183,7 @@ void Scheduler::StartSequence(Active& a) {
   a.seq.sampling = a.request.sampling;
   a.seq.seed = a.request.seed;
   a.seq.num_speculative_tokens = a.request.num_speculative_tokens;
+  a.seq.done_len = a.seq.prompt_len + a.request.max_new_tokens;
   a.seq.draft_mode = a.request.draft_mode;
   a.seq.num_candidates = options_.num_candidates;
   a.usage.prompt_tokens = a.seq.prompt_len;

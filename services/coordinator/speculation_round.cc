@@ -9,8 +9,9 @@ namespace specd {
 
 int32_t EffectiveK(const SpeculativeSequence& s, int64_t max_seq_len) {
   // A round appends up to K + 1 tokens and x never exceeds max_seq_len (prompt + output, as in
-  // vLLM's max_model_len), so K <= max_seq_len - len(x) - 1.
-  const int64_t room = max_seq_len - static_cast<int64_t>(s.tokens.size()) - 1;
+  // vLLM's max_model_len), so K <= max_seq_len - len(x) - 1; likewise for the request's own end.
+  const int64_t room =
+      std::min(max_seq_len, s.done_len) - static_cast<int64_t>(s.tokens.size()) - 1;
   return static_cast<int32_t>(std::clamp<int64_t>(room, 0, s.num_speculative_tokens));
 }
 

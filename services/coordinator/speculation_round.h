@@ -5,6 +5,7 @@
 #define SPECD_SERVICES_COORDINATOR_SPECULATION_ROUND_H_
 
 #include <cstdint>
+#include <limits>
 #include <span>
 #include <vector>
 
@@ -25,6 +26,9 @@ struct SpeculativeSequence {
   SamplingParams sampling;
   uint64_t seed = 0;
   int32_t num_speculative_tokens = 4;  // K requested; 0 = plain decoding
+  // The length of x at which the request has all the tokens it asked for (prompt +
+  // max_new_tokens): drafting past it would be wasted work and skew the acceptance figures.
+  int64_t done_len = std::numeric_limits<int64_t>::max();
   DraftMode draft_mode = DraftMode::kProbabilistic;
   int32_t num_candidates = 4;  // M
   int64_t draft_cached = 0;
@@ -70,8 +74,9 @@ std::vector<RoundStats> RunSpeculationRound(WorkerApi& draft, WorkerApi& target,
                                             std::span<SpeculativeSequence* const> batch,
                                             const RoundOptions& options);
 
-// The K a sequence can use this round: near max_seq_len it shrinks so that x never grows past
-// max_seq_len, and for the last token decoding falls back to K = 0.
+// The K a sequence can use this round. A round appends up to K + 1 tokens, so near the end (of
+// max_seq_len, or of the tokens the request still needs) K shrinks to what can still be used, and
+// for the last token decoding falls back to K = 0.
 int32_t EffectiveK(const SpeculativeSequence& s, int64_t max_seq_len);
 
 }  // namespace specd

@@ -225,6 +225,51 @@ TEST_F(SchedulerTest, StopTokenAndEos) {
   ExpectNoBlocksUsed();
 }
 
+// Short requests draft only what they can use, and usage counts only emitted drafts: every
+// round emits its accepted drafts plus one token, so accepted + rounds == completion tokens.
+TEST_F(SchedulerTest, ShortRequestsDraftOnlyWhatTheyCanUseAndCountOnlyEmittedTokens) {
+  MakeWorkers(8192);
+  auto scheduler = MakeScheduler();
+  std::vector<GenerationRequest> reqs;
+  std::vector<std::unique_ptr<Collector>> out;
+  for (int i = 0; i < 36; ++i) {
+    GenerationRequest r = Greedy({1, static_cast<int32_t>(5 + 7 * i % 200)}, 1 + i % 6, 4);
+    if (i % 2 == 1) {
+      r.sampling.temperature = 0.9f;
+      r.seed = 500 + static_cast<uint64_t>(i);
+    }
+    reqs.push_back(r);
+    out.push_back(std::make_unique<Collector>());
+    ASSERT_TRUE(scheduler->Submit(r, out.back()->Sink()).ok());
+  }
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    SCOPED_TRACE(i);
+    ASSERT_TRUE(out[i]->WaitFor(std::chrono::seconds(60)));
+    const GenerationUsage u = out[i]->last().usage;
+    ASSERT_EQ(u.completion_tokens, reqs[i].max_new_tokens);
+    EXPECT_EQ(u.accepted_tokens + u.rounds, u.completion_tokens);
+    if (reqs[i].max_new_tokens == 1) EXPECT_EQ(u.draft_tokens, 0);
+    // A round drafts at most one fewer than the tokens still needed, and the first needs them all.
+    EXPECT_LE(u.draft_tokens, u.rounds * (reqs[i].max_new_tokens - 1));
+    EXPECT_LE(u.accepted_tokens, u.draft_tokens);
+  }
+  // A stop token inside a round drops the drafts after it from the accepted count.
+  const std::vector<int32_t> prompt = {1, 60};
+  const std::vector<int32_t> solo = Solo(prompt, 30);
+  for (int stop_at = 0; stop_at < 12; ++stop_at) {
+    GenerationRequest r = Greedy(prompt, 30, 4);
+    r.stop_token_ids = {solo[static_cast<size_t>(stop_at)]};
+    Collector c;
+    ASSERT_TRUE(scheduler->Submit(r, c.Sink()).ok());
+    c.Wait();
+    const GenerationUsage u = c.last().usage;
+    EXPECT_LE(u.accepted_tokens, u.completion_tokens) << stop_at;
+    EXPECT_LE(u.accepted_tokens + u.rounds, u.completion_tokens + 1) << stop_at;
+  }
+  scheduler.reset();
+  ExpectNoBlocksUsed();
+}
+
 TEST_F(SchedulerTest, CancelFreesTheSequenceWithinARound) {
   MakeWorkers(4096);
   auto scheduler = MakeScheduler();

@@ -131,6 +131,20 @@ TEST(SpeculationRoundTest, NearMaxSeqLenKShrinksToZero) {
   EXPECT_EQ(EffectiveK(s, 10), 0);
 }
 
+TEST(SpeculationRoundTest, KShrinksToTheTokensTheRequestStillNeeds) {
+  SpeculativeSequence s;
+  s.tokens.assign(10, 1);
+  s.num_speculative_tokens = 4;
+  s.done_len = 15;  // 5 tokens to go: 4 drafts and the bonus fit
+  EXPECT_EQ(EffectiveK(s, 100), 4);
+  s.done_len = 12;  // 2 to go: one draft and the bonus
+  EXPECT_EQ(EffectiveK(s, 100), 1);
+  s.done_len = 11;  // the last token is plain decoding
+  EXPECT_EQ(EffectiveK(s, 100), 0);
+  s.done_len = 14;  // the tighter of the two ends wins
+  EXPECT_EQ(EffectiveK(s, 13), 2);
+}
+
 // The phase times feed the benchmark's T_d, T_v(K) and overhead: the workers' forward passes lie
 // inside the phases that contain them, and the token counts are what the workers were sent.
 TEST(SpeculationRoundTest, PhaseTimesNestAndCountTheWork) {
