@@ -77,6 +77,10 @@ absl::Status ValidateDraftRequest(const pb::DraftRequest& request) {
           absl::StrCat("Draft: seq_id ", s.seq_id(), " asks for num_draft_tokens ",
                        s.num_draft_tokens(), ", at most ", kMaxDraftTokens, " are allowed"));
     }
+    if (!pb::DraftMode_IsValid(s.mode())) {
+      return absl::InvalidArgumentError(absl::StrCat("Draft: seq_id ", s.seq_id(), " has mode ",
+                                                     s.mode(), ", which is not a DraftMode"));
+    }
   }
   return absl::OkStatus();
 }

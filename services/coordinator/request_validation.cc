@@ -41,7 +41,6 @@ absl::StatusOr<GenerationRequest> BuildGenerationRequest(const v1::GenerateReque
   switch (request.prompt_case()) {
     case v1::GenerateRequest::kText: {
       const std::string& text = request.text();
-      if (text.empty()) return Invalid("prompt text is empty");
       if (static_cast<int64_t>(text.size()) > limits.max_prompt_bytes) {
         return Invalid(absl::StrCat("prompt text is ", text.size(), " bytes, over the limit of ",
                                     limits.max_prompt_bytes));
@@ -61,7 +60,15 @@ absl::StatusOr<GenerationRequest> BuildGenerationRequest(const v1::GenerateReque
     case v1::GenerateRequest::PROMPT_NOT_SET:
       return Invalid("the request has no prompt: set text or token_ids");
   }
-  if (out.prompt.empty()) return Invalid("the prompt is empty");
+  // Empty text is a prompt of BOS alone (as in vLLM and llama.cpp); with no BOS to add, or an
+  // empty list of ids, there is nothing to continue from.
+  if (out.prompt.empty()) {
+    return Invalid(
+        request.prompt_case() == v1::GenerateRequest::kText
+            ? "the prompt text is empty and the tokenizer adds no BOS token to start from"
+            : "token_ids is empty: send at least one token (or empty text, which "
+              "starts from BOS)");
+  }
   if (limits.max_prompt_tokens > 0 &&
       static_cast<int64_t>(out.prompt.size()) > limits.max_prompt_tokens) {
     return Invalid(absl::StrCat("the prompt has ", out.prompt.size(),
@@ -145,6 +152,10 @@ absl::StatusOr<GenerationRequest> BuildGenerationRequest(const v1::GenerateReque
                                 limits.max_num_speculative_tokens, "], got ", k));
   }
   out.num_speculative_tokens = limits.has_draft ? static_cast<int32_t>(k) : 0;
+  if (!v1::DraftSampling_IsValid(spec.draft_sampling())) {
+    return Invalid(absl::StrCat("speculation.draft_sampling ", spec.draft_sampling(),
+                                " is not a DraftSampling"));
+  }
   if (!v1::KPolicy_IsValid(spec.k_policy())) {
     return Invalid(absl::StrCat("speculation.k_policy ", spec.k_policy(), " is not a KPolicy"));
   }

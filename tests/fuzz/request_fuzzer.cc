@@ -146,7 +146,8 @@ void CheckAccepted(const specd::v1::GenerateRequest& r, const specd::GenerationR
   if (r.has_token_ids()) {
     Check(g.prompt == std::vector<int32_t>(r.token_ids().ids().begin(), r.token_ids().ids().end()));
   } else {
-    Check(has_tokenizer && r.has_text() && !r.text().empty());
+    // Empty text is accepted: the tokenizer's BOS is the prompt.
+    Check(has_tokenizer && r.has_text());
     Check(static_cast<int64_t>(r.text().size()) <= limits.max_prompt_bytes);
   }
   const specd::SamplingParams& s = g.sampling;
@@ -157,6 +158,7 @@ void CheckAccepted(const specd::v1::GenerateRequest& r, const specd::GenerationR
   Check(Finite(s.repetition_penalty) && s.repetition_penalty > 0.0f);
   Check(Finite(s.presence_penalty) && s.presence_penalty >= -2.0f && s.presence_penalty <= 2.0f);
   Check(Finite(s.frequency_penalty) && s.frequency_penalty >= -2.0f && s.frequency_penalty <= 2.0f);
+  Check(specd::v1::DraftSampling_IsValid(r.speculation().draft_sampling()));
   if (r.sampling().has_seed()) Check(g.seed == r.sampling().seed());
 
   Check(g.max_new_tokens >= 1);

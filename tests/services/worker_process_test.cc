@@ -90,6 +90,14 @@ TEST_F(WorkerProcessTest, WholeCallErrorsAreTheRpcStatus) {
   EXPECT_EQ(k_call.status.error_message(),
             "Draft: seq_id 6 asks for num_draft_tokens 65, at most 64 are allowed");
 
+  pb::DraftRequest bad_mode;
+  *bad_mode.add_sequences() = DraftSeq(8, {1}, 0, 2, Sampled(), 1, 1);
+  bad_mode.mutable_sequences(0)->set_mode(static_cast<pb::DraftMode>(99));
+  const DraftCall mode_call = CallDraft(*ds, bad_mode);
+  EXPECT_EQ(mode_call.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(mode_call.status.error_message(),
+            "Draft: seq_id 8 has mode 99, which is not a DraftMode");
+
   EXPECT_EQ(CallVerify(*ts, pb::VerifyRequest()).status.error_code(),
             grpc::StatusCode::INVALID_ARGUMENT);
   pb::VerifyRequest big_m;

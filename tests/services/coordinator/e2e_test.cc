@@ -285,7 +285,15 @@ TEST_F(SyntheticE2eTest, InvalidRequestsAreRejectedWithPreciseMessages) {
        "temperature must be >= 0"},
       {[](v1::GenerateRequest* r) { r->mutable_sampling()->set_top_p(1.5f); },
        "top_p must be in (0, 1]"},
-      {[](v1::GenerateRequest* r) { r->set_text(""); }, "prompt text is empty"},
+      {[](v1::GenerateRequest* r) { r->mutable_token_ids(); }, "token_ids is empty"},
+      {[](v1::GenerateRequest* r) {
+         r->mutable_speculation()->set_draft_sampling(static_cast<v1::DraftSampling>(99));
+       },
+       "speculation.draft_sampling 99 is not a DraftSampling"},
+      {[](v1::GenerateRequest* r) {
+         r->mutable_speculation()->set_k_policy(static_cast<v1::KPolicy>(99));
+       },
+       "speculation.k_policy 99 is not a KPolicy"},
       {[](v1::GenerateRequest* r) { r->clear_prompt(); }, "has no prompt"},
       {[](v1::GenerateRequest* r) { r->mutable_token_ids()->add_ids(5000); },
        "outside the vocabulary"},
@@ -303,6 +311,24 @@ TEST_F(SyntheticE2eTest, InvalidRequestsAreRejectedWithPreciseMessages) {
   }
   // A bad request harms nothing: a good one still works.
   EXPECT_TRUE(service_->Generate(TextRequest("hello", 4, 2)).status.ok());
+}
+
+// Empty text is a prompt of BOS alone, as in vLLM and llama.cpp: the same tokens as sending the
+// ids the server's tokenizer makes of "".
+TEST_F(SyntheticE2eTest, EmptyTextGeneratesFromBos) {
+  grpc::ClientContext context;
+  v1::TokenizeRequest treq;
+  treq.set_text("");
+  treq.set_add_special_tokens(true);
+  v1::TokenizeResponse tresp;
+  ASSERT_TRUE(service_->stub->Tokenize(&context, treq, &tresp).ok());
+  ASSERT_EQ(tresp.token_ids_size(), 1) << "the synthetic tokenizer adds BOS";
+  const Stream from_text = service_->Generate(TextRequest("", 6, 2));
+  ASSERT_TRUE(from_text.status.ok()) << from_text.status.error_message();
+  EXPECT_EQ(from_text.tokens.size(), 6u);
+  v1::GenerateRequest ids = TextRequest("", 6, 2);
+  ids.mutable_token_ids()->mutable_ids()->CopyFrom(tresp.token_ids());
+  EXPECT_EQ(service_->Generate(ids).tokens, from_text.tokens);
 }
 
 TEST_F(SyntheticE2eTest, DeadlineAndCancellationFreeTheSequence) {
