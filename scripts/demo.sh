@@ -6,7 +6,8 @@
 # (e.g. --temperature 0.8 --k 6).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
+# Only what the demo runs, so a newcomer sees text before the test suite is compiled.
+SPECD_TARGETS="specd specd-coordinator specd_draft_worker specd_target_worker" bash scripts/setup.sh
 SPECD="${SPECD_BUILD_DIR:-build}/tools/specd"
 MODELS=.specd/models
 if [[ ! -f "$MODELS/target/config.json" ]]; then

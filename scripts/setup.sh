@@ -3,6 +3,7 @@
 # Safe to run again: it installs only what is missing and rebuilds incrementally.
 #   SPECD_BUILD_DIR  build directory (default: build)
 #   SPECD_JOBS       parallel build jobs (default: number of cores)
+#   SPECD_TARGETS    build only these targets (space-separated; default: everything, tests too)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -48,5 +49,7 @@ JOBS="${SPECD_JOBS:-$(nproc)}"
 log "configuring ${BUILD_DIR}"
 cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
 log "building with ${JOBS} jobs"
-cmake --build "$BUILD_DIR" -j "$JOBS"
+targets=()
+for t in ${SPECD_TARGETS:-}; do targets+=(--target "$t"); done
+cmake --build "$BUILD_DIR" -j "$JOBS" "${targets[@]+"${targets[@]}"}"
 log "built $(realpath "$BUILD_DIR")/tools/specd"
