@@ -1,5 +1,6 @@
 #include "common/sampling/row_sampler.h"
 
+#include <algorithm>
 #include <cstring>
 #include <utility>
 
@@ -54,7 +55,11 @@ void RowSampler::Clear() {
   draws_.clear();
   lookup_slots_.clear();
   lookup_tokens_.clear();
+  top_n_ = 0;
+  want_entropy_ = false;
 }
+
+void RowSampler::RequestTopTokens(int32_t n) { top_n_ = std::max(top_n_, n); }
 
 int32_t RowSampler::AddRow(const SamplingParams& params, kernels::RowMode mode,
                            std::span<const int32_t> prompt, std::span<const int32_t> output,
@@ -96,6 +101,8 @@ absl::Status RowSampler::Run(const float* logits, RowPool& pool) {
   out_draw_error_.assign(n_draws, 0);
   out_token_probs_.assign(n_draws, 0.0f);
   out_lookups_.assign(n_lookups, 0.0f);
+  out_top_.assign(n_rows * static_cast<size_t>(top_n_), 0);
+  out_entropy_.assign(want_entropy_ ? n_rows : 0, 0.0f);
   if (n_rows + n_draws + n_lookups == 0) return absl::OkStatus();
 
   // Inputs first, then outputs, so each crosses in one copy.
@@ -112,6 +119,8 @@ absl::Status RowSampler::Run(const float* logits, RowPool& pool) {
   const int64_t at_drawn_probs = layout.Take<float>(n_draws);
   const int64_t at_draw_error = layout.Take<int32_t>(n_draws);
   const int64_t at_lookups = layout.Take<float>(n_lookups);
+  const int64_t at_top = layout.Take<int32_t>(out_top_.size());
+  const int64_t at_entropy = layout.Take<float>(out_entropy_.size());
   const int64_t total = layout.bytes();
   SPECD_RETURN_IF_ERROR(Ensure(*backend_, staging_, total, kernels::MemoryKind::kStaging));
   SPECD_RETURN_IF_ERROR(Ensure(*backend_, device_, total, kernels::MemoryKind::kScratch));
@@ -139,6 +148,9 @@ absl::Status RowSampler::Run(const float* logits, RowPool& pool) {
     p.prob_capacity = pool.capacity();
     p.argmax = i32(at_argmax);
     p.error = i32(at_row_error);
+    p.top_n = top_n_;
+    p.top_ids = top_n_ > 0 ? i32(at_top) : nullptr;
+    p.entropy = want_entropy_ ? f32(at_entropy) : nullptr;
     SPECD_RETURN_IF_ERROR(backend_->ProcessRows(p));
   }
   if (n_draws > 0) {
@@ -173,6 +185,8 @@ absl::Status RowSampler::Run(const float* logits, RowPool& pool) {
   Get(host, at_drawn_probs, out_token_probs_);
   Get(host, at_draw_error, out_draw_error_);
   Get(host, at_lookups, out_lookups_);
+  Get(host, at_top, out_top_);
+  Get(host, at_entropy, out_entropy_);
   return absl::OkStatus();
 }
 

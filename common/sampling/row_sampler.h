@@ -35,6 +35,11 @@ class RowSampler {
   int32_t AddDraw(const kernels::Draw& draw);
   // The probability of `token` in pool row `slot`. Returns its index for lookup().
   int32_t AddLookup(int32_t slot, int32_t token);
+  // Every row of the pass also gets its top `n` tokens by penalised logit (top_token()); the
+  // largest n asked for in a pass wins.
+  void RequestTopTokens(int32_t n);
+  // Every row of the pass also gets the normalized entropy of its raw logits (entropy()).
+  void RequestEntropy() { want_entropy_ = true; }
 
   // Enqueues ProcessRows over the first rows of `logits` ([rows added, pool.vocab()] in back-end
   // memory; may be null when no row was added), SampleRows and GatherProbs, downloads the results
@@ -48,6 +53,10 @@ class RowSampler {
   float token_prob(int32_t draw) const { return out_token_probs_[static_cast<size_t>(draw)]; }
   int32_t draw_error(int32_t draw) const { return out_draw_error_[static_cast<size_t>(draw)]; }
   float lookup(int32_t i) const { return out_lookups_[static_cast<size_t>(i)]; }
+  int32_t top_token(int32_t row, int32_t rank) const {
+    return out_top_[static_cast<size_t>(row * top_n_ + rank)];
+  }
+  float entropy(int32_t row) const { return out_entropy_[static_cast<size_t>(row)]; }
 
  private:
   kernels::Backend* backend_;
@@ -57,9 +66,11 @@ class RowSampler {
   std::vector<kernels::Draw> draws_;
   std::vector<int32_t> lookup_slots_;
   std::vector<int32_t> lookup_tokens_;
+  int32_t top_n_ = 0;
+  bool want_entropy_ = false;
   // Results, as they come back.
-  std::vector<int32_t> out_argmax_, out_row_error_, out_tokens_, out_draw_error_;
-  std::vector<float> out_token_probs_, out_lookups_;
+  std::vector<int32_t> out_argmax_, out_row_error_, out_tokens_, out_draw_error_, out_top_;
+  std::vector<float> out_token_probs_, out_lookups_, out_entropy_;
   kernels::Buffer staging_;
   kernels::Buffer device_;
 };

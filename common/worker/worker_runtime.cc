@@ -9,17 +9,16 @@
 #include "base/math.h"
 #include "base/philox.h"
 #include "base/status_macros.h"
+#include "common/worker/worker_runtime_internal.h"
 
 namespace specd {
-namespace {
+namespace worker_internal {
 
 absl::Status RowError(SeqId seq, int32_t code) {
   return absl::InvalidArgumentError(
       absl::StrCat("sequence ", seq, ": ", ToAbsl(kernels::RowErrorMessage(code))));
 }
 
-// INVALID_ARGUMENT for the second and later requests naming an id already seen in the call, so
-// one sequence is never fed twice in one forward pass.
 absl::Status CheckUnique(SeqId seq, absl::flat_hash_set<SeqId>* seen) {
   if (!seen->insert(seq).second) {
     return absl::InvalidArgumentError(
@@ -28,7 +27,7 @@ absl::Status CheckUnique(SeqId seq, absl::flat_hash_set<SeqId>* seen) {
   return absl::OkStatus();
 }
 
-}  // namespace
+}  // namespace worker_internal
 
 std::string_view ForwardKindName(ForwardKind kind) {
   switch (kind) {
@@ -45,8 +44,9 @@ std::string_view ForwardKindName(ForwardKind kind) {
 WorkerRuntime::WorkerRuntime(std::unique_ptr<LlamaEngine> engine,
                              const WorkerRuntimeOptions& options)
     : engine_(std::move(engine)),
+      vocab_(engine_->config().vocab_size, engine_->output_vocab()),
       options_(options),
-      pool_(engine_->backend(), engine_->config().vocab_size),
+      pool_(engine_->backend(), engine_->logits_width()),
       sampler_(engine_->backend()) {
   options_.prefill_chunk = std::max<int64_t>(1, options_.prefill_chunk);
 }
@@ -75,8 +75,20 @@ absl::Status WorkerRuntime::Admit(const SequenceRequest& req, int64_t extra_toke
     }
   }
   const auto it = seqs_.find(req.seq);
-  if (it != seqs_.end() && req.drop_tail &&
-      static_cast<int64_t>(it->second.tokens.size()) > req.expected_cached_len) {
+  if (it != seqs_.end() && !req.compact.empty()) {
+    if (req.compact.tree_start + static_cast<int64_t>(req.compact.kept_nodes.size()) !=
+        req.expected_cached_len) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("sequence ", req.seq, ": keeping ", req.compact.kept_nodes.size(),
+                       " tree nodes from slot ", req.compact.tree_start,
+                       " does not leave the expected ", req.expected_cached_len, " cached tokens"));
+    }
+    const int64_t free_before = engine_->kv().free_blocks();
+    SPECD_RETURN_IF_ERROR(
+        CompactAndTruncate(req.seq, it->second, req.compact, req.expected_cached_len));
+    *blocks_budget += engine_->kv().free_blocks() - free_before;
+  } else if (it != seqs_.end() && req.drop_tail &&
+             static_cast<int64_t>(it->second.tokens.size()) > req.expected_cached_len) {
     const int64_t free_before = engine_->kv().free_blocks();
     SPECD_RETURN_IF_ERROR(engine_->Truncate(req.seq, req.expected_cached_len));
     it->second.tokens.resize(static_cast<size_t>(req.expected_cached_len));
@@ -141,13 +153,36 @@ absl::Status WorkerRuntime::ForwardAndSample(ForwardKind kind, std::span<const S
   return absl::OkStatus();
 }
 
-void WorkerRuntime::AddKeptRow(Sequence& s, size_t len, const SamplingParams& params,
-                               kernels::RowMode mode, int32_t slot) {
+int32_t WorkerRuntime::AddRow(const Sequence& s, std::span<const int32_t> history,
+                              const SamplingParams& params, kernels::RowMode mode, int32_t slot) {
   // This round's earlier drafts count as output for the penalties.
-  const size_t prompt = std::min(len, static_cast<size_t>(s.prompt_len));
-  const std::span<const int32_t> all(s.tokens.data(), len);
-  sampler_.AddRow(params, mode, all.subspan(0, prompt), all.subspan(prompt), slot);
+  const size_t prompt = std::min(history.size(), static_cast<size_t>(s.prompt_len));
+  if (vocab_.full()) {
+    return sampler_.AddRow(params, mode, history.subspan(0, prompt), history.subspan(prompt), slot);
+  }
+  // A penalty on a token outside the reduced head changes nothing: its probability is 0.
+  const std::vector<int32_t> p = vocab_.ToIndices(history.subspan(0, prompt));
+  const std::vector<int32_t> o = vocab_.ToIndices(history.subspan(prompt));
+  return sampler_.AddRow(params, mode, p, o, slot);
+}
+
+int32_t WorkerRuntime::AddKeptRow(Sequence& s, size_t len, const SamplingParams& params,
+                                  kernels::RowMode mode, int32_t slot) {
   s.rows.push_back(slot);
+  return AddRow(s, std::span<const int32_t>(s.tokens.data(), len), params, mode, slot);
+}
+
+absl::Status WorkerRuntime::CompactAndTruncate(SeqId seq, Sequence& s, const KvCompaction& compact,
+                                               int64_t keep) {
+  SPECD_RETURN_IF_ERROR(engine_->CompactKv(seq, compact.tree_start, compact.kept_nodes));
+  for (size_t i = 0; i < compact.kept_nodes.size(); ++i) {
+    s.tokens[static_cast<size_t>(compact.tree_start) + i] =
+        s.tokens[static_cast<size_t>(compact.tree_start + compact.kept_nodes[i])];
+  }
+  SPECD_RETURN_IF_ERROR(engine_->Truncate(seq, keep));
+  s.tokens.resize(static_cast<size_t>(std::min<int64_t>(keep, s.tokens.size())));
+  ReportKv();
+  return absl::OkStatus();
 }
 
 void WorkerRuntime::RollBack(std::span<const SequenceInput> inputs) {
@@ -206,339 +241,6 @@ int64_t WorkerRuntime::LengthOrZero(SeqId seq) const {
   return it == seqs_.end() ? 0 : static_cast<int64_t>(it->second.tokens.size());
 }
 
-std::vector<SequenceOutcome> WorkerRuntime::Draft(
-    std::span<const DraftSequenceRequest> batch,
-    const std::function<void(const DraftStep&)>& on_step) {
-  std::vector<SequenceOutcome> outcomes(batch.size());
-  std::vector<SequenceOutcome> failed;  // not yet reported to on_step
-  auto fail = [&](size_t i, absl::Status st) {
-    outcomes[i].status = std::move(st);
-    failed.push_back({batch[i].seq, outcomes[i].status, LengthOrZero(batch[i].seq)});
-  };
-
-  std::vector<size_t> active;  // still drafting
-  absl::flat_hash_set<SeqId> seen;
-  int64_t budget = engine_->kv().free_blocks();
-  for (size_t i = 0; i < batch.size(); ++i) {
-    const DraftSequenceRequest& req = batch[i];
-    outcomes[i].seq = req.seq;
-    absl::Status st = CheckUnique(req.seq, &seen);
-    if (st.ok() &&
-        (req.num_speculative_tokens < 1 || req.num_speculative_tokens > kMaxSpeculativeTokens)) {
-      st = absl::InvalidArgumentError(
-          absl::StrCat("sequence ", req.seq, ": num_speculative_tokens must be in [1, ",
-                       kMaxSpeculativeTokens, "], got ", req.num_speculative_tokens));
-    }
-    // The last draft token is sampled but never fed, hence K - 1.
-    if (st.ok()) {
-      st = Admit(req, static_cast<int64_t>(req.catch_up.size()) + req.num_speculative_tokens - 1,
-                 &budget);
-    }
-    if (st.ok()) {
-      active.push_back(i);
-    } else {
-      fail(i, std::move(st));
-    }
-  }
-  auto fail_active = [&](const absl::Status& st) {
-    for (const size_t i : active) fail(i, st);
-    active.clear();
-  };
-
-  std::vector<const SequenceRequest*> reqs;
-  for (const size_t i : active) reqs.push_back(&batch[i]);
-  if (absl::Status st = FeedLongCatchUps(reqs); !st.ok()) fail_active(st);
-
-  std::vector<int32_t> last(batch.size(), 0);  // t_{k-1} per request
-  std::vector<DraftToken> step_tokens;
-  int32_t k = 0;
-  int64_t forward_ns = 0;
-  while (!active.empty()) {
-    ++k;
-    step_tokens.clear();
-    // Every active sequence has K >= k: finished ones leave `active` after their last step.
-    std::vector<SequenceInput> inputs;
-    for (const size_t i : active) {
-      const Sequence& s = seqs_[batch[i].seq];
-      SequenceInput in;
-      in.seq = batch[i].seq;
-      in.start_pos = static_cast<int64_t>(s.tokens.size());
-      if (k == 1) {
-        const size_t done = static_cast<size_t>(in.start_pos - batch[i].expected_cached_len);
-        in.tokens = std::span<const int32_t>(batch[i].catch_up).subspan(done);
-      } else {
-        in.tokens = std::span<const int32_t>(&last[i], 1);
-      }
-      in.logit_indices = {static_cast<int32_t>(in.tokens.size() - 1)};
-      inputs.push_back(in);
-    }
-    // Each active sequence keeps this step's row; tokens are appended before the rows are
-    // added, so t_k's history is x and t_1..t_{k-1}.
-    std::vector<int32_t> draw_of(inputs.size(), -1);
-    const absl::Status pass = ForwardAndSample(
-        ForwardKind::kDraftStep, inputs,
-        [&]() -> absl::Status {
-          SPECD_ASSIGN_OR_RETURN(const std::vector<int32_t> slots,
-                                 pool_.Acquire(static_cast<int64_t>(inputs.size())));
-          for (size_t b = 0; b < inputs.size(); ++b) {
-            const DraftSequenceRequest& req = batch[active[b]];
-            Sequence& s = seqs_[req.seq];
-            s.tokens.insert(s.tokens.end(), inputs[b].tokens.begin(), inputs[b].tokens.end());
-            // A greedy request's q is its argmax; a greedy draft of a sampled request takes the
-            // processed row's argmax. A point mass is exact as long as the same row samples t,
-            // reports q(t) and answers q(y) (DESIGN.md, "The processed distribution").
-            const kernels::RowMode mode = req.sampling.greedy() ? kernels::RowMode::kGreedy
-                                          : req.draft_sampling == DraftSampling::kGreedy
-                                              ? kernels::RowMode::kArgmaxOfProcessed
-                                              : kernels::RowMode::kSample;
-            AddKeptRow(s, s.tokens.size(), req.sampling, mode, slots[b]);
-            if (mode != kernels::RowMode::kSample) continue;
-            // t_k sits at position len(x) + k - 1, which is what the cache now holds.
-            kernels::Draw d;
-            d.prob_slot = slots[b];
-            d.seed = req.seed;
-            d.position = static_cast<uint32_t>(s.tokens.size());
-            d.purpose = Purpose::kDraftSample;
-            draw_of[b] = sampler_.AddDraw(d);
-          }
-          return absl::OkStatus();
-        },
-        &forward_ns);
-    if (!pass.ok()) {
-      RollBack(inputs);
-      fail_active(pass);
-      break;
-    }
-    for (size_t b = 0; b < inputs.size(); ++b) {
-      const size_t i = active[b];
-      const DraftSequenceRequest& req = batch[i];
-      Sequence& s = seqs_[req.seq];
-      const int32_t row = static_cast<int32_t>(b);
-      const int32_t draw = draw_of[b];
-      const int32_t error = sampler_.row_error(row) != kernels::kRowOk
-                                ? sampler_.row_error(row)
-                                : (draw >= 0 ? sampler_.draw_error(draw) : kernels::kRowOk);
-      if (error != kernels::kRowOk) {
-        ReleaseRows(s);  // no half-filled rows for Truncate queries or ReadRows
-        fail(i, RowError(req.seq, error));
-        continue;
-      }
-      const int32_t token = draw >= 0 ? sampler_.token(draw) : sampler_.argmax(row);
-      last[i] = token;
-      step_tokens.push_back({req.seq, token, draw >= 0 ? sampler_.token_prob(draw) : 1.0f});
-    }
-    active.erase(std::remove_if(active.begin(), active.end(),
-                                [&](size_t i) {
-                                  return !outcomes[i].status.ok() ||
-                                         batch[i].num_speculative_tokens == k;
-                                }),
-                 active.end());
-    if (active.empty()) break;  // the final report below carries this step
-    if (on_step) {
-      DraftStep step;
-      step.step = k;
-      step.tokens = step_tokens;
-      step.failed = failed;
-      step.forward_ns = forward_ns;
-      on_step(step);
-    }
-    failed.clear();
-  }
-  for (size_t i = 0; i < batch.size(); ++i) outcomes[i].cached_len = LengthOrZero(batch[i].seq);
-  if (on_step) {
-    DraftStep step;
-    step.step = k;
-    step.tokens = step_tokens;
-    step.failed = failed;
-    step.last = true;
-    step.outcomes = outcomes;
-    step.forward_ns = forward_ns;
-    on_step(step);
-  }
-  return outcomes;
-}
-
-std::vector<VerifySequenceResult> WorkerRuntime::Verify(
-    std::span<const VerifySequenceRequest> batch,
-    const std::function<void(const VerifySequenceResult&)>& on_result) {
-  const int64_t vocab = engine_->config().vocab_size;
-  std::vector<VerifySequenceResult> results(batch.size());
-  auto finish = [&](size_t i) {
-    results[i].cached_len = LengthOrZero(batch[i].seq);
-    if (on_result) on_result(results[i]);
-  };
-
-  std::vector<size_t> active;
-  absl::flat_hash_set<SeqId> seen;
-  int64_t budget = engine_->kv().free_blocks();
-  for (size_t i = 0; i < batch.size(); ++i) {
-    const VerifySequenceRequest& req = batch[i];
-    results[i].seq = req.seq;
-    absl::Status st = CheckUnique(req.seq, &seen);
-    if (st.ok() && (req.num_candidates < 0 || req.num_candidates > kMaxCandidates)) {
-      st = absl::InvalidArgumentError(absl::StrCat("sequence ", req.seq,
-                                                   ": num_candidates must be in [0, ",
-                                                   kMaxCandidates, "], got ", req.num_candidates));
-    }
-    if (st.ok() && req.drafts.size() > static_cast<size_t>(kMaxSpeculativeTokens)) {
-      st = absl::InvalidArgumentError(absl::StrCat("sequence ", req.seq, ": ", req.drafts.size(),
-                                                   " draft tokens, at most ", kMaxSpeculativeTokens,
-                                                   " allowed"));
-    }
-    for (size_t k = 0; st.ok() && k < req.drafts.size(); ++k) {
-      if (req.drafts[k] < 0 || req.drafts[k] >= vocab) {
-        st = absl::InvalidArgumentError(absl::StrCat("sequence ", req.seq, ": draft token ",
-                                                     req.drafts[k], " at step ", k + 1,
-                                                     " is outside [0, ", vocab, ")"));
-      }
-    }
-    if (st.ok()) {
-      st = Admit(req, static_cast<int64_t>(req.catch_up.size() + req.drafts.size()), &budget);
-    }
-    if (st.ok()) {
-      active.push_back(i);
-    } else {
-      results[i].status = std::move(st);
-      finish(i);
-    }
-  }
-  if (active.empty()) return results;
-
-  std::vector<const SequenceRequest*> reqs;
-  for (const size_t i : active) reqs.push_back(&batch[i]);
-  absl::Status st = FeedLongCatchUps(reqs);
-  // The rest of each catch-up plus the drafts, with logits at the last K+1 positions.
-  std::vector<std::vector<int32_t>> feeds(batch.size());
-  std::vector<SequenceInput> inputs;
-  for (const size_t i : active) {
-    if (!st.ok()) break;
-    const VerifySequenceRequest& req = batch[i];
-    const Sequence& s = seqs_[req.seq];
-    const size_t done = s.tokens.size() - static_cast<size_t>(req.expected_cached_len);
-    feeds[i].assign(req.catch_up.begin() + static_cast<std::ptrdiff_t>(done), req.catch_up.end());
-    feeds[i].insert(feeds[i].end(), req.drafts.begin(), req.drafts.end());
-    SequenceInput in;
-    in.seq = req.seq;
-    in.tokens = feeds[i];
-    in.start_pos = static_cast<int64_t>(s.tokens.size());
-    const int32_t n = static_cast<int32_t>(feeds[i].size());
-    const int32_t K = static_cast<int32_t>(req.drafts.size());
-    for (int32_t j = n - K - 1; j < n; ++j) in.logit_indices.push_back(j);
-    inputs.push_back(in);
-  }
-  // Per active sequence: where its rows, lookups and draws sit in the sampler.
-  struct Planned {
-    int32_t first_row = 0;
-    int32_t first_lookup = 0;
-    int32_t bonus_draw = -1;
-    int32_t first_candidate = -1;
-  };
-  std::vector<Planned> plan(batch.size());
-  int64_t forward_ns = 0;
-  if (st.ok()) {
-    st = ForwardAndSample(
-        ForwardKind::kVerify, inputs,
-        [&]() -> absl::Status {
-          int64_t rows = 0;
-          for (const size_t i : active) rows += static_cast<int64_t>(batch[i].drafts.size()) + 1;
-          SPECD_ASSIGN_OR_RETURN(const std::vector<int32_t> slots, pool_.Acquire(rows));
-          size_t next_slot = 0;
-          for (const size_t i : active) {
-            const VerifySequenceRequest& req = batch[i];
-            Sequence& s = seqs_[req.seq];
-            s.tokens.insert(s.tokens.end(), feeds[i].begin(), feeds[i].end());
-            const size_t K = req.drafts.size();
-            const size_t x_len = s.tokens.size() - K;  // len(x): committed tokens
-            const kernels::RowMode mode =
-                req.sampling.greedy() ? kernels::RowMode::kGreedy : kernels::RowMode::kSample;
-            Planned& p = plan[i];
-            p.first_row = static_cast<int32_t>(next_slot);
-            for (size_t j = 0; j <= K; ++j) {
-              // p_{j+1} conditions on x and t_1..t_j, which count as output for the penalties.
-              AddKeptRow(s, x_len + j, req.sampling, mode, slots[next_slot++]);
-            }
-            for (size_t j = 0; j < K; ++j) {
-              const int32_t lookup = sampler_.AddLookup(s.rows[j], req.drafts[j]);
-              if (j == 0) p.first_lookup = lookup;
-            }
-            if (req.sampling.greedy()) continue;
-            kernels::Draw d;
-            d.seed = req.seed;
-            d.prob_slot = s.rows[K];
-            d.position = static_cast<uint32_t>(x_len + K);
-            d.purpose = K > 0 ? Purpose::kBonus : Purpose::kTargetSample;
-            p.bonus_draw = sampler_.AddDraw(d);
-            for (size_t j = 0; j < K; ++j) {
-              for (int32_t m = 0; m < req.num_candidates; ++m) {
-                d.prob_slot = s.rows[j];
-                d.position = static_cast<uint32_t>(x_len + j);
-                d.purpose = Purpose::kCandidate;
-                d.index = static_cast<uint32_t>(m);
-                const int32_t draw = sampler_.AddDraw(d);
-                if (j == 0 && m == 0) p.first_candidate = draw;
-              }
-            }
-          }
-          return absl::OkStatus();
-        },
-        &forward_ns);
-    if (!st.ok()) RollBack(inputs);
-  }
-  if (!st.ok()) {
-    for (const size_t i : active) {
-      results[i].status = st;
-      finish(i);
-    }
-    return results;
-  }
-
-  for (const size_t i : active) {
-    const VerifySequenceRequest& req = batch[i];
-    VerifySequenceResult& r = results[i];
-    const Planned& p = plan[i];
-    Sequence& s = seqs_[req.seq];
-    const size_t K = req.drafts.size();
-    const size_t M = static_cast<size_t>(req.num_candidates);
-    r.forward_ns = forward_ns;
-    r.position = static_cast<int32_t>(s.tokens.size() - K);
-    int32_t error = kernels::kRowOk;
-    r.argmax.resize(K + 1);
-    for (size_t j = 0; j <= K; ++j) {
-      const int32_t row = p.first_row + static_cast<int32_t>(j);
-      if (error == kernels::kRowOk) error = sampler_.row_error(row);
-      r.argmax[j] = sampler_.argmax(row);
-    }
-    r.p_draft.resize(K);
-    for (size_t j = 0; j < K; ++j)
-      r.p_draft[j] = sampler_.lookup(p.first_lookup + static_cast<int32_t>(j));
-    if (req.sampling.greedy()) {
-      r.bonus_token = r.argmax[K];
-    } else if (error == kernels::kRowOk) {
-      error = sampler_.draw_error(p.bonus_draw);
-      r.bonus_token = sampler_.token(p.bonus_draw);
-      r.candidate_tokens.assign(K, std::vector<int32_t>(M));
-      r.candidate_probs.assign(K, std::vector<float>(M));
-      for (size_t j = 0; j < K; ++j) {
-        for (size_t m = 0; m < M; ++m) {
-          const int32_t draw = p.first_candidate + static_cast<int32_t>(j * M + m);
-          if (error == kernels::kRowOk) error = sampler_.draw_error(draw);
-          r.candidate_tokens[j][m] = sampler_.token(draw);
-          r.candidate_probs[j][m] = sampler_.token_prob(draw);
-        }
-      }
-    }
-    if (error != kernels::kRowOk) {
-      // No half-filled rows: ReadRows and Truncate queries must not read them.
-      ReleaseRows(s);
-      r = VerifySequenceResult();
-      r.seq = req.seq;
-      r.status = RowError(req.seq, error);
-    }
-    finish(i);
-  }
-  return results;
-}
-
 absl::StatusOr<TruncateResult> WorkerRuntime::Truncate(SeqId seq, int64_t new_len,
                                                        int32_t query_step,
                                                        std::span<const int32_t> query_tokens) {
@@ -561,16 +263,18 @@ absl::StatusOr<TruncateResult> WorkerRuntime::Truncate(SeqId seq, int64_t new_le
     const int32_t slot = s.rows[static_cast<size_t>(query_step - 1)];
     const int64_t vocab = engine_->config().vocab_size;
     sampler_.Clear();
+    std::vector<int32_t> lookup_of;  // -1: outside a reduced head, probability 0
     for (const int32_t y : query_tokens) {
       if (y < 0 || y >= vocab) {
         return absl::InvalidArgumentError(
             absl::StrCat("sequence ", seq, ": query token ", y, " is outside [0, ", vocab, ")"));
       }
-      sampler_.AddLookup(slot, y);
+      const int32_t index = vocab_.ToIndex(y);
+      lookup_of.push_back(index < 0 ? -1 : sampler_.AddLookup(slot, index));
     }
     SPECD_RETURN_IF_ERROR(sampler_.Run(nullptr, pool_));
-    for (size_t i = 0; i < query_tokens.size(); ++i) {
-      result.q_probs.push_back(sampler_.lookup(static_cast<int32_t>(i)));
+    for (const int32_t lookup : lookup_of) {
+      result.q_probs.push_back(lookup < 0 ? 0.0f : sampler_.lookup(lookup));
     }
   }
   SPECD_RETURN_IF_ERROR(engine_->Truncate(seq, new_len));
@@ -597,7 +301,11 @@ absl::StatusOr<ProbRow> WorkerRuntime::ReadRow(SeqId seq, int32_t step) {
   }
   SPECD_ASSIGN_OR_RETURN(const std::vector<float> row,
                          pool_.ReadRow(s.rows[static_cast<size_t>(step - 1)]));
-  return CompactRow(row);
+  if (vocab_.full()) return CompactRow(row);
+  // A reduced head's row, by its support in token ids (which ascend with the row's indices).
+  ProbRow out = ExtractSupport(row);
+  for (int32_t& id : out.ids) id = vocab_.ToId(id);
+  return out;
 }
 
 absl::Status WorkerRuntime::Release(SeqId seq) {

@@ -20,6 +20,7 @@
 #include "base/inverse_cdf.h"
 #include "base/sampling_params.h"
 #include "common/engine/llama_engine.h"
+#include "common/engine/output_vocab.h"
 #include "common/protocol/worker_protocol.h"
 #include "common/sampling/row_pool.h"
 #include "common/sampling/row_sampler.h"
@@ -53,10 +54,15 @@ class WorkerRuntime {
   // Drafts K tokens for every sequence with one forward pass per step across the batch, calling
   // `on_step` once per step and always at least once (the last call has `last` set). Failed
   // sequences are reported once and never disturb the others. Returns every sequence's outcome.
+  // A sequence with a tree shape drafts its tree one level per step instead (draft_tree.h): its
+  // nodes see only their ancestors, and its K - 1 fed levels stay in the cache until the
+  // coordinator names the accepted branch (KvCompaction). EGAG (entropy_stop) may end a chain
+  // before its K.
   std::vector<SequenceOutcome> Draft(std::span<const DraftSequenceRequest> batch,
                                      const std::function<void(const DraftStep&)>& on_step = {});
 
-  // Verifies every sequence in one forward pass (after chunked catch-up calls when needed).
+  // Verifies every sequence in one forward pass (after chunked catch-up calls when needed); a
+  // draft tree's nodes are verified together, each against its ancestors only.
   // `on_result` sees each sequence's result as soon as it is ready: sequences rejected before
   // the forward pass first, then the rest in request order. Returns all results in request order.
   std::vector<VerifySequenceResult> Verify(
@@ -82,6 +88,8 @@ class WorkerRuntime {
   KvFree kv_free() const;
 
   const LlamaEngine& engine() const { return *engine_; }
+  // The tokens this worker's rows cover: all of them, or a draft's reduced head (FR-Spec).
+  const OutputVocab& output_vocab() const { return vocab_; }
   int64_t num_sequences() const { return static_cast<int64_t>(seqs_.size()); }
 
  private:
@@ -105,10 +113,17 @@ class WorkerRuntime {
                                 const std::function<absl::Status()>& add_work, int64_t* forward_ns);
   void ReportForward(ForwardKind kind, std::span<const SequenceInput> batch,
                      absl::Duration elapsed);
-  // Adds the processed row of logit row `row` of this pass for `s` with the first `len` tokens as
-  // history, into a new kept slot of `s`.
-  void AddKeptRow(Sequence& s, size_t len, const SamplingParams& params, kernels::RowMode mode,
-                  int32_t slot);
+  // Adds the next processed row of this pass with `history` (prompt + output so far, this
+  // round's drafts included) into pool slot `slot`; returns its sampler row. Token ids become row
+  // indices on a reduced head.
+  int32_t AddRow(const Sequence& s, std::span<const int32_t> history, const SamplingParams& params,
+                 kernels::RowMode mode, int32_t slot);
+  // The same into a new kept slot of `s`, with the first `len` tokens of `s` as history.
+  int32_t AddKeptRow(Sequence& s, size_t len, const SamplingParams& params, kernels::RowMode mode,
+                     int32_t slot);
+  // Applies `compact` and drops what is past `keep` tokens of a known sequence.
+  absl::Status CompactAndTruncate(SeqId seq, Sequence& s, const KvCompaction& compact,
+                                  int64_t keep);
   void ReleaseRows(Sequence& s);
   // Undoes a pass that failed after its forward: each input's sequence goes back to start_pos,
   // with no kept rows.
@@ -117,6 +132,7 @@ class WorkerRuntime {
   void ReportKv();
 
   std::unique_ptr<LlamaEngine> engine_;
+  OutputVocab vocab_;
   WorkerRuntimeOptions options_;
   absl::flat_hash_map<SeqId, Sequence> seqs_;
   RowPool pool_;

@@ -18,6 +18,11 @@ void EncodeSequence(const SequenceRequest& r, ProtoSequence* out) {
   out->set_seed(r.seed);
   out->set_prompt_len(r.prompt_len);
   out->set_drop_tail(r.drop_tail);
+  if (!r.compact.empty()) {
+    out->mutable_compact()->set_tree_start(r.compact.tree_start);
+    out->mutable_compact()->mutable_kept_nodes()->Add(r.compact.kept_nodes.begin(),
+                                                      r.compact.kept_nodes.end());
+  }
 }
 
 template <typename ProtoSequence>
@@ -29,6 +34,11 @@ void DecodeSequence(const ProtoSequence& proto, SequenceRequest* out) {
   out->seed = proto.seed();
   out->prompt_len = proto.prompt_len();
   out->drop_tail = proto.drop_tail();
+  if (proto.has_compact()) {
+    out->compact.tree_start = proto.compact().tree_start();
+    out->compact.kept_nodes.assign(proto.compact().kept_nodes().begin(),
+                                   proto.compact().kept_nodes().end());
+  }
 }
 
 // An empty batch or a repeated seq_id fails the whole call.
@@ -96,6 +106,15 @@ void Encode(const DraftSequenceRequest& request, pb::DraftSequence* out) {
   out->set_draft_sampling(request.draft_sampling == DraftSampling::kGreedy
                               ? pb::DRAFT_SAMPLING_GREEDY
                               : pb::DRAFT_SAMPLING_PROBABILISTIC);
+  if (request.tree.is_tree()) {
+    out->mutable_tree()->set_branching(request.tree.branching);
+    out->mutable_tree()->set_depth(request.tree.depth);
+  }
+  if (request.entropy_stop.enabled) {
+    out->set_egag(true);
+    out->set_egag_min_tokens(request.entropy_stop.min_tokens);
+    out->set_egag_threshold(request.entropy_stop.threshold);
+  }
 }
 
 DraftSequenceRequest Decode(const pb::DraftSequence& proto) {
@@ -105,12 +124,16 @@ DraftSequenceRequest Decode(const pb::DraftSequence& proto) {
   r.draft_sampling = proto.draft_sampling() == pb::DRAFT_SAMPLING_GREEDY
                          ? DraftSampling::kGreedy
                          : DraftSampling::kProbabilistic;
+  r.tree = {proto.tree().branching(), proto.tree().depth()};
+  r.entropy_stop = {proto.egag(), proto.egag_min_tokens(), proto.egag_threshold()};
+  if (!r.entropy_stop.enabled) r.entropy_stop = EntropyStop();
   return r;
 }
 
 void Encode(const VerifySequenceRequest& request, pb::VerifySequence* out) {
   EncodeSequence(request, out);
   out->mutable_draft_tokens()->Add(request.drafts.begin(), request.drafts.end());
+  out->mutable_tree_parents()->Add(request.tree_parents.begin(), request.tree_parents.end());
   out->set_num_candidates(request.num_candidates);
 }
 
@@ -118,6 +141,7 @@ VerifySequenceRequest Decode(const pb::VerifySequence& proto) {
   VerifySequenceRequest r;
   DecodeSequence(proto, &r);
   r.drafts.assign(proto.draft_tokens().begin(), proto.draft_tokens().end());
+  r.tree_parents.assign(proto.tree_parents().begin(), proto.tree_parents().end());
   r.num_candidates = proto.num_candidates();
   return r;
 }
@@ -177,10 +201,11 @@ absl::Status Validate(const pb::DraftRequest& request) {
 absl::Status Validate(const pb::VerifyRequest& request) {
   if (absl::Status st = CheckBatch(request.sequences(), "Verify"); !st.ok()) return st;
   for (const pb::VerifySequence& s : request.sequences()) {
-    if (s.draft_tokens_size() > kMaxSpeculativeTokens) {
+    const int limit = s.tree_parents().empty() ? kMaxSpeculativeTokens : kMaxTreeNodes;
+    if (s.draft_tokens_size() > limit) {
       return absl::InvalidArgumentError(
           absl::StrCat("Verify: seq_id ", s.seq_id(), " has ", s.draft_tokens_size(),
-                       " draft_tokens, at most ", kMaxSpeculativeTokens, " are allowed"));
+                       " draft_tokens, at most ", limit, " are allowed"));
     }
     if (s.num_candidates() > kMaxCandidates) {
       return absl::InvalidArgumentError(
@@ -210,6 +235,7 @@ void Encode(const VerifySequenceResult& result, const KvFree& free, pb::VerifyRe
   out->mutable_p_draft()->Assign(result.p_draft.begin(), result.p_draft.end());
   out->mutable_argmax()->Assign(result.argmax.begin(), result.argmax.end());
   out->set_bonus_token(result.bonus_token);
+  out->mutable_leaf_bonus_tokens()->Assign(result.leaf_bonus.begin(), result.leaf_bonus.end());
   for (size_t i = 0; i < result.candidate_tokens.size(); ++i) {
     pb::Candidates* c = out->add_candidates();
     c->mutable_tokens()->Assign(result.candidate_tokens[i].begin(),
@@ -231,6 +257,7 @@ VerifySequenceResult Decode(const pb::VerifyResult& proto, int64_t forward_ns) {
   r.p_draft.assign(proto.p_draft().begin(), proto.p_draft().end());
   r.argmax.assign(proto.argmax().begin(), proto.argmax().end());
   r.bonus_token = proto.bonus_token();
+  r.leaf_bonus.assign(proto.leaf_bonus_tokens().begin(), proto.leaf_bonus_tokens().end());
   for (const pb::Candidates& c : proto.candidates()) {
     r.candidate_tokens.emplace_back(c.tokens().begin(), c.tokens().end());
     r.candidate_probs.emplace_back(c.p_probs().begin(), c.p_probs().end());
@@ -247,6 +274,7 @@ void Encode(const DraftStep& step, const KvFree& free, pb::DraftResponse* out) {
     token->set_seq_id(t.seq);
     token->set_token(t.token);
     token->set_q_prob(t.q_prob);
+    token->set_entropy(t.entropy);
   }
   for (const SequenceOutcome& f : step.failed) {
     pb::DraftToken* token = encoded->add_tokens();
@@ -271,7 +299,7 @@ std::vector<DecodedDraftStep> Decode(const pb::DraftResponse& proto) {
       if (t.has_status() && t.status().code() != 0) {
         step.failed.push_back({t.seq_id(), Decode(t.status()), 0});
       } else {
-        step.tokens.push_back({t.seq_id(), t.token(), t.q_prob()});
+        step.tokens.push_back({t.seq_id(), t.token(), t.q_prob(), t.entropy()});
       }
     }
   }

@@ -1,5 +1,7 @@
 #include "services/coordinator/request_validation.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "base/sampling_params.h"
 #include "base/utf8.h"
@@ -130,7 +132,49 @@ absl::StatusOr<GenerationRequest> BuildGenerationRequest(const v1::GenerateReque
     return Invalid(absl::StrCat("num_speculative_tokens must be in [0, ",
                                 limits.max_num_speculative_tokens, "], got ", k));
   }
-  out.num_speculative_tokens = limits.has_draft ? static_cast<int32_t>(k) : 0;
+  if (!v1::DraftMethod_IsValid(spec.draft_method())) {
+    return Invalid(
+        absl::StrCat("speculation.draft_method ", spec.draft_method(), " is not a DraftMethod"));
+  }
+  switch (spec.draft_method()) {
+    case v1::DRAFT_METHOD_MODEL:
+      if (!limits.has_draft) {
+        return Invalid(
+            "speculation.draft_method DRAFT_METHOD_MODEL needs a draft worker, and this server "
+            "has none (it drafts by prompt lookup: DRAFT_METHOD_NGRAM)");
+      }
+      out.draft_method = DraftMethod::kModel;
+      break;
+    case v1::DRAFT_METHOD_NGRAM:
+      out.draft_method = DraftMethod::kNgram;
+      break;
+    default:
+      out.draft_method = limits.default_draft_method;
+      break;
+  }
+  // A server without a draft worker whose default is model drafting decodes plainly.
+  const bool can_draft = out.draft_method == DraftMethod::kNgram || limits.has_draft;
+  out.num_speculative_tokens = can_draft ? static_cast<int32_t>(k) : 0;
+  if (spec.has_tree()) {
+    if (out.draft_method != DraftMethod::kModel) {
+      return Invalid("speculation.tree needs DRAFT_METHOD_MODEL: prompt lookup proposes one chain");
+    }
+    out.tree = {static_cast<int32_t>(std::min<uint32_t>(spec.tree().branching(), 1u << 20)),
+                static_cast<int32_t>(std::min<uint32_t>(spec.tree().depth(), 1u << 20))};
+    if (absl::Status st = ValidateTreeShape(out.tree, static_cast<int32_t>(k), "speculation.tree");
+        !st.ok()) {
+      return st;
+    }
+  }
+  if (spec.has_egag() && spec.egag()) {
+    if (out.draft_method != DraftMethod::kModel || out.tree.is_tree()) {
+      return Invalid(
+          "speculation.egag needs a chain of model drafts (DRAFT_METHOD_MODEL without "
+          "speculation.tree): it follows the draft model's entropy");
+    }
+  }
+  out.egag = (spec.has_egag() ? spec.egag() : limits.default_egag) &&
+             out.draft_method == DraftMethod::kModel && !out.tree.is_tree();
   if (!v1::DraftSampling_IsValid(spec.draft_sampling())) {
     return Invalid(absl::StrCat("speculation.draft_sampling ", spec.draft_sampling(),
                                 " is not a DraftSampling"));

@@ -24,7 +24,11 @@ struct ServerLimits {
   int64_t max_new_tokens_limit = 0;
   int64_t max_stop_strings = 16;
   int64_t max_stop_string_bytes = 256;
-  bool has_draft = true;  // without a draft worker K is always 0
+  bool has_draft = true;  // a draft worker serves DRAFT_METHOD_MODEL
+  // What DRAFT_METHOD_UNSPECIFIED means (--draft-method): kModel needs a draft worker; without
+  // one and with kModel, K is always 0.
+  DraftMethod default_draft_method = DraftMethod::kModel;
+  bool default_egag = false;  // what an unset speculation.egag means (--egag)
 };
 
 // `tokenizer` may be null for token-id-only models; then a text prompt is INVALID_ARGUMENT.
