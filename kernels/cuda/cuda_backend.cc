@@ -285,8 +285,11 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackendWithOptions(
   if (count != cudaSuccess || n == 0) {
     (void)cudaGetLastError();
     return absl::FailedPreconditionError(absl::StrCat(
-        "--backend cuda: no CUDA device is present (",
-        count != cudaSuccess ? cudaGetErrorString(count) : "the driver reports 0 devices",
+        "--backend cuda: no usable CUDA device (",
+        count != cudaSuccess
+            ? absl::StrCat(cudaGetErrorName(count), ": ", cudaGetErrorString(count),
+                           "; this is what a machine without an NVIDIA driver reports")
+            : "the driver reports 0 devices",
         "); use --backend cpu or auto"));
   }
   if (options.device < 0 || options.device >= n) {

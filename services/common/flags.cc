@@ -1,6 +1,7 @@
 #include "services/common/flags.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -59,6 +60,16 @@ absl::StatusOr<int64_t> Flags::GetInt(std::string_view name, int64_t min, int64_
   if (value < min || value > max) {
     return absl::InvalidArgumentError(
         absl::StrCat("--", std::string(name), " must be in [", min, ", ", max, "], got ", value));
+  }
+  return value;
+}
+
+absl::StatusOr<double> Flags::GetDouble(std::string_view name) const {
+  const std::string text = Get(name);
+  double value = 0;
+  if (!absl::SimpleAtod(text, &value) || !std::isfinite(value)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--", std::string(name), " must be a number, got '", text, "'"));
   }
   return value;
 }

@@ -32,6 +32,8 @@ class Flags {
   std::string Get(std::string_view name) const;
   // INVALID_ARGUMENT naming the flag unless its value is an integer in [min, max].
   absl::StatusOr<int64_t> GetInt(std::string_view name, int64_t min, int64_t max) const;
+  // INVALID_ARGUMENT naming the flag unless its value is a finite number.
+  absl::StatusOr<double> GetDouble(std::string_view name) const;
 
   static std::string Usage(const std::vector<FlagSpec>& specs);
 
