@@ -75,7 +75,7 @@ absl::StatusOr<std::unique_ptr<LlamaEngine>> LlamaEngine::Create(
   if (weights == nullptr || backend == nullptr) {
     return absl::InvalidArgumentError("engine: weights and backend are required");
   }
-  const ModelConfig& c = weights->config;
+  const ModelConfig c = weights->config;  // a copy: the weights go away after their upload
   const int64_t max_seq_len =
       options.max_seq_len > 0 ? options.max_seq_len : c.max_position_embeddings;
   if (max_seq_len <= 0) {
@@ -391,7 +391,7 @@ absl::Status LlamaEngine::EnqueueModelRecorded(int64_t n_seqs, int64_t n_tokens,
   if (++shape_seen_[key] < 2 || recorded_.size() >= kMaxRecordedShapes) {
     return EnqueueModel(n_tokens, n_logits);
   }
-  SPECD_RETURN_IF_ERROR(be.BeginRecording());
+  if (!be.BeginRecording().ok()) return EnqueueModel(n_tokens, n_logits);
   const absl::Status enqueued = EnqueueModel(n_tokens, n_logits);
   absl::StatusOr<std::unique_ptr<kernels::RecordedWork>> work = be.EndRecording();
   if (!enqueued.ok() || !work.ok()) {

@@ -86,7 +86,7 @@ std::string EncodeValues(const std::vector<float>& v, DType dtype) {
 
 struct TensorBytes {
   std::string name;
-  DType dtype;
+  DType dtype = DType::kF32;
   std::vector<int64_t> shape;
   std::string bytes;
 };

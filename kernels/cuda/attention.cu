@@ -13,6 +13,8 @@ constexpr int kWarps = kThreads / kWarp;
 constexpr int kChunk = static_cast<int>(kAttentionChunk);
 constexpr int kMaxG = static_cast<int>(kAttentionMaxGroup);
 constexpr int kMaxD = static_cast<int>(kAttentionMaxHeadDim);
+constexpr int kMaxPairs = static_cast<int>(kAttentionMaxGroupTimesHeadDim);
+constexpr int kGroupChunks = static_cast<int>(kAttentionGroupChunks);
 constexpr int kKRegs = kMaxD / kWarp;
 constexpr float kNegInf = -__builtin_huge_valf();
 
@@ -28,18 +30,24 @@ struct Params {
   int32_t group;  // query heads per KV head
   int32_t head_dim;
   float scale;
-  float* partials;     // split form: [token][kv head][chunk][2 * group + group * head_dim]
+  float* partials;     // split form: [token][kv head][chunk group][2 * group + group * head_dim]
   int32_t* counters;   // split form: [token][kv head], zero before the launch
-  int64_t n_chunks_cap;
+  int64_t n_groups_cap;
   DeviceError* error;
 };
 
+// A softmax state over some keys: running max, sum of exponentials, weighted values.
+struct State {
+  float m[kMaxG], l[kMaxG];
+  float acc[kMaxPairs];
+};
+
 struct Smem {
-  float q[kMaxG * kMaxD];
-  float acc[kMaxG * kMaxD];
+  float q[kMaxPairs];
+  State total, group;
   float e[kMaxG][kChunk];  // scores, then exp(score - m_c)
   int64_t offset[kChunk];  // cache element offset of each slot's row; -1 when hidden
-  float m[kMaxG], l[kMaxG], mc[kMaxG], lc[kMaxG];
+  float mc[kMaxG], lc[kMaxG];
   // The token, read once.
   int32_t seq, slot, mask_start, ok;
   uint64_t mask;
@@ -166,90 +174,109 @@ __device__ float ChunkValue(const Params& p, const Smem& s, int g, int d) {
   return part;
 }
 
-// The merge of a chunk (m_c, l_c, part) into the running (m, l, acc), shared by both forms.
+// The merge of a part (m_p, l_p, acc_p) into a running state (m, l, acc), shared by every level
+// (chunk into group, group into total) and both launch forms.
 struct Coeffs {
   float m, a, b;
 };
-__device__ __forceinline__ Coeffs MergeCoeffs(float m_old, float m_c) {
+__device__ __forceinline__ Coeffs MergeCoeffs(float m_old, float m_part) {
   Coeffs k;
-  k.m = fmaxf(m_old, m_c);
+  k.m = fmaxf(m_old, m_part);
   k.a = m_old == kNegInf ? 0.0f : expf(__fsub_rn(m_old, k.m));
-  k.b = expf(__fsub_rn(m_c, k.m));
+  k.b = expf(__fsub_rn(m_part, k.m));
   return k;
 }
 __device__ __forceinline__ float MergeValue(float acc, float part, const Coeffs& k) {
   return __fadd_rn(__fmul_rn(acc, k.a), __fmul_rn(part, k.b));
 }
 
-__device__ void InitState(const Params& p, Smem& s) {
-  for (int i = threadIdx.x; i < p.group * p.head_dim; i += kThreads) s.acc[i] = 0.0f;
+__device__ void InitState(const Params& p, State& st) {
+  for (int i = threadIdx.x; i < p.group * p.head_dim; i += kThreads) st.acc[i] = 0.0f;
   if (threadIdx.x < p.group) {
-    s.m[threadIdx.x] = kNegInf;
-    s.l[threadIdx.x] = 0.0f;
+    st.m[threadIdx.x] = kNegInf;
+    st.l[threadIdx.x] = 0.0f;
   }
   __syncthreads();
 }
 
-// After every pair has merged with the old m: the new m and l of each head.
-__device__ void MergeSums(const Params& p, Smem& s) {
+// Merges a part whose per-pair values come from value(i) and whose max and sum are m_part[g],
+// l_part[g] into `st`. Every pair merges against the old m before the heads' m and l move on.
+template <typename Value>
+__device__ void MergePart(const Params& p, State& st, const float* m_part, const float* l_part,
+                          Value value) {
+  for (int i = threadIdx.x; i < p.group * p.head_dim; i += kThreads) {
+    const int g = i / p.head_dim;
+    st.acc[i] = MergeValue(st.acc[i], value(i), MergeCoeffs(st.m[g], m_part[g]));
+  }
   __syncthreads();
   if (threadIdx.x < p.group) {
     const int g = threadIdx.x;
-    const Coeffs k = MergeCoeffs(s.m[g], s.mc[g]);
-    s.l[g] = MergeValue(s.l[g], s.lc[g], k);
-    s.m[g] = k.m;
+    const Coeffs k = MergeCoeffs(st.m[g], m_part[g]);
+    st.l[g] = MergeValue(st.l[g], l_part[g], k);
+    st.m[g] = k.m;
   }
   __syncthreads();
+}
+
+// The state of chunk group `grp` (kGroupChunks chunks merged in order from an empty state) in
+// s.group; false when none of its chunks has a visible slot.
+__device__ bool GroupState(const Params& p, int64_t t, int kvh, int64_t grp, int64_t chunks,
+                           Smem& s) {
+  InitState(p, s.group);
+  bool any = false;
+  const int64_t end = min(chunks, (grp + 1) * kGroupChunks);
+  for (int64_t c = grp * kGroupChunks; c < end; ++c) {
+    if (!ScoreChunk(p, t, kvh, c, s)) continue;
+    any = true;
+    MergePart(p, s.group, s.mc, s.lc,
+              [&](int i) { return ChunkValue(p, s, i / p.head_dim, i % p.head_dim); });
+  }
+  return any;
 }
 
 __device__ void WriteOutput(const Params& p, int64_t t, int kvh, const Smem& s) {
   const int hd = p.head_dim;
   float* out = p.out + (t * p.n_kv_heads * p.group + int64_t{kvh} * p.group) * hd;
   for (int i = threadIdx.x; i < p.group * hd; i += kThreads) {
-    out[i] = __fdiv_rn(s.acc[i], s.l[i / hd]);
+    out[i] = __fdiv_rn(s.total.acc[i], s.total.l[i / hd]);
   }
 }
 
-// One block per (token, KV head): every chunk in order, merged as it goes.
+// One block per (token, KV head): every chunk group in order, merged as it goes.
 __global__ void __launch_bounds__(kThreads) AttentionKernel(Params p) {
   __shared__ Smem s;
   const int64_t t = blockIdx.x / p.n_kv_heads;
   const int kvh = static_cast<int>(blockIdx.x % p.n_kv_heads);
   if (!LoadToken(p, t, kvh, s)) return;
-  InitState(p, s);
-  const int hd = p.head_dim;
+  InitState(p, s.total);
   const int64_t chunks = s.slot / kChunk + 1;
-  for (int64_t c = 0; c < chunks; ++c) {
-    if (!ScoreChunk(p, t, kvh, c, s)) continue;
-    for (int i = threadIdx.x; i < p.group * hd; i += kThreads) {
-      const int g = i / hd;
-      const float part = ChunkValue(p, s, g, i % hd);
-      s.acc[i] = MergeValue(s.acc[i], part, MergeCoeffs(s.m[g], s.mc[g]));
-    }
-    MergeSums(p, s);
+  const int64_t groups = DivUp(chunks, kGroupChunks);
+  for (int64_t grp = 0; grp < groups; ++grp) {
+    if (!GroupState(p, t, kvh, grp, chunks, s)) continue;
+    MergePart(p, s.total, s.group.m, s.group.l, [&](int i) { return s.group.acc[i]; });
   }
   WriteOutput(p, t, kvh, s);
 }
 
-// One block per (token, KV head, chunk): the chunk's partial goes to the workspace, and the last
-// of the token's chunk blocks to arrive merges them all in chunk order.
+// One block per (token, KV head, chunk group): the group's state goes to the workspace, and the
+// last of the token's group blocks to arrive merges them all in group order.
 __global__ void __launch_bounds__(kThreads) AttentionSplitKernel(Params p) {
   __shared__ Smem s;
   const int64_t t = blockIdx.x / p.n_kv_heads;
   const int kvh = static_cast<int>(blockIdx.x % p.n_kv_heads);
-  const int64_t c = blockIdx.y;
+  const int64_t grp = blockIdx.y;
   if (threadIdx.x == 0) {
-    // Blocks past the token's last chunk leave at once (their count is not waited for); chunk
+    // Blocks past the token's last group leave at once (their count is not waited for); group
     // 0 always runs, to report a bad token.
     const int32_t slot = p.slot[t];
-    s.last = c == 0 || (slot >= 0 && c <= slot / kChunk);
+    s.last = grp == 0 || (slot >= 0 && grp <= slot / (kChunk * kGroupChunks));
   }
   __syncthreads();
   if (!s.last) return;
-  if (c == 0) {
+  if (grp == 0) {
     if (!LoadToken(p, t, kvh, s)) return;
   } else {
-    // Only chunk 0 reports a bad token (and zeros its output); the others just leave.
+    // Only group 0 reports a bad token (and zeros its output); the others just leave.
     if (threadIdx.x == 0) {
       const int32_t seq = p.token_seq[t];
       const int32_t slot = p.slot[t];
@@ -270,53 +297,49 @@ __global__ void __launch_bounds__(kThreads) AttentionSplitKernel(Params p) {
   const int hd = p.head_dim;
   const int64_t stride = 2 * G + int64_t{G} * hd;
   const int64_t pair = t * p.n_kv_heads + kvh;
-  float* mine = p.partials + (pair * p.n_chunks_cap + c) * stride;
-  if (ScoreChunk(p, t, kvh, c, s)) {
+  const int64_t chunks = s.slot / kChunk + 1;
+  const int64_t groups = DivUp(chunks, kGroupChunks);
+  float* mine = p.partials + (pair * p.n_groups_cap + grp) * stride;
+  if (GroupState(p, t, kvh, grp, chunks, s)) {
     if (threadIdx.x < G) {
-      mine[threadIdx.x] = s.mc[threadIdx.x];
-      mine[G + threadIdx.x] = s.lc[threadIdx.x];
+      mine[threadIdx.x] = s.group.m[threadIdx.x];
+      mine[G + threadIdx.x] = s.group.l[threadIdx.x];
     }
-    for (int i = threadIdx.x; i < G * hd; i += kThreads) {
-      mine[2 * G + i] = ChunkValue(p, s, i / hd, i % hd);
-    }
+    for (int i = threadIdx.x; i < G * hd; i += kThreads) mine[2 * G + i] = s.group.acc[i];
   } else if (threadIdx.x < G) {
-    mine[threadIdx.x] = kNegInf;  // hidden chunk: skipped by the merge, as in AttentionKernel
+    mine[threadIdx.x] = kNegInf;  // hidden group: skipped by the merge, as in AttentionKernel
     mine[G + threadIdx.x] = 0.0f;
   }
   __threadfence();
   __syncthreads();
-  const int64_t chunks = s.slot / kChunk + 1;
-  if (threadIdx.x == 0) s.last = atomicAdd(&p.counters[pair], 1) == chunks - 1;
+  if (threadIdx.x == 0) s.last = atomicAdd(&p.counters[pair], 1) == groups - 1;
   __syncthreads();
   if (!s.last) return;
   __threadfence();
-  InitState(p, s);
-  const float* all = p.partials + pair * p.n_chunks_cap * stride;
-  for (int64_t k = 0; k < chunks; ++k) {
+  InitState(p, s.total);
+  const float* all = p.partials + pair * p.n_groups_cap * stride;
+  for (int64_t k = 0; k < groups; ++k) {
     const float* part = all + k * stride;
     if (threadIdx.x < G) {
-      s.mc[threadIdx.x] = __ldcg(part + threadIdx.x);
-      s.lc[threadIdx.x] = __ldcg(part + G + threadIdx.x);
+      s.group.m[threadIdx.x] = __ldcg(part + threadIdx.x);
+      s.group.l[threadIdx.x] = __ldcg(part + G + threadIdx.x);
     }
     __syncthreads();
-    if (s.mc[0] == kNegInf && s.lc[0] == 0.0f) {
-      __syncthreads();
-      continue;
-    }
-    for (int i = threadIdx.x; i < G * hd; i += kThreads) {
-      const int g = i / hd;
-      s.acc[i] = MergeValue(s.acc[i], __ldcg(part + 2 * G + i), MergeCoeffs(s.m[g], s.mc[g]));
-    }
-    MergeSums(p, s);
+    const bool hidden = s.group.m[0] == kNegInf && s.group.l[0] == 0.0f;
+    __syncthreads();
+    if (hidden) continue;
+    MergePart(p, s.total, s.group.m, s.group.l, [&](int i) { return __ldcg(part + 2 * G + i); });
   }
   WriteOutput(p, t, kvh, s);
 }
 
-int64_t ChunksCap(const PagedKv& c) { return DivUp(c.max_blocks * c.block_size, kChunk); }
+int64_t GroupsCap(const PagedKv& c) {
+  return DivUp(c.max_blocks * c.block_size, int64_t{kChunk} * kGroupChunks);
+}
 
 int64_t PartialFloats(const AttentionArgs& a) {
   const int64_t g = a.n_heads / a.n_kv_heads;
-  return a.n_tokens * a.n_kv_heads * ChunksCap(a.cache) * (2 * g + g * a.head_dim);
+  return a.n_tokens * a.n_kv_heads * GroupsCap(a.cache) * (2 * g + g * a.head_dim);
 }
 
 }  // namespace
@@ -342,11 +365,12 @@ absl::Status LaunchAttention(const AttentionArgs& a, const CudaContext& ctx, cud
         absl::StrCat("Attention: cache.kv_dim ", a.cache.kv_dim, " != n_kv_heads x head_dim"));
   }
   const int64_t group = a.n_heads / a.n_kv_heads;
-  if (group > kAttentionMaxGroup || a.head_dim > kAttentionMaxHeadDim) {
+  if (group > kAttentionMaxGroup || a.head_dim > kAttentionMaxHeadDim ||
+      group * a.head_dim > kAttentionMaxGroupTimesHeadDim) {
     return absl::UnimplementedError(absl::StrCat(
         "Attention: the CUDA kernel takes up to ", kAttentionMaxGroup,
-        " query heads per KV head and head_dim up to ", kAttentionMaxHeadDim, "; got ", group,
-        " and ", a.head_dim));
+        " query heads per KV head, head_dim up to ", kAttentionMaxHeadDim, " and their product up to ",
+        kAttentionMaxGroupTimesHeadDim, "; got ", group, " and ", a.head_dim));
   }
   SPECD_RETURN_IF_ERROR(cpu::CheckElementCount(kOp, "n_tokens x n_heads x head_dim", a.n_tokens,
                                                a.n_heads * a.head_dim));
@@ -361,8 +385,8 @@ absl::Status LaunchAttention(const AttentionArgs& a, const CudaContext& ctx, cud
     SPECD_RETURN_IF_ERROR(cpu::CheckNoOverlap(kOp, "out", a.out, bytes, "q", a.q, bytes));
   }
   const int64_t blocks = a.n_tokens * a.n_kv_heads;
-  const int64_t chunks_cap = ChunksCap(a.cache);
-  if (blocks > 0x7fffffff || chunks_cap > 65535) {
+  const int64_t groups_cap = GroupsCap(a.cache);
+  if (blocks > 0x7fffffff || groups_cap > 65535) {
     return absl::InvalidArgumentError("Attention: batch or cache too large for one launch");
   }
   Params p;
@@ -379,14 +403,14 @@ absl::Status LaunchAttention(const AttentionArgs& a, const CudaContext& ctx, cud
   p.scale = a.scale;
   p.partials = nullptr;
   p.counters = nullptr;
-  p.n_chunks_cap = chunks_cap;
+  p.n_groups_cap = groups_cap;
   p.error = ctx.error;
 
-  // Split over chunks when (token, KV head) pairs alone would leave most SMs idle. Either form
-  // gives the same bits (see attention.h).
+  // Split over chunk groups when (token, KV head) pairs alone would leave most SMs idle. Either
+  // form gives the same bits (see attention.h).
   const bool fits = AttentionSplitWorkspaceBytes(a) <= ctx.workspace_bytes;
   bool split = ctx.attention_split > 0 ||
-               (ctx.attention_split == 0 && blocks < 2 * int64_t{ctx.sm_count} && chunks_cap > 1);
+               (ctx.attention_split == 0 && blocks < 2 * int64_t{ctx.sm_count} && groups_cap > 1);
   if (split && !fits) {
     if (ctx.attention_split > 0) {
       return absl::ResourceExhaustedError(
@@ -403,7 +427,7 @@ absl::Status LaunchAttention(const AttentionArgs& a, const CudaContext& ctx, cud
                                           (PartialFloats(a) * 4 + 255) / 256 * 256);
   SPECD_RETURN_IF_ERROR(CudaStatus(cudaMemsetAsync(p.counters, 0, blocks * 4, stream),
                                    "Attention counters"));
-  AttentionSplitKernel<<<dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(chunks_cap)),
+  AttentionSplitKernel<<<dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(groups_cap)),
                          kThreads, 0, stream>>>(p);
   return CudaStatus(cudaGetLastError(), "Attention launch");
 }

@@ -4,13 +4,15 @@
 // the kernel.
 //
 // Invariance. A token's keys are cut into chunks of kAttentionChunk slots at FIXED slot
-// positions (slots [64c, 64c + 64)), never at points chosen from the batch. A chunk's partial
-// softmax (its max m_c, sum l_c and weighted values) is computed by one block with a fixed
-// thread mapping, and the partials are merged in ascending chunk order with one merge function.
-// The launcher may run all chunks of a (token, KV head) in one block (merging as it goes) or each
-// chunk in its own block, with the last block to finish merging the stored partials in the same
-// order: the two give the same bits, so that choice, which does depend on the batch's size, never
-// changes a result. A chunk whose slots are all hidden (tree masks) is skipped in both.
+// positions (slots [64c, 64c + 64)), never at points chosen from the batch, and the chunks into
+// fixed groups of kAttentionGroupChunks. A chunk's partial softmax (its max, sum of exponentials
+// and weighted values) is computed by one block with a fixed thread mapping; a group's state is
+// its chunks merged in ascending order from an empty state, and the output is the groups' states
+// merged in ascending order, every merge by one function. The launcher may run all groups of a
+// (token, KV head) in one block, or each group in its own block with the last block to finish
+// merging the stored group states in the same order: the two give the same bits, so that choice,
+// which does depend on the batch's size, never changes a result. A chunk or group whose slots are
+// all hidden (tree masks) is skipped in both.
 #ifndef SPECD_KERNELS_CUDA_ATTENTION_H_
 #define SPECD_KERNELS_CUDA_ATTENTION_H_
 
@@ -25,8 +27,10 @@
 namespace specd::kernels::cuda {
 
 inline constexpr int64_t kAttentionChunk = 64;
+inline constexpr int64_t kAttentionGroupChunks = 8;   // 512 slots per chunk group
 inline constexpr int64_t kAttentionMaxGroup = 16;     // n_heads / n_kv_heads
-inline constexpr int64_t kAttentionMaxHeadDim = 256;  // and even
+inline constexpr int64_t kAttentionMaxHeadDim = 256;
+inline constexpr int64_t kAttentionMaxGroupTimesHeadDim = 2048;
 
 // A token whose sequence, slot or block table is out of range is reported through ctx.error and
 // its output is zeros. UNIMPLEMENTED beyond the group and head_dim limits. n_tokens == 0 is a

@@ -7,6 +7,9 @@
 #   build        engine-only build (-DSPECD_ENGINE_ONLY=ON, sm_90), only the targets used below
 #   conformance  the conformance suite on CUDA (every op, invariance, guard zones) and the
 #                CUDA-only tests (tile shapes, split attention, ProcessRows vs CPU, errors, graphs)
+#   engine_tests engine-level tests that compare an engine with itself, on CUDA
+#                (SPECD_TEST_BACKEND=cuda): batch invariance, draft trees and KV dtypes, greedy
+#                speculative == plain for every K, and the chi-square distribution tests
 #   hf_parity    logits and greedy tokens against transformers' LlamaForCausalLM
 #   spec_parity  greedy speculative == plain decoding in process, K = 1..8, alone and batched
 #   decode       batch-1 decode as a fraction of the copy bandwidth, 1B and 3B shapes (bf16,
@@ -16,7 +19,8 @@
 #   hf_generate  transformers' plain and assisted generate() on the 3B checkpoint
 # Each stage appends to $OUT/summary.txt; a failed stage is reported and the next one still runs.
 # A device call is limited to 10 minutes: run the stages in two or three calls, e.g.
-#   build conformance hf_parity spec_parity  |  build decode speedup  |  build sharing hf_generate
+#   build conformance engine_tests hf_parity spec_parity  |  build decode speedup
+#   |  build sharing hf_generate
 # (build is a no-op when the machine is still warm with the last build).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -27,8 +31,8 @@ WORK=${SPECD_GPU_WORK:-/tmp/specd-gpu}
 mkdir -p "$OUT" "$WORK"
 SUMMARY=$OUT/summary.txt
 STAGES=("$@")
-[[ ${#STAGES[@]} -gt 0 ]] || STAGES=(build conformance hf_parity spec_parity decode speedup sharing
-                                     hf_generate)
+[[ ${#STAGES[@]} -gt 0 ]] || STAGES=(build conformance engine_tests hf_parity spec_parity decode
+                                     speedup sharing hf_generate)
 export PYTHONUNBUFFERED=1
 
 note() { echo "[device_check] $*" | tee -a "$SUMMARY"; }
@@ -45,7 +49,12 @@ fi
 export PATH=/usr/local/cuda/bin:$PATH
 
 TOOLS=$BUILD/tools/bench/engine
+ENGINE_TESTS=(tests/common/engine/engine_batch_invariance_test
+              tests/common/engine/engine_tree_and_kv_dtype_test
+              tests/services/coordinator/speculation_round_test
+              tests/services/coordinator/distribution_test)
 TARGETS=(kernels_conformance_test kernels_cuda_test engine_logits spec_bench decode_bench)
+for t in "${ENGINE_TESTS[@]}"; do TARGETS+=("${t##*/}"); done
 
 stage_build() {
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee -a "$SUMMARY"
@@ -65,6 +74,16 @@ stage_conformance() {
   local b=$?
   grep -E "^\[  (PASSED|FAILED|SKIPPED) |^\[  FAILED  \]" "$OUT/conformance.log" "$OUT/cuda_test.log" | tee -a "$SUMMARY"
   [[ $a -eq 0 && $b -eq 0 ]]
+}
+
+stage_engine_tests() {
+  local rc=0
+  for t in "${ENGINE_TESTS[@]}"; do
+    SPECD_TEST_BACKEND=cuda "$BUILD/$t" --gtest_color=no >"$OUT/${t##*/}.log" 2>&1 || rc=1
+    echo "${t##*/}: $(grep -E '^\[  (PASSED|FAILED) ' "$OUT/${t##*/}.log" | tr '\n' ' ')" |
+        tee -a "$SUMMARY"
+  done
+  return "$rc"
 }
 
 stage_hf_parity() {

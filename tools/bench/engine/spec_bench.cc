@@ -311,7 +311,9 @@ int Main(int argc, char** argv) {
       o.draft_layers = std::atoll(v.c_str());
     } else if (flag == "--ks") {
       o.ks.clear();
-      for (const std::string& k : absl::StrSplit(v, ',')) o.ks.push_back(std::atoi(k.c_str()));
+      for (const std::string& k : std::vector<std::string>(absl::StrSplit(v, ','))) {
+        o.ks.push_back(std::atoi(k.c_str()));
+      }
     } else if (flag == "--prompts") {
       o.prompts = std::atoi(v.c_str());
     } else if (flag == "--new-tokens") {
