@@ -107,10 +107,10 @@ absl::StatusOr<std::unique_ptr<LlamaEngine>> LlamaEngine::Create(
     // A back end without device memory (the CPU) is sized by kv_capacity_tokens.
     if (mem.ok()) {
       const ModelMemory own = EstimateModelMemory(c, options.kv_dtype);
-      SPECD_ASSIGN_OR_RETURN(capacity_tokens,
-                             KvTokensForShare(own, options.gpu_memory_fraction, mem->total_bytes,
-                                              options.peer_fixed_bytes,
-                                              options.peer_kv_bytes_per_token));
+      SPECD_ASSIGN_OR_RETURN(
+          capacity_tokens,
+          KvTokensForShare(own, options.gpu_memory_fraction, mem->total_bytes,
+                           options.peer_fixed_bytes, options.peer_kv_bytes_per_token));
       const int64_t kv_bytes = capacity_tokens * own.kv_bytes_per_token;
       if (kv_bytes + own.scratch_reserve_bytes > mem->free_bytes) {
         return absl::ResourceExhaustedError(absl::StrFormat(
@@ -312,8 +312,8 @@ absl::Status LlamaEngine::GrowScratch(int64_t n_tokens, int64_t n_logits) {
           std::pair{&s_.q, c.q_dim()}, std::pair{&s_.att, c.q_dim()}, std::pair{&s_.k, c.kv_dim()},
           std::pair{&s_.v, c.kv_dim()}, std::pair{&s_.gate, c.intermediate_size},
           std::pair{&s_.up, c.intermediate_size}}) {
-      SPECD_RETURN_IF_ERROR(Ensure(*backend_, *buffer, n * width * 4, kScratch, "activations",
-                                   &buffers_generation_));
+      SPECD_RETURN_IF_ERROR(
+          Ensure(*backend_, *buffer, n * width * 4, kScratch, "activations", &buffers_generation_));
     }
     s_.tokens = n;
   }
@@ -377,8 +377,7 @@ absl::StatusOr<Logits> LlamaEngine::Enqueue(std::span<const SequenceInput> batch
   return logits;
 }
 
-absl::Status LlamaEngine::EnqueueModelRecorded(int64_t n_seqs, int64_t n_tokens,
-                                               int64_t n_logits) {
+absl::Status LlamaEngine::EnqueueModelRecorded(int64_t n_seqs, int64_t n_tokens, int64_t n_logits) {
   kernels::Backend& be = *backend_;
   if (recorded_generation_ != buffers_generation_) {
     // A buffer a recording points into has moved: every recording is stale.
@@ -502,10 +501,9 @@ ModelMemory EstimateModelMemory(const ModelConfig& c, kernels::DType kv_dtype) {
   if (!c.tie_word_embeddings) params += c.vocab_size * h;
   ModelMemory m;
   m.weights_bytes = params * kernels::DTypeSize(c.torch_dtype) + (2 * c.num_layers + 2) * h * 4;
-  const int64_t per_token =
-      (2 * h + 2 * c.q_dim() + 2 * c.kv_dim() + 2 * c.intermediate_size) * 4;
-  m.scratch_reserve_bytes = kReserveTokens * per_token + kReserveRows * c.vocab_size * 4 * 2 +
-                            kReserveFixedBytes;
+  const int64_t per_token = (2 * h + 2 * c.q_dim() + 2 * c.kv_dim() + 2 * c.intermediate_size) * 4;
+  m.scratch_reserve_bytes =
+      kReserveTokens * per_token + kReserveRows * c.vocab_size * 4 * 2 + kReserveFixedBytes;
   m.kv_bytes_per_token = 2 * c.num_layers * c.kv_dim() * kernels::DTypeSize(kv_dtype);
   return m;
 }

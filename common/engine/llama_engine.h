@@ -49,8 +49,8 @@ struct EngineOptions {
   // KV cache so that the two pools hold the same number of tokens (every sequence lives in both,
   // so the smaller pool would set the capacity). Both workers compute the same token count from
   // the same estimates.
-  int64_t peer_fixed_bytes = 0;          // the peer's weights and scratch reserve
-  int64_t peer_kv_bytes_per_token = 0;   // 0: no peer, the fraction is this engine's alone
+  int64_t peer_fixed_bytes = 0;         // the peer's weights and scratch reserve
+  int64_t peer_kv_bytes_per_token = 0;  // 0: no peer, the fraction is this engine's alone
 };
 
 // What a model will take on a device, from its config alone (for sizing before loading).

@@ -1,12 +1,11 @@
 #include "common/synth/synth.h"
 
+#include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <fstream>
-#include <algorithm>
-#include <atomic>
 #include <map>
-#include <optional>
 #include <thread>
 
 #include "absl/container/flat_hash_set.h"
@@ -210,10 +209,12 @@ absl::Status WriteShards(const std::vector<Plan>& plan, const std::vector<int64_
             : absl::StrCat("model-", absl::Dec(s + 1, absl::kZeroPad5), "-of-",
                            absl::Dec(shards.size(), absl::kZeroPad5), ".safetensors");
     const std::vector<size_t>& members = shards[s];
-    std::vector<std::optional<absl::StatusOr<TensorBytes>>> made(members.size());
+    std::vector<absl::StatusOr<TensorBytes>> made(members.size(),
+                                                  absl::InternalError("tensor not made"));
     std::atomic<size_t> next{0};
     auto work = [&] {
-      for (size_t j = next++; j < members.size(); j = next++) made[j] = fill(plan[members[j]], members[j]);
+      for (size_t j = next++; j < members.size(); j = next++)
+        made[j] = fill(plan[members[j]], members[j]);
     };
     std::vector<std::thread> pool;
     for (size_t t = 1; t < std::min(threads, members.size()); ++t) pool.emplace_back(work);
@@ -221,7 +222,8 @@ absl::Status WriteShards(const std::vector<Plan>& plan, const std::vector<int64_
     for (std::thread& t : pool) t.join();
     SafetensorsWriter writer;
     for (size_t j = 0; j < members.size(); ++j) {
-      SPECD_ASSIGN_OR_RETURN(TensorBytes t, std::move(*made[j]));
+      if (!made[j].ok()) return made[j].status();
+      TensorBytes& t = *made[j];
       SPECD_RETURN_IF_ERROR(writer.Add(t.name, t.dtype, t.shape, std::move(t.bytes)));
       weight_map[t.name] = file;
       done += sizes[members[j]];

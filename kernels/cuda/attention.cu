@@ -30,8 +30,8 @@ struct Params {
   int32_t group;  // query heads per KV head
   int32_t head_dim;
   float scale;
-  float* partials;     // split form: [token][kv head][chunk group][2 * group + group * head_dim]
-  int32_t* counters;   // split form: [token][kv head], zero before the launch
+  float* partials;    // split form: [token][kv head][chunk group][2 * group + group * head_dim]
+  int32_t* counters;  // split form: [token][kv head], zero before the launch
   int64_t n_groups_cap;
   DeviceError* error;
 };
@@ -108,8 +108,8 @@ __device__ bool ScoreChunk(const Params& p, int64_t t, int kvh, int64_t c, Smem&
       if (block < 0 || block >= kv.num_blocks) {
         ReportError(p.error, DeviceOp::kAttention, DeviceField::kBlockTable, t, block);
       } else {
-        offset = (int64_t{block} * kv.block_size + slot % kv.block_size) * kv.kv_dim +
-                 int64_t{kvh} * hd;
+        offset =
+            (int64_t{block} * kv.block_size + slot % kv.block_size) * kv.kv_dim + int64_t{kvh} * hd;
       }
     }
     s.offset[threadIdx.x] = offset;
@@ -355,9 +355,8 @@ absl::Status LaunchAttention(const AttentionArgs& a, const CudaContext& ctx, cud
   SPECD_RETURN_IF_ERROR(cpu::CheckPositive(kOp, "n_kv_heads", a.n_kv_heads));
   SPECD_RETURN_IF_ERROR(cpu::CheckPositive(kOp, "head_dim", a.head_dim));
   if (a.n_heads % a.n_kv_heads != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("Attention: n_heads ", a.n_heads,
-                                                   " is not a multiple of n_kv_heads ",
-                                                   a.n_kv_heads));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Attention: n_heads ", a.n_heads, " is not a multiple of n_kv_heads ", a.n_kv_heads));
   }
   SPECD_RETURN_IF_ERROR(cpu::CheckPagedKv(kOp, a.cache));
   if (a.cache.kv_dim != a.n_kv_heads * a.head_dim) {
@@ -367,10 +366,11 @@ absl::Status LaunchAttention(const AttentionArgs& a, const CudaContext& ctx, cud
   const int64_t group = a.n_heads / a.n_kv_heads;
   if (group > kAttentionMaxGroup || a.head_dim > kAttentionMaxHeadDim ||
       group * a.head_dim > kAttentionMaxGroupTimesHeadDim) {
-    return absl::UnimplementedError(absl::StrCat(
-        "Attention: the CUDA kernel takes up to ", kAttentionMaxGroup,
-        " query heads per KV head, head_dim up to ", kAttentionMaxHeadDim, " and their product up to ",
-        kAttentionMaxGroupTimesHeadDim, "; got ", group, " and ", a.head_dim));
+    return absl::UnimplementedError(
+        absl::StrCat("Attention: the CUDA kernel takes up to ", kAttentionMaxGroup,
+                     " query heads per KV head, head_dim up to ", kAttentionMaxHeadDim,
+                     " and their product up to ", kAttentionMaxGroupTimesHeadDim, "; got ", group,
+                     " and ", a.head_dim));
   }
   SPECD_RETURN_IF_ERROR(cpu::CheckElementCount(kOp, "n_tokens x n_heads x head_dim", a.n_tokens,
                                                a.n_heads * a.head_dim));
@@ -379,7 +379,8 @@ absl::Status LaunchAttention(const AttentionArgs& a, const CudaContext& ctx, cud
   SPECD_RETURN_IF_ERROR(cpu::CheckNotNull(kOp, "out", a.out));
   SPECD_RETURN_IF_ERROR(cpu::CheckNotNull(kOp, "token_seq", a.token_seq));
   SPECD_RETURN_IF_ERROR(cpu::CheckNotNull(kOp, "slot", a.slot));
-  if (a.tree_mask != nullptr) SPECD_RETURN_IF_ERROR(cpu::CheckNotNull(kOp, "mask_start", a.mask_start));
+  if (a.tree_mask != nullptr)
+    SPECD_RETURN_IF_ERROR(cpu::CheckNotNull(kOp, "mask_start", a.mask_start));
   if (a.q != a.out) {
     const int64_t bytes = a.n_tokens * a.n_heads * a.head_dim * 4;
     SPECD_RETURN_IF_ERROR(cpu::CheckNoOverlap(kOp, "out", a.out, bytes, "q", a.q, bytes));
@@ -425,8 +426,8 @@ absl::Status LaunchAttention(const AttentionArgs& a, const CudaContext& ctx, cud
   p.partials = static_cast<float*>(ctx.workspace);
   p.counters = reinterpret_cast<int32_t*>(static_cast<char*>(ctx.workspace) +
                                           (PartialFloats(a) * 4 + 255) / 256 * 256);
-  SPECD_RETURN_IF_ERROR(CudaStatus(cudaMemsetAsync(p.counters, 0, blocks * 4, stream),
-                                   "Attention counters"));
+  SPECD_RETURN_IF_ERROR(
+      CudaStatus(cudaMemsetAsync(p.counters, 0, blocks * 4, stream), "Attention counters"));
   AttentionSplitKernel<<<dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(groups_cap)),
                          kThreads, 0, stream>>>(p);
   return CudaStatus(cudaGetLastError(), "Attention launch");

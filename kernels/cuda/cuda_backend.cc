@@ -53,7 +53,8 @@ class CudaGraph final : public RecordedWork {
 
 absl::Status CheckCopy(std::string_view op, const void* dst, const void* src, int64_t bytes) {
   if (bytes < 0) {
-    return absl::InvalidArgumentError(absl::StrCat(ToAbsl(op), ": bytes must be >= 0, got ", bytes));
+    return absl::InvalidArgumentError(
+        absl::StrCat(ToAbsl(op), ": bytes must be >= 0, got ", bytes));
   }
   if (bytes > 0 && (dst == nullptr || src == nullptr)) {
     return absl::InvalidArgumentError(absl::StrCat(ToAbsl(op), ": null pointer"));
@@ -254,9 +255,8 @@ class CudaBackend final : public Backend {
     SPECD_RETURN_IF_ERROR(CheckCopy(op, dst, src, bytes));
     if (bytes == 0) return absl::OkStatus();
     SPECD_RETURN_IF_ERROR(Use());
-    return CudaStatus(
-        cudaMemcpyAsync(dst, src, static_cast<size_t>(bytes), kind, stream_.get()),
-        "cudaMemcpyAsync");
+    return CudaStatus(cudaMemcpyAsync(dst, src, static_cast<size_t>(bytes), kind, stream_.get()),
+                      "cudaMemcpyAsync");
   }
 
   const CudaBackendOptions options_;
@@ -284,13 +284,13 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackendWithOptions(
   const cudaError_t count = cudaGetDeviceCount(&n);
   if (count != cudaSuccess || n == 0) {
     (void)cudaGetLastError();
-    return absl::FailedPreconditionError(absl::StrCat(
-        "--backend cuda: no usable CUDA device (",
-        count != cudaSuccess
-            ? absl::StrCat(cudaGetErrorName(count), ": ", cudaGetErrorString(count),
-                           "; this is what a machine without an NVIDIA driver reports")
-            : "the driver reports 0 devices",
-        "); use --backend cpu or auto"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("--backend cuda: no usable CUDA device (",
+                     count != cudaSuccess
+                         ? absl::StrCat(cudaGetErrorName(count), ": ", cudaGetErrorString(count),
+                                        "; this is what a machine without an NVIDIA driver reports")
+                         : "the driver reports 0 devices",
+                     "); use --backend cpu or auto"));
   }
   if (options.device < 0 || options.device >= n) {
     return absl::InvalidArgumentError(
@@ -302,10 +302,10 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackendWithOptions(
       CudaStatus(cudaGetDeviceProperties(&prop, options.device), "cudaGetDeviceProperties"));
   if (const cudaError_t probe = cuda::ProbeKernelImage(); probe != cudaSuccess) {
     (void)cudaGetLastError();
-    return absl::FailedPreconditionError(absl::StrCat(
-        "--backend cuda: this build has no kernels for ", prop.name, " (sm_", prop.major,
-        prop.minor, "): ", cudaGetErrorString(probe),
-        "; rebuild with SPECD_CUDA_ARCHITECTURES including it"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("--backend cuda: this build has no kernels for ", prop.name, " (sm_",
+                     prop.major, prop.minor, "): ", cudaGetErrorString(probe),
+                     "; rebuild with SPECD_CUDA_ARCHITECTURES including it"));
   }
   cudaStream_t raw_stream = nullptr;
   SPECD_RETURN_IF_ERROR(CudaStatus(cudaStreamCreateWithFlags(&raw_stream, cudaStreamNonBlocking),
@@ -319,12 +319,10 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackendWithOptions(
   void* error_device = nullptr;
   SPECD_RETURN_IF_ERROR(CudaStatus(cudaHostGetDevicePointer(&error_device, error_raw, 0),
                                    "cudaHostGetDevicePointer"));
-  const std::string name =
-      absl::StrCat("cuda-sm", prop.major, prop.minor, " (", prop.name, ")");
-  auto backend = std::make_unique<CudaBackend>(options, name, std::move(stream),
-                                               std::move(error_host),
-                                               static_cast<cuda::DeviceError*>(error_device),
-                                               prop.multiProcessorCount);
+  const std::string name = absl::StrCat("cuda-sm", prop.major, prop.minor, " (", prop.name, ")");
+  auto backend = std::make_unique<CudaBackend>(
+      options, name, std::move(stream), std::move(error_host),
+      static_cast<cuda::DeviceError*>(error_device), prop.multiProcessorCount);
   SPECD_RETURN_IF_ERROR(backend->Init());
   return backend;
 }

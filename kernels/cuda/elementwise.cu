@@ -88,8 +88,8 @@ absl::Status LaunchGatherRows(const GatherRowsArgs& a, const CudaContext& ctx,
   SPECD_RETURN_IF_ERROR(cpu::CheckNotNull(kOp, "src", a.src));
   SPECD_RETURN_IF_ERROR(cpu::CheckNotNull(kOp, "rows", a.rows));
   SPECD_RETURN_IF_ERROR(cpu::CheckNotNull(kOp, "dst", a.dst));
-  SPECD_RETURN_IF_ERROR(cpu::CheckNoOverlap(kOp, "dst", a.dst, a.n * a.dim * 4, "src", a.src,
-                                            a.n_src * a.dim * 4));
+  SPECD_RETURN_IF_ERROR(
+      cpu::CheckNoOverlap(kOp, "dst", a.dst, a.n * a.dim * 4, "src", a.src, a.n_src * a.dim * 4));
   if (a.n > 0x7fffffff) return absl::InvalidArgumentError("GatherRows: n too large");
   GatherRowsKernel<<<static_cast<unsigned>(a.n), kThreads, 0, stream>>>(a.src, a.rows, a.dst,
                                                                         a.n_src, a.dim, ctx.error);

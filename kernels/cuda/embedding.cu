@@ -18,7 +18,8 @@ __global__ void EmbeddingKernel(const void* table, int64_t rows, int64_t dim, co
     for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) dst[i] = 0.0f;
     return;
   }
-  for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) dst[i] = LoadAsF32<D>(table, id * dim + i);
+  for (int64_t i = threadIdx.x; i < dim; i += blockDim.x)
+    dst[i] = LoadAsF32<D>(table, id * dim + i);
 }
 
 }  // namespace

@@ -87,11 +87,13 @@ __global__ void CopyKvRowsKernel(void* k, void* v, int64_t layer_stride, int64_t
     const int32_t s = src_rows[i];
     const int32_t d = dst_rows[i];
     if (s < 0 || s >= layer_stride) {
-      if (report && e % cols == 0) ReportError(error, DeviceOp::kCopyKvRows, DeviceField::kSrcRows, i, s);
+      if (report && e % cols == 0)
+        ReportError(error, DeviceOp::kCopyKvRows, DeviceField::kSrcRows, i, s);
       continue;
     }
     if (d < 0 || d >= layer_stride) {
-      if (report && e % cols == 0) ReportError(error, DeviceOp::kCopyKvRows, DeviceField::kDstRows, i, d);
+      if (report && e % cols == 0)
+        ReportError(error, DeviceOp::kCopyKvRows, DeviceField::kDstRows, i, d);
       continue;
     }
     base[int64_t{d} * kv_dim + col0 + e % cols] = saved[i * tile + e % cols];
@@ -125,8 +127,8 @@ absl::Status LaunchCopyKvRows(const CopyKvRowsArgs& a, const CudaContext& ctx,
   SPECD_RETURN_IF_ERROR(cpu::CheckPositive(kOp, "kv_dim", a.kv_dim));
   SPECD_RETURN_IF_ERROR(
       cpu::CheckElementCount(kOp, "n_layers x layer_stride", a.n_layers, a.layer_stride));
-  SPECD_RETURN_IF_ERROR(cpu::CheckElementCount(kOp, "layers x rows x kv_dim",
-                                               a.n_layers * a.layer_stride, a.kv_dim));
+  SPECD_RETURN_IF_ERROR(
+      cpu::CheckElementCount(kOp, "layers x rows x kv_dim", a.n_layers * a.layer_stride, a.kv_dim));
   if (a.n == 0) return absl::OkStatus();
   SPECD_RETURN_IF_ERROR(cpu::CheckNotNull(kOp, "k", a.k));
   SPECD_RETURN_IF_ERROR(cpu::CheckNotNull(kOp, "v", a.v));
@@ -134,9 +136,9 @@ absl::Status LaunchCopyKvRows(const CopyKvRowsArgs& a, const CudaContext& ctx,
   SPECD_RETURN_IF_ERROR(cpu::CheckNotNull(kOp, "dst_rows", a.dst_rows));
   const int64_t elem = DTypeSize(a.dtype);
   if (a.n > kMaxCopyKvRows) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "CopyKvRows: n = ", a.n, " rows in one call; the CUDA back end copies at most ",
-        kMaxCopyKvRows));
+    return absl::InvalidArgumentError(
+        absl::StrCat("CopyKvRows: n = ", a.n,
+                     " rows in one call; the CUDA back end copies at most ", kMaxCopyKvRows));
   }
   const int64_t tile = std::clamp<int64_t>(kCopySmemBytes / (a.n * elem), 1, a.kv_dim);
   const int64_t tiles = DivUp(a.kv_dim, tile);

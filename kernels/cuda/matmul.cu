@@ -31,13 +31,11 @@ __device__ __forceinline__ void LoadWeight8(const void* w, int64_t i, bool vec, 
   if (vec) {
     if constexpr (D == DType::kF32) {
       const float4 a = __ldg(reinterpret_cast<const float4*>(static_cast<const float*>(w) + i));
-      const float4 b =
-          __ldg(reinterpret_cast<const float4*>(static_cast<const float*>(w) + i + 4));
+      const float4 b = __ldg(reinterpret_cast<const float4*>(static_cast<const float*>(w) + i + 4));
       out[0] = a.x, out[1] = a.y, out[2] = a.z, out[3] = a.w;
       out[4] = b.x, out[5] = b.y, out[6] = b.z, out[7] = b.w;
     } else {
-      const uint4 v =
-          __ldg(reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(w) + i));
+      const uint4 v = __ldg(reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(w) + i));
       if constexpr (D == DType::kBF16) {
         Bf16x2(v.x, out), Bf16x2(v.y, out + 2), Bf16x2(v.z, out + 4), Bf16x2(v.w, out + 6);
       } else {
@@ -132,8 +130,8 @@ template <DType D, int TW, int RW>
 cudaError_t Launch(const MatmulArgs& a, bool vec, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(DivUp(a.w.rows, int64_t{kWarps} * RW)),
                   static_cast<unsigned>(DivUp(a.n_tokens, TW)));
-  MatmulKernel<D, TW, RW><<<grid, kThreads, 0, stream>>>(a.x, a.w.data, a.y, a.n_tokens,
-                                                        a.w.rows, a.w.cols, vec);
+  MatmulKernel<D, TW, RW>
+      <<<grid, kThreads, 0, stream>>>(a.x, a.w.data, a.y, a.n_tokens, a.w.rows, a.w.cols, vec);
   return cudaGetLastError();
 }
 

@@ -82,9 +82,8 @@ __device__ bool ParamsValid(const SamplingParams& p) {
   return finite(p.temperature) && p.temperature >= 0.0f && p.top_k >= 0 && finite(p.top_p) &&
          p.top_p > 0.0f && p.top_p <= 1.0f && finite(p.min_p) && p.min_p >= 0.0f &&
          p.min_p <= 1.0f && finite(p.repetition_penalty) && p.repetition_penalty > 0.0f &&
-         finite(p.presence_penalty) && p.presence_penalty >= -2.0f &&
-         p.presence_penalty <= 2.0f && finite(p.frequency_penalty) &&
-         p.frequency_penalty >= -2.0f && p.frequency_penalty <= 2.0f;
+         finite(p.presence_penalty) && p.presence_penalty >= -2.0f && p.presence_penalty <= 2.0f &&
+         finite(p.frequency_penalty) && p.frequency_penalty >= -2.0f && p.frequency_penalty <= 2.0f;
 }
 
 // The row's arguments; reports the first bad one. Thread 0 only.
@@ -100,9 +99,8 @@ __device__ bool RowValid(const ProcessRowsArgs& a, int64_t r, const RowSampling&
   const int32_t mode = static_cast<int32_t>(rs.mode);
   if (mode < 0 || mode > 2) return report(DeviceField::kMode, mode);
   if (rs.prompt_begin < 0 || rs.prompt_len < 0 || rs.prompt_begin > a.history_len ||
-      rs.prompt_len > a.history_len - rs.prompt_begin || rs.output_begin < 0 ||
-      rs.output_len < 0 || rs.output_begin > a.history_len ||
-      rs.output_len > a.history_len - rs.output_begin ||
+      rs.prompt_len > a.history_len - rs.prompt_begin || rs.output_begin < 0 || rs.output_len < 0 ||
+      rs.output_begin > a.history_len || rs.output_len > a.history_len - rs.output_begin ||
       (a.history == nullptr && (rs.prompt_len > 0 || rs.output_len > 0))) {
     return report(DeviceField::kHistoryRange, rs.prompt_begin);
   }
@@ -110,8 +108,8 @@ __device__ bool RowValid(const ProcessRowsArgs& a, int64_t r, const RowSampling&
   return true;
 }
 
-__global__ void __launch_bounds__(kThreads) ProcessRowsKernel(ProcessRowsArgs a,
-                                                              DeviceError* error) {
+__global__ void __launch_bounds__(kThreads)
+    ProcessRowsKernel(ProcessRowsArgs a, DeviceError* error) {
   __shared__ Shared s;
   const int64_t r = blockIdx.x;
   const int64_t V = a.vocab;
@@ -283,7 +281,8 @@ __global__ void __launch_bounds__(kThreads) ProcessRowsKernel(ProcessRowsArgs a,
       const uint32_t tau = lo;
       const float tv = __uint_as_float(tau);
       const double above = mass_from(tau + 1);
-      const int64_t ties = CountIf(V, s, [&](int64_t i) { return __float_as_uint(probs[i]) == tau; });
+      const int64_t ties =
+          CountIf(V, s, [&](int64_t i) { return __float_as_uint(probs[i]) == tau; });
       // The fewest ties c with above + c * tv >= target (c * tv is exact in fp64).
       int64_t c_lo = 1, c_hi = ties;
       while (c_lo < c_hi) {
@@ -294,10 +293,9 @@ __global__ void __launch_bounds__(kThreads) ProcessRowsKernel(ProcessRowsArgs a,
           c_lo = mid + 1;
         }
       }
-      const int64_t bound =
-          c_lo >= ties ? V
-                       : NthIdBound(V, c_lo, s,
-                                    [&](int64_t i) { return __float_as_uint(probs[i]) == tau; });
+      const int64_t bound = c_lo >= ties ? V : NthIdBound(V, c_lo, s, [&](int64_t i) {
+        return __float_as_uint(probs[i]) == tau;
+      });
       __syncthreads();
       for (int64_t i = tid; i < V; i += kThreads) {
         const uint32_t key = __float_as_uint(probs[i]);
@@ -362,9 +360,8 @@ absl::Status LaunchProcessRows(const ProcessRowsArgs& a, const CudaContext& ctx,
   SPECD_RETURN_IF_ERROR(cpu::CheckNotNull(kOp, "probs", a.probs));
   SPECD_RETURN_IF_ERROR(cpu::CheckNotNull(kOp, "argmax", a.argmax));
   SPECD_RETURN_IF_ERROR(cpu::CheckNotNull(kOp, "error", a.error));
-  SPECD_RETURN_IF_ERROR(cpu::CheckNoOverlap(kOp, "probs", a.probs,
-                                            a.prob_capacity * a.vocab * 4, "logits", a.logits,
-                                            a.n_rows * a.vocab * 4));
+  SPECD_RETURN_IF_ERROR(cpu::CheckNoOverlap(kOp, "probs", a.probs, a.prob_capacity * a.vocab * 4,
+                                            "logits", a.logits, a.n_rows * a.vocab * 4));
   if (a.n_rows > 0x7fffffff) return absl::InvalidArgumentError("ProcessRows: n_rows too large");
   ProcessRowsKernel<<<static_cast<unsigned>(a.n_rows), kThreads, 0, stream>>>(a, ctx.error);
   return CudaStatus(cudaGetLastError(), "ProcessRows launch");

@@ -174,20 +174,20 @@ __global__ void CombineLogitsKernel(CombineLogitsArgs a, DeviceError* error) {
 
 // Per-row statistics for the logprob formula, shared by the top-N and query kernels.
 struct RowStats {
-  float m;      // the row's maximum
+  float m;        // the row's maximum
   int32_t n_max;  // entries at +inf (when m is +inf)
   double log_sum;
 };
 
 __device__ float LogprobOf(float w, const RowStats& st) {
   if (st.m == -kInf) return -kInf;
-  if (st.m == kInf) return w == kInf ? static_cast<float>(-log(static_cast<double>(st.n_max))) : -kInf;
+  if (st.m == kInf)
+    return w == kInf ? static_cast<float>(-log(static_cast<double>(st.n_max))) : -kInf;
   return __double2float_rn(
       __dsub_rn(__dsub_rn(static_cast<double>(w), static_cast<double>(st.m)), st.log_sum));
 }
 
-__global__ void __launch_bounds__(kRowThreads)
-    LogprobRowsKernel(LogprobsArgs a, RowStats* stats) {
+__global__ void __launch_bounds__(kRowThreads) LogprobRowsKernel(LogprobsArgs a, RowStats* stats) {
   __shared__ float red_f[kWarp];
   __shared__ int32_t red_i[kWarp];
   __shared__ double red_d[kWarp];

@@ -357,7 +357,8 @@ int RunServe(const std::vector<std::string>& argv) {
   const bool split_gpu = args->Get("backend") != "cpu" && utilization != "0";
   const bool has_draft = args->Has("draft") || args->Has("draft-exit-layer");
   const std::string draft_dir = args->Has("draft") ? args->Get("draft") : args->Get("target");
-  const std::string draft_exit = args->Has("draft-exit-layer") ? args->Get("draft-exit-layer") : "0";
+  const std::string draft_exit =
+      args->Has("draft-exit-layer") ? args->Get("draft-exit-layer") : "0";
   if (split_gpu) {
     target.args.insert(target.args.end(), {"--gpu-memory-fraction", utilization});
     if (has_draft) {

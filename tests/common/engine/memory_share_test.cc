@@ -21,10 +21,10 @@ TEST(MemoryShareTest, EstimateCountsEveryWeightAndTheKvOfEveryLayer) {
   c.torch_dtype = kernels::DType::kBF16;
   c.tie_word_embeddings = false;
   const ModelMemory m = EstimateModelMemory(c, kernels::DType::kBF16);
-  // 3.21e9 parameters with an untied classifier (Llama-3.2-3B's 3.21B plus the 394M of its
+  // 3.61e9 parameters with an untied classifier (Llama-3.2-3B's 3.21B plus the 394M of an
   // untied head), two bytes each, plus f32 norm weights.
-  const int64_t params = 128256 * 3072 * 2 +
-                         28 * (2 * 3072 * 3072 + 2 * 1024 * 3072 + 3 * 8192 * 3072);
+  const int64_t params = int64_t{128256} * 3072 * 2 +
+                         int64_t{28} * (2 * 3072 * 3072 + 2 * 1024 * 3072 + 3 * 8192 * 3072);
   EXPECT_EQ(m.weights_bytes, params * 2 + (2 * 28 + 2) * 3072 * 4);
   EXPECT_EQ(m.kv_bytes_per_token, 2 * 28 * 1024 * 2);
   EXPECT_GT(m.scratch_reserve_bytes, 0);
@@ -44,7 +44,8 @@ TEST(MemoryShareTest, PeersGetTheSameTokenCountAndFillTheirShare) {
   ASSERT_TRUE(nd.ok()) << nd.status();
   EXPECT_EQ(*nt, *nd);
   const int64_t used = t.weights_bytes + t.scratch_reserve_bytes + d.weights_bytes +
-                       d.scratch_reserve_bytes + *nt * (t.kv_bytes_per_token + d.kv_bytes_per_token);
+                       d.scratch_reserve_bytes +
+                       *nt * (t.kv_bytes_per_token + d.kv_bytes_per_token);
   const int64_t share = static_cast<int64_t>(0.9 * static_cast<double>(total));
   EXPECT_LE(used, share);
   EXPECT_GT(used, share - (t.kv_bytes_per_token + d.kv_bytes_per_token));
@@ -57,8 +58,8 @@ TEST(MemoryShareTest, PeersGetTheSameTokenCountAndFillTheirShare) {
 TEST(MemoryShareTest, TooSmallAShareNamesTheBytes) {
   ModelConfig c = Llama3b();
   c.torch_dtype = kernels::DType::kBF16;
-  const absl::StatusOr<int64_t> n =
-      KvTokensForShare(EstimateModelMemory(c, kernels::DType::kBF16), 0.05, int64_t{80} << 30, 0, 0);
+  const absl::StatusOr<int64_t> n = KvTokensForShare(EstimateModelMemory(c, kernels::DType::kBF16),
+                                                     0.05, int64_t{80} << 30, 0, 0);
   ASSERT_EQ(n.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_NE(std::string(n.status().message()).find("GiB"), std::string::npos);
 }

@@ -61,9 +61,8 @@ TEST_F(CudaTest, MatmulTileShapesGiveTheSameBits) {
         ASSERT_NE(backend, nullptr);
         Device device(*backend);
         float* y = device.Output<float>(n * rows);
-        ASSERT_TRUE(backend
-                        ->Matmul({device.Put(x), {device.Put(w.bytes), dtype, rows, cols}, y, n})
-                        .ok());
+        ASSERT_TRUE(
+            backend->Matmul({device.Put(x), {device.Put(w.bytes), dtype, rows, cols}, y, n}).ok());
         const std::vector<float> got = device.Get(y, n * rows);
         if (first.empty()) first = got;
         EXPECT_TRUE(SameBits(got, first))
@@ -74,9 +73,8 @@ TEST_F(CudaTest, MatmulTileShapesGiveTheSameBits) {
         ASSERT_TRUE(
             backend->Matmul({device.Put(one), {device.Put(w.bytes), dtype, rows, cols}, y1, 1})
                 .ok());
-        EXPECT_TRUE(SameBits(device.Get(y1, rows),
-                             std::vector<float>(first.begin() + 11 * rows,
-                                                first.begin() + 12 * rows)));
+        EXPECT_TRUE(SameBits(device.Get(y1, rows), std::vector<float>(first.begin() + 11 * rows,
+                                                                      first.begin() + 12 * rows)));
         EXPECT_TRUE(device.GuardsIntact());
       }
     }
@@ -160,8 +158,8 @@ std::vector<float> RunAttention(Backend& backend, const AttentionCase& c,
   AttentionArgs a;
   a.q = device.Put(q);
   a.out = device.Output<float>(n * c.kWidth);
-  a.cache = {device.Put(c.k), device.Put(c.v), DType::kF32, device.Put(c.tables), c.max_blocks,
-             c.num_blocks, c.kBlock, c.kKvDim};
+  a.cache = {device.Put(c.k), device.Put(c.v), DType::kF32, device.Put(c.tables),
+             c.max_blocks,    c.num_blocks,    c.kBlock,    c.kKvDim};
   a.token_seq = device.Put(seq);
   a.slot = device.Put(slot);
   a.tree_mask = device.Put(mask);
@@ -201,7 +199,8 @@ TEST_F(CudaTest, AttentionSplitAndSequentialGiveTheSameBitsOverManyChunks) {
     for (int64_t h = 0; h < c.kHeads; ++h) {
       for (int64_t d = 0; d < c.kHeadDim; d += 7) {
         const double want = c.Reference(t, h, d);
-        ASSERT_NEAR(results[0][t * c.kWidth + h * c.kHeadDim + d], want, 2e-5 + 1e-4 * std::fabs(want))
+        ASSERT_NEAR(results[0][t * c.kWidth + h * c.kHeadDim + d], want,
+                    2e-5 + 1e-4 * std::fabs(want))
             << "token " << t << " head " << h << " dim " << d;
       }
     }

@@ -163,7 +163,8 @@ int Main(int argc, char** argv) {
   absl::StatusOr<kernels::BackendKind> kind = kernels::ParseBackendKind(backend_name);
   absl::StatusOr<ModelConfig> shape = ShapePreset(shape_name);
   if (!kind.ok() || !shape.ok()) {
-    std::fprintf(stderr, "%s\n", std::string((kind.ok() ? shape.status() : kind.status()).message()).c_str());
+    std::fprintf(stderr, "%s\n",
+                 std::string((kind.ok() ? shape.status() : kind.status()).message()).c_str());
     return 2;
   }
   const bool gpu = *kind != kernels::BackendKind::kCpu;
@@ -214,9 +215,9 @@ int Main(int argc, char** argv) {
         return 1;
       }
       backend_label = std::string((*engine)->backend().name());
-      const double gbps = gpu ? DeviceCopyGBps((*engine)->backend())
-                              : CpuWeightReadGBps((*engine)->weights(), (*engine)->config(),
-                                                  backend.num_threads);
+      const double gbps =
+          gpu ? DeviceCopyGBps((*engine)->backend())
+              : CpuWeightReadGBps((*engine)->weights(), (*engine)->config(), backend.num_threads);
       if (gbps <= 0) return 1;
       const double t1 = TimeForward(**engine, context, 1, steps);
       const double tk = TimeForward(**engine, context, k + 1, steps);

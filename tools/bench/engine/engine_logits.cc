@@ -69,11 +69,13 @@ int Main(int argc, char** argv) {
   greedy_out["tokens"] = nlohmann::json::array();
   for (size_t p = 0; p < prompts.size(); ++p) {
     const KvPool::SeqId seq = static_cast<KvPool::SeqId>(p + 1);
-    if (absl::Status st = (*engine)->AddSequence(seq); !st.ok()) return Fail(std::string(st.message()));
+    if (absl::Status st = (*engine)->AddSequence(seq); !st.ok())
+      return Fail(std::string(st.message()));
     SequenceInput input;
     input.seq = seq;
     input.tokens = prompts[p];
-    for (size_t i = 0; i < prompts[p].size(); ++i) input.logit_indices.push_back(static_cast<int32_t>(i));
+    for (size_t i = 0; i < prompts[p].size(); ++i)
+      input.logit_indices.push_back(static_cast<int32_t>(i));
     absl::StatusOr<Logits> logits = (*engine)->Forward(std::span<const SequenceInput>(&input, 1));
     if (!logits.ok()) return Fail(std::string(logits.status().message()));
     absl::StatusOr<std::vector<float>> host = (*engine)->ReadLogits(*logits);

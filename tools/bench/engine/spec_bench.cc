@@ -50,7 +50,7 @@ struct Options {
 };
 
 absl::StatusOr<std::unique_ptr<LlamaEngine>> Engine(const Options& o, int64_t exit_layer,
-                                                   int64_t kv_tokens) {
+                                                    int64_t kv_tokens) {
   EngineOptions options;
   options.kv_capacity_tokens = kv_tokens;
   options.max_seq_len = 4096;
@@ -215,9 +215,10 @@ int Check(const Options& o) {
   }
   const int64_t leaked = (*target)->runtime().engine().kv().used_blocks() +
                          (*draft)->runtime().engine().kv().used_blocks();
-  std::printf("%s: greedy speculative == plain for every K (%d failing cases); KV blocks left "
-              "in use: %ld\n",
-              failures == 0 && leaked == 0 ? "PASS" : "FAIL", failures, static_cast<long>(leaked));
+  std::printf(
+      "%s: greedy speculative == plain for every K (%d failing cases); KV blocks left "
+      "in use: %ld\n",
+      failures == 0 && leaked == 0 ? "PASS" : "FAIL", failures, static_cast<long>(leaked));
   return failures == 0 && leaked == 0 ? 0 : 1;
 }
 
@@ -250,8 +251,8 @@ int Speedup(const Options& o) {
               std::string((*target)->runtime().engine().backend().name()).c_str(),
               static_cast<long>(o.new_tokens), static_cast<long>(o.draft_layers));
   std::printf("plain: %.1f tokens/s, T_t %.3f ms\n", plain_tok_s, t_t * 1e3);
-  std::printf("%-3s %12s %9s %10s %10s %10s %12s %11s\n", "K", "tokens/s", "speed-up",
-              "accept", "T_d ms", "T_v ms", "predicted", "efficiency");
+  std::printf("%-3s %12s %9s %10s %10s %10s %12s %11s\n", "K", "tokens/s", "speed-up", "accept",
+              "T_d ms", "T_v ms", "predicted", "efficiency");
   for (const int32_t k : o.ks) {
     std::vector<SpeculativeSequence> seqs = Sequences(one, k, next_id++);
     absl::StatusOr<RunStats> st = Generate(**draft, **target, seqs, o.new_tokens);
@@ -261,15 +262,14 @@ int Speedup(const Options& o) {
     }
     const double tok_s = static_cast<double>(o.new_tokens) / st->seconds;
     const double alpha = st->drafted > 0 ? static_cast<double>(st->accepted) / st->drafted : 0;
-    const double t_d = st->draft_steps > 0
-                           ? absl::ToDoubleSeconds(st->draft_forward) / st->draft_steps
-                           : 0;
+    const double t_d =
+        st->draft_steps > 0 ? absl::ToDoubleSeconds(st->draft_forward) / st->draft_steps : 0;
     const double t_v = absl::ToDoubleSeconds(st->verify_forward) / st->rounds;
     const double per_round = alpha < 1 ? (1 - std::pow(alpha, k + 1)) / (1 - alpha) : k + 1;
     const double predicted = per_round * t_t / (k * t_d + t_v);
     const double speedup = tok_s / plain_tok_s;
-    std::printf("%-3d %12.1f %9.3f %10.3f %10.3f %10.3f %12.3f %11.3f\n", k, tok_s, speedup,
-                alpha, t_d * 1e3, t_v * 1e3, predicted, speedup / predicted);
+    std::printf("%-3d %12.1f %9.3f %10.3f %10.3f %10.3f %12.3f %11.3f\n", k, tok_s, speedup, alpha,
+                t_d * 1e3, t_v * 1e3, predicted, speedup / predicted);
   }
   return 0;
 }
