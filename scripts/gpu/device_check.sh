@@ -12,6 +12,7 @@
 #                speculative == plain for every K, and the chi-square distribution tests
 #   hf_parity    logits and greedy tokens against transformers' LlamaForCausalLM
 #   spec_parity  greedy speculative == plain decoding in process, K = 1..8, alone and batched
+#   matmul       specd's matmul next to cuBLAS on the 3B shapes, and cuBLAS's row invariance
 #   decode       batch-1 decode as a fraction of the copy bandwidth, 1B and 3B shapes (bf16,
 #                untied), with and without CUDA graphs, and T_v(4)/T_t
 #   speedup      speculative speed-up in process, 3B target with an early-exit draft, K = 2, 4, 6
@@ -19,7 +20,7 @@
 #   hf_generate  transformers' plain and assisted generate() on the 3B checkpoint
 # Each stage appends to $OUT/summary.txt; a failed stage is reported and the next one still runs.
 # A device call is limited to 10 minutes: run the stages in two or three calls, e.g.
-#   build conformance engine_tests hf_parity spec_parity  |  build decode speedup
+#   build conformance engine_tests hf_parity spec_parity  |  build matmul decode speedup
 #   |  build sharing hf_generate
 # (build is a no-op when the machine is still warm with the last build).
 set -uo pipefail
@@ -31,8 +32,8 @@ WORK=${SPECD_GPU_WORK:-/tmp/specd-gpu}
 mkdir -p "$OUT" "$WORK"
 SUMMARY=$OUT/summary.txt
 STAGES=("$@")
-[[ ${#STAGES[@]} -gt 0 ]] || STAGES=(build conformance engine_tests hf_parity spec_parity decode
-                                     speedup sharing hf_generate)
+[[ ${#STAGES[@]} -gt 0 ]] || STAGES=(build conformance engine_tests hf_parity spec_parity matmul
+                                     decode speedup sharing hf_generate)
 export PYTHONUNBUFFERED=1
 
 note() { echo "[device_check] $*" | tee -a "$SUMMARY"; }
@@ -53,7 +54,8 @@ ENGINE_TESTS=(tests/common/engine/engine_batch_invariance_test
               tests/common/engine/engine_tree_and_kv_dtype_test
               tests/services/coordinator/speculation_round_test
               tests/services/coordinator/distribution_test)
-TARGETS=(kernels_conformance_test kernels_cuda_test engine_logits spec_bench decode_bench)
+TARGETS=(kernels_conformance_test kernels_cuda_test engine_logits spec_bench decode_bench
+         cuda_matmul_bench)
 for t in "${ENGINE_TESTS[@]}"; do TARGETS+=("${t##*/}"); done
 
 stage_build() {
@@ -102,6 +104,13 @@ stage_spec_parity() {
         --model-dir "$WORK/models" >"$OUT/spec_parity_$dtype.log" 2>&1 || rc=1
     tail -1 "$OUT/spec_parity_$dtype.log" | sed "s/^/$dtype: /" | tee -a "$SUMMARY"
   done
+  return "$rc"
+}
+
+stage_matmul() {
+  "$BUILD/tools/bench/kernels/cuda_matmul_bench" --reps 50 >"$OUT/matmul.log" 2>&1
+  local rc=$?
+  tee -a "$SUMMARY" <"$OUT/matmul.log"
   return "$rc"
 }
 
