@@ -104,7 +104,7 @@ def write_checkpoint(directory, cfg, weights, dtype, tied):
     tensors = {}
     stored = {}
     for name, array in weights.items():
-        if dtype == "bf16" and array.ndim == 2:
+        if dtype == "bf16":  # every tensor, norms included, as a real bf16 checkpoint has
             bits = bf16_bits(array)
             tensors[name] = ("BF16", bits)
             stored[name] = bf16_to_f32(bits)
@@ -159,6 +159,9 @@ def run_specd(engine_logits, backend, directory, prompt_list, greedy):
 
 def hf_model(cfg, stored, tied, torch_dtype, device):
     import torch
+    # f32 means f32: no TF32 in the reference's matrix products.
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.set_float32_matmul_precision("highest")
     from transformers import LlamaConfig, LlamaForCausalLM
     import inspect
     kw = {k: v for k, v in cfg.items() if k not in ("rope_scaling", "rope_theta")}
