@@ -48,7 +48,8 @@ constexpr char kSummary[] =
     "A child that exits unexpectedly is restarted on the same address (backoff 0.5 s doubling\n"
     "to 10 s); stderr gets one line per restart and one `NAME pid N on ADDR` line per start.\n"
     "  specd serve --target DIR --draft DIR\n"
-    "  specd serve --target DIR --draft-exit-layer 2";
+    "  specd serve --target DIR --draft-exit-layer 2\n"
+    "  specd serve --target DIR --draft-method ngram    (prompt lookup: no draft worker)";
 
 constexpr absl::Duration kFirstBackoff = absl::Milliseconds(500);
 constexpr absl::Duration kMaxBackoff = absl::Seconds(10);
@@ -286,12 +287,32 @@ int RunServe(const std::vector<std::string>& argv) {
       {"target", "target model directory", "", false, true},
       {"draft", "draft model directory (same tokenizer as the target)", ""},
       {"draft-exit-layer", "instead of --draft: the target's first L layers as the draft", ""},
+      {"draft-method",
+       "how requests that do not say draft: model (the draft worker) or ngram (prompt lookup by "
+       "the coordinator; then no draft worker is started unless --draft or --draft-exit-layer "
+       "is also given)",
+       "model"},
+      {"ngram-min", "prompt lookup: the shortest suffix matched", "1"},
+      {"ngram-max", "prompt lookup: the longest suffix matched, tried first", "4"},
+      {"egag", "entropy-guided adaptive draft length by default (see specd-coordinator --help)", "",
+       true},
+      {"egag-ema-beta", "EGAG: weight of the past in the per-request entropy average", "0.5"},
+      {"egag-threshold", "EGAG: stop drafting once the normalized entropy exceeds this", "0.6"},
+      {"egag-min-tokens", "EGAG: drafts a round always makes", "1"},
+      {"draft-vocab",
+       "the draft computes logits for its N most frequent tokens only (FR-Spec); 0 = all", "0"},
+      {"draft-vocab-file", "token-frequency file ranking the tokens for --draft-vocab", ""},
       {"listen", "public gRPC address of the coordinator", "127.0.0.1:50051"},
       {"backend", "workers' compute back end: cpu, cuda or auto (CUDA when a GPU is present)",
        "auto"},
       {"kv-dtype", "workers' KV cache element type: f32, bf16 or f16", "f32"},
       {"threads", "CPU threads per worker (0 = all cores)", "0"},
-      {"kv-tokens", "KV cache capacity per worker, in tokens", "16384"},
+      {"kv-tokens", "KV cache capacity per worker, in tokens (on the CPU back end)", "16384"},
+      {"gpu-memory-utilization",
+       "on a GPU: the share of its memory both workers take together, split so that both KV "
+       "pools hold the same number of tokens (each worker's --gpu-memory-fraction); 0 = size "
+       "the KV caches by --kv-tokens",
+       "0.9"},
       {"default-k", "num_speculative_tokens when a request does not say", "4"},
       {"max-running", "sequences in the running batch", "32"},
       {"worker-call-timeout-seconds",
@@ -316,6 +337,11 @@ int RunServe(const std::vector<std::string>& argv) {
   if (args->Has("draft") && args->Has("draft-exit-layer")) {
     return ReportError(
         "serve", absl::InvalidArgumentError("give either --draft or --draft-exit-layer, not both"));
+  }
+  if (args->Get("draft-method") != "ngram" && args->Get("draft-method") != "model") {
+    return ReportError("serve", absl::InvalidArgumentError(
+                                    absl::StrCat("--draft-method must be model or ngram, got '",
+                                                 args->Get("draft-method"), "'")));
   }
   const std::string pid_dir = args->Get("pid-dir");
   if (!pid_dir.empty() && !std::filesystem::is_directory(pid_dir)) {
@@ -360,6 +386,21 @@ int RunServe(const std::vector<std::string>& argv) {
   target.binary = FindBinary("specd-target-worker", bin_dir);
   target.args = {"--model", args->Get("target")};
   target.args.insert(target.args.end(), common.begin(), common.end());
+  // On a GPU both workers share the device: each gets the pair's share and the other's model, and
+  // sizes its KV pool so that both hold the same number of tokens. The CPU back end ignores it.
+  const std::string utilization = args->Get("gpu-memory-utilization");
+  const bool split_gpu = args->Get("backend") != "cpu" && utilization != "0";
+  const bool has_draft = args->Has("draft") || args->Has("draft-exit-layer");
+  const std::string draft_dir = args->Has("draft") ? args->Get("draft") : args->Get("target");
+  const std::string draft_exit =
+      args->Has("draft-exit-layer") ? args->Get("draft-exit-layer") : "0";
+  if (split_gpu) {
+    target.args.insert(target.args.end(), {"--gpu-memory-fraction", utilization});
+    if (has_draft) {
+      target.args.insert(target.args.end(), {"--gpu-memory-peer", draft_dir,
+                                             "--gpu-memory-peer-exit-layer", draft_exit});
+    }
+  }
   target.listen = "127.0.0.1:0";
   target.metrics_port = metrics_ports[1];
   if (absl::Status st = Start(target, signals, pid_dir); !st.ok()) return fail(st);
@@ -374,7 +415,15 @@ int RunServe(const std::vector<std::string>& argv) {
     if (args->Has("draft-exit-layer")) {
       draft.args.insert(draft.args.end(), {"--exit-layer", args->Get("draft-exit-layer")});
     }
+    draft.args.insert(draft.args.end(), {"--draft-vocab", args->Get("draft-vocab")});
+    if (args->Has("draft-vocab-file")) {
+      draft.args.insert(draft.args.end(), {"--draft-vocab-file", args->Get("draft-vocab-file")});
+    }
     draft.args.insert(draft.args.end(), common.begin(), common.end());
+    if (split_gpu) {
+      draft.args.insert(draft.args.end(), {"--gpu-memory-fraction", utilization,
+                                           "--gpu-memory-peer", args->Get("target")});
+    }
     draft.listen = "127.0.0.1:0";
     draft.metrics_port = metrics_ports[2];
     if (absl::Status st = Start(draft, signals, pid_dir); !st.ok()) return fail(st);
@@ -394,7 +443,20 @@ int RunServe(const std::vector<std::string>& argv) {
                 "--worker-call-timeout-seconds",
                 args->Get("worker-call-timeout-seconds"),
                 "--worker-unavailable-seconds",
-                args->Get("worker-unavailable-seconds")};
+                args->Get("worker-unavailable-seconds"),
+                "--draft-method",
+                args->Get("draft-method"),
+                "--ngram-min",
+                args->Get("ngram-min"),
+                "--ngram-max",
+                args->Get("ngram-max"),
+                "--egag-ema-beta",
+                args->Get("egag-ema-beta"),
+                "--egag-threshold",
+                args->Get("egag-threshold"),
+                "--egag-min-tokens",
+                args->Get("egag-min-tokens")};
+  if (args->GetBool("egag")) coord.args.push_back("--egag");
   if (!draft_addr.empty()) coord.args.insert(coord.args.end(), {"--draft", draft_addr});
   coord.listen = args->Get("listen");
   coord.metrics_port = metrics_ports[0];

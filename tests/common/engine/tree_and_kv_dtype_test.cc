@@ -97,6 +97,83 @@ TEST(TreeForwardTest, EachNodeGetsTheBitsOfItsPathFedLinearly) {
   }
 }
 
+// A draft worker grows its tree one level per call: nodes fed in an earlier call are seen through
+// tree_first_node. The logits of each node are the same bits as in the one-shot tree, and so as
+// its path fed linearly. CompactKv then keeps one branch, and the next token sees only it.
+TEST(TreeForwardTest, LevelByLevelFeedingAndCompactionMatchTheLinearPath) {
+  ScopedTempDir tmp;
+  auto engine = MakeEngine(WriteModel(tmp), kernels::DType::kF32);
+  ASSERT_NE(engine, nullptr);
+  const std::vector<int32_t> prompt = {1, 17, 200, 5, 99, 3, 250, 8, 8, 61, 120};
+  const Tree tree;  // levels: {n0}, {n1, n2}, {n3, n4}, {n5}
+  const int32_t p = static_cast<int32_t>(prompt.size());
+  const int64_t vocab = engine->config().vocab_size;
+  ASSERT_TRUE(engine->AddSequence(1).ok());
+  {
+    SequenceInput in;
+    in.seq = 1;
+    in.tokens = prompt;
+    (void)testing::ForwardLogits(*engine, std::span<const SequenceInput>(&in, 1));
+  }
+  const std::vector<std::pair<int, int>> levels = {{0, 1}, {1, 2}, {3, 2}, {5, 1}};
+  std::vector<float> per_node(tree.tokens.size() * static_cast<size_t>(vocab));
+  for (const auto& [first, count] : levels) {
+    SequenceInput in;
+    in.seq = 1;
+    in.start_pos = p + first;
+    in.tokens = std::span<const int32_t>(tree.tokens).subspan(first, count);
+    std::vector<int32_t> positions;
+    std::vector<uint64_t> masks;
+    for (int j = first; j < first + count; ++j) {
+      positions.push_back(p + tree.Depth(j) - 1);
+      masks.push_back(tree.Mask(j));
+      in.logit_indices.push_back(j - first);
+    }
+    in.positions = positions;
+    in.tree_first_node = first;
+    in.tree_mask = masks;
+    const std::vector<float> logits =
+        testing::ForwardLogits(*engine, std::span<const SequenceInput>(&in, 1));
+    ASSERT_EQ(logits.size(), static_cast<size_t>(count * vocab));
+    std::copy(logits.begin(), logits.end(), per_node.begin() + first * vocab);
+  }
+  for (int j = 0; j < static_cast<int>(tree.tokens.size()); ++j) {
+    std::vector<int32_t> linear = prompt;
+    const std::vector<int32_t> path = tree.Path(j);
+    linear.insert(linear.end(), path.begin(), path.end());
+    const std::vector<float> all = testing::PrefillAll(*engine, 100 + j, linear);
+    ASSERT_FALSE(all.empty());
+    EXPECT_EQ(std::memcmp(all.data() + (linear.size() - 1) * vocab, per_node.data() + j * vocab,
+                          vocab * sizeof(float)),
+              0)
+        << "tree node " << j << " fed level by level differs from its path fed linearly";
+  }
+
+  // Keep the branch n0 -> n2 -> n4 and feed one more token after it.
+  const std::vector<int32_t> branch = {0, 2, 4};
+  ASSERT_TRUE(engine->CompactKv(1, p, branch).ok());
+  EXPECT_EQ(*engine->kv().Length(1), p + 3);
+  const std::vector<int32_t> next = {77};
+  SequenceInput in;
+  in.seq = 1;
+  in.start_pos = p + 3;
+  in.tokens = next;
+  in.logit_indices = {0};
+  const std::vector<float> after =
+      testing::ForwardLogits(*engine, std::span<const SequenceInput>(&in, 1));
+  std::vector<int32_t> linear = prompt;
+  for (const int n : branch) linear.push_back(tree.tokens[static_cast<size_t>(n)]);
+  linear.push_back(77);
+  const std::vector<float> want = testing::PrefillAll(*engine, 200, linear);
+  EXPECT_EQ(
+      std::memcmp(want.data() + (linear.size() - 1) * vocab, after.data(), vocab * sizeof(float)),
+      0);
+  // Nodes must increase and lie inside the sequence; a bad request changes nothing.
+  EXPECT_FALSE(engine->CompactKv(1, p, std::vector<int32_t>{1, 0}).ok());
+  EXPECT_FALSE(engine->CompactKv(1, p, std::vector<int32_t>{0, 9}).ok());
+  EXPECT_EQ(*engine->kv().Length(1), p + 4);
+}
+
 TEST(TreeForwardTest, MalformedTreesAreRejectedAndChangeNothing) {
   ScopedTempDir tmp;
   auto engine = MakeEngine(WriteModel(tmp), kernels::DType::kF32);

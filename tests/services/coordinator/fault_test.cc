@@ -239,7 +239,8 @@ class InProcessFaultTest : public ::testing::Test {
     return std::make_unique<Scheduler>(*draft_, *target_, nullptr, o);
   }
 
-  // 16 requests: even ones greedy, odd ones sampled at temperature 1 with their own seed.
+  // 16 requests: even ones greedy, odd ones sampled at temperature 1 with their own seed; every
+  // fourth drafts a tree and two draft by prompt lookup.
   static std::vector<GenerationRequest> Requests() {
     std::vector<GenerationRequest> out;
     for (int i = 0; i < 16; ++i) {
@@ -251,6 +252,8 @@ class InProcessFaultTest : public ::testing::Test {
       r.max_new_tokens = 24;
       r.ignore_eos = true;
       r.num_speculative_tokens = 1 + i % 4;
+      if (i % 4 == 3) r.tree = {2, 2};
+      if (i % 8 == 5) r.draft_method = DraftMethod::kNgram;
       out.push_back(r);
     }
     return out;
@@ -522,7 +525,8 @@ class Serve {
   std::unique_ptr<v1::Generation::Stub> stub_;
 };
 
-// 16 requests of 40 tokens: even ones greedy, odd ones sampled at temperature 1 with a seed.
+// 16 requests of 40 tokens: even ones greedy, odd ones sampled at temperature 1 with a seed;
+// every fourth drafts a 2x2 tree, so a killed worker dies mid-tree too.
 std::vector<v1::GenerateRequest> SixteenStreams(uint32_t max_new = 40) {
   std::vector<v1::GenerateRequest> out;
   for (int i = 0; i < 16; ++i) {
@@ -532,6 +536,10 @@ std::vector<v1::GenerateRequest> SixteenStreams(uint32_t max_new = 40) {
     r.mutable_stopping()->set_max_new_tokens(max_new);
     r.mutable_stopping()->set_ignore_eos(true);
     r.mutable_speculation()->set_num_speculative_tokens(1 + i % 4);
+    if (i % 4 == 3) {
+      r.mutable_speculation()->mutable_tree()->set_branching(2);
+      r.mutable_speculation()->mutable_tree()->set_depth(2);
+    }
     if (i % 2 == 1) {
       r.mutable_sampling()->set_temperature(1.0f);
       r.mutable_sampling()->set_seed(500 + i);

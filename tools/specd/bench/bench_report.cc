@@ -35,7 +35,12 @@ nlohmann::ordered_json DistributionJson(const Distribution& d) {
 }  // namespace
 
 std::string ArmSpec::Label() const {
-  return absl::StrCat("K=", k, adaptive && k > 0 ? " adaptive" : "");
+  std::string label = absl::StrCat("K=", k, adaptive && k > 0 ? " adaptive" : "");
+  if (k == 0) return label;
+  if (ngram) absl::StrAppend(&label, " ngram");
+  if (tree_branching > 0) absl::StrAppend(&label, " tree ", tree_branching, "x", tree_depth);
+  if (egag.has_value()) absl::StrAppend(&label, *egag ? " egag" : " no-egag");
+  return label;
 }
 
 ArmSummary SummarizeArm(const ArmSpec& arm, std::span<const LoadRun> repeats) {
