@@ -210,11 +210,12 @@ KChoice Scheduler::PlanK() {
       adaptive_k_.Choose(static_cast<int32_t>(running_.size()), draft_up ? requested : 0);
   for (auto& a : running_) {
     const int32_t asked = a->request.num_speculative_tokens;
-    // Model drafts need the draft worker; prompt lookup does not.
-    a->seq.num_speculative_tokens = !a->seq.uses_draft_worker() ? asked
-                                    : !draft_up                 ? 0
-                                    : Adapts(*a)                ? std::min(asked, choice.k)
-                                                                : asked;
+    // Prompt lookup needs no draft worker. Model drafting without one decodes plainly when the
+    // request lets the server choose K; a FIXED request keeps its K (and waits for the worker).
+    a->seq.num_speculative_tokens = !a->seq.uses_draft_worker() || !a->request.adaptive_k ? asked
+                                    : !draft_up                                           ? 0
+                                    : Adapts(*a) ? std::min(asked, choice.k)
+                                                 : asked;
   }
   return choice;
 }
