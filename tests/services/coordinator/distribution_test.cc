@@ -6,10 +6,10 @@
 //
 // Every way of drafting is held to it (issue 17): a sampled chain from the draft model, prompt
 // lookup, EGAG's entropy-cut chains, a draft with a reduced head (FR-Spec), and trees with b = 2
-// and 3 for sampled and greedy requests. Each run asserts minimum counts showing that its method
-// was exercised (rejections, accepted drafts, prompt-lookup matches, EGAG stops, accepted
-// second-ranked children). And for each, a deliberately broken variant must be rejected by the
-// same test, which shows it has power:
+// and 3 for sampled and greedy requests (greedy output is a point mass, so 200 requests do). Each
+// run asserts minimum counts showing that its method was exercised (rejections, accepted drafts,
+// prompt-lookup matches, EGAG stops, accepted second-ranked children). And for each, a deliberately
+// broken variant must be rejected by the same test, which shows it has power:
 //  * chains and FR-Spec: the correction drawn from p instead of norm(max(0, p - q));
 //  * prompt lookup: drafts accepted with probability 2 p(t) instead of p(t);
 //  * EGAG: a draft length that peeks at the acceptance uniforms (K is no longer a stopping time);
@@ -361,9 +361,10 @@ TEST_P(DistributionTest, FirstThreeTokensHaveTheTargetsJointDistribution) {
     EXPECT_GT(seen.drafting, s.samples / 2) << "prompt lookup hardly ever matched";
   }
   if (s.egag) EXPECT_GT(seen.egag_stops, s.samples / 10) << "EGAG hardly ever stopped a draft";
-  if (s.tree.is_tree() && s.temperature > 0.0f) {
-    EXPECT_GT(seen.later_children, s.samples / 20)
-        << "children after the first were hardly ever accepted: p' was not exercised";
+  if (s.tree.is_tree()) {
+    // Sampled: p' is exercised. Greedy: the tree, not its first chain, made the output.
+    EXPECT_GT(seen.later_children, s.temperature > 0.0f ? s.samples / 20 : 0)
+        << "children after the first were hardly ever accepted";
   }
 }
 
@@ -450,6 +451,18 @@ INSTANTIATE_TEST_SUITE_P(Settings, DistributionTest,
                                                    false,
                                                    {1, 7, 3},
                                                    Broken::kNoRenormalisation},
+                                           Setting{"tree_b2_d1_greedy_k4",
+                                                   0.0f,
+                                                   0,
+                                                   1.0f,
+                                                   4,
+                                                   DraftMethod::kModel,
+                                                   {2, 1},
+                                                   false,
+                                                   false,
+                                                   {1, 7, 3},
+                                                   Broken::kFirstChild,
+                                                   200},
                                            Setting{"tree_b3_d2_greedy_k3",
                                                    0.0f,
                                                    0,
