@@ -397,6 +397,7 @@ TEST_F(InProcessFaultTest, PlainDecodingGoesOnWhileTheDraftWorkerIsAway) {
 struct Stream {
   grpc::Status status;
   std::vector<int32_t> tokens;
+  bool done_before_hook = false;  // finished before Serve::Generate's on_first_tokens ran
 };
 
 // `specd serve` over the tiny synthetic pair, with short fault timeouts.
@@ -459,6 +460,7 @@ class Serve {
     std::mutex mu;
     std::condition_variable cv;
     int started = 0, finished = 0;
+    bool hooked = false;  // on_first_tokens has started
     std::vector<Stream> out(reqs.size());
     std::vector<std::thread> threads;
     for (size_t i = 0; i < reqs.size(); ++i) {
@@ -480,6 +482,7 @@ class Serve {
         out[i].status = reader->Finish();
         std::lock_guard<std::mutex> lock(mu);
         ++finished;
+        if (!hooked) out[i].done_before_hook = true;
         cv.notify_all();
       });
     }
@@ -490,6 +493,7 @@ class Serve {
         cv.wait(lock,
                 [&] { return started >= after || finished == static_cast<int>(reqs.size()); });
         finished_then = finished;
+        hooked = true;
       }
       on_first_tokens(finished_then);
     }
@@ -586,6 +590,11 @@ TEST_P(ServeCrashTest, SigkilledWorkerIsRestartedAndEveryStreamIsUnchanged) {
     kill(pid, SIGKILL);
   });
   EXPECT_LT(finished_at_kill, 16) << "the worker died after every stream had finished";
+  int trees_in_flight = 0;  // tree streams still running when the worker was killed
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    trees_in_flight += reqs[i].speculation().has_tree() && !faulted[i].done_before_hook;
+  }
+  EXPECT_GT(trees_in_flight, 0) << "no draft tree was in flight when the worker died";
   for (size_t i = 0; i < reqs.size(); ++i) {
     ASSERT_TRUE(faulted[i].status.ok())
         << "stream " << i << ": " << faulted[i].status.error_message();
