@@ -54,6 +54,7 @@ DraftSequenceRequest DraftFromProto(const pb::DraftSequence& proto) {
   FillSequence(proto.seq_id(), proto.catch_up_tokens(), proto.expected_cached_len(),
                proto.sampling(), proto.seed(), proto.prompt_len(), &r);
   r.drop_tail = proto.drop_tail();
+  r.max_prefill_tokens = proto.max_prefill_tokens();
   r.num_draft_tokens = proto.num_draft_tokens();
   r.mode = proto.mode() == pb::DRAFT_MODE_GREEDY ? DraftMode::kGreedy : DraftMode::kProbabilistic;
   return r;
@@ -64,6 +65,8 @@ VerifySequenceRequest VerifyFromProto(const pb::VerifySequence& proto) {
   FillSequence(proto.seq_id(), proto.catch_up_tokens(), proto.expected_cached_len(),
                proto.sampling(), proto.seed(), proto.prompt_len(), &r);
   r.drop_tail = proto.drop_tail();
+  r.max_prefill_tokens = proto.max_prefill_tokens();
+  r.prefill_only = proto.prefill_only();
   r.drafts.assign(proto.draft_tokens().begin(), proto.draft_tokens().end());
   r.num_candidates = proto.num_candidates();
   return r;
@@ -118,7 +121,8 @@ void VerifyResultToProto(const VerifySequenceResult& result, const KvPool& kv,
   out->set_seq_id(result.seq);
   StatusToProto(result.status, out->mutable_status());
   CacheStateToProto(result.cached_len, kv, out->mutable_cache());
-  if (!result.status.ok()) return;
+  out->mutable_cache()->set_prefilling(result.prefilling);
+  if (!result.status.ok() || result.prefilling) return;
   out->mutable_p_draft()->Assign(result.p_draft.begin(), result.p_draft.end());
   out->mutable_argmax()->Assign(result.argmax.begin(), result.argmax.end());
   out->set_bonus_token(result.bonus_token);
@@ -150,6 +154,7 @@ void DraftStepToProto(const DraftStep& step, const KvPool& kv, pb::DraftResponse
     pb::CacheStateEntry* entry = out->add_cache();
     entry->set_seq_id(o.seq);
     CacheStateToProto(o.cached_len, kv, entry->mutable_state());
+    entry->mutable_state()->set_prefilling(o.prefilling);
   }
 }
 

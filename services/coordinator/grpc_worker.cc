@@ -34,6 +34,7 @@ void SequenceToProto(const SequenceRequest& r, ProtoSequence* s) {
   s->set_seed(r.seed);
   s->set_prompt_len(r.prompt_len);
   s->set_drop_tail(r.drop_tail);
+  s->set_max_prefill_tokens(r.max_prefill_tokens);
 }
 
 absl::Status StatusFromProto(const pb::SequenceStatus& s) {
@@ -184,6 +185,7 @@ absl::StatusOr<std::vector<SequenceOutcome>> GrpcWorker::Draft(
     }
     for (const pb::CacheStateEntry& c : msg.cache()) {
       outcomes[c.seq_id()].cached_len = c.state().cached_len();
+      outcomes[c.seq_id()].prefilling = c.state().prefilling();
       free_kv_tokens_ = c.state().free_kv_tokens();
     }
     if (on_step) {
@@ -212,6 +214,7 @@ absl::StatusOr<std::vector<VerifySequenceResult>> GrpcWorker::Verify(
     SequenceToProto(r, s);
     s->mutable_draft_tokens()->Add(r.drafts.begin(), r.drafts.end());
     s->set_num_candidates(r.num_candidates);
+    s->set_prefill_only(r.prefill_only);
   }
   grpc::ClientContext ctx;
   SetDeadline(&ctx);
@@ -235,6 +238,7 @@ absl::StatusOr<std::vector<VerifySequenceResult>> GrpcWorker::Verify(
         r.candidate_probs.emplace_back(c.p_probs().begin(), c.p_probs().end());
       }
       r.cached_len = v.cache().cached_len();
+      r.prefilling = v.cache().prefilling();
       free_kv_tokens_ = v.cache().free_kv_tokens();
       r.forward_ns = msg.forward_ns();
     }

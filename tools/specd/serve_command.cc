@@ -289,6 +289,11 @@ int RunServe(const std::vector<std::string>& argv) {
       {"kv-dtype", "workers' KV cache element type: f32, bf16 or f16", "f32"},
       {"threads", "CPU threads per worker (0 = all cores)", "0"},
       {"kv-tokens", "KV cache capacity per worker, in tokens", "16384"},
+      {"prefix-caching", "workers keep and reuse the KV of shared prefixes: on or off", "on"},
+      {"prefill-chunk",
+       "catch-up tokens a worker feeds per sequence and round beyond its prefix cache (chunked "
+       "prefill); 0 = each prompt in one round",
+       "512"},
       {"default-k", "num_speculative_tokens when a request does not say", "4"},
       {"max-running", "sequences in the running batch", "32"},
       {"worker-call-timeout-seconds",
@@ -327,8 +332,9 @@ int RunServe(const std::vector<std::string>& argv) {
   const std::string bin_dir = args->Get("bin-dir");
   const std::string metrics = args->GetBool("metrics") ? "0" : "-1";
   const std::vector<std::string> common = {
-      "--backend", args->Get("backend"), "--kv-dtype",  args->Get("kv-dtype"),
-      "--threads", args->Get("threads"), "--kv-tokens", args->Get("kv-tokens")};
+      "--backend",        args->Get("backend"),       "--kv-dtype",  args->Get("kv-dtype"),
+      "--threads",        args->Get("threads"),       "--kv-tokens", args->Get("kv-tokens"),
+      "--prefix-caching", args->Get("prefix-caching")};
   std::vector<Child> children;
   children.reserve(3);  // Child references below stay valid
   auto fail = [&](const absl::Status& st) {
@@ -377,6 +383,8 @@ int RunServe(const std::vector<std::string>& argv) {
                 args->Get("default-k"),
                 "--max-running",
                 args->Get("max-running"),
+                "--prefill-chunk",
+                args->Get("prefill-chunk"),
                 "--worker-call-timeout-seconds",
                 args->Get("worker-call-timeout-seconds"),
                 "--worker-unavailable-seconds",
