@@ -10,6 +10,8 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "base/inverse_cdf.h"
 #include "base/sampling_params.h"
 
 namespace specd {
@@ -17,11 +19,11 @@ namespace specd {
 // A sequence's id, chosen by the coordinator and unique among the sequences a worker holds.
 using SeqId = uint64_t;
 
-enum class DraftMode { kProbabilistic, kGreedy };
+enum class DraftSampling { kProbabilistic, kGreedy };
 
 // Whole-call limits: a request over them is malformed, not merely expensive.
-inline constexpr int32_t kMaxDraftTokens = 64;  // K
-inline constexpr int32_t kMaxCandidates = 64;   // M
+inline constexpr int32_t kMaxSpeculativeTokens = 64;  // K
+inline constexpr int32_t kMaxCandidates = 64;         // M
 
 // What every per-sequence request carries.
 struct SequenceRequest {
@@ -41,17 +43,20 @@ struct SequenceRequest {
   // Feed catch-up only (within max_prefill_tokens, and never its last token) and come back
   // `prefilling`: the coordinator's round for this sequence is not ready to draw anything yet.
   bool prefill_only = false;
+  bool operator==(const SequenceRequest&) const = default;
 };
 
 struct DraftSequenceRequest : SequenceRequest {
-  int32_t num_draft_tokens = 1;  // K in [1, kMaxDraftTokens]
-  DraftMode mode = DraftMode::kProbabilistic;
+  int32_t num_speculative_tokens = 1;  // K in [1, kMaxSpeculativeTokens]
+  DraftSampling draft_sampling = DraftSampling::kProbabilistic;
+  bool operator==(const DraftSequenceRequest&) const = default;
 };
 
 struct DraftToken {
   SeqId seq = 0;
   int32_t token = 0;
   float q_prob = 0.0f;  // q_k(t_k)
+  bool operator==(const DraftToken&) const = default;
 };
 
 struct SequenceOutcome {
@@ -59,6 +64,7 @@ struct SequenceOutcome {
   absl::Status status;
   int64_t cached_len = 0;
   bool prefilling = false;  // only part of the catch-up was fed; nothing was drafted
+  bool operator==(const SequenceOutcome&) const = default;
 };
 
 // One draft step as the Draft call reports it. Every sequence of the call is in exactly one
@@ -76,6 +82,7 @@ struct DraftStep {
 struct VerifySequenceRequest : SequenceRequest {
   std::vector<int32_t> drafts;  // t_1..t_K; K = 0 is plain decoding
   int32_t num_candidates = 0;   // M in [0, kMaxCandidates]
+  bool operator==(const VerifySequenceRequest&) const = default;
 };
 
 struct VerifySequenceResult {
@@ -90,11 +97,47 @@ struct VerifySequenceResult {
   int64_t cached_len = 0;
   int64_t forward_ns = 0;   // the batch's forward pass; 0 when the sequence failed before it
   bool prefilling = false;  // only part of the catch-up was fed; nothing was verified
+  bool operator==(const VerifySequenceResult&) const = default;
+};
+
+// A worker's free KV capacity, reported with every reply about a sequence (the coordinator
+// admits new requests against it).
+struct KvFree {
+  int64_t blocks = 0;
+  int64_t tokens = 0;
+  bool operator==(const KvFree&) const = default;
+};
+
+struct TruncateSequenceRequest {
+  SeqId seq = 0;
+  int64_t new_len = 0;  // keep min(cached_len, new_len) tokens
+  // The 1-based step of the kept row whose probabilities of `query_tokens` are wanted before
+  // truncating (q_r(y) for the residual candidates); 0 asks nothing.
+  int32_t query_step = 0;
+  std::vector<int32_t> query_tokens;
+  bool operator==(const TruncateSequenceRequest&) const = default;
 };
 
 struct TruncateResult {
   int64_t cached_len = 0;
   std::vector<float> q_probs;  // answers to the query tokens
+  bool operator==(const TruncateResult&) const = default;
+};
+
+// Which kept row ReadRows returns: the 1-based draft step, or the verify position 1..K+1.
+struct RowQuery {
+  SeqId seq = 0;
+  int32_t step = 0;
+  bool operator==(const RowQuery&) const = default;
+};
+
+// One sequence's answer in a batched call (Truncate, ReadRows): a failed sequence does not fail
+// the others.
+template <typename T>
+struct SequenceAnswer {
+  SeqId seq = 0;
+  absl::StatusOr<T> value;
+  bool operator==(const SequenceAnswer&) const = default;
 };
 
 }  // namespace specd

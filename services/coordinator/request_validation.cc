@@ -2,33 +2,12 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/sampling_params.h"
+#include "base/utf8.h"
 
 namespace specd {
 namespace {
 
 absl::Status Invalid(const std::string& message) { return absl::InvalidArgumentError(message); }
-
-bool IsValidUtf8(const std::string& s) {
-  size_t i = 0;
-  while (i < s.size()) {
-    const unsigned char c = static_cast<unsigned char>(s[i]);
-    size_t n = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xe ? 3 : (c >> 3) == 0x1e ? 4 : 0;
-    if (n == 0 || i + n > s.size()) return false;
-    uint32_t cp = n == 1 ? c : c & (0x7f >> n);
-    for (size_t k = 1; k < n; ++k) {
-      const unsigned char cc = static_cast<unsigned char>(s[i + k]);
-      if ((cc & 0xc0) != 0x80) return false;
-      cp = (cp << 6) | (cc & 0x3f);
-    }
-    // Overlong forms, surrogates and values past U+10FFFF are not UTF-8.
-    if ((n == 2 && cp < 0x80) || (n == 3 && cp < 0x800) || (n == 4 && cp < 0x10000) ||
-        (cp >= 0xd800 && cp <= 0xdfff) || cp > 0x10ffff) {
-      return false;
-    }
-    i += n;
-  }
-  return true;
-}
 
 }  // namespace
 
@@ -48,7 +27,7 @@ absl::StatusOr<GenerationRequest> BuildGenerationRequest(const v1::GenerateReque
       if (tokenizer == nullptr) {
         return Invalid("the served model has no tokenizer; send prompt token_ids instead of text");
       }
-      if (!IsValidUtf8(text)) return Invalid("prompt text is not valid UTF-8");
+      if (FindInvalidUtf8(text)) return Invalid("prompt text is not valid UTF-8");
       absl::StatusOr<std::vector<int32_t>> ids = tokenizer->Encode(text);
       if (!ids.ok()) return Invalid(absl::StrCat("prompt text: ", ids.status().message()));
       out.prompt = *std::move(ids);
@@ -81,13 +60,13 @@ absl::StatusOr<GenerationRequest> BuildGenerationRequest(const v1::GenerateReque
     }
   }
 
-  // Sampling. Zero means "unset" for the fields whose neutral value is not zero.
+  // Sampling. The fields whose neutral value is not zero are optional: unset means neutral.
   const v1::SamplingParameters& s = request.sampling();
   out.sampling.temperature = s.temperature();
   out.sampling.top_k = s.top_k();
-  out.sampling.top_p = s.top_p() == 0.0f ? 1.0f : s.top_p();
+  out.sampling.top_p = s.has_top_p() ? s.top_p() : 1.0f;
   out.sampling.min_p = s.min_p();
-  out.sampling.repetition_penalty = s.repetition_penalty() == 0.0f ? 1.0f : s.repetition_penalty();
+  out.sampling.repetition_penalty = s.has_repetition_penalty() ? s.repetition_penalty() : 1.0f;
   out.sampling.presence_penalty = s.presence_penalty();
   out.sampling.frequency_penalty = s.frequency_penalty();
   if (absl::Status st = ValidateSamplingParams(out.sampling, limits.vocab_size); !st.ok()) {
@@ -128,7 +107,7 @@ absl::StatusOr<GenerationRequest> BuildGenerationRequest(const v1::GenerateReque
       return Invalid(absl::StrCat("stop string ", i, " is ", st.size(), " bytes; at most ",
                                   limits.max_stop_string_bytes, " are allowed"));
     }
-    if (!IsValidUtf8(st)) return Invalid(absl::StrCat("stop string ", i, " is not valid UTF-8"));
+    if (FindInvalidUtf8(st)) return Invalid(absl::StrCat("stop string ", i, " is not valid UTF-8"));
     if (tokenizer == nullptr) {
       return Invalid("stop strings need a tokenizer, and the served model has none");
     }
@@ -174,8 +153,9 @@ absl::StatusOr<GenerationRequest> BuildGenerationRequest(const v1::GenerateReque
       out.adaptive_k = out.sampling.greedy() || !s.has_seed();
       break;
   }
-  out.draft_mode = spec.draft_sampling() == v1::DRAFT_SAMPLING_GREEDY ? DraftMode::kGreedy
-                                                                      : DraftMode::kProbabilistic;
+  out.draft_sampling = spec.draft_sampling() == v1::DRAFT_SAMPLING_GREEDY
+                           ? DraftSampling::kGreedy
+                           : DraftSampling::kProbabilistic;
   if (request.request_id().size() > 256) {
     return Invalid(absl::StrCat("request_id is ", request.request_id().size(),
                                 " bytes; at most 256 are allowed"));

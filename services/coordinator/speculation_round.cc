@@ -1,9 +1,12 @@
 #include "services/coordinator/speculation_round.h"
 
 #include <algorithm>
+#include <future>
+#include <optional>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "services/coordinator/accept_reject.h"
 
 namespace specd {
 
@@ -30,6 +33,63 @@ class AddElapsedOnExit {
   absl::Duration* total_;
   absl::Time start_ = absl::Now();
 };
+
+// One verified sequence on its way from the target's evidence to the tokens it appends.
+struct Resolution {
+  size_t i = 0;  // index in the batch
+  const VerifySequenceResult* v = nullptr;
+  RoundEvidence ev;
+  int32_t n = 0;                // drafts accepted
+  bool needs_residual = false;  // a sampled draft was rejected
+  std::vector<float> q_ys;      // q_r(y) of the residual candidates
+  int32_t next = 0;             // the correction or bonus token
+  bool used_read_rows = false;
+  bool failed = false;
+};
+
+// The exact residual fallback for sequences none of whose candidates passed: both workers' kept
+// rows at the rejection step, fetched for the whole batch with one call per worker, the two calls
+// at once.
+void ResolveByReadRows(WorkerApi& draft, WorkerApi& target,
+                       std::span<SpeculativeSequence* const> batch,
+                       std::span<Resolution* const> fallback, std::vector<RoundStats>& stats) {
+  std::vector<RowQuery> rows;
+  for (const Resolution* res : fallback) rows.push_back({batch[res->i]->id, res->n + 1});
+  std::future<absl::StatusOr<std::vector<SequenceAnswer<ProbRow>>>> q_future =
+      std::async(std::launch::async, [&draft, &rows] { return draft.ReadRows(rows); });
+  absl::StatusOr<std::vector<SequenceAnswer<ProbRow>>> p_rows = target.ReadRows(rows);
+  absl::StatusOr<std::vector<SequenceAnswer<ProbRow>>> q_rows = q_future.get();
+  for (size_t j = 0; j < fallback.size(); ++j) {
+    Resolution& res = *fallback[j];
+    res.used_read_rows = true;
+    absl::Status status = !p_rows.ok() ? p_rows.status() : q_rows.status();
+    if (status.ok()) {
+      status = !(*p_rows)[j].value.ok() ? (*p_rows)[j].value.status() : (*q_rows)[j].value.status();
+    }
+    if (status.ok()) {
+      const ProbRow& p = *(*p_rows)[j].value;
+      const ProbRow& q = *(*q_rows)[j].value;
+      int64_t vocab = p.dense()   ? static_cast<int64_t>(p.probs.size())
+                      : q.dense() ? static_cast<int64_t>(q.probs.size())
+                                  : 0;
+      if (vocab == 0) {
+        // Both sparse: the vocabulary only needs to cover their ids.
+        for (const int32_t id : p.ids) vocab = std::max<int64_t>(vocab, id + 1);
+        for (const int32_t id : q.ids) vocab = std::max<int64_t>(vocab, id + 1);
+      }
+      const SpeculativeSequence& s = *batch[res.i];
+      absl::StatusOr<int32_t> t =
+          SampleResidual(s.seed, res.ev.position + static_cast<uint32_t>(res.n), p, q, vocab);
+      if (t.ok()) {
+        res.next = *t;
+        continue;
+      }
+      status = t.status();
+    }
+    stats[res.i].status = std::move(status);
+    res.failed = true;
+  }
+}
 
 }  // namespace
 
@@ -66,8 +126,8 @@ std::vector<RoundStats> RunSpeculationRound(WorkerApi& draft, WorkerApi& target,
     r.sampling = s.sampling;
     r.seed = s.seed;
     r.prompt_len = s.prompt_len;
-    r.num_draft_tokens = k[i];
-    r.mode = s.draft_mode;
+    r.num_speculative_tokens = k[i];
+    r.draft_sampling = s.draft_sampling;
     r.max_prefill_tokens = options.prefill_chunk;
     draft_reqs.push_back(std::move(r));
   }
@@ -153,21 +213,23 @@ std::vector<RoundStats> RunSpeculationRound(WorkerApi& draft, WorkerApi& target,
         static_cast<int64_t>(r.drafts.size());
   }
 
-  // 3-5. Accept/reject, truncate, append.
+  // 3. Accept/reject: how many drafts each sequence keeps. Rejected drafts leave both workers'
+  // KV through drop_tail on their next call, unless the draft must answer q_r(y) for the residual.
   const absl::Time accept_start = absl::Now();
+  std::vector<Resolution> resolutions;
+  resolutions.reserve(verified->size());
   for (const VerifySequenceResult& v : *verified) {
     const size_t i = index[v.seq];
-    SpeculativeSequence& s = *batch[i];
-    RoundStats& st = stats[i];
     if (!v.status.ok()) {
-      st.status = v.status;
+      stats[i].status = v.status;
       continue;
     }
+    SpeculativeSequence& s = *batch[i];
     s.target_cached = v.cached_len;
     s.target_tail = false;
     if (v.prefilling) {
-      st.prefilling = true;
-      st.drafted = 0;
+      stats[i].prefilling = true;
+      stats[i].drafted = 0;
       // Drafts the target never judged: the draft keeps x but its last token, which its next
       // catch-up feeds again, and drops the rest with that call.
       const int64_t keep = static_cast<int64_t>(s.tokens.size()) - 1;
@@ -177,89 +239,93 @@ std::vector<RoundStats> RunSpeculationRound(WorkerApi& draft, WorkerApi& target,
       }
       continue;
     }
-    const bool greedy = s.sampling.greedy();
-    const int32_t K = k[i];
-    RoundEvidence ev;
-    ev.seed = s.seed;
-    ev.position = static_cast<uint32_t>(v.position);
-    ev.draft_tokens = drafts[i];
-    ev.q_draft = q_draft[i];
-    ev.p_draft = v.p_draft;
-    ev.target_argmax = v.argmax;
-    ev.bonus_token = v.bonus_token;
-    const int32_t n = CountAccepted(ev, greedy);
-    st.accepted = n;
-    const int64_t len_old = static_cast<int64_t>(s.tokens.size());
-    std::vector<int32_t> appended(drafts[i].begin(), drafts[i].begin() + n);
+    Resolution& res = resolutions.emplace_back();
+    res.i = i;
+    res.v = &v;
+    res.ev.seed = s.seed;
+    res.ev.position = static_cast<uint32_t>(v.position);
+    res.ev.draft_tokens = drafts[i];
+    res.ev.q_draft = q_draft[i];
+    res.ev.p_draft = v.p_draft;
+    res.ev.target_argmax = v.argmax;
+    res.ev.bonus_token = v.bonus_token;
+    res.n = CountAccepted(res.ev, s.sampling.greedy());
+    res.needs_residual = res.n < k[i] && !s.sampling.greedy();
+    const int64_t keep = static_cast<int64_t>(s.tokens.size()) + res.n;
+    if (keep < s.target_cached) {
+      s.target_cached = keep;
+      s.target_tail = true;
+    }
+    if (!res.needs_residual && keep < s.draft_cached) {
+      s.draft_cached = keep;
+      s.draft_tail = true;
+    }
+  }
 
-    // Truncate both workers to what stays committed. The draft call also asks q_r(y) for the
-    // residual candidates when the round ended in a sampled rejection.
-    const bool needs_residual = n < K && !greedy;
-    const int32_t r_step = n + 1;
-    std::vector<int32_t> ys;
-    if (needs_residual) ys = v.candidate_tokens[static_cast<size_t>(n)];
-    std::vector<float> q_ys;
-    if (K > 0) {
-      const AddElapsedOnExit truncate_time(&times.truncate);
-      // Only a Truncate that must answer a query (q_r(y) for the residual candidates) is a call
-      // of its own; dropping the rejected drafts rides on each worker's next Draft or Verify.
-      const int64_t draft_keep = std::min(s.draft_cached, len_old + n);
-      if (needs_residual) {
-        absl::StatusOr<TruncateResult> tr = draft.Truncate(s.id, draft_keep, r_step, ys);
-        if (!tr.ok()) {
-          st.status = tr.status();
-          continue;
-        }
-        s.draft_cached = tr->cached_len;
+  // 4. The residual queries of every sequence that rejected a sampled draft, in one Truncate call.
+  std::vector<TruncateSequenceRequest> queries;
+  std::vector<Resolution*> querying;
+  for (Resolution& res : resolutions) {
+    if (!res.needs_residual) continue;
+    const SpeculativeSequence& s = *batch[res.i];
+    querying.push_back(&res);
+    queries.push_back({s.id,
+                       std::min(s.draft_cached, static_cast<int64_t>(s.tokens.size()) + res.n),
+                       res.n + 1, res.v->candidate_tokens[static_cast<size_t>(res.n)]});
+  }
+  if (!queries.empty()) {
+    const AddElapsedOnExit truncate_time(&times.truncate);
+    absl::StatusOr<std::vector<SequenceAnswer<TruncateResult>>> answers = draft.Truncate(queries);
+    for (size_t j = 0; j < querying.size(); ++j) {
+      Resolution& res = *querying[j];
+      SpeculativeSequence& s = *batch[res.i];
+      absl::Status status = answers.status();
+      if (answers.ok() && (*answers)[j].value.ok()) {
+        s.draft_cached = (*answers)[j].value->cached_len;
         s.draft_tail = false;
-        q_ys = std::move(tr->q_probs);
-      } else if (draft_keep < s.draft_cached) {
-        s.draft_cached = draft_keep;
-        s.draft_tail = true;
+        res.q_ys = std::move((*answers)[j].value->q_probs);
+      } else if (answers.ok()) {
+        status = (*answers)[j].value.status();
       }
-      const int64_t target_keep = std::min(s.target_cached, len_old + n);
-      if (target_keep < s.target_cached) {
-        s.target_cached = target_keep;
-        s.target_tail = true;
+      if (!status.ok()) {
+        stats[res.i].status = std::move(status);
+        res.failed = true;
       }
     }
+  }
 
-    int32_t next = v.bonus_token;  // n == K (incl. K == 0): the bonus / plain sampled token
-    if (n < K) {
-      const uint32_t pos_r = ev.position + static_cast<uint32_t>(n);
-      if (greedy) {
-        next = v.argmax[static_cast<size_t>(n)];
-      } else if (std::optional<int32_t> c = ChooseCandidate(
-                     s.seed, pos_r, ys, v.candidate_probs[static_cast<size_t>(n)], q_ys)) {
-        next = *c;
-      } else {
-        st.used_read_rows = true;
-        absl::StatusOr<ProbRow> p_row = target.ReadRow(s.id, r_step);
-        absl::StatusOr<ProbRow> q_row = draft.ReadRow(s.id, r_step);
-        if (!p_row.ok() || !q_row.ok()) {
-          st.status = !p_row.ok() ? p_row.status() : q_row.status();
-          continue;
-        }
-        const int64_t vocab = p_row->dense()   ? static_cast<int64_t>(p_row->probs.size())
-                              : q_row->dense() ? static_cast<int64_t>(q_row->probs.size())
-                                               : 0;
-        int64_t v_size = vocab;
-        if (v_size == 0) {
-          // Both sparse: the vocabulary only needs to cover their ids.
-          for (const int32_t id : p_row->ids) v_size = std::max<int64_t>(v_size, id + 1);
-          for (const int32_t id : q_row->ids) v_size = std::max<int64_t>(v_size, id + 1);
-        }
-        absl::StatusOr<int32_t> t = SampleResidual(s.seed, pos_r, *p_row, *q_row, v_size);
-        if (!t.ok()) {
-          st.status = t.status();
-          continue;
-        }
-        next = *t;
-      }
+  // 5. The correction token: the first candidate that passes, or (rarely) the residual sampled
+  // from both kept rows, read from both workers at once.
+  std::vector<Resolution*> fallback;
+  for (Resolution& res : resolutions) {
+    if (res.failed) continue;
+    const SpeculativeSequence& s = *batch[res.i];
+    const int32_t n = res.n;
+    res.next = res.v->bonus_token;  // n == K (K == 0 included): the bonus or plain sampled token
+    if (n == k[res.i]) continue;
+    if (s.sampling.greedy()) {
+      res.next = res.v->argmax[static_cast<size_t>(n)];
+    } else if (std::optional<int32_t> c =
+                   ChooseCandidate(s.seed, res.ev.position + static_cast<uint32_t>(n),
+                                   res.v->candidate_tokens[static_cast<size_t>(n)],
+                                   res.v->candidate_probs[static_cast<size_t>(n)], res.q_ys)) {
+      res.next = *c;
+    } else {
+      fallback.push_back(&res);
     }
-    appended.push_back(next);
-    s.tokens.insert(s.tokens.end(), appended.begin(), appended.end());
-    st.appended = std::move(appended);
+  }
+  if (!fallback.empty()) ResolveByReadRows(draft, target, batch, fallback, stats);
+
+  // 6. Append: the accepted drafts and the correction or bonus token.
+  for (const Resolution& res : resolutions) {
+    if (res.failed) continue;
+    SpeculativeSequence& s = *batch[res.i];
+    RoundStats& st = stats[res.i];
+    st.accepted = res.n;
+    st.appended.assign(drafts[res.i].begin(), drafts[res.i].begin() + res.n);
+    st.appended.push_back(res.next);
+    st.used_read_rows = res.used_read_rows;
+    s.tokens.insert(s.tokens.end(), st.appended.begin(), st.appended.end());
   }
   times.accept = absl::Now() - accept_start - times.truncate;
   return stats;

@@ -211,7 +211,7 @@ struct BenchConfig {
 };
 
 // The bounds keep absurd values (a billion streams, each a thread) from exhausting the machine.
-absl::StatusOr<int64_t> IntInRange(const Args& args, const char* name, int64_t min, int64_t max) {
+absl::StatusOr<int64_t> IntInRange(const Flags& args, const char* name, int64_t min, int64_t max) {
   SPECD_ASSIGN_OR_RETURN(const int64_t v, args.GetInt(name));
   if (v < min || v > max) {
     return absl::InvalidArgumentError(
@@ -220,7 +220,7 @@ absl::StatusOr<int64_t> IntInRange(const Args& args, const char* name, int64_t m
   return v;
 }
 
-absl::StatusOr<BenchConfig> ParseConfig(const Args& args) {
+absl::StatusOr<BenchConfig> ParseConfig(const Flags& args) {
   BenchConfig c;
   c.server = args.Get("server");
   SPECD_ASSIGN_OR_RETURN(c.streams, IntInRange(args, "streams", 1, 4096));
@@ -396,7 +396,7 @@ absl::StatusOr<v1::GetServerInfoResponse> ServerInfo(v1::Generation::Stub& stub,
   return info;
 }
 
-absl::StatusOr<bench::ScenarioOptions> ParseScenarioOptions(const Args& args) {
+absl::StatusOr<bench::ScenarioOptions> ParseScenarioOptions(const Flags& args) {
   bench::ScenarioOptions o;
   SPECD_ASSIGN_OR_RETURN(o.scenario, bench::ParseScenario(args.Get("scenario")));
   if (!args.Has("baseline")) {
@@ -433,7 +433,7 @@ absl::StatusOr<bench::ScenarioOptions> ParseScenarioOptions(const Args& args) {
 }
 
 // `specd bench --scenario`: bench/scenarios.h.
-int RunScenarioBench(const Args& args) {
+int RunScenarioBench(const Flags& args) {
   auto fail = [](const absl::Status& st) { return ReportError("bench", st); };
   absl::StatusOr<bench::ScenarioOptions> options = ParseScenarioOptions(args);
   if (!options.ok()) return fail(options.status());
@@ -486,7 +486,7 @@ int RunScenarioBench(const Args& args) {
 }
 
 int RunBench(const std::vector<std::string>& argv) {
-  const std::vector<Args::Flag> flags = {
+  const std::vector<FlagSpec> flags = {
       {"server", "address of a running `specd serve` (its coordinator)", "", false, true},
       {"streams", "concurrent streams (requests in flight at most)", "1"},
       {"requests", "requests per arm and repeat (default: 4 x --streams)", ""},
@@ -532,7 +532,7 @@ int RunBench(const std::vector<std::string>& argv) {
       {"long-prompt-gap", "long-prompts: seconds from one long prompt's end to the next", "0.5"},
   };
   int exit_code = 0;
-  std::optional<Args> args = ParseOrExit("bench", kHelp, argv, flags, &exit_code);
+  std::optional<Flags> args = ParseOrExit("bench", kHelp, argv, flags, &exit_code);
   if (!args) return exit_code;
   auto fail = [](const absl::Status& st) { return ReportError("bench", st); };
   if (args->Has("scenario")) return RunScenarioBench(*args);

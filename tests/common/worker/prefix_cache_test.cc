@@ -159,7 +159,7 @@ TEST_F(PrefixCacheRuntimeTest, CachedAndUncachedWorkersAnswerBitForBit) {
           r.seq = id;
           r.catch_up = catch_up;
           r.expected_cached_len = s.cached;
-          r.num_draft_tokens = rand(1, 4);
+          r.num_speculative_tokens = rand(1, 4);
           r.sampling = Params(s.kind);
           r.seed = id * 7;
           r.prompt_len = 5;

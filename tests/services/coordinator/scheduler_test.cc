@@ -18,6 +18,7 @@
 #include "common/tokenizer/tokenizer.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "services/coordinator/local_worker.h"
 #include "tests/common/engine/engine_test_util.h"
 #include "tests/test_util.h"
 
@@ -455,12 +456,13 @@ class RecordingTarget final : public WorkerApi {
     }
     return out;
   }
-  absl::StatusOr<TruncateResult> Truncate(SeqId seq, int64_t new_len, int32_t query_step,
-                                          std::span<const int32_t> query_tokens) override {
-    return inner_.Truncate(seq, new_len, query_step, query_tokens);
+  absl::StatusOr<std::vector<SequenceAnswer<TruncateResult>>> Truncate(
+      std::span<const TruncateSequenceRequest> batch) override {
+    return inner_.Truncate(batch);
   }
-  absl::StatusOr<ProbRow> ReadRow(SeqId seq, int32_t step) override {
-    return inner_.ReadRow(seq, step);
+  absl::StatusOr<std::vector<SequenceAnswer<ProbRow>>> ReadRows(
+      std::span<const RowQuery> batch) override {
+    return inner_.ReadRows(batch);
   }
   absl::Status Release(SeqId seq) override { return inner_.Release(seq); }
   int64_t FreeKvTokens() const override { return inner_.FreeKvTokens(); }
