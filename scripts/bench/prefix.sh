@@ -8,7 +8,7 @@
 #      p50/p99, prefix caching on against off;
 #   3. long-prompts: ITL p99 of 8 decoding streams while 800-token prompts arrive one after
 #      another, --prefill-chunk $CHUNK against 0 (each prompt in one round).
-# JSON goes to $OUT, one file per scenario.
+# JSON goes to $OUT, one file per scenario. SCENARIOS picks which run.
 #
 # usage: scripts/bench/prefix.sh            (environment variables below override the defaults)
 #   QUICK=1 scripts/bench/prefix.sh        (tiny shape, short runs: checks the pipeline)
@@ -34,6 +34,7 @@ TURNS="${TURNS:-6}"
 LONG_TOKENS="${LONG_TOKENS:-800}"
 STREAM_TOKENS="${STREAM_TOKENS:-160}"
 CHUNK="${CHUNK:-128}"            # the chunked server's --prefill-chunk in long-prompts
+SCENARIOS="${SCENARIOS:-shared-prefix chat long-prompts}"  # which to run
 
 [[ -x "$SPECD" ]] || { echo "prefix: no specd at $SPECD (build it, or set SPECD)" >&2; exit 1; }
 mkdir -p "$OUT"
@@ -58,7 +59,7 @@ start_server() {
   local log
   log=$(mktemp)
   "$SPECD" serve --target "$MODEL" --draft-exit-layer "$DRAFT_LAYERS" --listen 127.0.0.1:0 \
-    --threads "$THREADS" --kv-tokens 32768 --max-running 32 --default-k "$K" "$@" >"$log" &
+    --threads "$THREADS" --kv-tokens 32768 --max-running 32 --default-k "$K" "$@" >"$log" 2>&1 &
   pids+=($!)
   logs+=("$log")
   for _ in $(seq 1 1800); do
@@ -71,24 +72,34 @@ start_server() {
 
 common=(--k "$K" --repeats "$REPEATS" --seed 1)
 
-echo "prefix: prefix caching on (a) against off (b)" >&2
-start_server --prefix-caching on
-start_server --prefix-caching off
-"$SPECD" bench --scenario shared-prefix --server "${addresses[0]}" --baseline "${addresses[1]}" \
-  "${common[@]}" --prefix-tokens "$PREFIX_TOKENS" --suffix-tokens 64 --prefix-requests 8 \
-  --answer-tokens 16 --json "$OUT/shared_prefix.json"
-"$SPECD" bench --scenario chat --server "${addresses[0]}" --baseline "${addresses[1]}" \
-  "${common[@]}" --conversations 8 --turns "$TURNS" --system-tokens "$SYSTEM_TOKENS" \
-  --user-tokens "$USER_TOKENS" --reply-tokens 32 --json "$OUT/chat.json"
-stop_servers
-addresses=()
+wants() { [[ " $SCENARIOS " == *" $1 "* ]]; }
 
-echo "prefix: --prefill-chunk $CHUNK (a) against 0 (b)" >&2
-start_server --prefill-chunk "$CHUNK"
-start_server --prefill-chunk 0
-"$SPECD" bench --scenario long-prompts --server "${addresses[0]}" --baseline "${addresses[1]}" \
-  "${common[@]}" --decode-streams 8 --stream-tokens "$STREAM_TOKENS" \
-  --long-prompt-tokens "$LONG_TOKENS" --answer-tokens 8 --long-prompt-gap 0.5 \
-  --json "$OUT/long_prompts.json"
-stop_servers
+if wants shared-prefix || wants chat; then
+  echo "prefix: prefix caching on (a) against off (b)" >&2
+  start_server --prefix-caching on
+  start_server --prefix-caching off
+  if wants shared-prefix; then
+    "$SPECD" bench --scenario shared-prefix --server "${addresses[0]}" \
+      --baseline "${addresses[1]}" "${common[@]}" --prefix-tokens "$PREFIX_TOKENS" \
+      --suffix-tokens 64 --prefix-requests 8 --answer-tokens 16 --json "$OUT/shared_prefix.json"
+  fi
+  if wants chat; then
+    "$SPECD" bench --scenario chat --server "${addresses[0]}" --baseline "${addresses[1]}" \
+      "${common[@]}" --conversations 8 --turns "$TURNS" --system-tokens "$SYSTEM_TOKENS" \
+      --user-tokens "$USER_TOKENS" --reply-tokens 32 --json "$OUT/chat.json"
+  fi
+  stop_servers
+  addresses=()
+fi
+
+if wants long-prompts; then
+  echo "prefix: --prefill-chunk $CHUNK (a) against 0 (b)" >&2
+  start_server --prefill-chunk "$CHUNK"
+  start_server --prefill-chunk 0
+  "$SPECD" bench --scenario long-prompts --server "${addresses[0]}" --baseline "${addresses[1]}" \
+    "${common[@]}" --decode-streams 8 --stream-tokens "$STREAM_TOKENS" \
+    --long-prompt-tokens "$LONG_TOKENS" --answer-tokens 8 --long-prompt-gap 0.5 \
+    --json "$OUT/long_prompts_chunk$CHUNK.json"
+  stop_servers
+fi
 echo "prefix: done; JSON in $OUT" >&2

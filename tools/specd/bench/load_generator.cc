@@ -21,7 +21,8 @@ double SecondsSince(Clock::time_point start) {
 }  // namespace
 
 RequestOutcome RunRequest(v1::Generation::StubInterface& stub, const v1::GenerateRequest& request,
-                          int64_t index, double timeout_seconds, Clock::time_point run_start) {
+                          int64_t index, double timeout_seconds, Clock::time_point run_start,
+                          const std::function<void()>& on_first_tokens) {
   RequestOutcome out;
   out.index = index;
   grpc::ClientContext ctx;
@@ -34,6 +35,7 @@ RequestOutcome RunRequest(v1::Generation::StubInterface& stub, const v1::Generat
   while (reader->Read(&msg)) {
     const double now = SecondsSince(run_start);
     if (msg.token_ids_size() > 0) {
+      if (out.message_s.empty() && on_first_tokens) on_first_tokens();
       out.message_s.push_back(now);
       out.message_tokens.push_back(msg.token_ids_size());
       out.output_tokens += msg.token_ids_size();

@@ -57,9 +57,11 @@ struct LoadRun {
 };
 
 // Sends one request and waits for its stream to end; times are seconds since `run_start`.
+// `on_first_tokens` (optional) runs when the first message with tokens arrives.
 RequestOutcome RunRequest(v1::Generation::StubInterface& stub, const v1::GenerateRequest& request,
                           int64_t index, double timeout_seconds,
-                          std::chrono::steady_clock::time_point run_start);
+                          std::chrono::steady_clock::time_point run_start,
+                          const std::function<void()>& on_first_tokens = {});
 
 // Runs `requests` against `stub` and returns every outcome (failed requests included, with their
 // status). `on_done` is called, serialised, after each request ends.

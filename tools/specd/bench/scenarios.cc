@@ -132,23 +132,27 @@ void RunLongPrompts(v1::Generation::StubInterface& stub, const ScenarioOptions& 
   const Clock::time_point start = Clock::now();
   const uint64_t r = static_cast<uint64_t>(repeat);
   std::atomic<int64_t> running{o.streams};
+  std::atomic<int64_t> started{0};  // streams that have their first tokens
   std::vector<std::thread> threads;
   for (int64_t s = 0; s < o.streams; ++s) {
     threads.emplace_back([&, s] {
       const std::vector<int32_t> prompt =
           Ids(Key(o.seed, 4, r, static_cast<uint64_t>(s)), 16, o.vocab_size);
       rec.Add(RunRequest(stub, Request(prompt, o.stream_tokens, o.k, absl::StrCat("stream-", s)), s,
-                         o.timeout_seconds, start));
+                         o.timeout_seconds, start, [&] { ++started; }));
       --running;
     });
   }
-  // Long prompts, one after another, for as long as the streams decode. Each is new text, so
-  // no prefix cache can shorten its prefill.
+  // Long prompts, one after another, from when every stream decodes for as long as they do.
+  // Each is new text, so no prefix cache can shorten its prefill.
   threads.emplace_back([&] {
     const auto gap = std::chrono::duration_cast<Clock::duration>(
         std::chrono::duration<double>(o.long_prompt_gap_s));
+    while (started.load() < o.streams && running.load() > 0) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
     for (int64_t i = 0; running.load() > 0; ++i) {
-      std::this_thread::sleep_for(gap);
+      if (i > 0) std::this_thread::sleep_for(gap);
       if (running.load() == 0) break;
       const std::vector<int32_t> prompt =
           Ids(Key(o.seed, 5, r, static_cast<uint64_t>(i)), o.long_prompt_tokens, o.vocab_size);
@@ -237,6 +241,17 @@ absl::StatusOr<std::vector<ScenarioArm>> RunScenario(v1::Generation::StubInterfa
   arms[1].label = "b";
   arms[1].server = b_address;
   v1::Generation::StubInterface* stubs[2] = {&a, &b};
+  // Unrecorded: the first requests on a fresh server pay for page faults and connection set-up.
+  for (size_t i = 0; i < 2; ++i) {
+    const RequestOutcome warm = RunRequest(
+        *stubs[i],
+        Request(Ids(Key(options.seed, 9), 16, options.vocab_size), 8, options.k, "warm-up"), -1,
+        options.timeout_seconds, Clock::now());
+    if (!warm.status.ok()) {
+      return absl::Status(warm.status.code(),
+                          absl::StrCat(arms[i].server, " warm-up: ", warm.status.message()));
+    }
+  }
   for (int64_t r = 0; r < options.repeats; ++r) {
     // a first in even repeats, b first in odd ones.
     for (int i = 0; i < 2; ++i) {
