@@ -281,8 +281,12 @@ TEST_F(PrefixCacheRuntimeTest, CachedAndUncachedWorkersAnswerBitForBit) {
     // The cache did work, and (where both ran the same calls) saved exactly the hits.
     EXPECT_GT(on_count.hit, 200);
     EXPECT_EQ(off_count.queried, 0);
-    if (exhausted == 0) EXPECT_EQ(on_count.fed + on_count.hit, off_count.fed);
-    if (kv_tokens < 1000) EXPECT_GT(exhausted, 0) << "the small pool never ran out";
+    if (exhausted == 0) {
+      EXPECT_EQ(on_count.fed + on_count.hit, off_count.fed);
+    }
+    if (kv_tokens < 1000) {
+      EXPECT_GT(exhausted, 0) << "the small pool never ran out";
+    }
   }
 }
 
