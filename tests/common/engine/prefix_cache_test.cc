@@ -2,6 +2,7 @@
 // used last block copied on write) gets logits bit-identical (memcmp) to a fresh engine without a
 // cache that computes the whole prompt, for every KV dtype: batch invariance makes the cached KV
 // exactly the recomputed one. And the cache is keyed by the model and the KV dtype.
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <vector>
@@ -18,6 +19,9 @@ using Tokens = std::vector<int32_t>;
 
 constexpr int64_t kBlock = 16;
 
+// On the CPU with `threads` threads, or on the back end SPECD_TEST_BACKEND names (see
+// engine_test_util.h): both engines of a comparison run on it, so it compares a back end with
+// itself.
 std::unique_ptr<LlamaEngine> MakeEngine(const std::filesystem::path& dir, kernels::DType kv,
                                         bool prefix_caching, int threads = 2) {
   EngineOptions options;
@@ -25,7 +29,15 @@ std::unique_ptr<LlamaEngine> MakeEngine(const std::filesystem::path& dir, kernel
   options.kv_block_size = kBlock;
   options.kv_dtype = kv;
   options.prefix_caching = prefix_caching;
-  absl::StatusOr<std::unique_ptr<LlamaEngine>> engine = CreateCpuEngine(dir, threads, options);
+  kernels::BackendOptions backend;
+  backend.kind = kernels::BackendKind::kCpu;
+  backend.num_threads = threads;
+  if (const char* name = std::getenv("SPECD_TEST_BACKEND"); name != nullptr && *name != '\0') {
+    absl::StatusOr<kernels::BackendKind> kind = kernels::ParseBackendKind(name);
+    EXPECT_TRUE(kind.ok()) << kind.status();
+    if (kind.ok()) backend.kind = *kind;
+  }
+  absl::StatusOr<std::unique_ptr<LlamaEngine>> engine = CreateEngine(dir, backend, options);
   EXPECT_TRUE(engine.ok()) << engine.status();
   return engine.ok() ? *std::move(engine) : nullptr;
 }
@@ -140,6 +152,7 @@ TEST_P(PrefixCacheEngineTest, TheCacheIsKeyedByModelAndKvDtype) {
   // An early-exit draft of the same checkpoint is another model.
   EngineOptions options;
   options.kv_dtype = GetParam();
+  options.kv_capacity_tokens = 1024;
   LoadOptions load;
   load.exit_layer = 1;
   absl::StatusOr<std::unique_ptr<LlamaEngine>> draft =
