@@ -1,6 +1,7 @@
 #include "common/worker/worker_runtime.h"
 
 #include <algorithm>
+#include <limits>
 #include <utility>
 
 #include "absl/container/flat_hash_set.h"
@@ -47,12 +48,11 @@ WorkerRuntime::WorkerRuntime(std::unique_ptr<LlamaEngine> engine,
     : engine_(std::move(engine)),
       options_(options),
       pool_(engine_->backend(), engine_->config().vocab_size),
-      sampler_(engine_->backend()) {
-  options_.prefill_chunk = std::max<int64_t>(1, options_.prefill_chunk);
-}
+      sampler_(engine_->backend()) {}
 
-absl::Status WorkerRuntime::Admit(const SequenceRequest& req, int64_t extra_tokens,
-                                  int64_t* blocks_budget) {
+absl::StatusOr<WorkerRuntime::Feed> WorkerRuntime::Admit(const SequenceRequest& req,
+                                                         int64_t draft_tokens,
+                                                         int64_t* reserved_blocks) {
   const int64_t vocab = engine_->config().vocab_size;
   SPECD_RETURN_IF_ERROR(ValidateSamplingParams(req.sampling, vocab));
   if (req.prompt_len < 0) {
@@ -62,6 +62,10 @@ absl::Status WorkerRuntime::Admit(const SequenceRequest& req, int64_t extra_toke
   if (req.expected_cached_len < 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "sequence ", req.seq, ": expected_cached_len must be >= 0, got ", req.expected_cached_len));
+  }
+  if (req.max_prefill_tokens < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "sequence ", req.seq, ": max_prefill_tokens must be >= 0, got ", req.max_prefill_tokens));
   }
   if (req.catch_up.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -77,10 +81,8 @@ absl::Status WorkerRuntime::Admit(const SequenceRequest& req, int64_t extra_toke
   const auto it = seqs_.find(req.seq);
   if (it != seqs_.end() && req.drop_tail &&
       static_cast<int64_t>(it->second.tokens.size()) > req.expected_cached_len) {
-    const int64_t free_before = engine_->kv().free_blocks();
     SPECD_RETURN_IF_ERROR(engine_->Truncate(req.seq, req.expected_cached_len));
     it->second.tokens.resize(static_cast<size_t>(req.expected_cached_len));
-    *blocks_budget += engine_->kv().free_blocks() - free_before;
     ReportKv();
   }
   if (it == seqs_.end() && req.expected_cached_len != 0) {
@@ -94,28 +96,86 @@ absl::Status WorkerRuntime::Admit(const SequenceRequest& req, int64_t extra_toke
         absl::StrCat("sequence ", req.seq, ": coordinator expects ", req.expected_cached_len,
                      " cached tokens, worker holds ", it->second.tokens.size()));
   }
-  const int64_t new_len = req.expected_cached_len + extra_tokens;
-  if (new_len > engine_->max_seq_len()) {
-    return absl::OutOfRangeError(absl::StrCat("sequence ", req.seq, " would reach ", new_len,
-                                              " tokens, over max_seq_len ",
-                                              engine_->max_seq_len()));
+  const int64_t catch_up = static_cast<int64_t>(req.catch_up.size());
+  const int64_t max_len = engine_->max_seq_len();
+  if (req.expected_cached_len + catch_up + (req.prefill_only ? 0 : draft_tokens) > max_len) {
+    return absl::OutOfRangeError(
+        absl::StrCat("sequence ", req.seq, " would reach ",
+                     req.expected_cached_len + catch_up + (req.prefill_only ? 0 : draft_tokens),
+                     " tokens, over max_seq_len ", max_len));
   }
-  const int64_t block = engine_->kv().block_size();
-  const int64_t need = CeilDiv(new_len, block) - CeilDiv(req.expected_cached_len, block);
-  if (need > *blocks_budget) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("sequence ", req.seq, " needs ", need, " more KV blocks for ", new_len,
-                     " tokens but only ", *blocks_budget, " are free"));
-  }
-  if (it == seqs_.end()) {
+  const bool created = it == seqs_.end();
+  if (created) {
     SPECD_RETURN_IF_ERROR(engine_->AddSequence(req.seq));
     seqs_.try_emplace(req.seq);
   }
-  *blocks_budget -= need;
   Sequence& s = seqs_[req.seq];
+  const auto undo = [&] {
+    if (created) {
+      (void)engine_->Release(req.seq);
+      seqs_.erase(req.seq);
+    } else {
+      (void)engine_->Truncate(req.seq, req.expected_cached_len);
+      s.tokens.resize(static_cast<size_t>(req.expected_cached_len));
+    }
+    ReportKv();
+  };
+
+  // The longest cached prefix, never the last token: it is fed, so that there are logits.
+  Feed f;
+  absl::StatusOr<int64_t> attached = engine_->AttachCached(req.seq, req.catch_up, catch_up - 1);
+  if (!attached.ok()) {
+    undo();
+    return attached.status();
+  }
+  f.cached = *attached;
+  s.tokens.insert(s.tokens.end(), req.catch_up.begin(), req.catch_up.begin() + f.cached);
+  const int64_t left = catch_up - f.cached;
+  const int64_t limit =
+      req.max_prefill_tokens > 0 ? req.max_prefill_tokens : std::numeric_limits<int64_t>::max();
+  f.complete = !req.prefill_only && left <= limit;
+  if (f.complete) {
+    f.feed = left;
+  } else {
+    f.feed = std::min(left - 1, limit);
+    // A chunk of a block or more ends on a block boundary, so that the next chunk's blocks can
+    // still be found in the cache (another sequence may be caching the same prompt meanwhile).
+    const int64_t block = engine_->kv().block_size();
+    const int64_t len = static_cast<int64_t>(s.tokens.size());
+    const int64_t aligned = (len + f.feed) / block * block;
+    if (f.feed == limit && limit >= block && aligned > len) f.feed = aligned - len;
+  }
+  const int64_t grow = f.feed + (f.complete ? draft_tokens : 0);
+  const int64_t need = *engine_->kv().BlocksNeeded(req.seq, grow);
+  const int64_t available = engine_->kv().free_blocks() - *reserved_blocks;
+  if (need > available) {
+    undo();
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "sequence ", req.seq, " needs ", need, " more KV blocks for ",
+        static_cast<int64_t>(s.tokens.size()) + grow, " tokens but only ", available, " are free"));
+  }
+  *reserved_blocks += need;
   s.prompt_len = req.prompt_len;
   ReleaseRows(s);  // rows live until the sequence's next Draft or Verify
+  if (engine_->kv().prefix_caching() && options_.observer != nullptr) {
+    options_.observer->OnPrefixCache(f.cached + f.feed - (f.complete ? 1 : 0), f.cached);
+  }
+  if (f.cached > 0) ReportKv();
+  return f;
+}
+
+absl::Status WorkerRuntime::FeedOnly(std::span<const SequenceInput> batch) {
+  const absl::Time start = absl::Now();
+  SPECD_RETURN_IF_ERROR(engine_->Forward(batch).status());
+  // Timed to the end of the work, not of its enqueueing.
+  SPECD_RETURN_IF_ERROR(engine_->Synchronize());
+  ReportForward(ForwardKind::kCatchUp, batch, absl::Now() - start);
   return absl::OkStatus();
+}
+
+void WorkerRuntime::CacheCommitted(SeqId seq, int64_t committed) {
+  // Only fails for an unknown sequence, and the caller just fed it.
+  (void)engine_->CacheCommitted(seq, committed);
 }
 
 void WorkerRuntime::ReportForward(ForwardKind kind, std::span<const SequenceInput> batch,
@@ -169,38 +229,6 @@ void WorkerRuntime::ReportKv() {
   if (options_.observer != nullptr) options_.observer->OnKvChanged(engine_->kv());
 }
 
-absl::Status WorkerRuntime::FeedLongCatchUps(std::span<const SequenceRequest* const> reqs) {
-  // Every chunk but the last goes in calls of at most prefill_chunk tokens per sequence; the last
-  // chunk rides with the step that needs logits.
-  std::vector<size_t> fed(reqs.size(), 0);
-  while (true) {
-    std::vector<SequenceInput> batch;
-    std::vector<size_t> which;
-    for (size_t i = 0; i < reqs.size(); ++i) {
-      const size_t left = reqs[i]->catch_up.size() - fed[i];
-      if (left <= static_cast<size_t>(options_.prefill_chunk)) continue;
-      SequenceInput in;
-      in.seq = reqs[i]->seq;
-      in.tokens = std::span<const int32_t>(reqs[i]->catch_up)
-                      .subspan(fed[i], static_cast<size_t>(options_.prefill_chunk));
-      in.start_pos = static_cast<int64_t>(seqs_[in.seq].tokens.size());
-      batch.push_back(in);
-      which.push_back(i);
-    }
-    if (batch.empty()) return absl::OkStatus();
-    const absl::Time start = absl::Now();
-    SPECD_RETURN_IF_ERROR(engine_->Forward(batch).status());
-    // Timed to the end of the work, not of its enqueueing.
-    SPECD_RETURN_IF_ERROR(engine_->Synchronize());
-    ReportForward(ForwardKind::kCatchUp, batch, absl::Now() - start);
-    for (size_t b = 0; b < batch.size(); ++b) {
-      std::vector<int32_t>& tokens = seqs_[batch[b].seq].tokens;
-      tokens.insert(tokens.end(), batch[b].tokens.begin(), batch[b].tokens.end());
-      fed[which[b]] += batch[b].tokens.size();
-    }
-  }
-}
-
 int64_t WorkerRuntime::LengthOrZero(SeqId seq) const {
   const auto it = seqs_.find(seq);
   return it == seqs_.end() ? 0 : static_cast<int64_t>(it->second.tokens.size());
@@ -216,9 +244,11 @@ std::vector<SequenceOutcome> WorkerRuntime::Draft(
     failed.push_back({batch[i].seq, outcomes[i].status, LengthOrZero(batch[i].seq)});
   };
 
-  std::vector<size_t> active;  // still drafting
+  std::vector<size_t> active;   // still drafting
+  std::vector<size_t> chunked;  // only feeding a prefill chunk
+  std::vector<Feed> plan(batch.size());
   absl::flat_hash_set<SeqId> seen;
-  int64_t budget = engine_->kv().free_blocks();
+  int64_t reserved = 0;
   for (size_t i = 0; i < batch.size(); ++i) {
     const DraftSequenceRequest& req = batch[i];
     outcomes[i].seq = req.seq;
@@ -229,30 +259,68 @@ std::vector<SequenceOutcome> WorkerRuntime::Draft(
           absl::StrCat("sequence ", req.seq, ": num_speculative_tokens must be in [1, ",
                        kMaxSpeculativeTokens, "], got ", req.num_speculative_tokens));
     }
-    // The last draft token is sampled but never fed, hence K - 1.
     if (st.ok()) {
-      st = Admit(req, static_cast<int64_t>(req.catch_up.size()) + req.num_speculative_tokens - 1,
-                 &budget);
+      // The last draft token is sampled but never fed, hence K - 1.
+      absl::StatusOr<Feed> f = Admit(req, req.num_speculative_tokens - 1, &reserved);
+      if (f.ok()) {
+        plan[i] = *f;
+      } else {
+        st = f.status();
+      }
     }
-    if (st.ok()) {
+    if (!st.ok()) {
+      fail(i, std::move(st));
+    } else if (plan[i].complete) {
       active.push_back(i);
     } else {
-      fail(i, std::move(st));
+      outcomes[i].prefilling = true;
+      if (plan[i].feed > 0) chunked.push_back(i);
     }
   }
   auto fail_active = [&](const absl::Status& st) {
     for (const size_t i : active) fail(i, st);
     active.clear();
   };
-
-  std::vector<const SequenceRequest*> reqs;
-  for (const size_t i : active) reqs.push_back(&batch[i]);
-  if (absl::Status st = FeedLongCatchUps(reqs); !st.ok()) fail_active(st);
+  auto fail_chunked = [&](const absl::Status& st) {
+    for (const size_t i : chunked) {
+      outcomes[i].prefilling = false;
+      fail(i, st);
+    }
+    chunked.clear();
+  };
+  // Prefill chunks ride in the first pass, after the drafting sequences (which own its logits).
+  std::vector<SequenceInput> chunk_inputs;
+  for (const size_t i : chunked) {
+    SequenceInput in;
+    in.seq = batch[i].seq;
+    in.start_pos = static_cast<int64_t>(seqs_[in.seq].tokens.size());
+    in.tokens =
+        std::span<const int32_t>(batch[i].catch_up)
+            .subspan(static_cast<size_t>(plan[i].cached), static_cast<size_t>(plan[i].feed));
+    chunk_inputs.push_back(in);
+  }
+  auto chunks_fed = [&] {
+    for (const SequenceInput& in : chunk_inputs) {
+      Sequence& s = seqs_[in.seq];
+      s.tokens.insert(s.tokens.end(), in.tokens.begin(), in.tokens.end());
+      CacheCommitted(in.seq, static_cast<int64_t>(s.tokens.size()));
+    }
+  };
+  int64_t forward_ns = 0;
+  if (active.empty() && !chunk_inputs.empty()) {
+    const absl::Time start = absl::Now();
+    if (absl::Status st = FeedOnly(chunk_inputs); st.ok()) {
+      chunks_fed();
+      forward_ns = absl::ToInt64Nanoseconds(absl::Now() - start);
+    } else {
+      RollBack(chunk_inputs);
+      fail_chunked(st);
+    }
+  }
 
   std::vector<int32_t> last(batch.size(), 0);  // t_{k-1} per request
   std::vector<DraftToken> step_tokens;
   int32_t k = 0;
-  int64_t forward_ns = 0;
   while (!active.empty()) {
     ++k;
     step_tokens.clear();
@@ -264,23 +332,25 @@ std::vector<SequenceOutcome> WorkerRuntime::Draft(
       in.seq = batch[i].seq;
       in.start_pos = static_cast<int64_t>(s.tokens.size());
       if (k == 1) {
-        const size_t done = static_cast<size_t>(in.start_pos - batch[i].expected_cached_len);
-        in.tokens = std::span<const int32_t>(batch[i].catch_up).subspan(done);
+        in.tokens = std::span<const int32_t>(batch[i].catch_up)
+                        .subspan(static_cast<size_t>(plan[i].cached));
       } else {
         in.tokens = std::span<const int32_t>(&last[i], 1);
       }
       in.logit_indices = {static_cast<int32_t>(in.tokens.size() - 1)};
       inputs.push_back(in);
     }
+    const size_t drafting = inputs.size();  // inputs[b] is active[b]'s; logit row b is its row
+    if (k == 1) inputs.insert(inputs.end(), chunk_inputs.begin(), chunk_inputs.end());
     // Each active sequence keeps this step's row; tokens are appended before the rows are
     // added, so t_k's history is x and t_1..t_{k-1}.
-    std::vector<int32_t> draw_of(inputs.size(), -1);
+    std::vector<int32_t> draw_of(drafting, -1);
     const absl::Status pass = ForwardAndSample(
         ForwardKind::kDraftStep, inputs,
         [&]() -> absl::Status {
           SPECD_ASSIGN_OR_RETURN(const std::vector<int32_t> slots,
-                                 pool_.Acquire(static_cast<int64_t>(inputs.size())));
-          for (size_t b = 0; b < inputs.size(); ++b) {
+                                 pool_.Acquire(static_cast<int64_t>(drafting)));
+          for (size_t b = 0; b < drafting; ++b) {
             const DraftSequenceRequest& req = batch[active[b]];
             Sequence& s = seqs_[req.seq];
             s.tokens.insert(s.tokens.end(), inputs[b].tokens.begin(), inputs[b].tokens.end());
@@ -307,9 +377,18 @@ std::vector<SequenceOutcome> WorkerRuntime::Draft(
     if (!pass.ok()) {
       RollBack(inputs);
       fail_active(pass);
+      if (k == 1) fail_chunked(pass);
       break;
     }
-    for (size_t b = 0; b < inputs.size(); ++b) {
+    if (k == 1) {
+      // x is all in the cache now; the drafts that follow it are not committed.
+      for (const size_t i : active) {
+        const SeqId seq = batch[i].seq;
+        CacheCommitted(seq, static_cast<int64_t>(seqs_[seq].tokens.size()));
+      }
+      chunks_fed();
+    }
+    for (size_t b = 0; b < drafting; ++b) {
       const size_t i = active[b];
       const DraftSequenceRequest& req = batch[i];
       Sequence& s = seqs_[req.seq];
@@ -368,9 +447,11 @@ std::vector<VerifySequenceResult> WorkerRuntime::Verify(
     if (on_result) on_result(results[i]);
   };
 
-  std::vector<size_t> active;
+  std::vector<size_t> active;   // verifying
+  std::vector<size_t> chunked;  // only feeding a prefill chunk (or nothing, when prefill_only)
+  std::vector<Feed> feed_plan(batch.size());
   absl::flat_hash_set<SeqId> seen;
-  int64_t budget = engine_->kv().free_blocks();
+  int64_t reserved = 0;
   for (size_t i = 0; i < batch.size(); ++i) {
     const VerifySequenceRequest& req = batch[i];
     results[i].seq = req.seq;
@@ -393,37 +474,49 @@ std::vector<VerifySequenceResult> WorkerRuntime::Verify(
       }
     }
     if (st.ok()) {
-      st = Admit(req, static_cast<int64_t>(req.catch_up.size() + req.drafts.size()), &budget);
+      absl::StatusOr<Feed> f = Admit(req, static_cast<int64_t>(req.drafts.size()), &reserved);
+      if (f.ok()) {
+        feed_plan[i] = *f;
+      } else {
+        st = f.status();
+      }
     }
-    if (st.ok()) {
-      active.push_back(i);
-    } else {
+    if (!st.ok()) {
       results[i].status = std::move(st);
       finish(i);
+    } else if (feed_plan[i].complete) {
+      active.push_back(i);
+    } else {
+      chunked.push_back(i);
     }
   }
-  if (active.empty()) return results;
+  if (active.empty() && chunked.empty()) return results;
 
-  std::vector<const SequenceRequest*> reqs;
-  for (const size_t i : active) reqs.push_back(&batch[i]);
-  absl::Status st = FeedLongCatchUps(reqs);
-  // The rest of each catch-up plus the drafts, with logits at the last K+1 positions.
+  // One pass: each verifying sequence feeds the rest of its catch-up and its drafts, with logits
+  // at the last K+1 positions; then the prefill chunks, without logits.
   std::vector<std::vector<int32_t>> feeds(batch.size());
   std::vector<SequenceInput> inputs;
   for (const size_t i : active) {
-    if (!st.ok()) break;
     const VerifySequenceRequest& req = batch[i];
-    const Sequence& s = seqs_[req.seq];
-    const size_t done = s.tokens.size() - static_cast<size_t>(req.expected_cached_len);
-    feeds[i].assign(req.catch_up.begin() + static_cast<std::ptrdiff_t>(done), req.catch_up.end());
+    feeds[i].assign(req.catch_up.begin() + feed_plan[i].cached, req.catch_up.end());
     feeds[i].insert(feeds[i].end(), req.drafts.begin(), req.drafts.end());
     SequenceInput in;
     in.seq = req.seq;
     in.tokens = feeds[i];
-    in.start_pos = static_cast<int64_t>(s.tokens.size());
+    in.start_pos = static_cast<int64_t>(seqs_[req.seq].tokens.size());
     const int32_t n = static_cast<int32_t>(feeds[i].size());
     const int32_t K = static_cast<int32_t>(req.drafts.size());
     for (int32_t j = n - K - 1; j < n; ++j) in.logit_indices.push_back(j);
+    inputs.push_back(in);
+  }
+  for (const size_t i : chunked) {
+    if (feed_plan[i].feed == 0) continue;
+    SequenceInput in;
+    in.seq = batch[i].seq;
+    in.tokens = std::span<const int32_t>(batch[i].catch_up)
+                    .subspan(static_cast<size_t>(feed_plan[i].cached),
+                             static_cast<size_t>(feed_plan[i].feed));
+    in.start_pos = static_cast<int64_t>(seqs_[in.seq].tokens.size());
     inputs.push_back(in);
   }
   // Per active sequence: where its rows, lookups and draws sit in the sampler.
@@ -435,7 +528,12 @@ std::vector<VerifySequenceResult> WorkerRuntime::Verify(
   };
   std::vector<Planned> plan(batch.size());
   int64_t forward_ns = 0;
-  if (st.ok()) {
+  absl::Status st;
+  if (active.empty()) {
+    const absl::Time start = absl::Now();
+    if (!inputs.empty()) st = FeedOnly(inputs);
+    forward_ns = absl::ToInt64Nanoseconds(absl::Now() - start);
+  } else {
     st = ForwardAndSample(
         ForwardKind::kVerify, inputs,
         [&]() -> absl::Status {
@@ -482,14 +580,30 @@ std::vector<VerifySequenceResult> WorkerRuntime::Verify(
           return absl::OkStatus();
         },
         &forward_ns);
-    if (!st.ok()) RollBack(inputs);
   }
   if (!st.ok()) {
+    RollBack(inputs);
     for (const size_t i : active) {
       results[i].status = st;
       finish(i);
     }
+    for (const size_t i : chunked) {
+      results[i].status = st;
+      finish(i);
+    }
     return results;
+  }
+  // Committed text into the cache: x for the verified sequences (not their drafts), and the chunks.
+  for (const size_t i : active) {
+    const SeqId seq = batch[i].seq;
+    CacheCommitted(seq, static_cast<int64_t>(seqs_[seq].tokens.size() - batch[i].drafts.size()));
+  }
+  for (const size_t i : chunked) {
+    const VerifySequenceRequest& req = batch[i];
+    Sequence& s = seqs_[req.seq];
+    const auto from = req.catch_up.begin() + feed_plan[i].cached;
+    s.tokens.insert(s.tokens.end(), from, from + feed_plan[i].feed);
+    CacheCommitted(req.seq, static_cast<int64_t>(s.tokens.size()));
   }
 
   for (const size_t i : active) {
@@ -534,6 +648,11 @@ std::vector<VerifySequenceResult> WorkerRuntime::Verify(
       r.seq = req.seq;
       r.status = RowError(req.seq, error);
     }
+    finish(i);
+  }
+  for (const size_t i : chunked) {
+    results[i].prefilling = true;
+    results[i].forward_ns = forward_ns;
     finish(i);
   }
   return results;

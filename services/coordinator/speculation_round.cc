@@ -128,6 +128,7 @@ std::vector<RoundStats> RunSpeculationRound(WorkerApi& draft, WorkerApi& target,
     r.prompt_len = s.prompt_len;
     r.num_speculative_tokens = k[i];
     r.draft_sampling = s.draft_sampling;
+    r.max_prefill_tokens = options.prefill_chunk;
     draft_reqs.push_back(std::move(r));
   }
   std::vector<std::vector<int32_t>> drafts(batch.size());
@@ -154,10 +155,12 @@ std::vector<RoundStats> RunSpeculationRound(WorkerApi& draft, WorkerApi& target,
       for (const SequenceOutcome& o : *outcomes) {
         if (o.seq != r.seq) continue;
         stats[i].status = o.status;
+        stats[i].prefilling = o.status.ok() && o.prefilling;
         batch[i]->draft_cached = o.cached_len;
         if (o.status.ok()) batch[i]->draft_tail = false;
       }
-      if (stats[i].status.ok() && static_cast<int32_t>(drafts[i].size()) != k[i]) {
+      if (stats[i].status.ok() && !stats[i].prefilling &&
+          static_cast<int32_t>(drafts[i].size()) != k[i]) {
         stats[i].status =
             absl::InternalError(absl::StrCat("draft worker returned ", drafts[i].size(), " of ",
                                              k[i], " tokens for sequence ", r.seq));
@@ -178,8 +181,14 @@ std::vector<RoundStats> RunSpeculationRound(WorkerApi& draft, WorkerApi& target,
     r.sampling = s.sampling;
     r.seed = s.seed;
     r.prompt_len = s.prompt_len;
-    r.drafts = drafts[i];
-    r.num_candidates = s.sampling.greedy() ? 0 : s.num_candidates;
+    r.max_prefill_tokens = options.prefill_chunk;
+    // The draft is still prefilling: the target may prefill too, but this round's K has no
+    // drafts, so nothing may be drawn for the sequence yet.
+    r.prefill_only = stats[i].prefilling;
+    if (!r.prefill_only) {
+      r.drafts = drafts[i];
+      r.num_candidates = s.sampling.greedy() ? 0 : s.num_candidates;
+    }
     verify_reqs.push_back(std::move(r));
   }
   if (verify_reqs.empty()) return stats;
@@ -198,7 +207,10 @@ std::vector<RoundStats> RunSpeculationRound(WorkerApi& draft, WorkerApi& target,
   }
   times.verify_forward = absl::Nanoseconds(verify_forward_ns);
   for (const VerifySequenceRequest& r : verify_reqs) {
-    times.verify_tokens += static_cast<int64_t>(r.catch_up.size() + r.drafts.size());
+    const int64_t catch_up = static_cast<int64_t>(r.catch_up.size());
+    times.verify_tokens +=
+        (options.prefill_chunk > 0 ? std::min(catch_up, options.prefill_chunk + 1) : catch_up) +
+        static_cast<int64_t>(r.drafts.size());
   }
 
   // 3. Accept/reject: how many drafts each sequence keeps. Rejected drafts leave both workers'
@@ -215,6 +227,18 @@ std::vector<RoundStats> RunSpeculationRound(WorkerApi& draft, WorkerApi& target,
     SpeculativeSequence& s = *batch[i];
     s.target_cached = v.cached_len;
     s.target_tail = false;
+    if (v.prefilling) {
+      stats[i].prefilling = true;
+      stats[i].drafted = 0;
+      // Drafts the target never judged: the draft keeps x but its last token, which its next
+      // catch-up feeds again, and drops the rest with that call.
+      const int64_t keep = static_cast<int64_t>(s.tokens.size()) - 1;
+      if (s.draft_cached > keep) {
+        s.draft_cached = keep;
+        s.draft_tail = true;
+      }
+      continue;
+    }
     Resolution& res = resolutions.emplace_back();
     res.i = i;
     res.v = &v;

@@ -28,8 +28,8 @@
 #include "common/engine/decode_loop.h"
 #include "common/engine/llama_engine.h"
 #include "common/synth/synth.h"
-#include "services/coordinator/speculation_round.h"
 #include "services/coordinator/local_worker.h"
+#include "services/coordinator/speculation_round.h"
 #include "services/coordinator/worker_api.h"
 
 namespace specd {
@@ -65,10 +65,8 @@ absl::StatusOr<std::unique_ptr<LlamaEngine>> Engine(const Options& o, int64_t ex
 absl::StatusOr<std::unique_ptr<LocalWorker>> Worker(const Options& o, int64_t exit_layer) {
   absl::StatusOr<std::unique_ptr<LlamaEngine>> engine = Engine(o, exit_layer, 65536);
   if (!engine.ok()) return engine.status();
-  WorkerRuntimeOptions runtime;
-  runtime.prefill_chunk = 512;
   return std::make_unique<LocalWorker>(
-      std::make_unique<WorkerRuntime>(*std::move(engine), runtime));
+      std::make_unique<WorkerRuntime>(*std::move(engine), WorkerRuntimeOptions{}));
 }
 
 std::vector<std::vector<int32_t>> Prompts(const Options& o, int64_t vocab) {
@@ -110,6 +108,7 @@ absl::StatusOr<RunStats> Generate(WorkerApi& draft, WorkerApi& target,
     RoundOptions options;
     options.max_seq_len = 4096;
     options.phase_times = &phases;
+    options.prefill_chunk = 512;
     for (const RoundStats& st : RunSpeculationRound(draft, target, running, options)) {
       if (!st.status.ok()) return st.status;
       stats.drafted += st.drafted;
