@@ -6,11 +6,13 @@
 #include <utility>
 
 #include "absl/container/flat_hash_set.h"
+#include "absl/hash/hash.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "base/absl_string.h"
 #include "base/math.h"
 #include "base/status_macros.h"
+#include "common/model/config.h"
 
 namespace specd {
 namespace {
@@ -21,14 +23,18 @@ constexpr int64_t kMaxKvBytes = int64_t{1} << 38;  // 256 GiB
 // reallocate every time.
 constexpr int64_t kScratchTokenStep = 64;
 constexpr int64_t kMaxTreeNodes = 64;  // one 64-bit mask word per node
+constexpr int64_t kMaxCopyRowsPerCall = 4096;
 
 // Byte offsets of the metadata arrays in the staging buffer (and its device copy).
 struct MetadataLayout {
-  int64_t ids, pos, slot, token_seq, block_tables, logit_rows, mask_start, tree_mask, bytes;
+  int64_t ids, pos, slot, token_seq, block_tables, logit_rows, mask_start, tree_mask, copy_src,
+      copy_dst, bytes;
 };
 
+// The copy rows come last, so a batch shape's other arrays sit at the same offsets whatever it
+// copies (its recordings read them there).
 MetadataLayout LayoutFor(int64_t n_tokens, int64_t n_seqs, int64_t table_stride, int64_t n_logits,
-                         bool tree) {
+                         bool tree, int64_t n_copy_rows) {
   MetadataLayout m{};
   int64_t at = 0;
   const auto take = [&at](int64_t bytes) {
@@ -44,6 +50,8 @@ MetadataLayout LayoutFor(int64_t n_tokens, int64_t n_seqs, int64_t table_stride,
   m.logit_rows = take(n_logits * 4);
   m.mask_start = take(tree ? n_tokens * 4 : 0);
   m.tree_mask = take(tree ? n_tokens * 8 : 0);
+  m.copy_src = take(n_copy_rows * 4);
+  m.copy_dst = take(n_copy_rows * 4);
   m.bytes = std::max<int64_t>(at, 16);
   return m;
 }
@@ -135,6 +143,9 @@ absl::StatusOr<std::unique_ptr<LlamaEngine>> LlamaEngine::Create(
   kv_config.num_blocks = num_blocks;
   kv_config.block_size = options.kv_block_size;
   kv_config.max_blocks_per_seq = CeilDiv(max_seq_len, options.kv_block_size);
+  kv_config.prefix_caching = options.prefix_caching;
+  // The model (its whole config, layer count after an early exit included) and the KV dtype.
+  kv_config.cache_salt = absl::HashOf(ModelConfigToJson(c), kernels::DTypeName(options.kv_dtype));
   SPECD_ASSIGN_OR_RETURN(std::unique_ptr<KvPool> kv, KvPool::Create(kv_config));
   auto engine = std::unique_ptr<LlamaEngine>(
       new LlamaEngine(c, std::move(backend), std::move(kv), max_seq_len, options.kv_dtype));
@@ -251,12 +262,14 @@ absl::Status LlamaEngine::Validate(std::span<const SequenceInput> batch) const {
 }
 
 absl::Status LlamaEngine::UploadMetadata(std::span<const SequenceInput> batch, int64_t n_tokens,
-                                         int64_t n_logits) {
+                                         int64_t n_logits, std::span<const KvBlockCopy> copies) {
   const bool tree = std::any_of(batch.begin(), batch.end(),
                                 [](const SequenceInput& in) { return !in.tree_mask.empty(); });
   const int64_t stride = kv_->max_blocks_per_seq();
+  int64_t n_copy_rows = 0;
+  for (const KvBlockCopy& c : copies) n_copy_rows += c.rows;
   const MetadataLayout m =
-      LayoutFor(n_tokens, static_cast<int64_t>(batch.size()), stride, n_logits, tree);
+      LayoutFor(n_tokens, static_cast<int64_t>(batch.size()), stride, n_logits, tree, n_copy_rows);
   SPECD_RETURN_IF_ERROR(Ensure(*backend_, staging_, m.bytes, kernels::MemoryKind::kStaging,
                                "forward metadata", &buffers_generation_));
   SPECD_RETURN_IF_ERROR(Ensure(*backend_, meta_device_, m.bytes, kernels::MemoryKind::kScratch,
@@ -270,6 +283,16 @@ absl::Status LlamaEngine::UploadMetadata(std::span<const SequenceInput> batch, i
   int32_t* logit_rows = reinterpret_cast<int32_t*>(host + m.logit_rows);
   int32_t* mask_start = reinterpret_cast<int32_t*>(host + m.mask_start);
   uint64_t* tree_mask = reinterpret_cast<uint64_t*>(host + m.tree_mask);
+  int32_t* copy_src = reinterpret_cast<int32_t*>(host + m.copy_src);
+  int32_t* copy_dst = reinterpret_cast<int32_t*>(host + m.copy_dst);
+  const int64_t block = kv_->block_size();
+  int64_t c = 0;
+  for (const KvBlockCopy& copy : copies) {
+    for (int64_t r = 0; r < copy.rows; ++r, ++c) {
+      copy_src[c] = static_cast<int32_t>(copy.src * block + r);
+      copy_dst[c] = static_cast<int32_t>(copy.dst * block + r);
+    }
+  }
   int64_t t = 0;
   int64_t r = 0;
   for (size_t b = 0; b < batch.size(); ++b) {
@@ -305,6 +328,27 @@ absl::Status LlamaEngine::UploadMetadata(std::span<const SequenceInput> batch, i
   meta_.logit_rows = reinterpret_cast<const int32_t*>(dev + m.logit_rows);
   meta_.mask_start = tree ? reinterpret_cast<const int32_t*>(dev + m.mask_start) : nullptr;
   meta_.tree_mask = tree ? reinterpret_cast<const uint64_t*>(dev + m.tree_mask) : nullptr;
+  meta_.copy_src = reinterpret_cast<const int32_t*>(dev + m.copy_src);
+  meta_.copy_dst = reinterpret_cast<const int32_t*>(dev + m.copy_dst);
+  return CopyBlocks(n_copy_rows);
+}
+
+absl::Status LlamaEngine::CopyBlocks(int64_t n_rows) {
+  kernels::CopyKvRowsArgs a;
+  a.k = k_cache_.data();
+  a.v = v_cache_.data();
+  a.dtype = kv_dtype_;
+  a.n_layers = config_.num_layers;
+  a.layer_stride = kv_->total_blocks() * kv_->block_size();
+  a.kv_dim = config_.kv_dim();
+  // A back end may bound the rows of one call (the CUDA kernel stages them in shared memory);
+  // copies never chain, so splitting them changes nothing.
+  for (int64_t done = 0; done < n_rows; done += kMaxCopyRowsPerCall) {
+    a.src_rows = meta_.copy_src + done;
+    a.dst_rows = meta_.copy_dst + done;
+    a.n = std::min(kMaxCopyRowsPerCall, n_rows - done);
+    SPECD_RETURN_IF_ERROR(backend_->CopyKvRows(a));
+  }
   return absl::OkStatus();
 }
 
@@ -334,23 +378,32 @@ absl::Status LlamaEngine::GrowScratch(int64_t n_tokens, int64_t n_logits) {
   return absl::OkStatus();
 }
 
+absl::Status LlamaEngine::ReserveKv(std::span<const SequenceInput> batch) {
+  // The whole batch must fit before anything is appended, so a full pool costs nothing.
+  int64_t need = 0;
+  for (const SequenceInput& in : batch) {
+    SPECD_ASSIGN_OR_RETURN(const int64_t blocks,
+                           kv_->BlocksNeeded(in.seq, static_cast<int64_t>(in.tokens.size())));
+    need += blocks;
+    if (need > kv_->free_blocks()) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "KV cache full: sequence ", in.seq, " needs ", blocks, " more blocks to hold ",
+          in.start_pos + static_cast<int64_t>(in.tokens.size()), " tokens but only ",
+          kv_->free_blocks() - (need - blocks), " of ", kv_->total_blocks(), " are free"));
+    }
+  }
+  for (const SequenceInput& in : batch) {
+    // Cannot fail: the lengths were validated and the capacity counted above.
+    SPECD_RETURN_IF_ERROR(kv_->Append(in.seq, in.tokens));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<Logits> LlamaEngine::Forward(std::span<const SequenceInput> batch) {
   SPECD_RETURN_IF_ERROR(Validate(batch));
   // The staging buffer is about to be rewritten: an upload from it must have run.
   if (staging_in_flight_) SPECD_RETURN_IF_ERROR(Synchronize());
-
-  // Reserve KV for the whole batch first; undo on failure so a full pool costs nothing.
-  std::vector<int64_t> old_len;
-  old_len.reserve(batch.size());
-  for (const SequenceInput& in : batch) {
-    const absl::Status st =
-        kv_->Extend(in.seq, in.start_pos + static_cast<int64_t>(in.tokens.size()));
-    if (!st.ok()) {
-      for (size_t j = 0; j < old_len.size(); ++j) (void)kv_->Truncate(batch[j].seq, old_len[j]);
-      return st;
-    }
-    old_len.push_back(in.start_pos);
-  }
+  SPECD_RETURN_IF_ERROR(ReserveKv(batch));
   int64_t n_tokens = 0;
   int64_t n_logits = 0;
   for (const SequenceInput& in : batch) {
@@ -359,8 +412,11 @@ absl::StatusOr<Logits> LlamaEngine::Forward(std::span<const SequenceInput> batch
   }
   absl::StatusOr<Logits> out = Enqueue(batch, n_tokens, n_logits);
   if (!out.ok()) {
-    for (size_t j = 0; j < batch.size(); ++j) (void)kv_->Truncate(batch[j].seq, old_len[j]);
+    for (const SequenceInput& in : batch) (void)kv_->Truncate(in.seq, in.start_pos);
+    kv_->RevertCopies();
+    return out;
   }
+  kv_->ConfirmCopies();
   return out;
 }
 
@@ -368,7 +424,7 @@ absl::StatusOr<Logits> LlamaEngine::Enqueue(std::span<const SequenceInput> batch
                                             int64_t n_logits) {
   const ModelConfig& c = config_;
   kernels::Backend& be = *backend_;
-  SPECD_RETURN_IF_ERROR(UploadMetadata(batch, n_tokens, n_logits));
+  SPECD_RETURN_IF_ERROR(UploadMetadata(batch, n_tokens, n_logits, kv_->PendingCopies()));
   SPECD_RETURN_IF_ERROR(GrowScratch(n_tokens, n_logits));
   if (record_forwards_ && be.SupportsRecording() && n_tokens <= kMaxRecordedTokens) {
     SPECD_RETURN_IF_ERROR(

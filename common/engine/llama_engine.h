@@ -34,6 +34,8 @@ struct EngineOptions {
   // Longest sequence served; 0 means the model's max_position_embeddings.
   int64_t max_seq_len = 0;
   kernels::DType kv_dtype = kernels::DType::kF32;
+  // Automatic prefix caching in the KV pool (common/kv/kv_pool.h).
+  bool prefix_caching = true;
   // Record forward passes of up to kMaxRecordedTokens tokens (decode and verify shapes) as one
   // replayable unit per batch shape, on back ends that record (CUDA graphs): a decode step is
   // then one launch instead of ~16 per layer. A shape is recorded the second time it is seen, so
@@ -111,11 +113,11 @@ class LlamaEngine {
       const EngineOptions& options, const std::function<void(int64_t, int64_t)>& progress = {});
   ~LlamaEngine();
 
-  // Enqueues the model on `batch`, appending every fed token to its sequence's KV. Validates the
-  // whole batch first: unknown sequence (NOT_FOUND), wrong start_pos (FAILED_PRECONDITION), token
-  // id out of range, bad logit index or bad tree (INVALID_ARGUMENT), over max_seq_len
-  // (OUT_OF_RANGE), KV exhausted (RESOURCE_EXHAUSTED). On any error no sequence's cached length
-  // changes.
+  // Enqueues the model on `batch`, appending every fed token to its sequence's KV (after the
+  // copies of shared partially filled blocks that the appends make). Validates the whole batch
+  // first: unknown sequence (NOT_FOUND), wrong start_pos (FAILED_PRECONDITION), token id out of
+  // range, bad logit index or bad tree (INVALID_ARGUMENT), over max_seq_len (OUT_OF_RANGE), KV
+  // exhausted (RESOURCE_EXHAUSTED). On any error no sequence's cached length or blocks change.
   absl::StatusOr<Logits> Forward(std::span<const SequenceInput> batch);
 
   // Waits for everything enqueued (the one synchronization point of a forward pass).
@@ -134,6 +136,15 @@ class LlamaEngine {
   absl::Status AddSequence(KvPool::SeqId seq) { return kv_->AddSequence(seq); }
   absl::Status Truncate(KvPool::SeqId seq, int64_t new_len) { return kv_->Truncate(seq, new_len); }
   absl::Status Release(KvPool::SeqId seq) { return kv_->Release(seq); }
+  // The prefix cache (KvPool::AttachCached and KvPool::CacheCommitted). Only tokens whose KV has
+  // been enqueued by a successful Forward may be offered to the cache.
+  absl::StatusOr<int64_t> AttachCached(KvPool::SeqId seq, std::span<const int32_t> tokens,
+                                       int64_t max_tokens) {
+    return kv_->AttachCached(seq, tokens, max_tokens);
+  }
+  absl::Status CacheCommitted(KvPool::SeqId seq, int64_t committed) {
+    return kv_->CacheCommitted(seq, committed);
+  }
 
   const ModelConfig& config() const { return config_; }
   const KvPool& kv() const { return *kv_; }
@@ -154,10 +165,14 @@ class LlamaEngine {
               std::unique_ptr<KvPool> kv, int64_t max_seq_len, kernels::DType kv_dtype);
 
   absl::Status Validate(std::span<const SequenceInput> batch) const;
-  // Fills the staging buffer with ids, positions, slots, block tables, logit rows and the tree
-  // mask, and uploads them in one copy.
+  // Appends every sequence's tokens to the pool, or none when the batch does not fit.
+  absl::Status ReserveKv(std::span<const SequenceInput> batch);
+  // Fills the staging buffer with ids, positions, slots, block tables, logit rows, the tree mask
+  // and the rows of pending block copies, uploads them in one copy, and enqueues the copies (never
+  // recorded: they come before the model, whose recordings stay keyed by its shape alone).
   absl::Status UploadMetadata(std::span<const SequenceInput> batch, int64_t n_tokens,
-                              int64_t n_logits);
+                              int64_t n_logits, std::span<const KvBlockCopy> copies);
+  absl::Status CopyBlocks(int64_t n_rows);
   absl::Status GrowScratch(int64_t n_tokens, int64_t n_logits);
   absl::Status RunLayers(int64_t n_tokens);
   absl::StatusOr<Logits> Enqueue(std::span<const SequenceInput> batch, int64_t n_tokens,
@@ -188,6 +203,8 @@ class LlamaEngine {
     const int32_t* logit_rows = nullptr;
     const uint64_t* tree_mask = nullptr;  // null when no sequence feeds a tree
     const int32_t* mask_start = nullptr;
+    const int32_t* copy_src = nullptr;  // KV rows of copy-on-write sources and destinations
+    const int32_t* copy_dst = nullptr;
   } meta_;
   kernels::Buffer staging_;
   kernels::Buffer meta_device_;

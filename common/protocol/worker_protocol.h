@@ -49,7 +49,14 @@ struct SequenceRequest {
   // drafts: a Truncate folded into this call); they are dropped before anything else, after
   // `compact` has moved the accepted branch of a draft tree into place.
   bool drop_tail = false;
-  KvCompaction compact;
+  // Chunked prefill: the most catch-up tokens this call may feed beyond those found in the
+  // prefix cache (0 = no limit). When more are left, the worker feeds only that many and the
+  // sequence comes back `prefilling`, having drafted or verified nothing.
+  int64_t max_prefill_tokens = 0;
+  // Feed catch-up only (within max_prefill_tokens, and never its last token) and come back
+  // `prefilling`: the coordinator's round for this sequence is not ready to draw anything yet.
+  bool prefill_only = false;
+  KvCompaction compact;  // applied before drop_tail
   bool operator==(const SequenceRequest&) const = default;
 };
 
@@ -85,11 +92,13 @@ struct SequenceOutcome {
   SeqId seq = 0;
   absl::Status status;
   int64_t cached_len = 0;
+  bool prefilling = false;  // only part of the catch-up was fed; nothing was drafted
   bool operator==(const SequenceOutcome&) const = default;
 };
 
 // One draft step as the Draft call reports it. Every sequence of the call is in exactly one
-// `failed` list or drafts until its own K; the last step also carries every sequence's outcome.
+// `failed` list, or drafts until its own K, or only prefills (no step names it); the last step
+// also carries every sequence's outcome.
 struct DraftStep {
   int32_t step = 0;  // 1-based; 0 only when no sequence got as far as drafting
   std::span<const DraftToken> tokens;
@@ -124,7 +133,8 @@ struct VerifySequenceResult {
   std::vector<std::vector<int32_t>> candidate_tokens;
   std::vector<std::vector<float>> candidate_probs;
   int64_t cached_len = 0;
-  int64_t forward_ns = 0;  // the batch's forward pass; 0 when the sequence failed before it
+  int64_t forward_ns = 0;   // the batch's forward pass; 0 when the sequence failed before it
+  bool prefilling = false;  // only part of the catch-up was fed; nothing was verified
   bool operator==(const VerifySequenceResult&) const = default;
 };
 

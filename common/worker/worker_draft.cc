@@ -76,34 +76,78 @@ std::vector<SequenceOutcome> WorkerRuntime::Draft(
     failed.push_back({batch[i].seq, outcomes[i].status, LengthOrZero(batch[i].seq)});
   };
 
-  std::vector<size_t> active;  // still drafting
+  std::vector<size_t> active;   // still drafting
+  std::vector<size_t> chunked;  // only feeding a prefill chunk
+  std::vector<Feed> plan(batch.size());
   absl::flat_hash_set<SeqId> seen;
-  int64_t budget = engine_->kv().free_blocks();
+  int64_t reserved = 0;
   for (size_t i = 0; i < batch.size(); ++i) {
     const DraftSequenceRequest& req = batch[i];
     outcomes[i].seq = req.seq;
     absl::Status st = CheckUnique(req.seq, &seen);
     if (st.ok()) st = CheckDraftRequest(req);
-    // The last level (a chain's last token) is drafted but never fed.
-    const int32_t k = req.num_speculative_tokens;
-    const int64_t fed = req.tree.is_tree()
-                            ? TreeNodeCount(req.tree, k) - TreeLevels(req.tree, k).back().count
-                            : k - 1;
-    if (st.ok()) st = Admit(req, static_cast<int64_t>(req.catch_up.size()) + fed, &budget);
     if (st.ok()) {
+      // The last level (a chain's last token) is drafted but never fed.
+      const int32_t k = req.num_speculative_tokens;
+      const int64_t fed = req.tree.is_tree()
+                              ? TreeNodeCount(req.tree, k) - TreeLevels(req.tree, k).back().count
+                              : k - 1;
+      absl::StatusOr<Feed> f = Admit(req, fed, &reserved);
+      if (f.ok()) {
+        plan[i] = *f;
+      } else {
+        st = f.status();
+      }
+    }
+    if (!st.ok()) {
+      fail(i, std::move(st));
+    } else if (plan[i].complete) {
       active.push_back(i);
     } else {
-      fail(i, std::move(st));
+      outcomes[i].prefilling = true;
+      if (plan[i].feed > 0) chunked.push_back(i);
     }
   }
   auto fail_active = [&](const absl::Status& st) {
     for (const size_t i : active) fail(i, st);
     active.clear();
   };
-
-  std::vector<const SequenceRequest*> reqs;
-  for (const size_t i : active) reqs.push_back(&batch[i]);
-  if (absl::Status st = FeedLongCatchUps(reqs); !st.ok()) fail_active(st);
+  auto fail_chunked = [&](const absl::Status& st) {
+    for (const size_t i : chunked) {
+      outcomes[i].prefilling = false;
+      fail(i, st);
+    }
+    chunked.clear();
+  };
+  // Prefill chunks ride in the first pass, after the drafting sequences (which own its logits).
+  std::vector<SequenceInput> chunk_inputs;
+  for (const size_t i : chunked) {
+    SequenceInput in;
+    in.seq = batch[i].seq;
+    in.start_pos = static_cast<int64_t>(seqs_[in.seq].tokens.size());
+    in.tokens =
+        std::span<const int32_t>(batch[i].catch_up)
+            .subspan(static_cast<size_t>(plan[i].cached), static_cast<size_t>(plan[i].feed));
+    chunk_inputs.push_back(in);
+  }
+  auto chunks_fed = [&] {
+    for (const SequenceInput& in : chunk_inputs) {
+      Sequence& s = seqs_[in.seq];
+      s.tokens.insert(s.tokens.end(), in.tokens.begin(), in.tokens.end());
+      CacheCommitted(in.seq, static_cast<int64_t>(s.tokens.size()));
+    }
+  };
+  int64_t forward_ns = 0;
+  if (active.empty() && !chunk_inputs.empty()) {
+    const absl::Time start = absl::Now();
+    if (absl::Status st = FeedOnly(chunk_inputs); st.ok()) {
+      chunks_fed();
+      forward_ns = absl::ToInt64Nanoseconds(absl::Now() - start);
+    } else {
+      RollBack(chunk_inputs);
+      fail_chunked(st);
+    }
+  }
 
   std::vector<Drafting> drafting(batch.size());
   for (const size_t i : active) {
@@ -113,7 +157,6 @@ std::vector<SequenceOutcome> WorkerRuntime::Draft(
   }
   std::vector<DraftToken> step_tokens;
   int32_t k = 0;
-  int64_t forward_ns = 0;
   while (!active.empty()) {
     ++k;
     step_tokens.clear();
@@ -127,8 +170,8 @@ std::vector<SequenceOutcome> WorkerRuntime::Draft(
       in.seq = req.seq;
       in.start_pos = static_cast<int64_t>(s.tokens.size());
       if (k == 1) {
-        const size_t done = static_cast<size_t>(in.start_pos - req.expected_cached_len);
-        in.tokens = std::span<const int32_t>(req.catch_up).subspan(done);
+        in.tokens =
+            std::span<const int32_t>(req.catch_up).subspan(static_cast<size_t>(plan[i].cached));
         in.logit_indices = {static_cast<int32_t>(in.tokens.size() - 1)};
       } else if (!req.tree.is_tree()) {
         in.tokens = std::span<const int32_t>(&d.last, 1);
@@ -148,17 +191,20 @@ std::vector<SequenceOutcome> WorkerRuntime::Draft(
       }
       inputs.push_back(in);
     }
-    std::vector<int32_t> draw_of(inputs.size(), -1);
+    const size_t drafting_inputs = inputs.size();  // inputs[b] is active[b]'s
+    if (k == 1) inputs.insert(inputs.end(), chunk_inputs.begin(), chunk_inputs.end());
+    std::vector<int32_t> draw_of(drafting_inputs, -1);
     std::vector<int32_t> temp_slots;  // tree rows: needed only within this pass
     const absl::Status pass = ForwardAndSample(
         ForwardKind::kDraftStep, inputs,
         [&]() -> absl::Status {
           int64_t rows = 0;
-          for (const SequenceInput& in : inputs)
-            rows += static_cast<int64_t>(in.logit_indices.size());
+          for (size_t b = 0; b < drafting_inputs; ++b) {
+            rows += static_cast<int64_t>(inputs[b].logit_indices.size());
+          }
           SPECD_ASSIGN_OR_RETURN(const std::vector<int32_t> slots, pool_.Acquire(rows));
           size_t next_slot = 0;
-          for (size_t b = 0; b < inputs.size(); ++b) {
+          for (size_t b = 0; b < drafting_inputs; ++b) {
             const DraftSequenceRequest& req = batch[active[b]];
             Sequence& s = seqs_[req.seq];
             Drafting& d = drafting[active[b]];
@@ -211,9 +257,18 @@ std::vector<SequenceOutcome> WorkerRuntime::Draft(
     if (!pass.ok()) {
       RollBack(inputs);
       fail_active(pass);
+      if (k == 1) fail_chunked(pass);
       break;
     }
-    for (size_t b = 0; b < inputs.size(); ++b) {
+    if (k == 1) {
+      // x is all in the cache now; the drafts (or tree nodes) that follow it are not committed.
+      for (const size_t i : active) {
+        const SeqId seq = batch[i].seq;
+        CacheCommitted(seq, static_cast<int64_t>(seqs_[seq].tokens.size()));
+      }
+      chunks_fed();
+    }
+    for (size_t b = 0; b < drafting_inputs; ++b) {
       const size_t i = active[b];
       const DraftSequenceRequest& req = batch[i];
       Sequence& s = seqs_[req.seq];

@@ -1,6 +1,7 @@
 #include "common/worker/worker_runtime.h"
 
 #include <algorithm>
+#include <limits>
 #include <utility>
 
 #include "absl/container/flat_hash_set.h"
@@ -47,12 +48,11 @@ WorkerRuntime::WorkerRuntime(std::unique_ptr<LlamaEngine> engine,
       vocab_(engine_->config().vocab_size, engine_->output_vocab()),
       options_(options),
       pool_(engine_->backend(), engine_->logits_width()),
-      sampler_(engine_->backend()) {
-  options_.prefill_chunk = std::max<int64_t>(1, options_.prefill_chunk);
-}
+      sampler_(engine_->backend()) {}
 
-absl::Status WorkerRuntime::Admit(const SequenceRequest& req, int64_t extra_tokens,
-                                  int64_t* blocks_budget) {
+absl::StatusOr<WorkerRuntime::Feed> WorkerRuntime::Admit(const SequenceRequest& req,
+                                                         int64_t draft_tokens,
+                                                         int64_t* reserved_blocks) {
   const int64_t vocab = engine_->config().vocab_size;
   SPECD_RETURN_IF_ERROR(ValidateSamplingParams(req.sampling, vocab));
   if (req.prompt_len < 0) {
@@ -62,6 +62,10 @@ absl::Status WorkerRuntime::Admit(const SequenceRequest& req, int64_t extra_toke
   if (req.expected_cached_len < 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "sequence ", req.seq, ": expected_cached_len must be >= 0, got ", req.expected_cached_len));
+  }
+  if (req.max_prefill_tokens < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "sequence ", req.seq, ": max_prefill_tokens must be >= 0, got ", req.max_prefill_tokens));
   }
   if (req.catch_up.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -83,16 +87,12 @@ absl::Status WorkerRuntime::Admit(const SequenceRequest& req, int64_t extra_toke
                        " tree nodes from slot ", req.compact.tree_start,
                        " does not leave the expected ", req.expected_cached_len, " cached tokens"));
     }
-    const int64_t free_before = engine_->kv().free_blocks();
     SPECD_RETURN_IF_ERROR(
         CompactAndTruncate(req.seq, it->second, req.compact, req.expected_cached_len));
-    *blocks_budget += engine_->kv().free_blocks() - free_before;
   } else if (it != seqs_.end() && req.drop_tail &&
              static_cast<int64_t>(it->second.tokens.size()) > req.expected_cached_len) {
-    const int64_t free_before = engine_->kv().free_blocks();
     SPECD_RETURN_IF_ERROR(engine_->Truncate(req.seq, req.expected_cached_len));
     it->second.tokens.resize(static_cast<size_t>(req.expected_cached_len));
-    *blocks_budget += engine_->kv().free_blocks() - free_before;
     ReportKv();
   }
   if (it == seqs_.end() && req.expected_cached_len != 0) {
@@ -106,28 +106,86 @@ absl::Status WorkerRuntime::Admit(const SequenceRequest& req, int64_t extra_toke
         absl::StrCat("sequence ", req.seq, ": coordinator expects ", req.expected_cached_len,
                      " cached tokens, worker holds ", it->second.tokens.size()));
   }
-  const int64_t new_len = req.expected_cached_len + extra_tokens;
-  if (new_len > engine_->max_seq_len()) {
-    return absl::OutOfRangeError(absl::StrCat("sequence ", req.seq, " would reach ", new_len,
-                                              " tokens, over max_seq_len ",
-                                              engine_->max_seq_len()));
+  const int64_t catch_up = static_cast<int64_t>(req.catch_up.size());
+  const int64_t max_len = engine_->max_seq_len();
+  if (req.expected_cached_len + catch_up + (req.prefill_only ? 0 : draft_tokens) > max_len) {
+    return absl::OutOfRangeError(
+        absl::StrCat("sequence ", req.seq, " would reach ",
+                     req.expected_cached_len + catch_up + (req.prefill_only ? 0 : draft_tokens),
+                     " tokens, over max_seq_len ", max_len));
   }
-  const int64_t block = engine_->kv().block_size();
-  const int64_t need = CeilDiv(new_len, block) - CeilDiv(req.expected_cached_len, block);
-  if (need > *blocks_budget) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("sequence ", req.seq, " needs ", need, " more KV blocks for ", new_len,
-                     " tokens but only ", *blocks_budget, " are free"));
-  }
-  if (it == seqs_.end()) {
+  const bool created = it == seqs_.end();
+  if (created) {
     SPECD_RETURN_IF_ERROR(engine_->AddSequence(req.seq));
     seqs_.try_emplace(req.seq);
   }
-  *blocks_budget -= need;
   Sequence& s = seqs_[req.seq];
+  const auto undo = [&] {
+    if (created) {
+      (void)engine_->Release(req.seq);
+      seqs_.erase(req.seq);
+    } else {
+      (void)engine_->Truncate(req.seq, req.expected_cached_len);
+      s.tokens.resize(static_cast<size_t>(req.expected_cached_len));
+    }
+    ReportKv();
+  };
+
+  // The longest cached prefix, never the last token: it is fed, so that there are logits.
+  Feed f;
+  absl::StatusOr<int64_t> attached = engine_->AttachCached(req.seq, req.catch_up, catch_up - 1);
+  if (!attached.ok()) {
+    undo();
+    return attached.status();
+  }
+  f.cached = *attached;
+  s.tokens.insert(s.tokens.end(), req.catch_up.begin(), req.catch_up.begin() + f.cached);
+  const int64_t left = catch_up - f.cached;
+  const int64_t limit =
+      req.max_prefill_tokens > 0 ? req.max_prefill_tokens : std::numeric_limits<int64_t>::max();
+  f.complete = !req.prefill_only && left <= limit;
+  if (f.complete) {
+    f.feed = left;
+  } else {
+    f.feed = std::min(left - 1, limit);
+    // A chunk of a block or more ends on a block boundary, so that the next chunk's blocks can
+    // still be found in the cache (another sequence may be caching the same prompt meanwhile).
+    const int64_t block = engine_->kv().block_size();
+    const int64_t len = static_cast<int64_t>(s.tokens.size());
+    const int64_t aligned = (len + f.feed) / block * block;
+    if (f.feed == limit && limit >= block && aligned > len) f.feed = aligned - len;
+  }
+  const int64_t grow = f.feed + (f.complete ? draft_tokens : 0);
+  const int64_t need = *engine_->kv().BlocksNeeded(req.seq, grow);
+  const int64_t available = engine_->kv().free_blocks() - *reserved_blocks;
+  if (need > available) {
+    undo();
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "sequence ", req.seq, " needs ", need, " more KV blocks for ",
+        static_cast<int64_t>(s.tokens.size()) + grow, " tokens but only ", available, " are free"));
+  }
+  *reserved_blocks += need;
   s.prompt_len = req.prompt_len;
   ReleaseRows(s);  // rows live until the sequence's next Draft or Verify
+  if (engine_->kv().prefix_caching() && options_.observer != nullptr) {
+    options_.observer->OnPrefixCache(f.cached + f.feed - (f.complete ? 1 : 0), f.cached);
+  }
+  if (f.cached > 0) ReportKv();
+  return f;
+}
+
+absl::Status WorkerRuntime::FeedOnly(std::span<const SequenceInput> batch) {
+  const absl::Time start = absl::Now();
+  SPECD_RETURN_IF_ERROR(engine_->Forward(batch).status());
+  // Timed to the end of the work, not of its enqueueing.
+  SPECD_RETURN_IF_ERROR(engine_->Synchronize());
+  ReportForward(ForwardKind::kCatchUp, batch, absl::Now() - start);
   return absl::OkStatus();
+}
+
+void WorkerRuntime::CacheCommitted(SeqId seq, int64_t committed) {
+  // Only fails for an unknown sequence, and the caller just fed it.
+  (void)engine_->CacheCommitted(seq, committed);
 }
 
 void WorkerRuntime::ReportForward(ForwardKind kind, std::span<const SequenceInput> batch,
@@ -202,38 +260,6 @@ void WorkerRuntime::ReleaseRows(Sequence& s) {
 
 void WorkerRuntime::ReportKv() {
   if (options_.observer != nullptr) options_.observer->OnKvChanged(engine_->kv());
-}
-
-absl::Status WorkerRuntime::FeedLongCatchUps(std::span<const SequenceRequest* const> reqs) {
-  // Every chunk but the last goes in calls of at most prefill_chunk tokens per sequence; the last
-  // chunk rides with the step that needs logits.
-  std::vector<size_t> fed(reqs.size(), 0);
-  while (true) {
-    std::vector<SequenceInput> batch;
-    std::vector<size_t> which;
-    for (size_t i = 0; i < reqs.size(); ++i) {
-      const size_t left = reqs[i]->catch_up.size() - fed[i];
-      if (left <= static_cast<size_t>(options_.prefill_chunk)) continue;
-      SequenceInput in;
-      in.seq = reqs[i]->seq;
-      in.tokens = std::span<const int32_t>(reqs[i]->catch_up)
-                      .subspan(fed[i], static_cast<size_t>(options_.prefill_chunk));
-      in.start_pos = static_cast<int64_t>(seqs_[in.seq].tokens.size());
-      batch.push_back(in);
-      which.push_back(i);
-    }
-    if (batch.empty()) return absl::OkStatus();
-    const absl::Time start = absl::Now();
-    SPECD_RETURN_IF_ERROR(engine_->Forward(batch).status());
-    // Timed to the end of the work, not of its enqueueing.
-    SPECD_RETURN_IF_ERROR(engine_->Synchronize());
-    ReportForward(ForwardKind::kCatchUp, batch, absl::Now() - start);
-    for (size_t b = 0; b < batch.size(); ++b) {
-      std::vector<int32_t>& tokens = seqs_[batch[b].seq].tokens;
-      tokens.insert(tokens.end(), batch[b].tokens.begin(), batch[b].tokens.end());
-      fed[which[b]] += batch[b].tokens.size();
-    }
-  }
 }
 
 int64_t WorkerRuntime::LengthOrZero(SeqId seq) const {

@@ -3,6 +3,12 @@
 // keeps the processed rows of the last round for residual queries, truncates and releases. It
 // holds nothing the coordinator could not rebuild by replaying tokens. Not thread-safe: the gRPC
 // layer gives it to one engine thread.
+//
+// Catch-up and the prefix cache. A sequence's catch-up first reuses the longest prefix the KV
+// pool has cached (never its last token, which is always fed so that there are logits). The rest
+// is fed in the call's one forward pass, or, when it is longer than the request's
+// max_prefill_tokens, only that many tokens are fed and the call produces nothing else for the
+// sequence: the coordinator feeds a long prompt one chunk per round (chunked prefill).
 #ifndef SPECD_COMMON_WORKER_WORKER_RUNTIME_H_
 #define SPECD_COMMON_WORKER_WORKER_RUNTIME_H_
 
@@ -40,10 +46,12 @@ class RuntimeObserver {
   virtual void OnForward(ForwardKind kind, int64_t batch_size, int64_t tokens,
                          absl::Duration elapsed) = 0;
   virtual void OnKvChanged(const KvPool& kv) = 0;
+  // A catch-up met the prefix cache: of `queried` tokens that needed KV (the catch-up tokens this
+  // call covers, less the last one, which is always fed), `hit` were found cached.
+  virtual void OnPrefixCache(int64_t queried, int64_t hit) = 0;
 };
 
 struct WorkerRuntimeOptions {
-  int64_t prefill_chunk = 512;          // longest catch-up fed in one forward call per sequence
   RuntimeObserver* observer = nullptr;  // not owned; must outlive the runtime; may be null
 };
 
@@ -53,7 +61,8 @@ class WorkerRuntime {
 
   // Drafts K tokens for every sequence with one forward pass per step across the batch, calling
   // `on_step` once per step and always at least once (the last call has `last` set). Failed
-  // sequences are reported once and never disturb the others. Returns every sequence's outcome.
+  // sequences are reported once and never disturb the others; sequences that only fed a prefill
+  // chunk ride in the first pass and come back `prefilling`. Returns every sequence's outcome.
   // A sequence with a tree shape drafts its tree one level per step instead (draft_tree.h): its
   // nodes see only their ancestors, and its K - 1 fed levels stay in the cache until the
   // coordinator names the accepted branch (KvCompaction). EGAG (entropy_stop) may end a chain
@@ -61,10 +70,11 @@ class WorkerRuntime {
   std::vector<SequenceOutcome> Draft(std::span<const DraftSequenceRequest> batch,
                                      const std::function<void(const DraftStep&)>& on_step = {});
 
-  // Verifies every sequence in one forward pass (after chunked catch-up calls when needed); a
-  // draft tree's nodes are verified together, each against its ancestors only.
-  // `on_result` sees each sequence's result as soon as it is ready: sequences rejected before
-  // the forward pass first, then the rest in request order. Returns all results in request order.
+  // Verifies every sequence in one forward pass, with the prefill chunks of sequences that are
+  // still prefilling (their results come back `prefilling`); a draft tree's nodes are verified
+  // together, each against its ancestors only. `on_result` sees each sequence's result as soon
+  // as it is ready: sequences rejected before the forward pass first, then the rest in request
+  // order. Returns all results in request order.
   std::vector<VerifySequenceResult> Verify(
       std::span<const VerifySequenceRequest> batch,
       const std::function<void(const VerifySequenceResult&)>& on_result = {});
@@ -101,12 +111,25 @@ class WorkerRuntime {
     std::vector<int32_t> rows;
   };
 
+  // What one call does for one admitted sequence: catch_up[cached, cached + feed) is fed; with
+  // `complete` that is the whole rest of the catch-up and the call drafts or verifies.
+  struct Feed {
+    int64_t cached = 0;  // leading catch-up tokens found in the prefix cache (already attached)
+    int64_t feed = 0;
+    bool complete = false;
+  };
+
   // Checks a request against the table, creating the sequence when expected_cached_len is 0 and
-  // it is unknown. `extra_tokens` is how far the request will grow the sequence's KV, charged to
-  // `*blocks_budget`.
-  absl::Status Admit(const SequenceRequest& req, int64_t extra_tokens, int64_t* blocks_budget);
-  // Feeds every catch-up but its last prefill_chunk (or fewer) tokens per sequence, in chunks.
-  absl::Status FeedLongCatchUps(std::span<const SequenceRequest* const> reqs);
+  // it is unknown, attaches its cached prefix and decides how much of the catch-up to feed.
+  // `draft_tokens` is how many more tokens a complete call feeds; the blocks the call needs are
+  // added to `*reserved_blocks`. On error the sequence is as it was (gone if it was new).
+  absl::StatusOr<Feed> Admit(const SequenceRequest& req, int64_t draft_tokens,
+                             int64_t* reserved_blocks);
+  // A forward pass without logits (only prefill chunks), timed to its synchronization.
+  absl::Status FeedOnly(std::span<const SequenceInput> batch);
+  // After a successful pass: `seq`'s first `committed` tokens are text the coordinator committed,
+  // so their full blocks may serve later sequences.
+  void CacheCommitted(SeqId seq, int64_t committed);
   // A forward pass with logits, then the sampler's work on them (`add_work` fills the sampler),
   // up to the one synchronization. Timed from the forward's start and reported to the observer.
   absl::Status ForwardAndSample(ForwardKind kind, std::span<const SequenceInput> batch,

@@ -95,9 +95,11 @@ std::vector<VerifySequenceResult> WorkerRuntime::Verify(
     if (on_result) on_result(results[i]);
   };
 
-  std::vector<size_t> active;
+  std::vector<size_t> active;   // verifying
+  std::vector<size_t> chunked;  // only feeding a prefill chunk (or nothing, when prefill_only)
+  std::vector<Feed> feed_plan(batch.size());
   absl::flat_hash_set<SeqId> seen;
-  int64_t budget = engine_->kv().free_blocks();
+  int64_t reserved = 0;
   for (size_t i = 0; i < batch.size(); ++i) {
     const VerifySequenceRequest& req = batch[i];
     results[i].seq = req.seq;
@@ -109,22 +111,27 @@ std::vector<VerifySequenceResult> WorkerRuntime::Verify(
     }
     if (st.ok()) st = CheckVerifyRequest(req, vocab);
     if (st.ok()) {
-      st = Admit(req, static_cast<int64_t>(req.catch_up.size() + req.drafts.size()), &budget);
+      absl::StatusOr<Feed> f = Admit(req, static_cast<int64_t>(req.drafts.size()), &reserved);
+      if (f.ok()) {
+        feed_plan[i] = *f;
+      } else {
+        st = f.status();
+      }
     }
-    if (st.ok()) {
-      active.push_back(i);
-    } else {
+    if (!st.ok()) {
       results[i].status = std::move(st);
       finish(i);
+    } else if (feed_plan[i].complete) {
+      active.push_back(i);
+    } else {
+      chunked.push_back(i);
     }
   }
-  if (active.empty()) return results;
+  if (active.empty() && chunked.empty()) return results;
 
-  std::vector<const SequenceRequest*> reqs;
-  for (const size_t i : active) reqs.push_back(&batch[i]);
-  absl::Status st = FeedLongCatchUps(reqs);
-  // The rest of each catch-up plus the drafts, with logits at the last catch-up token and at
-  // every draft. A tree's nodes sit at their depth's position and see only their ancestors.
+  // One pass: each verifying sequence feeds the rest of its catch-up plus the drafts, with logits
+  // at the last catch-up token and at every draft (a tree's nodes sit at their depth's position
+  // and see only their ancestors); then the prefill chunks, without logits.
   std::vector<std::vector<int32_t>> feeds(batch.size());
   std::vector<std::vector<int32_t>> positions(batch.size());
   std::vector<DraftShape> shapes;
@@ -132,11 +139,9 @@ std::vector<VerifySequenceResult> WorkerRuntime::Verify(
   for (size_t i = 0; i < batch.size(); ++i) shapes.emplace_back(batch[i]);
   std::vector<SequenceInput> inputs;
   for (const size_t i : active) {
-    if (!st.ok()) break;
     const VerifySequenceRequest& req = batch[i];
     const Sequence& s = seqs_[req.seq];
-    const size_t done = s.tokens.size() - static_cast<size_t>(req.expected_cached_len);
-    feeds[i].assign(req.catch_up.begin() + static_cast<std::ptrdiff_t>(done), req.catch_up.end());
+    feeds[i].assign(req.catch_up.begin() + feed_plan[i].cached, req.catch_up.end());
     const int32_t rest = static_cast<int32_t>(feeds[i].size());
     feeds[i].insert(feeds[i].end(), req.drafts.begin(), req.drafts.end());
     SequenceInput in;
@@ -158,6 +163,16 @@ std::vector<VerifySequenceResult> WorkerRuntime::Verify(
     }
     inputs.push_back(in);
   }
+  for (const size_t i : chunked) {
+    if (feed_plan[i].feed == 0) continue;
+    SequenceInput in;
+    in.seq = batch[i].seq;
+    in.tokens = std::span<const int32_t>(batch[i].catch_up)
+                    .subspan(static_cast<size_t>(feed_plan[i].cached),
+                             static_cast<size_t>(feed_plan[i].feed));
+    in.start_pos = static_cast<int64_t>(seqs_[in.seq].tokens.size());
+    inputs.push_back(in);
+  }
   // Per active sequence: where its rows, lookups and draws sit in the sampler.
   struct Planned {
     int32_t first_row = 0;
@@ -167,7 +182,12 @@ std::vector<VerifySequenceResult> WorkerRuntime::Verify(
   };
   std::vector<Planned> plan(batch.size());
   int64_t forward_ns = 0;
-  if (st.ok()) {
+  absl::Status st;
+  if (active.empty()) {
+    const absl::Time start = absl::Now();
+    if (!inputs.empty()) st = FeedOnly(inputs);
+    forward_ns = absl::ToInt64Nanoseconds(absl::Now() - start);
+  } else {
     st = ForwardAndSample(
         ForwardKind::kVerify, inputs,
         [&]() -> absl::Status {
@@ -233,14 +253,31 @@ std::vector<VerifySequenceResult> WorkerRuntime::Verify(
           return absl::OkStatus();
         },
         &forward_ns);
-    if (!st.ok()) RollBack(inputs);
   }
   if (!st.ok()) {
+    RollBack(inputs);
     for (const size_t i : active) {
       results[i].status = st;
       finish(i);
     }
+    for (const size_t i : chunked) {
+      results[i].status = st;
+      finish(i);
+    }
     return results;
+  }
+  // Committed text into the cache: x for the verified sequences (not their drafts or tree
+  // nodes), and the chunks.
+  for (const size_t i : active) {
+    const SeqId seq = batch[i].seq;
+    CacheCommitted(seq, static_cast<int64_t>(seqs_[seq].tokens.size() - batch[i].drafts.size()));
+  }
+  for (const size_t i : chunked) {
+    const VerifySequenceRequest& req = batch[i];
+    Sequence& s = seqs_[req.seq];
+    const auto from = req.catch_up.begin() + feed_plan[i].cached;
+    s.tokens.insert(s.tokens.end(), from, from + feed_plan[i].feed);
+    CacheCommitted(req.seq, static_cast<int64_t>(s.tokens.size()));
   }
 
   for (const size_t i : active) {
@@ -293,6 +330,11 @@ std::vector<VerifySequenceResult> WorkerRuntime::Verify(
       r.seq = req.seq;
       r.status = RowError(req.seq, error);
     }
+    finish(i);
+  }
+  for (const size_t i : chunked) {
+    results[i].prefilling = true;
+    results[i].forward_ns = forward_ns;
     finish(i);
   }
   return results;

@@ -8,7 +8,8 @@
 #   conformance  the conformance suite on CUDA (every op, invariance, guard zones) and the
 #                CUDA-only tests (tile shapes, split attention, ProcessRows vs CPU, errors, graphs)
 #   engine_tests engine-level tests that compare an engine with itself, on CUDA
-#                (SPECD_TEST_BACKEND=cuda): batch invariance, draft trees and KV dtypes, greedy
+#                (SPECD_TEST_BACKEND=cuda): batch invariance, draft trees and KV dtypes, prefix
+#                caching (cached KV and copy on write against recomputing), greedy
 #                speculative == plain for every K, and the chi-square distribution tests
 #   hf_parity    logits and greedy tokens against transformers' LlamaForCausalLM
 #   spec_parity  greedy speculative == plain decoding in process, K = 1..8, alone and batched
@@ -52,6 +53,7 @@ export PATH=/usr/local/cuda/bin:$PATH
 TOOLS=$BUILD/tools/bench/engine
 ENGINE_TESTS=(tests/common/engine/engine_batch_invariance_test
               tests/common/engine/engine_tree_and_kv_dtype_test
+              tests/common/engine/engine_prefix_cache_test
               tests/services/coordinator/speculation_round_test
               tests/services/coordinator/distribution_test)
 TARGETS=(kernels_conformance_test kernels_cuda_test engine_logits spec_bench decode_bench

@@ -18,6 +18,7 @@ void EncodeSequence(const SequenceRequest& r, ProtoSequence* out) {
   out->set_seed(r.seed);
   out->set_prompt_len(r.prompt_len);
   out->set_drop_tail(r.drop_tail);
+  out->set_max_prefill_tokens(r.max_prefill_tokens);
   if (!r.compact.empty()) {
     out->mutable_compact()->set_tree_start(r.compact.tree_start);
     out->mutable_compact()->mutable_kept_nodes()->Add(r.compact.kept_nodes.begin(),
@@ -34,6 +35,7 @@ void DecodeSequence(const ProtoSequence& proto, SequenceRequest* out) {
   out->seed = proto.seed();
   out->prompt_len = proto.prompt_len();
   out->drop_tail = proto.drop_tail();
+  out->max_prefill_tokens = proto.max_prefill_tokens();
   if (proto.has_compact()) {
     out->compact.tree_start = proto.compact().tree_start();
     out->compact.kept_nodes.assign(proto.compact().kept_nodes().begin(),
@@ -135,6 +137,7 @@ void Encode(const VerifySequenceRequest& request, pb::VerifySequence* out) {
   out->mutable_draft_tokens()->Add(request.drafts.begin(), request.drafts.end());
   out->mutable_tree_parents()->Add(request.tree_parents.begin(), request.tree_parents.end());
   out->set_num_candidates(request.num_candidates);
+  out->set_prefill_only(request.prefill_only);
 }
 
 VerifySequenceRequest Decode(const pb::VerifySequence& proto) {
@@ -143,6 +146,7 @@ VerifySequenceRequest Decode(const pb::VerifySequence& proto) {
   r.drafts.assign(proto.draft_tokens().begin(), proto.draft_tokens().end());
   r.tree_parents.assign(proto.tree_parents().begin(), proto.tree_parents().end());
   r.num_candidates = proto.num_candidates();
+  r.prefill_only = proto.prefill_only();
   return r;
 }
 
@@ -231,7 +235,8 @@ void Encode(const VerifySequenceResult& result, const KvFree& free, pb::VerifyRe
   out->set_seq_id(result.seq);
   Encode(result.status, out->mutable_status());
   Encode(result.cached_len, free, out->mutable_cache());
-  if (!result.status.ok()) return;
+  out->mutable_cache()->set_prefilling(result.prefilling);
+  if (!result.status.ok() || result.prefilling) return;
   out->mutable_p_draft()->Assign(result.p_draft.begin(), result.p_draft.end());
   out->mutable_argmax()->Assign(result.argmax.begin(), result.argmax.end());
   out->set_bonus_token(result.bonus_token);
@@ -251,8 +256,10 @@ VerifySequenceResult Decode(const pb::VerifyResult& proto, int64_t forward_ns) {
   r.seq = proto.seq_id();
   r.status = Decode(proto.status());
   r.cached_len = proto.cache().cached_len();
+  r.prefilling = proto.cache().prefilling();
   if (!r.status.ok()) return r;
   r.forward_ns = forward_ns;
+  if (r.prefilling) return r;
   r.position = proto.position();
   r.p_draft.assign(proto.p_draft().begin(), proto.p_draft().end());
   r.argmax.assign(proto.argmax().begin(), proto.argmax().end());
@@ -285,6 +292,7 @@ void Encode(const DraftStep& step, const KvFree& free, pb::DraftResponse* out) {
     pb::CacheStateEntry* entry = out->add_cache();
     entry->set_seq_id(o.seq);
     Encode(o.cached_len, free, entry->mutable_state());
+    entry->mutable_state()->set_prefilling(o.prefilling);
   }
 }
 
@@ -306,7 +314,8 @@ std::vector<DecodedDraftStep> Decode(const pb::DraftResponse& proto) {
   if (!out.empty()) {
     DecodedDraftStep& last = out.back();
     for (const pb::CacheStateEntry& c : proto.cache()) {
-      last.outcomes.push_back({c.seq_id(), absl::OkStatus(), c.state().cached_len()});
+      last.outcomes.push_back(
+          {c.seq_id(), absl::OkStatus(), c.state().cached_len(), c.state().prefilling()});
       last.free = DecodeKvFree(c.state());
       last.has_free = true;
     }

@@ -52,7 +52,9 @@ std::vector<FlagSpec> WorkerFlags() {
       {"kv-tokens", "KV cache capacity in tokens, across all sequences", "16384"},
       {"kv-block-size", "tokens per KV cache block", "16"},
       {"max-seq-len", "longest sequence served; 0 = the model's max_position_embeddings", "0"},
-      {"prefill-chunk", "longest catch-up fed in one forward pass per sequence", "512"},
+      {"prefix-caching",
+       "on: keep the KV of full blocks of shared prefixes and reuse it for later sequences; off",
+       "on"},
       {"backend",
        "compute back end: cpu, cuda, or auto (CUDA when this build has it and a GPU is present)",
        "auto"},
@@ -110,7 +112,12 @@ absl::StatusOr<WorkerConfig> ReadConfig(const Flags& flags) {
                          flags.GetInt("kv-tokens", 1, int64_t{1} << 40));
   SPECD_ASSIGN_OR_RETURN(c.engine.kv_block_size, flags.GetInt("kv-block-size", 1, 1 << 16));
   SPECD_ASSIGN_OR_RETURN(c.engine.max_seq_len, flags.GetInt("max-seq-len", 0, int64_t{1} << 31));
-  SPECD_ASSIGN_OR_RETURN(c.runtime.prefill_chunk, flags.GetInt("prefill-chunk", 1, 1 << 20));
+  const std::string prefix_caching = flags.Get("prefix-caching");
+  if (prefix_caching != "on" && prefix_caching != "off") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--prefix-caching must be on or off, got '", prefix_caching, "'"));
+  }
+  c.engine.prefix_caching = prefix_caching == "on";
   SPECD_ASSIGN_OR_RETURN(c.backend.kind, kernels::ParseBackendKind(flags.Get("backend")));
   SPECD_ASSIGN_OR_RETURN(c.engine.kv_dtype, kernels::ParseKvDType(flags.Get("kv-dtype")));
   SPECD_ASSIGN_OR_RETURN(c.engine.gpu_memory_fraction, flags.GetDouble("gpu-memory-fraction"));
@@ -174,7 +181,7 @@ absl::StatusOr<pb::InfoResponse> StaticInfo(const WorkerMainSpec& spec, const Wo
   info.set_epoch((uint64_t{random()} << 32) | random());
   info.set_num_threads(engine.backend().num_threads());
   info.set_backend(std::string(engine.backend().name()));
-  info.set_prefill_chunk_tokens(config.runtime.prefill_chunk);
+  info.set_prefix_caching(engine.kv().prefix_caching());
   info.set_max_speculative_tokens(kMaxSpeculativeTokens);
   info.set_max_candidates(kMaxCandidates);
   info.set_kv_dtype(std::string(kernels::KvDTypeFlagName(engine.kv_dtype())));
@@ -247,7 +254,8 @@ absl::StatusOr<std::unique_ptr<LlamaEngine>> LoadEngine(const WorkerMainSpec& sp
             << ", vocab " << c.vocab_size << " in " << seconds << " s; KV "
             << engine->kv().total_blocks() << " blocks of " << engine->kv().block_size()
             << " tokens in " << kernels::KvDTypeFlagName(engine->kv_dtype()) << " ("
-            << engine->kv_bytes_per_token() << " bytes/token); max_seq_len "
+            << engine->kv_bytes_per_token() << " bytes/token), prefix caching "
+            << (engine->kv().prefix_caching() ? "on" : "off") << "; max_seq_len "
             << engine->max_seq_len() << "; " << engine->backend().name() << " back end, "
             << engine->backend().num_threads() << " threads" << std::endl;
   return engine;

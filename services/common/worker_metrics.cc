@@ -37,7 +37,7 @@ WorkerMetrics::WorkerMetrics() : registry_(std::make_shared<prometheus::Registry
                   .Add({});
   kv_free_ = &prometheus::BuildGauge()
                   .Name("specd_worker_kv_blocks_free")
-                  .Help("KV cache blocks free for new tokens")
+                  .Help("KV cache blocks free for new tokens, evictable cached blocks included")
                   .Register(*registry_)
                   .Add({});
   kv_free_bytes_ = &prometheus::BuildGauge()
@@ -45,6 +45,28 @@ WorkerMetrics::WorkerMetrics() : registry_(std::make_shared<prometheus::Registry
                         .Help("Bytes of KV cache free for new tokens, in the KV dtype")
                         .Register(*registry_)
                         .Add({});
+  kv_cached_ = &prometheus::BuildGauge()
+                    .Name("specd_worker_kv_blocks_cached")
+                    .Help("KV cache blocks in the prefix cache, held by sequences or not")
+                    .Register(*registry_)
+                    .Add({});
+  kv_evictable_ = &prometheus::BuildGauge()
+                       .Name("specd_worker_kv_blocks_evictable")
+                       .Help("Prefix-cache blocks no sequence holds (evicted LRU when needed)")
+                       .Register(*registry_)
+                       .Add({});
+  prefix_queried_ = &prometheus::BuildCounter()
+                         .Name("specd_prefix_cache_queried_tokens_total")
+                         .Help(
+                             "Catch-up tokens looked up in the prefix cache (all but each "
+                             "catch-up's last token, which is always computed)")
+                         .Register(*registry_)
+                         .Add({});
+  prefix_hit_ = &prometheus::BuildCounter()
+                     .Name("specd_prefix_cache_hit_tokens_total")
+                     .Help("Catch-up tokens whose KV came from the prefix cache")
+                     .Register(*registry_)
+                     .Add({});
   backend_info_ = &prometheus::BuildGauge()
                        .Name("specd_worker_backend_info")
                        .Help("Always 1; labels name the back end and the KV cache dtype")
@@ -120,8 +142,15 @@ void WorkerMetrics::OnKvChanged(const KvPool& kv) {
   kv_free_->Set(static_cast<double>(kv.free_blocks()));
   kv_free_bytes_->Set(
       static_cast<double>(kv.free_blocks() * kv.block_size() * kv_bytes_per_token_));
+  kv_cached_->Set(static_cast<double>(kv.cached_blocks()));
+  kv_evictable_->Set(static_cast<double>(kv.evictable_blocks()));
   // Scratch grows with the largest batch seen, so the figures are refreshed with the KV ones.
   UpdateMemory();
+}
+
+void WorkerMetrics::OnPrefixCache(int64_t queried, int64_t hit) {
+  prefix_queried_->Increment(static_cast<double>(queried));
+  prefix_hit_->Increment(static_cast<double>(hit));
 }
 
 }  // namespace specd

@@ -1,6 +1,7 @@
 // A worker's Prometheus metrics on /metrics: the back end and KV dtype, memory by kind, KV blocks
-// and bytes used/free, forward durations, batch sizes and tokens processed by forward kind
-// (catch_up, draft_step, verify). Labels never carry request or sequence ids.
+// and bytes used/free/cached/evictable, prefix-cache queries and hits, forward durations, batch
+// sizes and tokens processed by forward kind (catch_up, draft_step, verify). Labels never carry
+// request or sequence ids.
 #ifndef SPECD_SERVICES_COMMON_WORKER_METRICS_H_
 #define SPECD_SERVICES_COMMON_WORKER_METRICS_H_
 
@@ -37,6 +38,7 @@ class WorkerMetrics final : public RuntimeObserver {
   void OnForward(ForwardKind kind, int64_t batch_size, int64_t tokens,
                  absl::Duration elapsed) override;
   void OnKvChanged(const KvPool& kv) override;
+  void OnPrefixCache(int64_t queried, int64_t hit) override;
 
  private:
   static constexpr size_t kNumKinds = 3;
@@ -47,6 +49,10 @@ class WorkerMetrics final : public RuntimeObserver {
   prometheus::Gauge* kv_used_;
   prometheus::Gauge* kv_free_;
   prometheus::Gauge* kv_free_bytes_;
+  prometheus::Gauge* kv_cached_;
+  prometheus::Gauge* kv_evictable_;
+  prometheus::Counter* prefix_queried_;
+  prometheus::Counter* prefix_hit_;
   prometheus::Family<prometheus::Gauge>* backend_info_;
   std::array<prometheus::Gauge*, kernels::kNumMemoryKinds> memory_bytes_{};
   const kernels::Backend* backend_ = nullptr;

@@ -140,7 +140,10 @@ absl::StatusOr<std::vector<SequenceOutcome>> GrpcWorker::Draft(
   for (const DraftSequenceRequest& r : batch) outcomes[r.seq].seq = r.seq;
   for (const codec::DecodedDraftStep& decoded : codec::Decode(resp)) {
     for (const SequenceOutcome& f : decoded.failed) outcomes[f.seq].status = f.status;
-    for (const SequenceOutcome& o : decoded.outcomes) outcomes[o.seq].cached_len = o.cached_len;
+    for (const SequenceOutcome& o : decoded.outcomes) {
+      outcomes[o.seq].cached_len = o.cached_len;
+      outcomes[o.seq].prefilling = o.prefilling;
+    }
     if (decoded.has_free) free_kv_tokens_ = decoded.free.tokens;
     if (on_step) {
       DraftStep step;

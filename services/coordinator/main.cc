@@ -55,11 +55,16 @@ std::vector<FlagSpec> CoordinatorFlags() {
       {"num-candidates", "residual candidates M the target draws per draft position", "4"},
       {"max-running", "sequences in the running batch", "32"},
       {"max-queued", "requests waiting beyond the running batch", "256"},
+      {"prefill-chunk",
+       "chunked prefill: the most catch-up tokens a worker feeds per sequence and round beyond "
+       "its prefix cache, so a long prompt is spread over rounds that keep decoding the running "
+       "streams; 0 = each prompt in one round",
+       "512"},
       {"default-max-new-tokens", "max_new_tokens when a request does not say", "256"},
       {"worker-wait-seconds", "how long to wait for the workers at start-up", "120"},
       {"worker-call-timeout-seconds",
        "deadline of each call to a worker, after which it counts as hung; must exceed the "
-       "longest call, a full-length prompt's prefill on the target",
+       "longest call, a prefill chunk on the target (a whole prompt with --prefill-chunk 0)",
        "30"},
       {"worker-unavailable-seconds",
        "how long a request waits for an unavailable (crashed, restarting or hung) worker before "
@@ -210,9 +215,12 @@ int Run(int argc, char** argv) {
               wait_seconds, drain_seconds] =
       std::tuple{n[0], n[1], n[2], n[3], n[4], n[5], n[6], n[7]};
   const absl::StatusOr<int64_t> metrics_port = flags->GetInt("metrics-port", -1, 65535);
-  if (!metrics_port.ok()) {
-    std::cerr << kProgram << ": " << metrics_port.status().message() << "\n";
-    return 2;
+  const absl::StatusOr<int64_t> prefill_chunk = flags->GetInt("prefill-chunk", 0, 1 << 24);
+  for (const absl::Status& st : {metrics_port.status(), prefill_chunk.status()}) {
+    if (!st.ok()) {
+      std::cerr << kProgram << ": " << st.message() << "\n";
+      return 2;
+    }
   }
   if (default_k > max_k) {
     std::cerr << kProgram << ": --default-k (" << default_k << ") exceeds --max-k (" << max_k
@@ -369,6 +377,7 @@ int Run(int argc, char** argv) {
   so.max_queued = max_queued;
   so.max_seq_len = state.limits.max_seq_len;
   so.num_candidates = static_cast<int32_t>(num_candidates);
+  so.prefill_chunk = *prefill_chunk;
   so.eos_token_ids = eos;
   so.ngram = ngram;
   so.egag = egag;

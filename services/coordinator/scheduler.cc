@@ -485,7 +485,8 @@ void Scheduler::Loop() {
     }
     RoundPhaseTimes phase_times;
     const std::vector<RoundStats> stats = RunSpeculationRound(
-        draft(), *target_, batch, RoundOptions{options_.max_seq_len, &phase_times});
+        draft(), *target_, batch,
+        RoundOptions{options_.max_seq_len, &phase_times, options_.prefill_chunk});
     if (options_.on_round) options_.on_round(phase_times);
     ObserveRound(stats, phase_times, drafting_sequences, draft_catch_up_tokens);
     if (options_.on_k_choice) options_.on_k_choice(k_choice, adaptive_k_.alpha());
@@ -517,7 +518,10 @@ void Scheduler::Loop() {
       }
       a.stalled_since.reset();
       a.mismatches = 0;
-      if (!Commit(a, stats[i], phase_times)) still.push_back(std::move(running_[i]));
+      // A prefill chunk is progress but commits nothing: the request has no token to stream yet.
+      if (stats[i].prefilling || !Commit(a, stats[i], phase_times)) {
+        still.push_back(std::move(running_[i]));
+      }
     }
     running_ = std::move(still);
     if (!preempted.empty()) {

@@ -83,6 +83,10 @@ struct SchedulerOptions {
   int64_t max_queued = 256;
   int64_t max_seq_len = 0;
   int32_t num_candidates = 4;
+  // Chunked prefill: catch-up tokens each worker feeds per sequence and round beyond its prefix
+  // cache, so a long prompt is spread over rounds that also decode the running sequences; 0 feeds
+  // every catch-up whole.
+  int64_t prefill_chunk = 512;
   std::vector<int32_t> eos_token_ids;
   // Called on the scheduler thread after every round with its phase times (metrics); may be
   // empty. Must not block.

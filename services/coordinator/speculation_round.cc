@@ -202,6 +202,7 @@ std::vector<Proposal> Propose(WorkerApi& draft, std::span<SpeculativeSequence* c
     r.prompt_len = s.prompt_len;
     r.num_speculative_tokens = prop.k;
     r.draft_sampling = s.draft_sampling;
+    r.max_prefill_tokens = options.prefill_chunk;
     if (s.tree.is_tree()) {
       r.tree = s.tree;
       r.tree.depth = std::min(s.tree.depth, prop.k);
@@ -245,9 +246,15 @@ std::vector<Proposal> Propose(WorkerApi& draft, std::span<SpeculativeSequence* c
       if (o.status.ok()) {
         s.draft_tail = false;
         s.draft_compact = KvCompaction();
+        stats[i].prefilling = o.prefilling;
       }
     }
     if (!stats[i].status.ok()) continue;
+    if (stats[i].prefilling) {
+      // Only a prefill chunk was fed: nothing was drafted, and the target only prefills too.
+      prop = Proposal();
+      continue;
+    }
     const int32_t got = static_cast<int32_t>(prop.tokens.size());
     if (r.tree.is_tree()) {
       prop.parents = TreeParents(r.tree, prop.k);
@@ -313,9 +320,15 @@ std::vector<RoundStats> RunSpeculationRound(WorkerApi& draft, WorkerApi& target,
     r.sampling = s.sampling;
     r.seed = s.seed;
     r.prompt_len = s.prompt_len;
-    r.drafts = proposals[i].tokens;
-    r.tree_parents = proposals[i].parents;
-    r.num_candidates = s.sampling.greedy() ? 0 : s.num_candidates;
+    r.max_prefill_tokens = options.prefill_chunk;
+    // The draft is still prefilling: the target may prefill too, but this round has no drafts
+    // for the sequence, so nothing may be drawn for it yet.
+    r.prefill_only = stats[i].prefilling;
+    if (!r.prefill_only) {
+      r.drafts = proposals[i].tokens;
+      r.tree_parents = proposals[i].parents;
+      r.num_candidates = s.sampling.greedy() ? 0 : s.num_candidates;
+    }
     verify_reqs.push_back(std::move(r));
   }
   if (verify_reqs.empty()) return stats;
@@ -333,7 +346,10 @@ std::vector<RoundStats> RunSpeculationRound(WorkerApi& draft, WorkerApi& target,
   }
   times.verify_forward = absl::Nanoseconds(verify_forward_ns);
   for (const VerifySequenceRequest& r : verify_reqs) {
-    times.verify_tokens += static_cast<int64_t>(r.catch_up.size() + r.drafts.size());
+    const int64_t catch_up = static_cast<int64_t>(r.catch_up.size());
+    times.verify_tokens +=
+        (options.prefill_chunk > 0 ? std::min(catch_up, options.prefill_chunk + 1) : catch_up) +
+        static_cast<int64_t>(r.drafts.size());
   }
 
   // 3. Accept/reject: how many drafts each sequence keeps. Rejected drafts leave both workers'
@@ -354,6 +370,20 @@ std::vector<RoundStats> RunSpeculationRound(WorkerApi& draft, WorkerApi& target,
     s.target_cached = v.cached_len;
     s.target_tail = false;
     s.target_compact = KvCompaction();
+    if (v.prefilling) {
+      stats[i].prefilling = true;
+      stats[i].drafted = 0;
+      stats[i].tree_nodes = 0;
+      stats[i].entropy_stopped = false;
+      // Drafts the target never judged: the draft keeps x but its last token, which its next
+      // catch-up feeds again, and drops the rest (a tree's nodes included) with that call.
+      const int64_t keep = len - 1;
+      if (s.uses_draft_worker() && s.draft_cached > keep) {
+        s.draft_cached = keep;
+        s.draft_tail = true;
+      }
+      continue;
+    }
     Resolution& res = resolutions.emplace_back();
     res.i = i;
     res.v = &v;

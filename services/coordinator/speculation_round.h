@@ -1,6 +1,11 @@
 // One speculation round for a batch of running sequences (DESIGN.md, "One speculation round"):
 // Draft on the draft worker, Verify on the target worker, accept/reject here, Truncate both, and
 // append the accepted tokens plus the correction or bonus token.
+//
+// Chunked prefill: a worker feeds at most `prefill_chunk` catch-up tokens of a sequence per round
+// beyond what its prefix cache holds. A sequence whose catch-up is longer spends the round
+// prefilling on that worker: it draws nothing and appends nothing until both workers have its
+// whole prompt, while the other sequences of the batch decode as usual.
 #ifndef SPECD_SERVICES_COORDINATOR_SPECULATION_ROUND_H_
 #define SPECD_SERVICES_COORDINATOR_SPECULATION_ROUND_H_
 
@@ -69,6 +74,8 @@ struct RoundStats {
   int32_t tree_nodes = 0;               // nodes the target verified, for a tree
   int32_t later_children_accepted = 0;  // tree: accepted children that were not the first tried
   bool entropy_stopped = false;         // EGAG stopped the draft before the round's K
+  // Only prefill chunks were fed: nothing was drawn, drafted counts 0, appended is empty.
+  bool prefilling = false;
   absl::Status status;
 };
 
@@ -84,13 +91,15 @@ struct RoundPhaseTimes {
   absl::Duration draft_forward;
   int32_t draft_steps = 0;
   absl::Duration verify_forward;
-  int64_t verify_tokens = 0;  // tokens the target processed: catch-up (>= 1) + drafts
+  int64_t verify_tokens = 0;  // tokens sent to the target: catch-up (>= 1, up to a chunk) + drafts
   absl::Duration round;
 };
 
 struct RoundOptions {
   int64_t max_seq_len = 0;                 // the smaller of the workers' limits
   RoundPhaseTimes* phase_times = nullptr;  // when set, receives this round's phase times
+  // Catch-up tokens a worker feeds per sequence and round beyond its prefix cache; 0 = all.
+  int64_t prefill_chunk = 0;
 };
 
 // Runs one round for `batch`, appending to each sequence's tokens. Per-sequence failures land in

@@ -219,6 +219,71 @@ TEST_F(BenchCliTest, FixedRateWithPromptFileAndAdaptiveK) {
   EXPECT_TRUE(j["compare"].empty());
 }
 
+// --scenario on two servers (here the same one twice: the test is about the bookkeeping, the
+// ratios are what the benchmark script measures). Every count follows from the flags.
+TEST_F(BenchCliTest, ScenariosWriteConsistentJson) {
+  const std::string servers =
+      absl::StrCat("--server ", serve_->address(), " --baseline ", serve_->address());
+  struct Case {
+    std::string scenario, flags;
+    int64_t requests, output_tokens;
+    std::vector<std::string> ratios;
+  };
+  const std::vector<Case> cases = {
+      {"shared-prefix",
+       "--prefix-tokens 48 --suffix-tokens 8 --prefix-requests 3 --answer-tokens 4",
+       3,
+       3 * 4,
+       {"ttft_mean", "ttft_p50", "ttft_p99"}},
+      {"chat",
+       "--conversations 2 --turns 2 --system-tokens 16 --user-tokens 8 --reply-tokens 4",
+       2 * 2,
+       2 * 2 * 4,
+       {"output_tokens_per_s", "ttft_p50", "ttft_p99"}},
+      {"long-prompts",
+       "--decode-streams 2 --stream-tokens 24 --long-prompt-tokens 64 --answer-tokens 2 "
+       "--long-prompt-gap 0",
+       2,
+       2 * 24,
+       {"itl_p99", "itl_p50", "long_prompt_ttft_mean"}},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.scenario);
+    const std::filesystem::path json = tmp_->path() / (c.scenario + ".json");
+    const RunResult r = RunSpecd(absl::StrCat("bench --scenario ", c.scenario, " ", servers, " ",
+                                              c.flags, " --k 2 --json ", json.string()));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_THAT(r.output, HasSubstr("a / b:"));
+    const nlohmann::json j = ReadJson(json);
+    ASSERT_FALSE(j.is_discarded());
+    EXPECT_EQ(j["scenario"], c.scenario);
+    EXPECT_EQ(j["config"]["k"], 2);
+    EXPECT_EQ(j["failed_requests"], 0);
+    ASSERT_EQ(j["arms"].size(), 2u);
+    for (const nlohmann::json& a : j["arms"]) {
+      EXPECT_EQ(a["requests"], c.requests) << a["label"];
+      EXPECT_EQ(a["failed"], 0) << a["label"];
+      EXPECT_EQ(a["output_tokens"], c.output_tokens) << a["label"];
+      EXPECT_EQ(a["ttft_ms"]["count"], c.requests) << a["label"];
+    }
+    for (const std::string& ratio : c.ratios) {
+      ASSERT_TRUE(j["a_over_b"].contains(ratio)) << ratio;
+      EXPECT_GT(j["a_over_b"][ratio].get<double>(), 0) << ratio;
+    }
+  }
+  // A chat arm's throughput is its one repeat's tokens over that repeat's wall time.
+  const nlohmann::json chat = ReadJson(tmp_->path() / "chat.json");
+  for (const nlohmann::json& a : chat["arms"]) {
+    ASSERT_EQ(a["repeat_output_tokens_per_s"].size(), 1u);
+    EXPECT_DOUBLE_EQ(a["output_tokens_per_s"].get<double>(),
+                     a["repeat_output_tokens_per_s"][0].get<double>());
+  }
+  // Long prompts arrived while the streams decoded, and were measured apart from them.
+  const nlohmann::json longp = ReadJson(tmp_->path() / "long-prompts.json");
+  EXPECT_GT(longp["arms"][0]["long_prompt_ttft_ms"]["count"].get<int64_t>(), 0);
+  EXPECT_GT(longp["arms"][0]["itl_ms"]["count"].get<int64_t>(), 0);
+}
+
 TEST(BenchCliFlagsTest, BadInputIsAClearError) {
   RunResult r = RunSpecd("bench --server 127.0.0.1:1 --streams 0");
   EXPECT_EQ(r.exit_code, 2);
@@ -240,6 +305,16 @@ TEST(BenchCliFlagsTest, BadInputIsAClearError) {
   r = RunSpecd("bench --server 127.0.0.1:1 --timeout 0.5");
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_THAT(r.output, HasSubstr("--server 127.0.0.1:1"));
+  r = RunSpecd("bench --server 127.0.0.1:1 --scenario lunch");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.output,
+              HasSubstr("--scenario must be shared-prefix, chat or long-prompts, got 'lunch'"));
+  r = RunSpecd("bench --server 127.0.0.1:1 --scenario chat");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.output, HasSubstr("--scenario needs --baseline"));
+  r = RunSpecd("bench --server 127.0.0.1:1 --baseline 127.0.0.1:2 --scenario chat --turns 0");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.output, HasSubstr("--turns must be in [1, 10000], got 0"));
   r = RunSpecd("bench --help");
   EXPECT_EQ(r.exit_code, 0);
   EXPECT_THAT(r.output, HasSubstr("Leviathan"));

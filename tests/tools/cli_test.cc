@@ -93,6 +93,26 @@ TEST(CliTest, SynthThenGenerate) {
   EXPECT_THAT(r.output, HasSubstr("temperature"));
 }
 
+TEST(CliTest, SynthTakesALongerContext) {
+  ScopedTempDir tmp;
+  const std::string dir = (tmp.path() / "long").string();
+  RunResult r = RunSpecd("synth --shape tiny --max-seq-len 4096 --out " + dir);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::ifstream f(tmp.path() / "long" / "config.json");
+  const nlohmann::json config = nlohmann::json::parse(f, nullptr, /*allow_exceptions=*/false);
+  ASSERT_FALSE(config.is_discarded());
+  EXPECT_EQ(config["max_position_embeddings"].get<int64_t>(), 4096);
+  // A prompt longer than the preset's context generates.
+  std::string ids = "1";
+  for (int i = 0; i < 1500; ++i) ids += "," + std::to_string(3 + i % 200);
+  r = RunSpecd("generate --model " + dir + " --prompt-ids " + ids + " --max-tokens 3 --ignore-eos");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("3 generated"));
+  r = RunSpecd("synth --shape tiny --max-seq-len 0 --out " + dir);
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_THAT(r.output, HasSubstr("--max-seq-len must be in [1, 16777216], got 0"));
+}
+
 TEST(CliTest, ConvertedStories260KTellsTheGoldenStory) {
   SPECD_REQUIRE_SHARED_DIR(shared);
   ScopedTempDir tmp;

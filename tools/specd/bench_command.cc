@@ -22,6 +22,7 @@
 #include "tools/specd/bench/bench_report.h"
 #include "tools/specd/bench/bench_stats.h"
 #include "tools/specd/bench/load_generator.h"
+#include "tools/specd/bench/scenarios.h"
 #include "tools/specd/command.h"
 #include "tools/specd/progress.h"
 
@@ -71,7 +72,17 @@ constexpr char kHelp[] =
     "  engine       the engine-limited speed-up: E[tokens] T_t / (K T_d + T_v(K))\n"
     "  measured     median out tok/s of the K arm / that of the K=0 arm\n"
     "  efficiency   measured / engine: what the service adds beyond the forward passes\n"
-    "Under --adaptive the predictions use the K the rounds really drafted on average.";
+    "Under --adaptive the predictions use the K the rounds really drafted on average.\n"
+    "\n"
+    "--scenario runs one workload on --server (a: prefix caching or chunked prefill on) and\n"
+    "--baseline (b: off), alternating a and b in each of --repeats rounds, and reports a / b:\n"
+    "  shared-prefix  a warm-up request caches --prefix-tokens; then --prefix-requests requests\n"
+    "                 with that prefix and their own --suffix-tokens, one at a time: TTFT\n"
+    "  chat           --conversations at once, --turns each, every turn resending the history\n"
+    "                 (a shared system prompt, user turns, the replies): out tok/s and TTFT\n"
+    "  long-prompts   --decode-streams decoding while prompts of --long-prompt-tokens arrive one\n"
+    "                 after another: the decoding streams' ITL, and the long prompts' TTFT\n"
+    "  e.g. specd bench --scenario chat --server 127.0.0.1:50051 --baseline 127.0.0.1:50052";
 
 // Prompts for runs without --prompts: short story openings, as the TinyStories models expect.
 constexpr const char* kBuiltinPrompts[] = {
@@ -454,6 +465,95 @@ absl::StatusOr<v1::GetServerInfoResponse> ServerInfo(v1::Generation::Stub& stub,
   return info;
 }
 
+absl::StatusOr<bench::ScenarioOptions> ParseScenarioOptions(const Flags& args) {
+  bench::ScenarioOptions o;
+  SPECD_ASSIGN_OR_RETURN(o.scenario, bench::ParseScenario(args.Get("scenario")));
+  if (!args.Has("baseline")) {
+    return absl::InvalidArgumentError(
+        "--scenario needs --baseline (the server without the feature)");
+  }
+  SPECD_ASSIGN_OR_RETURN(const int64_t seed, args.GetInt("seed"));
+  o.seed = static_cast<uint64_t>(seed);
+  if (args.Has("repeats")) {
+    SPECD_ASSIGN_OR_RETURN(o.repeats, IntInRange(args, "repeats", 1, 1000));
+  }
+  SPECD_ASSIGN_OR_RETURN(o.timeout_seconds, args.GetDouble("timeout"));
+  const bool chat = o.scenario == bench::Scenario::kChat;
+  SPECD_ASSIGN_OR_RETURN(o.max_tokens,
+                         IntInRange(args, chat ? "reply-tokens" : "answer-tokens", 1, 1 << 20));
+  SPECD_ASSIGN_OR_RETURN(o.prefix_tokens, IntInRange(args, "prefix-tokens", 1, 1 << 24));
+  SPECD_ASSIGN_OR_RETURN(o.suffix_tokens, IntInRange(args, "suffix-tokens", 1, 1 << 24));
+  SPECD_ASSIGN_OR_RETURN(o.requests, IntInRange(args, "prefix-requests", 1, 100000));
+  SPECD_ASSIGN_OR_RETURN(o.conversations, IntInRange(args, "conversations", 1, 4096));
+  SPECD_ASSIGN_OR_RETURN(o.turns, IntInRange(args, "turns", 1, 10000));
+  SPECD_ASSIGN_OR_RETURN(o.system_tokens, IntInRange(args, "system-tokens", 1, 1 << 24));
+  SPECD_ASSIGN_OR_RETURN(o.user_tokens, IntInRange(args, "user-tokens", 1, 1 << 24));
+  SPECD_ASSIGN_OR_RETURN(o.streams, IntInRange(args, "decode-streams", 1, 4096));
+  SPECD_ASSIGN_OR_RETURN(o.stream_tokens, IntInRange(args, "stream-tokens", 1, 1 << 20));
+  SPECD_ASSIGN_OR_RETURN(o.long_prompt_tokens, IntInRange(args, "long-prompt-tokens", 1, 1 << 24));
+  SPECD_ASSIGN_OR_RETURN(o.long_prompt_gap_s, args.GetDouble("long-prompt-gap"));
+  if (!(o.timeout_seconds > 0 && o.timeout_seconds <= 1e6)) {
+    return absl::InvalidArgumentError("--timeout must be in (0, 1e6] seconds");
+  }
+  if (!(o.long_prompt_gap_s >= 0 && o.long_prompt_gap_s <= 3600)) {
+    return absl::InvalidArgumentError("--long-prompt-gap must be in [0, 3600] seconds");
+  }
+  return o;
+}
+
+// `specd bench --scenario`: bench/scenarios.h.
+int RunScenarioBench(const Flags& args) {
+  auto fail = [](const absl::Status& st) { return ReportError("bench", st); };
+  absl::StatusOr<bench::ScenarioOptions> options = ParseScenarioOptions(args);
+  if (!options.ok()) return fail(options.status());
+  bench::ScenarioOptions& o = *options;
+  const std::string a_address = args.Get("server");
+  const std::string b_address = args.Get("baseline");
+  const auto a =
+      v1::Generation::NewStub(grpc::CreateChannel(a_address, grpc::InsecureChannelCredentials()));
+  const auto b =
+      v1::Generation::NewStub(grpc::CreateChannel(b_address, grpc::InsecureChannelCredentials()));
+  absl::StatusOr<v1::GetServerInfoResponse> info = ServerInfo(*a, a_address, o.timeout_seconds);
+  if (!info.ok()) return fail(info.status());
+  absl::StatusOr<v1::GetServerInfoResponse> b_info = ServerInfo(*b, b_address, o.timeout_seconds);
+  if (!b_info.ok()) return fail(b_info.status());
+  o.vocab_size = std::min(info->target().vocab_size(), b_info->target().vocab_size());
+  o.k = static_cast<int32_t>(info->default_num_speculative_tokens());
+  if (args.Has("k")) {
+    absl::StatusOr<std::vector<int32_t>> ks = ParseKList(args.Get("k"));
+    if (!ks.ok()) return fail(ks.status());
+    if (ks->size() != 1) return fail(absl::InvalidArgumentError("--scenario takes one --k"));
+    o.k = ks->front();
+  }
+  std::cout << "specd bench --scenario " << bench::ScenarioName(o.scenario) << ": a = " << a_address
+            << ", b = " << b_address << " (baseline), target " << info->target().name() << "\n"
+            << std::endl;
+  absl::StatusOr<std::vector<bench::ScenarioArm>> arms =
+      bench::RunScenario(*a, a_address, *b, b_address, o);
+  if (!arms.ok()) return fail(arms.status());
+  std::vector<bench::ScenarioSummary> summaries;
+  int64_t failed = 0;
+  for (const bench::ScenarioArm& arm : *arms) {
+    summaries.push_back(bench::SummarizeScenarioArm(arm));
+    failed += arm.failed;
+    if (arm.failed > 0) {
+      std::cout << arm.label << ": " << arm.failed
+                << " request(s) failed; first: " << arm.first_error << "\n";
+    }
+  }
+  std::cout << bench::FormatScenarioReport(o, summaries) << std::flush;
+  if (args.Has("json")) {
+    nlohmann::ordered_json j = bench::ScenarioToJson(o, summaries);
+    j["machine"] = MachineJson(*info);
+    j["failed_requests"] = failed;
+    if (absl::Status st = WriteJson(args.Get("json"), j); !st.ok()) return fail(st);
+  }
+  if (failed > 0) {
+    return fail(absl::UnavailableError(absl::StrCat(failed, " request(s) failed (see above)")));
+  }
+  return 0;
+}
+
 int RunBench(const std::vector<std::string>& argv) {
   const std::vector<FlagSpec> flags = {
       {"server", "address of a running `specd serve` (its coordinator)", "", false, true},
@@ -485,11 +585,30 @@ int RunBench(const std::vector<std::string>& argv) {
       {"json", "write every number, the configuration and the machine to this file", ""},
       {"timeout", "seconds a request may take", "600"},
       {"quiet", "no progress display", "", true},
+      {"scenario",
+       "instead of K arms, a prefix-caching or chunked-prefill workload on --server and "
+       "--baseline side by side: shared-prefix, chat or long-prompts (see below)",
+       ""},
+      {"baseline", "with --scenario: the server without the feature", ""},
+      {"prefix-tokens", "shared-prefix: tokens of the shared prefix", "800"},
+      {"suffix-tokens", "shared-prefix: tokens of each request's own suffix", "64"},
+      {"prefix-requests", "shared-prefix: requests after the warm-up, one at a time", "8"},
+      {"answer-tokens", "shared-prefix and long-prompts: tokens each such request generates", "16"},
+      {"conversations", "chat: conversations, all at once", "8"},
+      {"turns", "chat: turns per conversation, each resending the history", "6"},
+      {"system-tokens", "chat: tokens of the system prompt every conversation starts with", "160"},
+      {"user-tokens", "chat: tokens of each user turn", "48"},
+      {"reply-tokens", "chat: tokens of each reply", "32"},
+      {"decode-streams", "long-prompts: streams decoding while the long prompts arrive", "8"},
+      {"stream-tokens", "long-prompts: tokens each decoding stream generates", "160"},
+      {"long-prompt-tokens", "long-prompts: tokens of each long prompt", "800"},
+      {"long-prompt-gap", "long-prompts: seconds from one long prompt's end to the next", "0.5"},
   };
   int exit_code = 0;
   std::optional<Flags> args = ParseOrExit("bench", kHelp, argv, flags, &exit_code);
   if (!args) return exit_code;
   auto fail = [](const absl::Status& st) { return ReportError("bench", st); };
+  if (args->Has("scenario")) return RunScenarioBench(*args);
   absl::StatusOr<BenchConfig> config = ParseConfig(*args);
   if (!config.ok()) return fail(config.status());
   BenchConfig& c = *config;

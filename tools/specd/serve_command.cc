@@ -313,6 +313,11 @@ int RunServe(const std::vector<std::string>& argv) {
        "pools hold the same number of tokens (each worker's --gpu-memory-fraction); 0 = size "
        "the KV caches by --kv-tokens",
        "0.9"},
+      {"prefix-caching", "workers keep and reuse the KV of shared prefixes: on or off", "on"},
+      {"prefill-chunk",
+       "catch-up tokens a worker feeds per sequence and round beyond its prefix cache (chunked "
+       "prefill); 0 = each prompt in one round",
+       "512"},
       {"default-k", "num_speculative_tokens when a request does not say", "4"},
       {"max-running", "sequences in the running batch", "32"},
       {"worker-call-timeout-seconds",
@@ -367,8 +372,9 @@ int RunServe(const std::vector<std::string>& argv) {
     for (int64_t i = 0; i < 3; ++i) metrics_ports[static_cast<size_t>(i)] = absl::StrCat(*base + i);
   }
   const std::vector<std::string> common = {
-      "--backend", args->Get("backend"), "--kv-dtype",  args->Get("kv-dtype"),
-      "--threads", args->Get("threads"), "--kv-tokens", args->Get("kv-tokens")};
+      "--backend",        args->Get("backend"),       "--kv-dtype",  args->Get("kv-dtype"),
+      "--threads",        args->Get("threads"),       "--kv-tokens", args->Get("kv-tokens"),
+      "--prefix-caching", args->Get("prefix-caching")};
   std::vector<Child> children;
   children.reserve(3);  // Child references below stay valid
   auto fail = [&](const absl::Status& st) {
@@ -440,6 +446,8 @@ int RunServe(const std::vector<std::string>& argv) {
                 args->Get("default-k"),
                 "--max-running",
                 args->Get("max-running"),
+                "--prefill-chunk",
+                args->Get("prefill-chunk"),
                 "--worker-call-timeout-seconds",
                 args->Get("worker-call-timeout-seconds"),
                 "--worker-unavailable-seconds",

@@ -1,6 +1,7 @@
 // `specd synth`: synthetic checkpoints (random weights, controllable draft agreement).
 #include <iostream>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/synth/synth.h"
 #include "tools/specd/command.h"
@@ -25,6 +26,10 @@ int RunSynth(const std::vector<std::string>& argv) {
        "0.1"},
       {"vocab", "override the preset's vocabulary size", ""},
       {"layers", "override the number of layers (or, with --early-exit-of, layers to keep)", ""},
+      {"max-seq-len",
+       "override the preset's context length (max_position_embeddings), e.g. for long prompts on "
+       "a small shape",
+       ""},
       {"shards", "number of safetensors shards to write", "1"},
       {"tied", "tie the classifier to the embedding", "", true},
       {"early-exit-of", "write a draft keeping the first --layers layers of this checkpoint", ""},
@@ -63,7 +68,7 @@ int RunSynth(const std::vector<std::string>& argv) {
   } else {
     return ReportError("synth", absl::InvalidArgumentError("--dtype must be f32, bf16 or f16"));
   }
-  for (const char* name : {"seed", "shards", "vocab", "layers"}) {
+  for (const char* name : {"seed", "shards", "vocab", "layers", "max-seq-len"}) {
     if (!args->Has(name)) continue;
     absl::StatusOr<int64_t> v = args->GetInt(name);
     if (!v.ok()) return ReportError("synth", v.status());
@@ -71,6 +76,13 @@ int RunSynth(const std::vector<std::string>& argv) {
     if (std::string_view(name) == "shards") spec.num_shards = static_cast<int>(*v);
     if (std::string_view(name) == "vocab") spec.config.vocab_size = *v;
     if (std::string_view(name) == "layers") spec.config.num_layers = *v;
+    if (std::string_view(name) == "max-seq-len") {
+      if (*v < 1 || *v > (int64_t{1} << 24)) {
+        return ReportError("synth", absl::InvalidArgumentError(absl::StrCat(
+                                        "--max-seq-len must be in [1, 16777216], got ", *v)));
+      }
+      spec.config.max_position_embeddings = *v;
+    }
   }
   absl::StatusOr<double> scale = args->GetDouble("residual-scale");
   if (!scale.ok()) return ReportError("synth", scale.status());

@@ -1,3 +1,5 @@
+// The KV pool's bookkeeping without prefix caching (block tables against a model of lengths) and
+// with it (prefix_cache_test.cc has the model-checked randomized test).
 #include "common/kv/kv_pool.h"
 
 #include <cstdint>
@@ -26,6 +28,12 @@ std::unique_ptr<KvPool> MakePool(int64_t num_blocks, int64_t block_size,
 
 int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+// Appends n arbitrary tokens.
+absl::Status Grow(KvPool& pool, KvPool::SeqId seq, int64_t n) {
+  const std::vector<int32_t> tokens(static_cast<size_t>(n), 7);
+  return pool.Append(seq, tokens);
+}
+
 // The expected state, kept independently of the pool: only lengths. Everything else (blocks per
 // sequence, free count) follows from them and the config.
 class Model {
@@ -48,10 +56,10 @@ class Model {
     lengths_[seq] = 0;
     return absl::StatusCode::kOk;
   }
-  absl::StatusCode Extend(KvPool::SeqId seq, int64_t new_len) {
+  absl::StatusCode Append(KvPool::SeqId seq, int64_t n) {
     const auto it = lengths_.find(seq);
     if (it == lengths_.end()) return absl::StatusCode::kNotFound;
-    if (new_len < it->second) return absl::StatusCode::kInvalidArgument;
+    const int64_t new_len = it->second + n;
     if (new_len > max_len_) return absl::StatusCode::kOutOfRange;
     if (BlocksFor(new_len) - BlocksFor(it->second) > FreeBlocks()) {
       return absl::StatusCode::kResourceExhausted;
@@ -97,6 +105,7 @@ void ExpectMatches(const KvPool& pool, const Model& model, KvPool::SeqId max_seq
       ASSERT_GE(block, 0);
       ASSERT_LT(block, pool.total_blocks());
       ASSERT_TRUE(owned.insert(block).second) << "block " << block << " owned twice";
+      ASSERT_EQ(pool.RefCount(block), 1);
     }
   }
   for (KvPool::SeqId seq = 0; seq <= max_seq_id; ++seq) {
@@ -138,21 +147,21 @@ TEST(KvPoolTest, RandomOperationsMatchAnIndependentModel) {
           want = model.Add(seq);
           got = pool->AddSequence(seq);
         } else if (op <= 5) {
-          // Mostly small appends (decode, a speculation round), sometimes a long prefill, past
-          // the per-sequence limit, or backwards.
-          std::uniform_int_distribution<int64_t> grow(-2, 3 * shape.block_size);
-          int64_t new_len = current + grow(rng);
-          if (op == 5) new_len = std::uniform_int_distribution<int64_t>(0, max_len + 3)(rng);
-          const absl::StatusOr<int64_t> needed = pool->BlocksNeeded(seq, new_len);
+          // Mostly small appends (decode, a speculation round), sometimes a long prefill or past
+          // the per-sequence limit.
+          int64_t n = std::uniform_int_distribution<int64_t>(0, 3 * shape.block_size)(rng);
+          if (op == 5) n = std::uniform_int_distribution<int64_t>(0, max_len + 3)(rng);
+          const absl::StatusOr<int64_t> needed = pool->BlocksNeeded(seq, n);
           if (model.lengths().contains(seq)) {
             ASSERT_TRUE(needed.ok());
-            ASSERT_EQ(*needed, std::max<int64_t>(0, model.BlocksFor(std::max<int64_t>(new_len, 0)) -
-                                                        model.BlocksFor(current)));
+            ASSERT_EQ(*needed, model.BlocksFor(current + n) - model.BlocksFor(current));
           } else {
             ASSERT_EQ(needed.status().code(), absl::StatusCode::kNotFound);
           }
-          want = model.Extend(seq, new_len);
-          got = pool->Extend(seq, new_len);
+          want = model.Append(seq, n);
+          got = Grow(*pool, seq, n);
+          // Without prefix caching nothing is shared, so nothing is ever copied.
+          ASSERT_TRUE(pool->PendingCopies().empty());
         } else if (op <= 8) {
           // Rejected drafts: back by up to a few blocks; sometimes a no-op or a bad length.
           std::uniform_int_distribution<int64_t> back(-1, 2 * shape.block_size);
@@ -176,10 +185,11 @@ TEST(KvPoolTest, RandomOperationsMatchAnIndependentModel) {
       ExpectMatches(*pool, model, kMaxSeqId);
       EXPECT_EQ(pool->num_sequences(), 0);
       EXPECT_EQ(pool->free_blocks(), shape.num_blocks);
+      EXPECT_EQ(pool->cached_blocks(), 0);
       // And all of them are usable again: one sequence can take up to its limit.
       const int64_t reachable = std::min(shape.num_blocks, shape.max_blocks_per_seq);
       ASSERT_TRUE(pool->AddSequence(0).ok());
-      ASSERT_TRUE(pool->Extend(0, reachable * shape.block_size).ok());
+      ASSERT_TRUE(Grow(*pool, 0, reachable * shape.block_size).ok());
       EXPECT_EQ(pool->free_blocks(), shape.num_blocks - reachable);
     }
   }
@@ -189,13 +199,13 @@ TEST(KvPoolTest, BlocksFreedToTheListAreReusedAndTablesStayDisjoint) {
   const std::unique_ptr<KvPool> pool = MakePool(6, 4, 6);
   ASSERT_TRUE(pool->AddSequence(1).ok());
   ASSERT_TRUE(pool->AddSequence(2).ok());
-  ASSERT_TRUE(pool->Extend(1, 12).ok());  // 3 blocks
-  ASSERT_TRUE(pool->Extend(2, 9).ok());   // 3 blocks
+  ASSERT_TRUE(Grow(*pool, 1, 12).ok());  // 3 blocks
+  ASSERT_TRUE(Grow(*pool, 2, 9).ok());   // 3 blocks
   EXPECT_EQ(pool->free_blocks(), 0);
   ASSERT_TRUE(pool->Truncate(1, 5).ok());  // keeps ceil(5/4) = 2 blocks
   EXPECT_EQ(pool->free_blocks(), 1);
   EXPECT_EQ((*pool->BlockTable(1))->size(), 2u);
-  ASSERT_TRUE(pool->Extend(2, 13).ok());  // takes the freed block
+  ASSERT_TRUE(Grow(*pool, 2, 4).ok());  // takes the freed block
   EXPECT_EQ(pool->free_blocks(), 0);
   std::set<int32_t> all;
   for (const KvPool::SeqId seq : {1, 2}) {
@@ -207,9 +217,9 @@ TEST(KvPoolTest, BlocksFreedToTheListAreReusedAndTablesStayDisjoint) {
 TEST(KvPoolTest, ErrorsLeaveThePoolUnchanged) {
   const std::unique_ptr<KvPool> pool = MakePool(5, 8, 3);
   ASSERT_TRUE(pool->AddSequence(7).ok());
-  ASSERT_TRUE(pool->Extend(7, 8).ok());  // 1 block
+  ASSERT_TRUE(Grow(*pool, 7, 8).ok());  // 1 block
   ASSERT_TRUE(pool->AddSequence(8).ok());
-  ASSERT_TRUE(pool->Extend(8, 17).ok());  // 3 blocks
+  ASSERT_TRUE(Grow(*pool, 8, 17).ok());  // 3 blocks
   const std::vector<int32_t> table7 = **pool->BlockTable(7);
   const std::vector<int32_t> table8 = **pool->BlockTable(8);
   const auto unchanged = [&] {
@@ -227,29 +237,27 @@ TEST(KvPoolTest, ErrorsLeaveThePoolUnchanged) {
   unchanged();
 
   for (const absl::Status& unknown :
-       {pool->Extend(99, 1), pool->Truncate(99, 0), pool->Release(99), pool->Length(99).status(),
-        pool->BlockTable(99).status(), pool->BlocksNeeded(99, 1).status()}) {
+       {Grow(*pool, 99, 1), pool->Truncate(99, 0), pool->Release(99), pool->Length(99).status(),
+        pool->BlockTable(99).status(), pool->BlocksNeeded(99, 1).status(),
+        pool->AttachCached(99, {}, 0).status(), pool->CacheCommitted(99, 0), pool->Fork(99, 100)}) {
     EXPECT_EQ(unknown.code(), absl::StatusCode::kNotFound);
     EXPECT_THAT(unknown.message(), HasSubstr("unknown sequence 99"));
   }
+  EXPECT_EQ(pool->Fork(7, 8).code(), absl::StatusCode::kAlreadyExists);
   unchanged();
 
   // Over the per-sequence limit of 3 blocks * 8 tokens.
-  s = pool->Extend(7, 25);
+  s = Grow(*pool, 7, 17);
   EXPECT_EQ(s.code(), absl::StatusCode::kOutOfRange);
   EXPECT_THAT(s.message(), HasSubstr("limit of 24"));
   unchanged();
 
   // Within the limit but needs 2 more blocks while 1 is free: nothing is taken, not even the
   // one block that is available.
-  s = pool->Extend(7, 24);
+  s = Grow(*pool, 7, 16);
   EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
   EXPECT_THAT(s.message(), HasSubstr("needs 2 more blocks"));
   EXPECT_THAT(s.message(), HasSubstr("only 1 of 5 are free"));
-  unchanged();
-
-  s = pool->Extend(7, 7);
-  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   unchanged();
 
   s = pool->Truncate(7, -1);
@@ -263,10 +271,14 @@ TEST(KvPoolTest, ErrorsLeaveThePoolUnchanged) {
   EXPECT_TRUE(pool->Truncate(8, 3).ok());
   EXPECT_EQ(*pool->Length(8), 3);
   EXPECT_EQ(pool->free_blocks(), 3);
-  // Extending within the last block needs no new block.
-  EXPECT_EQ(*pool->BlocksNeeded(8, 8), 0);
-  EXPECT_EQ(*pool->BlocksNeeded(8, 9), 1);
+  // Growing within the last block needs no new block.
+  EXPECT_EQ(*pool->BlocksNeeded(8, 5), 0);
+  EXPECT_EQ(*pool->BlocksNeeded(8, 6), 1);
   EXPECT_EQ(*pool->BlocksNeeded(8, 0), 0);
+  // Without prefix caching nothing is attached or cached.
+  EXPECT_EQ(*pool->AttachCached(7, std::vector<int32_t>(16, 7), 15), 0);
+  EXPECT_TRUE(pool->CacheCommitted(7, 8).ok());
+  EXPECT_EQ(pool->cached_blocks(), 0);
 }
 
 TEST(KvPoolTest, CreateRejectsBadConfigs) {
@@ -286,11 +298,13 @@ TEST(KvPoolTest, CreateRejectsBadConfigs) {
 TEST(KvPoolTest, HugeLengthsDoNotOverflow) {
   const std::unique_ptr<KvPool> pool = MakePool(4, 16, 4);
   ASSERT_TRUE(pool->AddSequence(1).ok());
-  EXPECT_EQ(pool->Extend(1, INT64_MAX).code(), absl::StatusCode::kOutOfRange);
+  EXPECT_EQ(Grow(*pool, 1, 65).code(), absl::StatusCode::kOutOfRange);
   EXPECT_TRUE(pool->Truncate(1, INT64_MAX).ok());
   EXPECT_EQ(*pool->Length(1), 0);
   EXPECT_GT(*pool->BlocksNeeded(1, INT64_MAX), 0);
-  EXPECT_EQ(pool->free_blocks(), 4);
+  ASSERT_TRUE(Grow(*pool, 1, 3).ok());
+  EXPECT_GT(*pool->BlocksNeeded(1, INT64_MAX), 0);
+  EXPECT_EQ(pool->free_blocks(), 3);
 }
 
 }  // namespace

@@ -90,23 +90,24 @@ class WorkerRuntimeTest : public ::testing::Test {
     dir_ = nullptr;
   }
 
-  static std::unique_ptr<LlamaEngine> Engine(int64_t kv_tokens = 4096, int64_t max_seq_len = 0) {
+  static std::unique_ptr<LlamaEngine> Engine(int64_t kv_tokens = 4096, int64_t max_seq_len = 0,
+                                             bool prefix_caching = true) {
     EngineOptions options;
     options.kv_block_size = kBlock;
     options.kv_capacity_tokens = kv_tokens;
     options.max_seq_len = max_seq_len;
+    options.prefix_caching = prefix_caching;
     absl::StatusOr<std::unique_ptr<LlamaEngine>> engine = CreateCpuEngine(dir_->path(), 1, options);
     EXPECT_TRUE(engine.ok()) << engine.status();
     return engine.ok() ? *std::move(engine) : nullptr;
   }
 
-  static std::unique_ptr<WorkerRuntime> Runtime(int64_t prefill_chunk = 512,
-                                                int64_t kv_tokens = 4096, int64_t max_seq_len = 0,
-                                                RuntimeObserver* observer = nullptr) {
+  static std::unique_ptr<WorkerRuntime> Runtime(int64_t kv_tokens = 4096, int64_t max_seq_len = 0,
+                                                RuntimeObserver* observer = nullptr,
+                                                bool prefix_caching = true) {
     WorkerRuntimeOptions options;
-    options.prefill_chunk = prefill_chunk;
     options.observer = observer;
-    return std::make_unique<WorkerRuntime>(Engine(kv_tokens, max_seq_len), options);
+    return std::make_unique<WorkerRuntime>(Engine(kv_tokens, max_seq_len, prefix_caching), options);
   }
 
   static testing::ScopedTempDir* dir_;
@@ -324,24 +325,50 @@ class CountingObserver : public RuntimeObserver {
     tokens_by_kind[kind] += tokens;
   }
   void OnKvChanged(const KvPool& kv) override { last_used_blocks = kv.used_blocks(); }
+  void OnPrefixCache(int64_t queried, int64_t hit) override {
+    queried_tokens += queried;
+    hit_tokens += hit;
+  }
   int64_t last_used_blocks = -1;
+  int64_t queried_tokens = 0;
+  int64_t hit_tokens = 0;
   std::map<ForwardKind, int> calls;
   std::map<ForwardKind, int64_t> max_batch;
   std::map<ForwardKind, int64_t> tokens_by_kind;
 };
 
 TEST_F(WorkerRuntimeTest, ChunkedCatchUpEqualsUnchunked) {
+  // Prefix caching off: every chunk is computed, so the call counts are exact.
   CountingObserver chunked_obs;
-  auto chunked = Runtime(/*prefill_chunk=*/7, 4096, 0, &chunked_obs);
+  auto chunked = Runtime(4096, 0, &chunked_obs, /*prefix_caching=*/false);
   CountingObserver whole_obs;
-  auto whole = Runtime(512, 4096, 0, &whole_obs);
+  auto whole = Runtime(4096, 0, &whole_obs, /*prefix_caching=*/false);
   const std::vector<int32_t> long_prompt = Prompt(60, 1);
   const std::vector<int32_t> short_prompt = Prompt(5, 2);
-  const std::vector<VerifySequenceRequest> verify = {
+  std::vector<VerifySequenceRequest> verify = {
       VerifyReq(1, long_prompt, 0, {4, 5, 6}, Filtered(), 1, 60, 3),
       VerifyReq(2, short_prompt, 0, {9}, Sampled(), 2, 5, 2)};
-  const auto a = chunked->Verify(verify);
   const auto b = whole->Verify(verify);
+  // At most 7 catch-up tokens per call: 60 = 7 * 8 + 4, so eight calls leave the long prompt
+  // prefilling, and the ninth feeds the last 4 and verifies. The short one verifies at once.
+  for (VerifySequenceRequest& r : verify) r.max_prefill_tokens = 7;
+  const auto first = chunked->Verify(verify);
+  ASSERT_TRUE(first[0].status.ok()) << first[0].status;
+  EXPECT_TRUE(first[0].prefilling);
+  EXPECT_EQ(first[0].cached_len, 7);
+  EXPECT_TRUE(first[0].argmax.empty());
+  EXPECT_FALSE(first[1].prefilling);
+  std::vector<VerifySequenceResult> a = {first[0], first[1]};
+  int prefilling_calls = 1;
+  while (a[0].prefilling) {
+    VerifySequenceRequest next = verify[0];
+    next.catch_up.assign(long_prompt.begin() + a[0].cached_len, long_prompt.end());
+    next.expected_cached_len = a[0].cached_len;
+    a[0] = chunked->Verify(Verifies{next})[0];
+    ASSERT_TRUE(a[0].status.ok()) << a[0].status;
+    if (a[0].prefilling) ++prefilling_calls;
+  }
+  EXPECT_EQ(prefilling_calls, 8);
   for (size_t i = 0; i < 2; ++i) {
     ExpectVerifyEquals(a[i], testing::ReferenceVerify(oracle_, verify[i].catch_up,
                                                       verify[i].prompt_len, verify[i].drafts,
@@ -350,25 +377,45 @@ TEST_F(WorkerRuntimeTest, ChunkedCatchUpEqualsUnchunked) {
                                                       verify[i].prompt_len, verify[i].drafts,
                                                       verify[i].sampling, verify[i].seed, 3 - i));
   }
-  // 60 = 7 * 8 + 4: eight catch-up calls of 7 tokens, the last 4 ride with the verify pass.
-  EXPECT_EQ(chunked_obs.calls[ForwardKind::kCatchUp], 8);
-  EXPECT_EQ(chunked_obs.tokens_by_kind[ForwardKind::kCatchUp], 56);
-  EXPECT_EQ(chunked_obs.calls[ForwardKind::kVerify], 1);
-  EXPECT_EQ(chunked_obs.max_batch[ForwardKind::kVerify], 2);
+  // The first call fed a chunk with the short sequence's verification; seven more fed chunks
+  // alone (catch-up passes without logits), and the last verified.
+  EXPECT_EQ(chunked_obs.calls[ForwardKind::kCatchUp], 7);
+  EXPECT_EQ(chunked_obs.tokens_by_kind[ForwardKind::kCatchUp], 49);
+  EXPECT_EQ(chunked_obs.calls[ForwardKind::kVerify], 2);
+  EXPECT_EQ(chunked_obs.tokens_by_kind[ForwardKind::kVerify], 7 + 5 + 1 + 4 + 3);
   EXPECT_EQ(whole_obs.calls[ForwardKind::kCatchUp], 0);
   EXPECT_EQ(whole_obs.tokens_by_kind[ForwardKind::kVerify], 60 + 3 + 5 + 1);
 
+  // Draft: the same, with a prefill_only call (the coordinator's round whose draft is behind)
+  // that never feeds the last token.
   DraftLog la, lb;
-  chunked->Draft(Drafts{DraftReq(3, long_prompt, 0, 3, Filtered(), 8, 60)}, la.Callback());
+  DraftSequenceRequest d = DraftReq(3, long_prompt, 0, 3, Filtered(), 8, 60);
+  VerifySequenceRequest only = VerifyReq(4, long_prompt, 0, {}, Filtered(), 8, 60, 0);
+  only.prefill_only = true;
+  const auto held = chunked->Verify(Verifies{only});
+  EXPECT_TRUE(held[0].prefilling);
+  EXPECT_EQ(held[0].cached_len, 59);
+  d.max_prefill_tokens = 40;
+  const std::vector<SequenceOutcome> part = chunked->Draft(Drafts{d}, la.Callback());
+  EXPECT_TRUE(part[0].status.ok());
+  EXPECT_TRUE(part[0].prefilling);
+  EXPECT_EQ(part[0].cached_len, 32);  // a chunk of 40 cut back to a block boundary
+  EXPECT_TRUE(la.tokens[3].empty());
+  EXPECT_EQ(la.steps, std::vector<int32_t>{0});
+  d.catch_up.assign(long_prompt.begin() + 32, long_prompt.end());
+  d.expected_cached_len = 32;
+  const std::vector<SequenceOutcome> rest = chunked->Draft(Drafts{d}, la.Callback());
+  EXPECT_FALSE(rest[0].prefilling);
   whole->Draft(Drafts{DraftReq(3, long_prompt, 0, 3, Filtered(), 8, 60)}, lb.Callback());
   const ExpectedDraft want = testing::ReferenceDraft(oracle_, long_prompt, 60, Filtered(), 8, 3);
   ExpectDraftEquals(la.tokens[3], want);
   ExpectDraftEquals(lb.tokens[3], want);
   EXPECT_EQ(chunked_obs.calls[ForwardKind::kDraftStep], 3);
   // The observer saw every change of KV usage, releases included.
-  EXPECT_EQ(chunked_obs.last_used_blocks, 9);  // 63, 6 and 62 tokens in blocks of 16
+  EXPECT_EQ(chunked_obs.last_used_blocks, 13);  // 63, 6, 59 and 62 tokens in blocks of 16
   ASSERT_TRUE(chunked->Release(1).ok());
-  EXPECT_EQ(chunked_obs.last_used_blocks, 5);
+  EXPECT_EQ(chunked_obs.last_used_blocks, 9);
+  EXPECT_EQ(chunked_obs.queried_tokens, 0);  // no prefix cache, no queries
 }
 
 TEST_F(WorkerRuntimeTest, BatchedSequencesEqualEachAlone) {
@@ -398,7 +445,7 @@ TEST_F(WorkerRuntimeTest, BatchedSequencesEqualEachAlone) {
 
 TEST_F(WorkerRuntimeTest, PerSequenceErrorsAreIsolated) {
   // 6 blocks of 16 tokens and a max length of 48.
-  auto rt = Runtime(512, 6 * kBlock, 48);
+  auto rt = Runtime(6 * kBlock, 48);
   ASSERT_TRUE(
       rt->Verify(Verifies{VerifyReq(5, Prompt(10, 5), 0, {}, Greedy(), 0, 10, 0)})[0].status.ok());
   SamplingParams bad_params = Sampled();
@@ -542,7 +589,8 @@ TEST_F(WorkerRuntimeTest, DropTailIsATruncateFoldedIntoTheNextCall) {
 }
 
 TEST_F(WorkerRuntimeTest, RandomizedSessionReturnsEveryBlock) {
-  auto rt = Runtime(/*prefill_chunk=*/13, 8192);
+  // Without prefix caching no two sequences share a block, so the count below is exact.
+  auto rt = Runtime(8192, 0, nullptr, /*prefix_caching=*/false);
   std::mt19937 rng(7);
   struct Seq {
     std::vector<int32_t> x;        // committed tokens
@@ -559,22 +607,27 @@ TEST_F(WorkerRuntimeTest, RandomizedSessionReturnsEveryBlock) {
     for (auto& [id, s] : live) {
       s.committed_before = static_cast<int64_t>(s.x.size());
       std::vector<int32_t> catch_up(s.x.begin() + s.cached, s.x.end());
+      // Sometimes a chunked prefill: at most that many catch-up tokens per call.
+      const int64_t chunk = rand(0, 1) == 0 ? 0 : rand(1, 20);
       if (rand(0, 1) == 0) {
         drafts.push_back(DraftReq(id, catch_up, s.cached, rand(1, 5), Filtered(), id, 1));
+        drafts.back().max_prefill_tokens = chunk;
       } else {
         std::vector<int32_t> d(static_cast<size_t>(rand(0, 4)), static_cast<int32_t>(rand(0, 299)));
         verifies.push_back(VerifyReq(id, catch_up, s.cached, d, Sampled(), id, 1, 2));
+        verifies.back().max_prefill_tokens = chunk;
       }
     }
     for (const SequenceOutcome& o : rt->Draft(drafts)) {
       ASSERT_TRUE(o.status.ok()) << o.status;
       live[o.seq].cached = o.cached_len;
-      live[o.seq].x.push_back(static_cast<int32_t>(rand(0, 299)));  // a correction token
+      // A correction token, unless the call only fed a prefill chunk.
+      if (!o.prefilling) live[o.seq].x.push_back(static_cast<int32_t>(rand(0, 299)));
     }
     for (const VerifySequenceResult& r : rt->Verify(verifies)) {
       ASSERT_TRUE(r.status.ok()) << r.status;
       live[r.seq].cached = r.cached_len;
-      live[r.seq].x.push_back(r.bonus_token);
+      if (!r.prefilling) live[r.seq].x.push_back(r.bonus_token);
     }
     // Accept a random prefix: truncate into the part the worker holds as committed (the bonus
     // token just appended to x is not in its cache), as a rejection does.

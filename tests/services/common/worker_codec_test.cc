@@ -33,6 +33,7 @@ void FillCommon(Request& r) {
   r.seed = 0xfedcba9876543210ULL;
   r.prompt_len = 9;
   r.drop_tail = true;
+  r.max_prefill_tokens = 512;
 }
 
 TEST(WorkerCodecTest, SamplingParamsCrossAsTheyAre) {
@@ -57,6 +58,7 @@ TEST(WorkerCodecTest, DraftRequestRoundTrip) {
   EXPECT_EQ(wire.draft_sampling(), pb::DRAFT_SAMPLING_GREEDY);
   EXPECT_EQ(wire.catch_up_tokens_size(), 4);
   EXPECT_TRUE(wire.drop_tail());
+  EXPECT_EQ(wire.max_prefill_tokens(), 512);
   EXPECT_EQ(codec::Decode(wire), r);
   r.draft_sampling = DraftSampling::kProbabilistic;
   wire.Clear();
@@ -130,6 +132,16 @@ TEST(WorkerCodecTest, VerifyRequestRoundTrip) {
   pb::VerifySequence wire;
   codec::Encode(r, &wire);
   EXPECT_EQ(wire.draft_tokens_size(), 3);
+  EXPECT_EQ(wire.max_prefill_tokens(), 512);
+  EXPECT_FALSE(wire.prefill_only());
+  EXPECT_EQ(codec::Decode(wire), r);
+  // A round whose draft is still prefilling: catch-up only.
+  r.drafts.clear();
+  r.num_candidates = 0;
+  r.prefill_only = true;
+  wire.Clear();
+  codec::Encode(r, &wire);
+  EXPECT_TRUE(wire.prefill_only());
   EXPECT_EQ(codec::Decode(wire), r);
 }
 
@@ -171,14 +183,28 @@ TEST(WorkerCodecTest, VerifyResultRoundTrip) {
   codec::Encode(failed, KvFree{}, &failed_wire);
   EXPECT_EQ(failed_wire.status().code(), static_cast<int>(absl::StatusCode::kNotFound));
   EXPECT_EQ(codec::Decode(failed_wire, 0), failed);
+
+  // Only a prefill chunk was fed: the cache state says so, and nothing else is sent.
+  VerifySequenceResult chunk;
+  chunk.seq = 11;
+  chunk.cached_len = 512;
+  chunk.forward_ns = 777;
+  chunk.prefilling = true;
+  pb::VerifyResult chunk_wire;
+  codec::Encode(chunk, KvFree{4, 64}, &chunk_wire);
+  EXPECT_TRUE(chunk_wire.cache().prefilling());
+  EXPECT_EQ(chunk_wire.cache().cached_len(), 512);
+  EXPECT_EQ(chunk_wire.argmax_size(), 0);
+  EXPECT_EQ(codec::Decode(chunk_wire, chunk.forward_ns), chunk);
 }
 
 TEST(WorkerCodecTest, DraftStepsRoundTrip) {
   const std::vector<DraftToken> first_tokens = {{1, 5, 0.5f}, {2, 6, 0.125f}};
   const std::vector<SequenceOutcome> failed = {{3, absl::InvalidArgumentError("bad"), 0}};
   const std::vector<DraftToken> last_tokens = {{1, 9, 1.0f}};
+  // Sequence 4 only fed a prefill chunk: it drafted nothing and is in no step's token list.
   const std::vector<SequenceOutcome> outcomes = {
-      {1, absl::OkStatus(), 12}, {2, {}, 11}, {3, {}, 0}};
+      {1, absl::OkStatus(), 12}, {2, {}, 11}, {3, {}, 0}, {4, {}, 256, true}};
   DraftStep first;
   first.step = 1;
   first.tokens = first_tokens;
@@ -195,7 +221,8 @@ TEST(WorkerCodecTest, DraftStepsRoundTrip) {
   codec::Encode(last, KvFree{3, 48}, &wire);
   ASSERT_EQ(wire.steps_size(), 2);
   EXPECT_EQ(wire.steps(0).tokens_size(), 3);  // the failure rides in the token list with its status
-  EXPECT_EQ(wire.cache_size(), 3);            // every sequence, once, from the last step
+  EXPECT_EQ(wire.cache_size(), 4);            // every sequence, once, from the last step
+  EXPECT_TRUE(wire.cache(3).state().prefilling());
   const std::vector<codec::DecodedDraftStep> decoded = codec::Decode(wire);
   ASSERT_EQ(decoded.size(), 2u);
   EXPECT_EQ(decoded[0].step, 1);

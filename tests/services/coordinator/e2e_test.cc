@@ -4,6 +4,7 @@
 #include <csignal>
 #include <fstream>
 #include <future>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
@@ -40,15 +41,17 @@ struct Stream {
 // Three processes: target, draft, coordinator.
 class Service {
  public:
-  // An empty `draft_model` starts no draft worker. `draft_args` go to the draft worker and
-  // `coordinator_args` to the coordinator.
+  // An empty `draft_model` starts no draft worker. `worker_flags` go to both workers,
+  // `coordinator_flags` to the coordinator and `draft_flags` to the draft worker only.
   static std::unique_ptr<Service> Start(const std::filesystem::path& target_model,
                                         const std::filesystem::path& draft_model,
                                         int64_t draft_exit_layer, int64_t kv_tokens = 16384,
-                                        std::vector<std::string> draft_args = {},
-                                        const std::vector<std::string>& coordinator_args = {}) {
+                                        const std::vector<std::string>& worker_flags = {},
+                                        const std::vector<std::string>& coordinator_flags = {},
+                                        std::vector<std::string> draft_flags = {}) {
     auto s = std::make_unique<Service>();
-    const std::vector<std::string> kv = {"--kv-tokens", std::to_string(kv_tokens)};
+    std::vector<std::string> kv = {"--kv-tokens", std::to_string(kv_tokens)};
+    kv.insert(kv.end(), worker_flags.begin(), worker_flags.end());
     auto target =
         ChildProcess::Start(testing::TargetWorkerBinary(), testing::WorkerArgs(target_model, kv));
     EXPECT_TRUE(target.ok()) << target.status();
@@ -63,18 +66,18 @@ class Service {
                                       "--worker-unavailable-seconds",
                                       "2"};
     if (!draft_model.empty()) {
-      draft_args.insert(draft_args.end(), kv.begin(), kv.end());
+      draft_flags.insert(draft_flags.end(), kv.begin(), kv.end());
       if (draft_exit_layer > 0) {
-        draft_args.insert(draft_args.end(), {"--exit-layer", std::to_string(draft_exit_layer)});
+        draft_flags.insert(draft_flags.end(), {"--exit-layer", std::to_string(draft_exit_layer)});
       }
       auto draft = ChildProcess::Start(testing::DraftWorkerBinary(),
-                                       testing::WorkerArgs(draft_model, draft_args));
+                                       testing::WorkerArgs(draft_model, draft_flags));
       EXPECT_TRUE(draft.ok()) << draft.status();
       if (!draft.ok()) return nullptr;
       s->draft = *std::move(draft);
       cargs.insert(cargs.end(), {"--draft", s->draft->address()});
     }
-    cargs.insert(cargs.end(), coordinator_args.begin(), coordinator_args.end());
+    cargs.insert(cargs.end(), coordinator_flags.begin(), coordinator_flags.end());
     auto coord =
         ChildProcess::Start(testing::BuiltBinary("services/coordinator/specd-coordinator"), cargs);
     EXPECT_TRUE(coord.ok()) << coord.status();
@@ -528,6 +531,90 @@ TEST_F(SyntheticE2eTest, PythonAndNodeClientsStreamTheSameTokens) {
   }
 }
 
+// A counter from a process's /metrics; -1 when the series is absent.
+double MetricValue(int port, const std::string& name) {
+  const absl::StatusOr<std::string> text = testing::HttpGet(port, "/metrics");
+  EXPECT_TRUE(text.ok()) << text.status();
+  if (!text.ok()) return -1;
+  const size_t at = text->find("\n" + name + " ");
+  if (at == std::string::npos) return -1;
+  return std::stod(text->substr(at + name.size() + 2));
+}
+
+TEST(SharedPrefixE2eTest, SixteenStreamsSharingASystemPromptEqualOneAtATimeCachingOnAndOff) {
+  ScopedTempDir tmp;
+  const std::filesystem::path model = tmp.path() / "long-context";
+  // `specd synth --max-seq-len`: the tiny shape with a context longer than its preset's 512.
+  std::string synth_err;
+  const absl::StatusOr<int> synth =
+      ChildProcess::Run(testing::BuiltBinary("tools/specd"),
+                        {"synth", "--shape", "tiny", "--vocab", "1000", "--max-seq-len", "2048",
+                         "--residual-scale", "0.1", "--out", model.string()},
+                        &synth_err);
+  ASSERT_TRUE(synth.ok() && *synth == 0) << synth_err;
+
+  // A 1200-token system prompt (five prefill chunks of 256), then each stream's own question.
+  std::vector<int32_t> system = {1};
+  for (int i = 1; i < 1200; ++i) system.push_back(3 + (i * 7919) % 990);
+  std::vector<v1::GenerateRequest> reqs;
+  for (int i = 0; i < 16; ++i) {
+    v1::GenerateRequest r;
+    r.mutable_token_ids()->mutable_ids()->Add(system.begin(), system.end());
+    for (int j = 0; j < 24; ++j) r.mutable_token_ids()->add_ids(3 + (i * 131 + j * 17) % 990);
+    r.mutable_stopping()->set_max_new_tokens(12);
+    r.mutable_stopping()->set_ignore_eos(true);
+    r.mutable_speculation()->set_num_speculative_tokens(static_cast<uint32_t>(i % 4));
+    if (i % 2 == 1) {
+      r.mutable_sampling()->set_temperature(0.9f);
+      r.mutable_sampling()->set_seed(500 + static_cast<uint64_t>(i));
+    }
+    reqs.push_back(r);
+  }
+
+  std::map<std::string, std::vector<std::vector<int32_t>>> outputs;
+  for (const char* caching : {"on", "off"}) {
+    SCOPED_TRACE(absl::StrCat("--prefix-caching ", caching));
+    auto service = Service::Start(model, model, 1, 65536, {"--prefix-caching", caching},
+                                  {"--prefill-chunk", "256"});
+    ASSERT_NE(service, nullptr);
+    std::vector<std::vector<int32_t>>& alone = outputs[absl::StrCat(caching, " alone")];
+    for (const v1::GenerateRequest& r : reqs) {
+      const Stream s = service->Generate(r);
+      ASSERT_TRUE(s.status.ok()) << s.status.error_message();
+      ASSERT_EQ(s.tokens.size(), 12u);
+      alone.push_back(s.tokens);
+    }
+    std::vector<std::future<Stream>> futures;
+    for (const v1::GenerateRequest& r : reqs) {
+      futures.push_back(std::async(std::launch::async, [&, r] { return service->Generate(r); }));
+    }
+    std::vector<std::vector<int32_t>>& together = outputs[absl::StrCat(caching, " together")];
+    for (auto& f : futures) {
+      const Stream s = f.get();
+      ASSERT_TRUE(s.status.ok()) << s.status.error_message();
+      together.push_back(s.tokens);
+    }
+    const double queried =
+        MetricValue(service->target->metrics_port(), "specd_prefix_cache_queried_tokens_total");
+    const double hit =
+        MetricValue(service->target->metrics_port(), "specd_prefix_cache_hit_tokens_total");
+    if (std::string(caching) == "on") {
+      // Every request after the first finds at least the system prompt's 75 whole blocks.
+      EXPECT_GE(hit, 31.0 * 75 * 16) << "of " << queried << " queried";
+      EXPECT_LE(hit, queried);
+    } else {
+      EXPECT_EQ(hit, 0) << "queried " << queried;
+    }
+    service->ExpectNoBlocksUsed();
+  }
+  const std::vector<std::vector<int32_t>>& reference = outputs["on alone"];
+  for (const auto& [name, got] : outputs) {
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      EXPECT_EQ(got[i], reference[i]) << name << ", request " << i;
+    }
+  }
+}
+
 TEST(SpecdServeTest, StartsThreeProcessesServesAndStopsOnSigint) {
   ScopedTempDir tmp;
   SynthSpec spec;
@@ -610,8 +697,8 @@ TEST(ReducedDraftHeadTest, GreedyEqualsPlainOverTheWire) {
   spec.config.vocab_size = 1000;
   spec.residual_scale = 0.1;
   ASSERT_TRUE(WriteSyntheticModel(spec, tmp.path() / "m").ok());
-  auto service =
-      Service::Start(tmp.path() / "m", tmp.path() / "m", 1, 16384, {"--draft-vocab", "300"});
+  auto service = Service::Start(tmp.path() / "m", tmp.path() / "m", 1, 16384, {}, {},
+                                {"--draft-vocab", "300"});
   ASSERT_NE(service, nullptr);
   uint32_t accepted = 0;
   for (int p = 0; p < 8; ++p) {

@@ -230,12 +230,14 @@ class InProcessFaultTest : public ::testing::Test {
         });
   }
 
-  std::unique_ptr<Scheduler> MakeScheduler(absl::Duration unavailable_timeout) {
+  std::unique_ptr<Scheduler> MakeScheduler(absl::Duration unavailable_timeout,
+                                           int64_t prefill_chunk = 512) {
     SchedulerOptions o;
     o.max_running = 16;
     o.max_seq_len = 256;
     o.eos_token_ids = {2};
     o.worker_unavailable_timeout = unavailable_timeout;
+    o.prefill_chunk = prefill_chunk;
     return std::make_unique<Scheduler>(*draft_, *target_, nullptr, o);
   }
 
@@ -300,6 +302,10 @@ struct FaultCase {
   bool draft;  // which worker fails
   FaultyWorker::Fault fault;
   const char* name;
+  // Chunked prefill of 4 tokens a round: the first calls prefill, and the replay after the
+  // fault is chunked as well (x is then 10-30 tokens long).
+  int64_t prefill_chunk = 512;
+  int fault_call = 3;
 };
 void PrintTo(const FaultCase& c, std::ostream* os) { *os << c.name; }
 
@@ -311,9 +317,9 @@ TEST_P(SurvivedFaultTest, EveryRequestCompletesWithTheFaultFreeTokens) {
   draft_ = MakeWorker(true);
   target_ = MakeWorker(false);
   FaultyWorker& victim = GetParam().draft ? *draft_ : *target_;
-  // The third call: every request has been prefilled and is decoding.
-  victim.Arm(3, GetParam().fault, absl::Milliseconds(200));
-  auto s = MakeScheduler(absl::Seconds(10));
+  // Unchunked, the third call: every request has been prefilled and is decoding.
+  victim.Arm(GetParam().fault_call, GetParam().fault, absl::Milliseconds(200));
+  auto s = MakeScheduler(absl::Seconds(10), GetParam().prefill_chunk);
   const auto results = RunAll(*s, Requests());
   EXPECT_TRUE(victim.fired());
   for (size_t i = 0; i < results.size(); ++i) {
@@ -326,12 +332,17 @@ TEST_P(SurvivedFaultTest, EveryRequestCompletesWithTheFaultFreeTokens) {
 
 INSTANTIATE_TEST_SUITE_P(
     Faults, SurvivedFaultTest,
-    ::testing::Values(FaultCase{false, FaultyWorker::Fault::kCrash, "TargetCrash"},
-                      FaultCase{true, FaultyWorker::Fault::kCrash, "DraftCrash"},
-                      FaultCase{false, FaultyWorker::Fault::kQuietRestart, "TargetQuietRestart"},
-                      FaultCase{true, FaultyWorker::Fault::kQuietRestart, "DraftQuietRestart"},
-                      FaultCase{false, FaultyWorker::Fault::kLostReply, "TargetLostReply"},
-                      FaultCase{true, FaultyWorker::Fault::kLostReply, "DraftLostReply"}),
+    ::testing::Values(
+        FaultCase{false, FaultyWorker::Fault::kCrash, "TargetCrash"},
+        FaultCase{true, FaultyWorker::Fault::kCrash, "DraftCrash"},
+        FaultCase{false, FaultyWorker::Fault::kQuietRestart, "TargetQuietRestart"},
+        FaultCase{true, FaultyWorker::Fault::kQuietRestart, "DraftQuietRestart"},
+        FaultCase{false, FaultyWorker::Fault::kLostReply, "TargetLostReply"},
+        FaultCase{true, FaultyWorker::Fault::kLostReply, "DraftLostReply"},
+        FaultCase{false, FaultyWorker::Fault::kCrash, "TargetCrashChunked", 4, 9},
+        FaultCase{true, FaultyWorker::Fault::kCrash, "DraftCrashChunked", 4, 9},
+        FaultCase{false, FaultyWorker::Fault::kQuietRestart, "TargetQuietRestartChunked", 4, 9},
+        FaultCase{true, FaultyWorker::Fault::kLostReply, "DraftLostReplyChunked", 4, 9}),
     [](const auto& info) { return std::string(info.param.name); });
 
 TEST_F(InProcessFaultTest, RequestsGiveUpOnAWorkerThatStaysAwayAndItsBlocksAreFreedLater) {

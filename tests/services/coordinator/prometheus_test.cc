@@ -296,6 +296,74 @@ TEST(PrometheusTest, PromqlAcceptanceRateMatchesUsageAndDashboardQueriesRun) {
   }
   for (int k = 0; k < kNumPositions; ++k) EXPECT_TRUE(seen[k]) << "no series for position " << k;
 
+  // Prefix caching: three requests with a 61-token prompt, one at a time. The target's catch-up
+  // is the prompt in the first round and one token after, so each request queries 60 tokens;
+  // the second finds the first's 3 whole blocks of 16 cached (the prompt's 4th is not whole),
+  // the third shares only the first 40 tokens, so 2 blocks. Counted straight off its /metrics.
+  const auto target_counter = [&](const std::string& name) {
+    const absl::StatusOr<std::string> text =
+        testing::HttpGet((*target)->metrics_port(), "/metrics");
+    EXPECT_TRUE(text.ok()) << text.status();
+    const size_t at = text.ok() ? text->find("\n" + name + " ") : std::string::npos;
+    return at == std::string::npos ? -1.0 : std::stod(text->substr(at + name.size() + 2));
+  };
+  const double queried_before = target_counter("specd_prefix_cache_queried_tokens_total");
+  const double hit_before = target_counter("specd_prefix_cache_hit_tokens_total");
+  std::vector<int32_t> shared_prompt = {1};
+  for (int j = 1; j < 61; ++j) shared_prompt.push_back(300 + (j * 7) % 200);
+  for (int i = 0; i < 3; ++i) {
+    std::vector<int32_t> prompt = shared_prompt;
+    if (i == 2) {
+      for (int j = 40; j < 61; ++j) prompt[j] = 250 + j;
+    }
+    v1::GenerateRequest r;
+    r.mutable_token_ids()->mutable_ids()->Add(prompt.begin(), prompt.end());
+    r.mutable_stopping()->set_max_new_tokens(24);
+    r.mutable_stopping()->set_ignore_eos(true);
+    r.mutable_speculation()->set_num_speculative_tokens(kNumPositions);
+    r.mutable_sampling()->set_temperature(1.0f);
+    r.mutable_sampling()->set_seed(7);
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+    auto reader = stub->Generate(&ctx, r);
+    v1::GenerateResponse msg;
+    while (reader->Read(&msg)) {
+    }
+    ASSERT_TRUE(reader->Finish().ok());
+  }
+  EXPECT_EQ(target_counter("specd_prefix_cache_queried_tokens_total") - queried_before, 180);
+  EXPECT_EQ(target_counter("specd_prefix_cache_hit_tokens_total") - hit_before, 48 + 32);
+  const double hits = target_counter("specd_prefix_cache_hit_tokens_total");
+  const double queried = target_counter("specd_prefix_cache_queried_tokens_total");
+  // The dashboard's hit rate, over the whole window, is the counters' ratio; the draft worker
+  // caches on its own and hits too.
+  bool seen_hits = false;
+  for (int i = 0; i < 100 && !seen_hits; ++i) {
+    seen_hits =
+        Scalar(prometheus.Query("specd_prefix_cache_hit_tokens_total{worker=\"target\"}")) == hits;
+    if (!seen_hits) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  ASSERT_TRUE(seen_hits) << "Prometheus never saw " << hits << " hit tokens";
+  const int64_t cache_window_s = std::chrono::duration_cast<std::chrono::seconds>(
+                                     std::chrono::steady_clock::now() - window_start)
+                                     .count() +
+                                 3;
+  const std::string cw = absl::StrCat("[", cache_window_s, "s]");
+  const double promql_hit_rate = Scalar(prometheus.Query(absl::StrCat(
+      "sum by (worker) (increase(specd_prefix_cache_hit_tokens_total{worker=\"target\"}", cw,
+      ")) / sum by (worker) (increase(specd_prefix_cache_queried_tokens_total{worker=\"target\"}",
+      cw, "))")));
+  EXPECT_NEAR(promql_hit_rate, hits / queried, 0.01 * hits / queried);
+  // Prometheus scrapes each worker on its own schedule, so the draft's hits may land a scrape
+  // after the target's.
+  double draft_hits = 0;
+  for (int i = 0; i < 100 && draft_hits <= 0; ++i) {
+    draft_hits = Scalar(prometheus.Query("specd_prefix_cache_hit_tokens_total{worker=\"draft\"}"));
+    if (draft_hits <= 0) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  EXPECT_GT(draft_hits, 0);
+  EXPECT_GT(Scalar(prometheus.Query("specd_worker_kv_blocks_cached{worker=\"target\"}")), 0);
+
   // Every dashboard query parses and evaluates.
   std::ifstream f(testing::SourceDir() / "deploy/grafana/dashboards/specd.json");
   const json dashboard = json::parse(f, nullptr, /*allow_exceptions=*/false);

@@ -5,11 +5,14 @@
 #include <algorithm>
 #include <chrono>
 #include <future>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <set>
+#include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "common/engine/decode_loop.h"
 #include "common/synth/synth.h"
 #include "common/tokenizer/tokenizer.h"
@@ -86,11 +89,19 @@ class SchedulerTest : public ::testing::Test {
   }
   static void TearDownTestSuite() { delete dir_; }
 
-  void MakeWorkers(int64_t kv_tokens) {
+  void MakeWorkers(int64_t kv_tokens, bool prefix_caching = true) {
     for (int role = 0; role < 2; ++role) {
-      auto engine = testing::MakeEngine(dir_->path(), 1, kv_tokens, role == 0 ? 1 : 0);
+      EngineOptions options;
+      options.kv_capacity_tokens = kv_tokens;
+      options.kv_block_size = 16;
+      options.prefix_caching = prefix_caching;
+      LoadOptions load;
+      load.exit_layer = role == 0 ? 1 : 0;
+      absl::StatusOr<std::unique_ptr<LlamaEngine>> engine =
+          CreateCpuEngine(dir_->path(), 1, options, load);
+      ASSERT_TRUE(engine.ok()) << engine.status();
       auto worker = std::make_unique<LocalWorker>(
-          std::make_unique<WorkerRuntime>(std::move(engine), WorkerRuntimeOptions{}));
+          std::make_unique<WorkerRuntime>(*std::move(engine), WorkerRuntimeOptions{}));
       (role == 0 ? draft_ : target_) = std::move(worker);
     }
     absl::StatusOr<std::unique_ptr<Tokenizer>> tok = Tokenizer::LoadFromDir(dir_->path());
@@ -98,13 +109,15 @@ class SchedulerTest : public ::testing::Test {
     tokenizer_ = *std::move(tok);
   }
 
+  // `target` stands in for the target worker when set (e.g. a recording wrapper of target_).
   std::unique_ptr<Scheduler> MakeScheduler(int64_t max_running = 32, int64_t max_queued = 256,
-                                           SchedulerOptions o = {}) {
+                                           SchedulerOptions o = {}, WorkerApi* target = nullptr) {
     o.max_running = max_running;
     o.max_queued = max_queued;
     o.max_seq_len = 256;
     o.eos_token_ids = {2};
-    return std::make_unique<Scheduler>(*draft_, *target_, tokenizer_.get(), o);
+    return std::make_unique<Scheduler>(*draft_, target != nullptr ? *target : *target_,
+                                       tokenizer_.get(), o);
   }
 
   std::vector<int32_t> Solo(const std::vector<int32_t>& prompt, int64_t n) {
@@ -477,6 +490,229 @@ TEST_F(SchedulerTest, SmallKvPoolPreemptsAndOutputsAreUnchanged) {
     ASSERT_TRUE(ample->Submit(reqs[i], c.Sink()).ok());
     c.Wait();
     EXPECT_EQ(c.tokens(), small_pool[i]) << "request " << i;
+  }
+}
+
+// The target worker with a log of its Verify calls: one per round. Each call records, per
+// sequence, whether it only prefilled; a request's sink records the round it was called after.
+class RecordingTarget final : public WorkerApi {
+ public:
+  struct Entry {
+    bool ok = false;
+    bool prefilling = false;
+  };
+
+  explicit RecordingTarget(WorkerApi& inner) : inner_(inner) {}
+
+  absl::StatusOr<std::vector<SequenceOutcome>> Draft(
+      std::span<const DraftSequenceRequest> batch,
+      const std::function<void(const DraftStep&)>& on_step) override {
+    return inner_.Draft(batch, on_step);
+  }
+  absl::StatusOr<std::vector<VerifySequenceResult>> Verify(
+      std::span<const VerifySequenceRequest> batch) override {
+    absl::StatusOr<std::vector<VerifySequenceResult>> out = inner_.Verify(batch);
+    std::lock_guard<std::mutex> lock(mu_);
+    std::map<SeqId, Entry>& call = calls_.emplace_back();
+    if (out.ok()) {
+      for (const VerifySequenceResult& r : *out) call[r.seq] = {r.status.ok(), r.prefilling};
+    }
+    return out;
+  }
+  absl::StatusOr<std::vector<SequenceAnswer<TruncateResult>>> Truncate(
+      std::span<const TruncateSequenceRequest> batch) override {
+    return inner_.Truncate(batch);
+  }
+  absl::StatusOr<std::vector<SequenceAnswer<ProbRow>>> ReadRows(
+      std::span<const RowQuery> batch) override {
+    return inner_.ReadRows(batch);
+  }
+  absl::Status Release(SeqId seq) override { return inner_.Release(seq); }
+  int64_t FreeKvTokens() const override { return inner_.FreeKvTokens(); }
+
+  // Verify calls so far, i.e. the index of the round now running or just finished.
+  int64_t rounds() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return static_cast<int64_t>(calls_.size());
+  }
+  std::vector<std::map<SeqId, Entry>> calls() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return calls_;
+  }
+
+ private:
+  WorkerApi& inner_;
+  std::mutex mu_;
+  std::vector<std::map<SeqId, Entry>> calls_;
+};
+
+// Chunked prefill, asserted by structure: while a long prompt is fed one chunk per round, a
+// stream that is already running gets tokens in every one of those rounds. Without chunking the
+// prompt takes one round. The outputs are the same either way.
+TEST_F(SchedulerTest, ALongPromptIsFedOneChunkPerRoundWhileARunningStreamDecodes) {
+  const std::vector<int32_t> running_prompt = {1, 77, 78, 79};
+  std::vector<int32_t> long_prompt = {1};
+  for (int j = 0; j < 149; ++j) long_prompt.push_back(3 + (j * 37) % 290);
+  const std::vector<int32_t> running_solo = Solo(running_prompt, 120);
+  const std::vector<int32_t> long_solo = Solo(long_prompt, 4);
+  for (const int64_t chunk : {int64_t{16}, int64_t{0}}) {
+    SCOPED_TRACE(::testing::Message() << "prefill_chunk " << chunk);
+    MakeWorkers(8192);
+    RecordingTarget target(*target_);
+    SchedulerOptions o;
+    o.prefill_chunk = chunk;
+    auto scheduler = MakeScheduler(32, 256, o, &target);
+    // The running stream: each of its events is stamped with the round that produced it.
+    std::mutex mu;
+    std::map<int64_t, int64_t> tokens_in_round;
+    Collector running;
+    Scheduler::EventSink inner = running.Sink();
+    ASSERT_TRUE(scheduler
+                    ->Submit(Greedy(running_prompt, 120, 2),
+                             [&](GenerationEvent e) {
+                               {
+                                 std::lock_guard<std::mutex> lock(mu);
+                                 tokens_in_round[target.rounds() - 1] +=
+                                     static_cast<int64_t>(e.tokens.size());
+                               }
+                               inner(std::move(e));
+                             })
+                    .ok());
+    while (running.events() < 3) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    Collector long_one;
+    ASSERT_TRUE(scheduler->Submit(Greedy(long_prompt, 4, 2), long_one.Sink()).ok());
+    ASSERT_TRUE(long_one.WaitFor(std::chrono::seconds(60)));
+    ASSERT_TRUE(running.WaitFor(std::chrono::seconds(60)));
+    EXPECT_EQ(long_one.tokens(), long_solo);
+    EXPECT_EQ(running.tokens(), running_solo);
+
+    // The rounds in which the long prompt appeared: prefilling ones, then the ones that decode.
+    const std::vector<std::map<SeqId, RecordingTarget::Entry>> calls = target.calls();
+    const SeqId long_seq = 2;  // handles count from 1 in submission order
+    std::vector<int64_t> prefill_rounds;
+    int64_t first_decode = -1;
+    for (size_t r = 0; r < calls.size(); ++r) {
+      const auto it = calls[r].find(long_seq);
+      if (it == calls[r].end()) continue;
+      ASSERT_TRUE(it->second.ok) << "round " << r;
+      if (it->second.prefilling) {
+        EXPECT_EQ(first_decode, -1) << "prefilled again after decoding began";
+        prefill_rounds.push_back(static_cast<int64_t>(r));
+      } else if (first_decode < 0) {
+        first_decode = static_cast<int64_t>(r);
+      }
+    }
+    if (chunk == 0) {
+      EXPECT_TRUE(prefill_rounds.empty());
+      continue;
+    }
+    // 150 tokens in chunks of 16: nine rounds feed 144, and the tenth the last 6 and decodes.
+    ASSERT_EQ(prefill_rounds.size(), 9u);
+    for (size_t i = 0; i < prefill_rounds.size(); ++i) {
+      const int64_t r = prefill_rounds[i];
+      EXPECT_EQ(r, prefill_rounds[0] + static_cast<int64_t>(i)) << "one chunk per round";
+      // The running stream was verified in that same round and streamed its tokens.
+      const auto it = calls[static_cast<size_t>(r)].find(1);
+      ASSERT_NE(it, calls[static_cast<size_t>(r)].end()) << "round " << r;
+      EXPECT_TRUE(it->second.ok && !it->second.prefilling) << "round " << r;
+      std::lock_guard<std::mutex> lock(mu);
+      EXPECT_GE(tokens_in_round[r], 1) << "the running stream got nothing in round " << r;
+    }
+    EXPECT_EQ(first_decode, prefill_rounds.back() + 1);
+    scheduler.reset();
+    ExpectNoBlocksUsed();
+  }
+}
+
+// A full pool of cached prefixes is free room: new requests evict them and nothing is preempted.
+TEST_F(SchedulerTest, KvExhaustionEvictsCachedBlocksBeforePreempting) {
+  MakeWorkers(16 * 16);  // 16 blocks
+  auto scheduler = MakeScheduler();
+  std::vector<int32_t> first = {1};
+  for (int j = 0; j < 150; ++j) first.push_back(3 + (j * 13) % 290);
+  Collector c;
+  ASSERT_TRUE(scheduler->Submit(Greedy(first, 40, 2), c.Sink()).ok());
+  c.Wait();
+  // 190 tokens: 11 full blocks stay cached after the request ends.
+  for (LocalWorker* w : {target_.get(), draft_.get()}) {
+    EXPECT_EQ(w->runtime().engine().kv().evictable_blocks(), 11);
+    EXPECT_EQ(w->runtime().engine().kv().used_blocks(), 0);
+    EXPECT_EQ(w->FreeKvTokens(), 16 * 16);  // admission counts them as free
+  }
+  // Two requests of 100 tokens each need 14 blocks: only 5 are on the free list.
+  std::vector<std::unique_ptr<Collector>> cs;
+  std::vector<std::vector<int32_t>> prompts;
+  for (int i = 0; i < 2; ++i) {
+    std::vector<int32_t> p = {1};
+    for (int j = 0; j < 79; ++j) p.push_back(3 + (i * 101 + j * 7) % 290);
+    prompts.push_back(p);
+    cs.push_back(std::make_unique<Collector>());
+    ASSERT_TRUE(scheduler->Submit(Greedy(p, 20, 2), cs.back()->Sink()).ok());
+  }
+  for (size_t i = 0; i < cs.size(); ++i) {
+    ASSERT_TRUE(cs[i]->WaitFor(std::chrono::seconds(60)));
+    ASSERT_TRUE(cs[i]->last().error.ok()) << cs[i]->last().error;
+    EXPECT_EQ(cs[i]->tokens(), Solo(prompts[i], 20));
+  }
+  EXPECT_EQ(scheduler->preemptions(), 0);
+  EXPECT_LT(target_->runtime().engine().kv().evictable_blocks(), 11 + 2 * 6);
+  scheduler.reset();
+  ExpectNoBlocksUsed();
+}
+
+// Many requests sharing a long prompt prefix, greedy and seeded-sampled, under every combination
+// of prefix caching and chunked prefill: the same tokens every time (and plain decoding's, for
+// the greedy ones).
+TEST_F(SchedulerTest, OutputsAreTheSameWithCachingAndChunkingOnAndOff) {
+  std::vector<int32_t> system = {1};
+  for (int j = 0; j < 70; ++j) system.push_back(3 + (j * 53) % 290);
+  std::vector<GenerationRequest> reqs;
+  for (int i = 0; i < 12; ++i) {
+    std::vector<int32_t> p = system;
+    p.resize(system.size() - static_cast<size_t>(i % 3) * 20);  // prefixes of several lengths
+    for (int j = 0; j < 1 + i % 5; ++j) p.push_back(3 + (i * 31 + j * 11) % 290);
+    GenerationRequest r = Greedy(p, 24, i % 4);
+    if (i % 2 == 1) {
+      r.sampling.temperature = 0.9f;
+      r.sampling.top_k = 50;
+      r.seed = 300 + static_cast<uint64_t>(i);
+    }
+    reqs.push_back(r);
+  }
+  std::map<std::string, std::vector<std::vector<int32_t>>> outputs;
+  for (const bool caching : {true, false}) {
+    for (const int64_t chunk : {int64_t{16}, int64_t{0}}) {
+      const std::string name = absl::StrCat("caching ", caching, " chunk ", chunk);
+      MakeWorkers(8192, caching);
+      SchedulerOptions o;
+      o.prefill_chunk = chunk;
+      auto scheduler = MakeScheduler(8, 256, o);
+      // Two waves, so the second finds the first's prefixes cached.
+      for (int wave = 0; wave < 2; ++wave) {
+        std::vector<std::unique_ptr<Collector>> cs;
+        for (const GenerationRequest& r : reqs) {
+          cs.push_back(std::make_unique<Collector>());
+          ASSERT_TRUE(scheduler->Submit(r, cs.back()->Sink()).ok());
+        }
+        for (auto& c : cs) {
+          ASSERT_TRUE(c->WaitFor(std::chrono::seconds(120))) << name;
+          ASSERT_TRUE(c->last().error.ok()) << name << ": " << c->last().error;
+          outputs[absl::StrCat(name, " wave ", wave)].push_back(c->tokens());
+        }
+      }
+      if (caching) {
+        EXPECT_GT(target_->runtime().engine().kv().cached_blocks(), 0) << name;
+      }
+      scheduler.reset();
+      ExpectNoBlocksUsed();
+    }
+  }
+  const std::vector<std::vector<int32_t>>& reference = outputs.begin()->second;
+  for (size_t i = 0; i < reqs.size(); i += 2) {
+    EXPECT_EQ(reference[i], Solo(reqs[i].prompt, 24)) << "request " << i;
+  }
+  for (const auto& [name, got] : outputs) {
+    for (size_t i = 0; i < reqs.size(); ++i) EXPECT_EQ(got[i], reference[i]) << name << " " << i;
   }
 }
 

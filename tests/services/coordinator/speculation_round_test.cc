@@ -22,9 +22,8 @@ using testing::ScopedTempDir;
 std::unique_ptr<LocalWorker> MakeWorker(const std::filesystem::path& dir, int64_t exit_layer) {
   auto engine = testing::MakeEngine(dir, 1, /*kv_tokens=*/4096, exit_layer);
   if (engine == nullptr) return nullptr;
-  WorkerRuntimeOptions options;
-  options.prefill_chunk = 16;  // exercise chunked catch-up
-  return std::make_unique<LocalWorker>(std::make_unique<WorkerRuntime>(std::move(engine), options));
+  return std::make_unique<LocalWorker>(
+      std::make_unique<WorkerRuntime>(std::move(engine), WorkerRuntimeOptions{}));
 }
 
 // Generates `max_new` tokens for every sequence in `seqs` together, round after round.
@@ -39,8 +38,9 @@ void Generate(WorkerApi& draft, WorkerApi& target, std::vector<SpeculativeSequen
       if (seqs[i].tokens.size() < target_len[i]) running.push_back(&seqs[i]);
     }
     if (running.empty()) break;
+    // Chunks of 5 tokens: longer prompts prefill over several rounds.
     const std::vector<RoundStats> stats =
-        RunSpeculationRound(draft, target, running, RoundOptions{max_seq_len});
+        RunSpeculationRound(draft, target, running, RoundOptions{max_seq_len, nullptr, 5});
     for (const RoundStats& st : stats) {
       ASSERT_TRUE(st.status.ok()) << st.status;
       if (rounds_with_rejection != nullptr && st.accepted < st.drafted) ++*rounds_with_rejection;

@@ -65,10 +65,8 @@ absl::StatusOr<std::unique_ptr<LlamaEngine>> Engine(const Options& o, int64_t ex
 absl::StatusOr<std::unique_ptr<LocalWorker>> Worker(const Options& o, int64_t exit_layer) {
   absl::StatusOr<std::unique_ptr<LlamaEngine>> engine = Engine(o, exit_layer, 65536);
   if (!engine.ok()) return engine.status();
-  WorkerRuntimeOptions runtime;
-  runtime.prefill_chunk = 512;
   return std::make_unique<LocalWorker>(
-      std::make_unique<WorkerRuntime>(*std::move(engine), runtime));
+      std::make_unique<WorkerRuntime>(*std::move(engine), WorkerRuntimeOptions{}));
 }
 
 std::vector<std::vector<int32_t>> Prompts(const Options& o, int64_t vocab) {
@@ -110,6 +108,7 @@ absl::StatusOr<RunStats> Generate(WorkerApi& draft, WorkerApi& target,
     RoundOptions options;
     options.max_seq_len = 4096;
     options.phase_times = &phases;
+    options.prefill_chunk = 512;
     for (const RoundStats& st : RunSpeculationRound(draft, target, running, options)) {
       if (!st.status.ok()) return st.status;
       stats.drafted += st.drafted;

@@ -18,8 +18,11 @@ double SecondsSince(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
-RequestOutcome RunOne(v1::Generation::StubInterface& stub, const v1::GenerateRequest& request,
-                      int64_t index, double timeout_seconds, Clock::time_point run_start) {
+}  // namespace
+
+RequestOutcome RunRequest(v1::Generation::StubInterface& stub, const v1::GenerateRequest& request,
+                          int64_t index, double timeout_seconds, Clock::time_point run_start,
+                          const std::function<void()>& on_first_tokens) {
   RequestOutcome out;
   out.index = index;
   grpc::ClientContext ctx;
@@ -32,9 +35,11 @@ RequestOutcome RunOne(v1::Generation::StubInterface& stub, const v1::GenerateReq
   while (reader->Read(&msg)) {
     const double now = SecondsSince(run_start);
     if (msg.token_ids_size() > 0) {
+      if (out.message_s.empty() && on_first_tokens) on_first_tokens();
       out.message_s.push_back(now);
       out.message_tokens.push_back(msg.token_ids_size());
       out.output_tokens += msg.token_ids_size();
+      out.token_ids.insert(out.token_ids.end(), msg.token_ids().begin(), msg.token_ids().end());
     }
     if (msg.has_usage()) {
       out.has_usage = true;
@@ -52,8 +57,6 @@ RequestOutcome RunOne(v1::Generation::StubInterface& stub, const v1::GenerateReq
   }
   return out;
 }
-
-}  // namespace
 
 absl::StatusOr<Arrival> ParseArrival(const std::string& name) {
   if (name == "poisson") return Arrival::kPoisson;
@@ -89,7 +92,7 @@ LoadRun RunLoad(v1::Generation::StubInterface& stub,
       const size_t at = static_cast<size_t>(i);
       std::this_thread::sleep_until(start + std::chrono::duration_cast<Clock::duration>(
                                                 std::chrono::duration<double>(offsets[at])));
-      run.outcomes[at] = RunOne(stub, requests[at], i, options.timeout_seconds, start);
+      run.outcomes[at] = RunRequest(stub, requests[at], i, options.timeout_seconds, start);
       const std::lock_guard<std::mutex> lock(done_mu);
       if (on_done) on_done();
     }

@@ -5,6 +5,7 @@
 #ifndef SPECD_TOOLS_SPECD_BENCH_LOAD_GENERATOR_H_
 #define SPECD_TOOLS_SPECD_BENCH_LOAD_GENERATOR_H_
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -43,6 +44,7 @@ struct RequestOutcome {
   std::vector<double> message_s;        // arrival of each message that carried tokens
   std::vector<int32_t> message_tokens;  // tokens in each of those messages
   int64_t output_tokens = 0;            // tokens received
+  std::vector<int32_t> token_ids;       // the tokens received, in order
   bool has_usage = false;
   v1::Usage usage;  // from the last message
   v1::FinishReason finish_reason = v1::FINISH_REASON_UNSPECIFIED;
@@ -53,6 +55,13 @@ struct LoadRun {
   double wall_s = 0;                     // first request sent to last response finished
   std::vector<RequestOutcome> outcomes;  // in request-list order
 };
+
+// Sends one request and waits for its stream to end; times are seconds since `run_start`.
+// `on_first_tokens` (optional) runs when the first message with tokens arrives.
+RequestOutcome RunRequest(v1::Generation::StubInterface& stub, const v1::GenerateRequest& request,
+                          int64_t index, double timeout_seconds,
+                          std::chrono::steady_clock::time_point run_start,
+                          const std::function<void()>& on_first_tokens = {});
 
 // Runs `requests` against `stub` and returns every outcome (failed requests included, with their
 // status). `on_done` is called, serialised, after each request ends.
