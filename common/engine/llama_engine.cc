@@ -559,6 +559,8 @@ absl::Status LlamaEngine::CompactKv(KvPool::SeqId seq, int64_t tree_start,
                        " (the nodes must increase and lie inside the ", len, " cached tokens)"));
     }
   }
+  // The prefix cache keys blocks by their tokens: the branch's tokens move with its KV.
+  SPECD_RETURN_IF_ERROR(kv_->CompactTokens(seq, tree_start, kept_nodes));
   // Row pairs: a KV row is block * block_size + slot in block, in every layer alike.
   const int64_t bs = kv_->block_size();
   auto row_of = [&](int64_t slot) {

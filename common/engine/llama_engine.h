@@ -129,7 +129,9 @@ class LlamaEngine {
   // Moves the KV of slot tree_start + kept_nodes[i] to slot tree_start + i in every layer, then
   // truncates the sequence to tree_start + kept_nodes.size(): only the accepted branch of a draft
   // tree remains. kept_nodes must be strictly increasing and inside the sequence. The one place
-  // that rewrites cached KV in place (a shared block would be copied before it is written here).
+  // that rewrites KV in place: the slots written must be in blocks only this sequence holds and
+  // the prefix cache does not (FAILED_PRECONDITION otherwise, with nothing changed), and the
+  // tokens the pool records for them move too (KvPool::CompactTokens).
   absl::Status CompactKv(KvPool::SeqId seq, int64_t tree_start,
                          std::span<const int32_t> kept_nodes);
 
