@@ -188,14 +188,19 @@ TEST_F(SchedulerTest, ThirtyTwoMixedConcurrentRequestsFinishAndGreedyOnesMatchSo
 
 // Every way of drafting (issue 17) through the scheduler, batched together with adaptive K on:
 // prompt lookup, EGAG and trees of two shapes give the greedy tokens of plain decoding, sampled
-// ones run to the end, the realized K is reported, and every block returns.
-TEST_F(SchedulerTest, EveryDraftingMethodBatchedTogetherMatchesSolo) {
+// ones run to the end, the realized K is reported, and every block returns. Also with prompts
+// fed 4 tokens per round (chunked prefill), so drafting methods meet prefilling rounds.
+class DraftingMethodsSchedulerTest : public SchedulerTest,
+                                     public ::testing::WithParamInterface<int64_t> {};
+
+TEST_P(DraftingMethodsSchedulerTest, EveryDraftingMethodBatchedTogetherMatchesSolo) {
   MakeWorkers(8192);
   std::vector<std::pair<int32_t, bool>> lengths;  // (realized K, EGAG stopped) per drafting round
   SchedulerOptions o;
   o.egag = {0.5, 0.3, 1};
   o.ngram = {1, 3};
   o.on_draft_length = [&lengths](int32_t k, bool stopped) { lengths.emplace_back(k, stopped); };
+  o.prefill_chunk = GetParam();
   auto scheduler = MakeScheduler(/*max_running=*/8, 256, o);
   std::vector<GenerationRequest> reqs;
   std::vector<std::unique_ptr<Collector>> out;
@@ -246,6 +251,9 @@ TEST_F(SchedulerTest, EveryDraftingMethodBatchedTogetherMatchesSolo) {
       << "EGAG never stopped a draft";
   ExpectNoBlocksUsed();
 }
+
+INSTANTIATE_TEST_SUITE_P(PrefillChunk, DraftingMethodsSchedulerTest, ::testing::Values(0, 4),
+                         [](const auto& info) { return absl::StrCat("chunk", info.param); });
 
 TEST_F(SchedulerTest, StopStringEndsExactlyAtTheStringAndTrimsIt) {
   MakeWorkers(4096);
