@@ -22,6 +22,7 @@ enum class DraftMode { kProbabilistic, kGreedy };
 // Whole-call limits: a request over them is malformed, not merely expensive.
 inline constexpr int32_t kMaxDraftTokens = 64;  // K
 inline constexpr int32_t kMaxCandidates = 64;   // M
+inline constexpr int32_t kMaxLogprobs = 20;     // top-N alternatives per position (OpenAI's cap)
 
 // What every per-sequence request carries.
 struct SequenceRequest {
@@ -34,6 +35,9 @@ struct SequenceRequest {
   // The worker may hold more than expected_cached_len tokens (the previous round's rejected
   // drafts: a Truncate folded into this call); they are dropped before anything else.
   bool drop_tail = false;
+  // The completion number of a request that asks for several: the `sample` field of every
+  // Philox counter the sequence draws from, so completions of one seed are independent.
+  uint32_t sample = 0;
 };
 
 struct DraftSequenceRequest : SequenceRequest {
@@ -64,9 +68,38 @@ struct DraftStep {
   int64_t forward_ns = 0;                     // this step's forward pass
 };
 
+// Which log-probabilities a Verify reports, always of the target's distribution.
+enum class LogprobsMode {
+  kOff,
+  // vLLM's default: the log-softmax of the penalised logits, before temperature and truncation
+  // (LogprobsArgs in kernels/backend.h). A greedy request gets real values, not a one-hot row's.
+  kRaw,
+  // The log of the processed distribution the token is drawn from, fl32(log(fp64 p)): -inf for
+  // every token that temperature 0, top-k, top-p or min-p removed.
+  kProcessed,
+};
+
+struct LogprobsRequest {
+  LogprobsMode mode = LogprobsMode::kOff;
+  int32_t top_n = 0;  // [0, kMaxLogprobs]
+};
+
 struct VerifySequenceRequest : SequenceRequest {
   std::vector<int32_t> drafts;  // t_1..t_K; K = 0 is plain decoding
   int32_t num_candidates = 0;   // M in [0, kMaxCandidates]
+  LogprobsRequest logprobs;
+};
+
+// One verified position's log-probabilities. The worker cannot know which positions the
+// coordinator will emit, so it reports every position 1..K+1, each with its top-N and every token
+// the coordinator could emit there: t_i, the argmax, the residual candidates (i <= K) and the
+// bonus (i = K+1). A token the residual fallback picks is none of these; the coordinator then
+// asks with QueryLogprobs.
+struct PositionLogprobs {
+  std::vector<int32_t> top_ids;  // by (logprob desc, id asc) of the raw logprobs
+  std::vector<float> top_logprobs;
+  std::vector<int32_t> token_ids;  // distinct
+  std::vector<float> token_logprobs;
 };
 
 struct VerifySequenceResult {
@@ -80,6 +113,7 @@ struct VerifySequenceResult {
   std::vector<std::vector<float>> candidate_probs;     // [K][M]
   int64_t cached_len = 0;
   int64_t forward_ns = 0;  // the batch's forward pass; 0 when the sequence failed before it
+  std::vector<PositionLogprobs> logprobs;  // [K+1] when asked
 };
 
 struct TruncateResult {

@@ -10,8 +10,9 @@ namespace {
 
 void FillSequence(uint64_t seq_id, const google::protobuf::RepeatedField<int32_t>& catch_up,
                   int64_t expected_cached_len, const pb::SamplingParams& sampling, uint64_t seed,
-                  int64_t prompt_len, SequenceRequest* out) {
+                  int64_t prompt_len, uint32_t sample, SequenceRequest* out) {
   out->seq = seq_id;
+  out->sample = sample;
   out->catch_up.assign(catch_up.begin(), catch_up.end());
   out->expected_cached_len = expected_cached_len;
   out->sampling = SamplingFromProto(sampling);
@@ -52,7 +53,7 @@ SamplingParams SamplingFromProto(const pb::SamplingParams& proto) {
 DraftSequenceRequest DraftFromProto(const pb::DraftSequence& proto) {
   DraftSequenceRequest r;
   FillSequence(proto.seq_id(), proto.catch_up_tokens(), proto.expected_cached_len(),
-               proto.sampling(), proto.seed(), proto.prompt_len(), &r);
+               proto.sampling(), proto.seed(), proto.prompt_len(), proto.sample(), &r);
   r.drop_tail = proto.drop_tail();
   r.num_draft_tokens = proto.num_draft_tokens();
   r.mode = proto.mode() == pb::DRAFT_MODE_GREEDY ? DraftMode::kGreedy : DraftMode::kProbabilistic;
@@ -62,10 +63,15 @@ DraftSequenceRequest DraftFromProto(const pb::DraftSequence& proto) {
 VerifySequenceRequest VerifyFromProto(const pb::VerifySequence& proto) {
   VerifySequenceRequest r;
   FillSequence(proto.seq_id(), proto.catch_up_tokens(), proto.expected_cached_len(),
-               proto.sampling(), proto.seed(), proto.prompt_len(), &r);
+               proto.sampling(), proto.seed(), proto.prompt_len(), proto.sample(), &r);
   r.drop_tail = proto.drop_tail();
   r.drafts.assign(proto.draft_tokens().begin(), proto.draft_tokens().end());
   r.num_candidates = proto.num_candidates();
+  r.logprobs.mode = proto.logprobs().mode() == pb::LOGPROBS_MODE_RAW ? LogprobsMode::kRaw
+                    : proto.logprobs().mode() == pb::LOGPROBS_MODE_PROCESSED
+                        ? LogprobsMode::kProcessed
+                        : LogprobsMode::kOff;
+  r.logprobs.top_n = proto.logprobs().top_n();
   return r;
 }
 
@@ -97,6 +103,16 @@ absl::Status ValidateVerifyRequest(const pb::VerifyRequest& request) {
       return absl::InvalidArgumentError(
           absl::StrCat("Verify: seq_id ", s.seq_id(), " asks for num_candidates ",
                        s.num_candidates(), ", at most ", kMaxCandidates, " are allowed"));
+    }
+    if (!pb::LogprobsMode_IsValid(s.logprobs().mode())) {
+      return absl::InvalidArgumentError(absl::StrCat("Verify: seq_id ", s.seq_id(),
+                                                     " has logprobs.mode ", s.logprobs().mode(),
+                                                     ", which is not a LogprobsMode"));
+    }
+    if (s.logprobs().top_n() < 0 || s.logprobs().top_n() > kMaxLogprobs) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("Verify: seq_id ", s.seq_id(), " asks for logprobs.top_n ",
+                       s.logprobs().top_n(), ", allowed are 0 to ", kMaxLogprobs));
     }
   }
   return absl::OkStatus();
@@ -130,6 +146,13 @@ void VerifyResultToProto(const VerifySequenceResult& result, const KvPool& kv,
                                  result.candidate_probs[i].end());
   }
   out->set_position(result.position);
+  for (const PositionLogprobs& p : result.logprobs) {
+    pb::PositionLogprobs* lp = out->add_logprobs();
+    lp->mutable_top_ids()->Assign(p.top_ids.begin(), p.top_ids.end());
+    lp->mutable_top_logprobs()->Assign(p.top_logprobs.begin(), p.top_logprobs.end());
+    lp->mutable_token_ids()->Assign(p.token_ids.begin(), p.token_ids.end());
+    lp->mutable_token_logprobs()->Assign(p.token_logprobs.begin(), p.token_logprobs.end());
+  }
 }
 
 void DraftStepToProto(const DraftStep& step, const KvPool& kv, pb::DraftResponse* out) {

@@ -54,6 +54,21 @@ grpc::ServerUnaryReactor* WorkerRpcs::ReadRows(grpc::CallbackServerContext* cont
   return reactor;
 }
 
+grpc::ServerUnaryReactor* WorkerRpcs::QueryLogprobs(grpc::CallbackServerContext* context,
+                                                    const worker::v1::QueryLogprobsRequest* request,
+                                                    worker::v1::QueryLogprobsResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  engine_->Post([reactor, request, response](WorkerRuntime& runtime) {
+    const std::span<const int32_t> tokens(request->tokens().data(),
+                                          static_cast<size_t>(request->tokens_size()));
+    absl::StatusOr<std::vector<float>> lps =
+        runtime.QueryLogprobs(request->seq_id(), request->step(), tokens);
+    if (lps.ok()) response->mutable_logprobs()->Assign(lps->begin(), lps->end());
+    reactor->Finish(ToGrpcStatus(lps.status()));
+  });
+  return reactor;
+}
+
 grpc::ServerUnaryReactor* WorkerRpcs::Release(grpc::CallbackServerContext* context,
                                               const worker::v1::ReleaseRequest* request,
                                               worker::v1::ReleaseResponse* response) {

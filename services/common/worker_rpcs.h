@@ -1,5 +1,5 @@
-// The unary RPCs both workers share (Info, Truncate, ReadRows, Release): each hands its work to
-// the engine thread and returns at once; the job finishes the call.
+// The unary RPCs of the workers (Info, Truncate, ReadRows, Release; QueryLogprobs on the target):
+// each hands its work to the engine thread and returns at once; the job finishes the call.
 #ifndef SPECD_SERVICES_COMMON_WORKER_RPCS_H_
 #define SPECD_SERVICES_COMMON_WORKER_RPCS_H_
 
@@ -23,6 +23,9 @@ class WorkerRpcs {
   grpc::ServerUnaryReactor* ReadRows(grpc::CallbackServerContext* context,
                                      const worker::v1::ReadRowsRequest* request,
                                      worker::v1::ReadRowsResponse* response);
+  grpc::ServerUnaryReactor* QueryLogprobs(grpc::CallbackServerContext* context,
+                                          const worker::v1::QueryLogprobsRequest* request,
+                                          worker::v1::QueryLogprobsResponse* response);
   grpc::ServerUnaryReactor* Release(grpc::CallbackServerContext* context,
                                     const worker::v1::ReleaseRequest* request,
                                     worker::v1::ReleaseResponse* response);

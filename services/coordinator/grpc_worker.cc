@@ -34,6 +34,7 @@ void SequenceToProto(const SequenceRequest& r, ProtoSequence* s) {
   s->set_seed(r.seed);
   s->set_prompt_len(r.prompt_len);
   s->set_drop_tail(r.drop_tail);
+  s->set_sample(r.sample);
 }
 
 absl::Status StatusFromProto(const pb::SequenceStatus& s) {
@@ -212,6 +213,12 @@ absl::StatusOr<std::vector<VerifySequenceResult>> GrpcWorker::Verify(
     SequenceToProto(r, s);
     s->mutable_draft_tokens()->Add(r.drafts.begin(), r.drafts.end());
     s->set_num_candidates(r.num_candidates);
+    if (r.logprobs.mode != LogprobsMode::kOff) {
+      s->mutable_logprobs()->set_mode(r.logprobs.mode == LogprobsMode::kRaw
+                                          ? pb::LOGPROBS_MODE_RAW
+                                          : pb::LOGPROBS_MODE_PROCESSED);
+      s->mutable_logprobs()->set_top_n(r.logprobs.top_n);
+    }
   }
   grpc::ClientContext ctx;
   SetDeadline(&ctx);
@@ -233,6 +240,13 @@ absl::StatusOr<std::vector<VerifySequenceResult>> GrpcWorker::Verify(
       for (const pb::Candidates& c : v.candidates()) {
         r.candidate_tokens.emplace_back(c.tokens().begin(), c.tokens().end());
         r.candidate_probs.emplace_back(c.p_probs().begin(), c.p_probs().end());
+      }
+      for (const pb::PositionLogprobs& p : v.logprobs()) {
+        PositionLogprobs& lp = r.logprobs.emplace_back();
+        lp.top_ids.assign(p.top_ids().begin(), p.top_ids().end());
+        lp.top_logprobs.assign(p.top_logprobs().begin(), p.top_logprobs().end());
+        lp.token_ids.assign(p.token_ids().begin(), p.token_ids().end());
+        lp.token_logprobs.assign(p.token_logprobs().begin(), p.token_logprobs().end());
       }
       r.cached_len = v.cache().cached_len();
       free_kv_tokens_ = v.cache().free_kv_tokens();
@@ -292,6 +306,25 @@ absl::StatusOr<ProbRow> GrpcWorker::ReadRow(SeqId seq, int32_t step) {
   if (!resp.dense()) row.ids.assign(resp.ids().begin(), resp.ids().end());
   row.probs.assign(resp.probs().begin(), resp.probs().end());
   return row;
+}
+
+absl::StatusOr<std::vector<float>> GrpcWorker::QueryLogprobs(SeqId seq, int32_t step,
+                                                             std::span<const int32_t> tokens) {
+  if (target_stub_ == nullptr) {
+    return absl::FailedPreconditionError(name_ + " has no logprobs (only the target has)");
+  }
+  pb::QueryLogprobsRequest req;
+  req.set_seq_id(seq);
+  req.set_step(step);
+  req.mutable_tokens()->Add(tokens.begin(), tokens.end());
+  pb::QueryLogprobsResponse resp;
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx);
+  const absl::Time start = absl::Now();
+  const grpc::Status st = target_stub_->QueryLogprobs(&ctx, req, &resp);
+  RecordRpc(start, req.ByteSizeLong(), resp.ByteSizeLong());
+  if (absl::Status s = Check(st, "QueryLogprobs"); !s.ok()) return s;
+  return std::vector<float>(resp.logprobs().begin(), resp.logprobs().end());
 }
 
 absl::Status GrpcWorker::Release(SeqId seq) {

@@ -36,6 +36,8 @@ class GrpcWorker final : public WorkerApi {
       std::span<const VerifySequenceRequest> batch) override;
   absl::StatusOr<TruncateResult> Truncate(SeqId seq, int64_t new_len, int32_t query_step,
                                           std::span<const int32_t> query_tokens) override;
+  absl::StatusOr<std::vector<float>> QueryLogprobs(SeqId seq, int32_t step,
+                                                   std::span<const int32_t> tokens) override;
   absl::StatusOr<ProbRow> ReadRow(SeqId seq, int32_t step) override;
   absl::Status Release(SeqId seq) override;
   int64_t FreeKvTokens() const override { return free_kv_tokens_.load(); }

@@ -31,6 +31,41 @@ class AddElapsedOnExit {
   absl::Time start_ = absl::Now();
 };
 
+// The target's logprobs of the tokens a round emits: the values Verify reported for each
+// position, or, for the residual fallback's token (none of those), a query to the target.
+absl::StatusOr<std::vector<TokenLogprobs>> EmittedLogprobs(WorkerApi& target, SeqId seq,
+                                                           const VerifySequenceResult& v,
+                                                           std::span<const int32_t> emitted,
+                                                           int32_t K) {
+  if (v.logprobs.size() != static_cast<size_t>(K) + 1) {
+    return absl::InternalError(absl::StrCat("target worker returned logprobs for ",
+                                            v.logprobs.size(), " positions of sequence ", seq,
+                                            ", expected ", K + 1));
+  }
+  std::vector<TokenLogprobs> out;
+  for (size_t j = 0; j < emitted.size(); ++j) {
+    const PositionLogprobs& p = v.logprobs[j];
+    TokenLogprobs t;
+    t.top_ids = p.top_ids;
+    t.top_logprobs = p.top_logprobs;
+    const auto it = std::find(p.token_ids.begin(), p.token_ids.end(), emitted[j]);
+    if (it != p.token_ids.end() && p.token_logprobs.size() == p.token_ids.size()) {
+      t.logprob = p.token_logprobs[static_cast<size_t>(it - p.token_ids.begin())];
+    } else {
+      absl::StatusOr<std::vector<float>> q =
+          target.QueryLogprobs(seq, static_cast<int32_t>(j) + 1, std::span(&emitted[j], 1));
+      if (!q.ok()) return q.status();
+      if (q->size() != 1) {
+        return absl::InternalError(absl::StrCat("target worker answered ", q->size(),
+                                                " logprobs for one token of sequence ", seq));
+      }
+      t.logprob = q->front();
+    }
+    out.push_back(std::move(t));
+  }
+  return out;
+}
+
 }  // namespace
 
 std::vector<RoundStats> RunSpeculationRound(WorkerApi& draft, WorkerApi& target,
@@ -66,6 +101,7 @@ std::vector<RoundStats> RunSpeculationRound(WorkerApi& draft, WorkerApi& target,
     r.sampling = s.sampling;
     r.seed = s.seed;
     r.prompt_len = s.prompt_len;
+    r.sample = s.sample;
     r.num_draft_tokens = k[i];
     r.mode = s.draft_mode;
     draft_reqs.push_back(std::move(r));
@@ -118,8 +154,10 @@ std::vector<RoundStats> RunSpeculationRound(WorkerApi& draft, WorkerApi& target,
     r.sampling = s.sampling;
     r.seed = s.seed;
     r.prompt_len = s.prompt_len;
+    r.sample = s.sample;
     r.drafts = drafts[i];
     r.num_candidates = s.sampling.greedy() ? 0 : s.num_candidates;
+    r.logprobs = s.logprobs;
     verify_reqs.push_back(std::move(r));
   }
   if (verify_reqs.empty()) return stats;
@@ -157,6 +195,7 @@ std::vector<RoundStats> RunSpeculationRound(WorkerApi& draft, WorkerApi& target,
     const int32_t K = k[i];
     RoundEvidence ev;
     ev.seed = s.seed;
+    ev.sample = s.sample;
     ev.position = static_cast<uint32_t>(v.position);
     ev.draft_tokens = drafts[i];
     ev.q_draft = q_draft[i];
@@ -205,8 +244,9 @@ std::vector<RoundStats> RunSpeculationRound(WorkerApi& draft, WorkerApi& target,
       const uint32_t pos_r = ev.position + static_cast<uint32_t>(n);
       if (greedy) {
         next = v.argmax[static_cast<size_t>(n)];
-      } else if (std::optional<int32_t> c = ChooseCandidate(
-                     s.seed, pos_r, ys, v.candidate_probs[static_cast<size_t>(n)], q_ys)) {
+      } else if (std::optional<int32_t> c =
+                     ChooseCandidate(s.seed, s.sample, pos_r, ys,
+                                     v.candidate_probs[static_cast<size_t>(n)], q_ys)) {
         next = *c;
       } else {
         st.used_read_rows = true;
@@ -225,7 +265,7 @@ std::vector<RoundStats> RunSpeculationRound(WorkerApi& draft, WorkerApi& target,
           for (const int32_t id : p_row->ids) v_size = std::max<int64_t>(v_size, id + 1);
           for (const int32_t id : q_row->ids) v_size = std::max<int64_t>(v_size, id + 1);
         }
-        absl::StatusOr<int32_t> t = SampleResidual(s.seed, pos_r, *p_row, *q_row, v_size);
+        absl::StatusOr<int32_t> t = SampleResidual(s.seed, s.sample, pos_r, *p_row, *q_row, v_size);
         if (!t.ok()) {
           st.status = t.status();
           continue;
@@ -234,6 +274,15 @@ std::vector<RoundStats> RunSpeculationRound(WorkerApi& draft, WorkerApi& target,
       }
     }
     appended.push_back(next);
+    if (s.logprobs.mode != LogprobsMode::kOff) {
+      absl::StatusOr<std::vector<TokenLogprobs>> lps =
+          EmittedLogprobs(target, s.id, v, appended, K);
+      if (!lps.ok()) {
+        st.status = lps.status();
+        continue;
+      }
+      st.logprobs = *std::move(lps);
+    }
     s.tokens.insert(s.tokens.end(), appended.begin(), appended.end());
     st.appended = std::move(appended);
   }

@@ -42,6 +42,10 @@ class WorkerApi {
   virtual absl::StatusOr<TruncateResult> Truncate(SeqId seq, int64_t new_len, int32_t query_step,
                                                   std::span<const int32_t> query_tokens) = 0;
   virtual absl::StatusOr<ProbRow> ReadRow(SeqId seq, int32_t step) = 0;
+  // Target worker: the log-probabilities of `tokens` at position `step` of the last Verify (the
+  // residual fallback's token, which Verify could not know).
+  virtual absl::StatusOr<std::vector<float>> QueryLogprobs(SeqId seq, int32_t step,
+                                                           std::span<const int32_t> tokens) = 0;
   virtual absl::Status Release(SeqId seq) = 0;
 
   // Free KV capacity in tokens as of the worker's latest reply; the scheduler admits new requests
@@ -76,6 +80,10 @@ class LocalWorker final : public WorkerApi {
   }
   absl::StatusOr<ProbRow> ReadRow(SeqId seq, int32_t step) override {
     return runtime_->ReadRow(seq, step);
+  }
+  absl::StatusOr<std::vector<float>> QueryLogprobs(SeqId seq, int32_t step,
+                                                   std::span<const int32_t> tokens) override {
+    return runtime_->QueryLogprobs(seq, step, tokens);
   }
   absl::Status Release(SeqId seq) override { return runtime_->Release(seq); }
   int64_t FreeKvTokens() const override {

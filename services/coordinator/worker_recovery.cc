@@ -73,6 +73,13 @@ absl::StatusOr<ProbRow> SupervisedWorker::ReadRow(SeqId seq, int32_t step) {
   return out;
 }
 
+absl::StatusOr<std::vector<float>> SupervisedWorker::QueryLogprobs(
+    SeqId seq, int32_t step, std::span<const int32_t> tokens) {
+  absl::StatusOr<std::vector<float>> out = inner_.QueryLogprobs(seq, step, tokens);
+  if (!out.ok()) return Observe(out.status());
+  return out;
+}
+
 absl::Status SupervisedWorker::Release(SeqId seq) { return Observe(inner_.Release(seq)); }
 
 absl::StatusOr<WorkerProbe> SupervisedWorker::Probe(absl::Duration timeout) {

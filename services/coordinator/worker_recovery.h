@@ -55,6 +55,8 @@ class SupervisedWorker final : public WorkerApi {
   absl::StatusOr<TruncateResult> Truncate(SeqId seq, int64_t new_len, int32_t query_step,
                                           std::span<const int32_t> query_tokens) override;
   absl::StatusOr<ProbRow> ReadRow(SeqId seq, int32_t step) override;
+  absl::StatusOr<std::vector<float>> QueryLogprobs(SeqId seq, int32_t step,
+                                                   std::span<const int32_t> tokens) override;
   absl::Status Release(SeqId seq) override;
   int64_t FreeKvTokens() const override { return inner_.FreeKvTokens(); }
   absl::StatusOr<WorkerProbe> Probe(absl::Duration timeout) override;

@@ -55,6 +55,12 @@ grpc::ServerUnaryReactor* TargetWorkerService::ReadRows(grpc::CallbackServerCont
   return rpcs_->ReadRows(context, request, response);
 }
 
+grpc::ServerUnaryReactor* TargetWorkerService::QueryLogprobs(
+    grpc::CallbackServerContext* context, const pb::QueryLogprobsRequest* request,
+    pb::QueryLogprobsResponse* response) {
+  return rpcs_->QueryLogprobs(context, request, response);
+}
+
 grpc::ServerUnaryReactor* TargetWorkerService::Release(grpc::CallbackServerContext* context,
                                                        const pb::ReleaseRequest* request,
                                                        pb::ReleaseResponse* response) {

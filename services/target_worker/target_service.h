@@ -25,6 +25,9 @@ class TargetWorkerService final : public worker::v1::TargetWorker::CallbackServi
   grpc::ServerUnaryReactor* ReadRows(grpc::CallbackServerContext* context,
                                      const worker::v1::ReadRowsRequest* request,
                                      worker::v1::ReadRowsResponse* response) override;
+  grpc::ServerUnaryReactor* QueryLogprobs(grpc::CallbackServerContext* context,
+                                          const worker::v1::QueryLogprobsRequest* request,
+                                          worker::v1::QueryLogprobsResponse* response) override;
   grpc::ServerUnaryReactor* Release(grpc::CallbackServerContext* context,
                                     const worker::v1::ReleaseRequest* request,
                                     worker::v1::ReleaseResponse* response) override;

@@ -51,6 +51,10 @@ class BrokenResidualDraft final : public WorkerApi {
   absl::StatusOr<ProbRow> ReadRow(SeqId seq, int32_t step) override {
     return inner_.ReadRow(seq, step);
   }
+  absl::StatusOr<std::vector<float>> QueryLogprobs(SeqId seq, int32_t step,
+                                                   std::span<const int32_t> tokens) override {
+    return inner_.QueryLogprobs(seq, step, tokens);
+  }
   absl::Status Release(SeqId seq) override { return inner_.Release(seq); }
   int64_t FreeKvTokens() const override { return inner_.FreeKvTokens(); }
 
