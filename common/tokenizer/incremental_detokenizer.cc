@@ -79,6 +79,13 @@ absl::StatusOr<std::string> IncrementalDetokenizer::Push(std::span<const int32_t
   return emitted;
 }
 
+absl::Status IncrementalDetokenizer::Skip(std::span<const int32_t> ids) {
+  SPECD_RETURN_IF_ERROR(Push(ids).status());
+  // What Push held back (a byte run at the end) is the reader's too.
+  if (read_offset_ != ids_.size()) SPECD_RETURN_IF_ERROR(Flush().status());
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::string> IncrementalDetokenizer::Flush() {
   if (read_offset_ == ids_.size()) return std::string();
   SPECD_ASSIGN_OR_RETURN(std::string text, DecodeRange(prefix_offset_, ids_.size()));

@@ -17,6 +17,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/tokenizer/tokenizer.h"
 #include "services/coordinator/auth.h"
+#include "services/coordinator/chat_prompt.h"
 #include "services/coordinator/coordinator_metrics.h"
 #include "services/coordinator/request_validation.h"
 #include "services/coordinator/scheduler.h"
@@ -28,9 +29,10 @@ namespace specd {
 struct ServingState {
   Scheduler* scheduler = nullptr;
   const Tokenizer* tokenizer = nullptr;   // null for token-id-only models
+  const ChatPrompt* chat = nullptr;       // null: no chat input
   CoordinatorMetrics* metrics = nullptr;  // null when /metrics is off
   ServerLimits limits;
-  v1::GetServerInfoResponse info;
+  v1::GetServerInfoResponse info;  // also names the served model (served_model_name)
 };
 
 // What the service enforces on every call, fixed at start-up.

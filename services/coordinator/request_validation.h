@@ -4,9 +4,12 @@
 #define SPECD_SERVICES_COORDINATOR_REQUEST_VALIDATION_H_
 
 #include <cstdint>
+#include <string>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "common/tokenizer/tokenizer.h"
+#include "services/coordinator/chat_prompt.h"
 #include "services/coordinator/scheduler.h"
 #include "specd/v1/generation.pb.h"
 
@@ -27,12 +30,35 @@ struct ServerLimits {
   bool has_draft = true;  // without a draft worker K is always 0
 };
 
-// `tokenizer` may be null for token-id-only models; then a text prompt is INVALID_ARGUMENT.
-// `random_seed` is used when the request has no seed.
+// How error messages name the fields whose names differ between the two public APIs: the gRPC
+// API's by default; the HTTP API builds its requests through here with OpenAI's names.
+struct FieldNames {
+  absl::string_view prompt = "prompt";
+  absl::string_view max_new_tokens = "max_new_tokens";
+  absl::string_view stop = "stop";
+  absl::string_view top_logprobs = "logprobs.top_logprobs";
+};
+
+// An error that names the request field it is about (the OpenAI error's "param").
+absl::Status FieldError(absl::string_view field, absl::string_view message,
+                        absl::StatusCode code = absl::StatusCode::kInvalidArgument);
+// The field an error names, or "" when it names none.
+std::string FieldOf(const absl::Status& status);
+
+// What turns a request's prompt into tokens. `tokenizer` may be null for token-id-only models
+// (then text and chat prompts are refused); `chat` may be null (no chat input).
+struct PromptEncoders {
+  const Tokenizer* tokenizer = nullptr;
+  const ChatPrompt* chat = nullptr;
+};
+
+// `random_seed` is used when the request has no seed. Errors are INVALID_ARGUMENT naming their
+// field (FieldOf), or FAILED_PRECONDITION for chat input the server cannot render.
 absl::StatusOr<GenerationRequest> BuildGenerationRequest(const v1::GenerateRequest& request,
-                                                         const Tokenizer* tokenizer,
+                                                         const PromptEncoders& encoders,
                                                          const ServerLimits& limits,
-                                                         uint64_t random_seed);
+                                                         uint64_t random_seed,
+                                                         const FieldNames& names = {});
 
 }  // namespace specd
 
