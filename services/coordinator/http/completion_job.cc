@@ -28,6 +28,7 @@ void CompletionJob::Start(std::vector<ChoiceInput> inputs) {
       job->End(absl::CancelledError("the client closed its connection"));
     }
   });
+  timings_.resize(inputs.size());
   absl::MutexLock lock(&mu_);
   choices_.resize(inputs.size());
   for (size_t i = 0; i < inputs.size(); ++i) {
@@ -65,6 +66,7 @@ void CompletionJob::CancelAll() {
 void CompletionJob::Fail(const absl::Status& status) {
   if (ended_) return;
   ended_ = true;
+  over_ = true;
   CancelAll();
   if (!stream_started_) {
     HttpResponse r;
@@ -81,10 +83,17 @@ void CompletionJob::Fail(const absl::Status& status) {
 }
 
 void CompletionJob::OnEvent(size_t index, GenerationEvent event) {
+  if (over_) return;  // cancelled here, or failed: nothing more is sent
+  if (state_->metrics != nullptr) RecordEvent(*state_->metrics, timings_[index], event);
+  exchange_->Post([self = shared_from_this(), index, event = std::move(event)]() mutable {
+    self->HandleEvent(index, std::move(event));
+  });
+}
+
+void CompletionJob::HandleEvent(size_t index, GenerationEvent event) {
   absl::MutexLock lock(&mu_);
   Choice& c = choices_[index];
-  if (ended_) return;  // cancelled here, or failed: nothing more is sent
-  if (state_->metrics != nullptr) RecordEvent(*state_->metrics, c.timing, event);
+  if (ended_) return;
   if (!event.error.ok()) {
     Fail(event.error);
     return;
@@ -211,6 +220,7 @@ Json CompletionJob::WholeResponse() const {
 
 void CompletionJob::Finish() {
   ended_ = true;
+  over_ = true;
   if (stream_) {
     if (include_usage_) {
       std::vector<GenerationUsage> usages;

@@ -1,10 +1,12 @@
 // One /v1/completions or /v1/chat/completions request in flight: its choices (n per prompt) run
 // as separate scheduler requests, and their events become one JSON response or one stream of
-// server-sent events. The scheduler's sinks only lock, encode and post to the connection; they
-// never wait for the network.
+// server-sent events. The scheduler's sinks record metrics and post each event to the
+// connection's strand, where it is encoded: the scheduler's thread takes no lock of the job and
+// never waits for the network or for JSON.
 #ifndef SPECD_SERVICES_COORDINATOR_HTTP_COMPLETION_JOB_H_
 #define SPECD_SERVICES_COORDINATOR_HTTP_COMPLETION_JOB_H_
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -57,10 +59,12 @@ class CompletionJob : public std::enable_shared_from_this<CompletionJob> {
     int64_t text_offset = 0;  // bytes of text streamed so far
     FinishReason finish = FinishReason::kNone;
     GenerationUsage usage;
-    RequestTiming timing;
   };
 
+  // The scheduler's sink (its thread): metrics, then the event to the connection's strand.
   void OnEvent(size_t index, GenerationEvent event);
+  // On the strand.
+  void HandleEvent(size_t index, GenerationEvent event);
   // Locked helpers below.
   void Fail(const absl::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void CancelAll() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -85,6 +89,11 @@ class CompletionJob : public std::enable_shared_from_this<CompletionJob> {
   const Meta meta_;
   const ServingState* const state_;
   const std::function<void()> on_done_;
+
+  // The choices' clocks, read and written by their sinks only (the scheduler's thread).
+  std::vector<RequestTiming> timings_;
+  // Set once the response has ended: the sinks stop recording and posting.
+  std::atomic<bool> over_{false};
 
   absl::Mutex mu_;
   std::vector<Choice> choices_ ABSL_GUARDED_BY(mu_);

@@ -112,6 +112,7 @@ class Exchange final : public HttpExchange, public std::enable_shared_from_this<
                    std::vector<std::pair<std::string, std::string>> headers) override;
   void Send(std::string data) override;
   void End() override;
+  void Post(std::function<void()> work) override;
   void OnClientGone(std::function<void()> on_gone) override;
 
   // On the strand: the client went away while this exchange was open.
@@ -433,6 +434,11 @@ void Exchange::Send(std::string data) {
 
 void Exchange::End() {
   OnStrand([](Session& s) { s.EndStream(); });
+}
+
+void Exchange::Post(std::function<void()> work) {
+  if (session_.expired()) return;
+  asio::post(strand_, std::move(work));
 }
 
 void Exchange::OnClientGone(std::function<void()> on_gone) {

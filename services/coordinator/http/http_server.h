@@ -59,6 +59,11 @@ class HttpExchange {
   virtual void Send(std::string data) = 0;
   virtual void End() = 0;
 
+  // Runs `work` on this exchange's connection (its strand, on an I/O thread), after everything
+  // posted before it; dropped once the connection is gone. The scheduler's sinks hand their
+  // events over this way, so encoding never runs on the scheduler's thread.
+  virtual void Post(std::function<void()> work) = 0;
+
   // Runs `on_gone` once, on a server thread, if the client goes away (closes or resets its
   // connection) before the response ended; at once if it already has. Never after End or
   // Respond completed the response.

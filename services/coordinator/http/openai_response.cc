@@ -95,7 +95,8 @@ Json UsageJson(const GenerationUsage& u) {
             {"drafting_rounds", u.drafting_rounds},
             {"drafted_tokens", u.draft_tokens},
             {"accepted_tokens", u.accepted_tokens},
-            {"acceptance_rate", rate}}}};
+            {"acceptance_rate", rate},
+            {"accepted_per_position", u.accepted_per_position}}}};
 }
 
 Json TotalUsage(std::span<const GenerationUsage> choices, int64_t n) {
@@ -109,6 +110,12 @@ Json TotalUsage(std::span<const GenerationUsage> choices, int64_t n) {
     total.drafting_rounds += u.drafting_rounds;
     total.draft_tokens += u.draft_tokens;
     total.accepted_tokens += u.accepted_tokens;
+    if (total.accepted_per_position.size() < u.accepted_per_position.size()) {
+      total.accepted_per_position.resize(u.accepted_per_position.size(), 0);
+    }
+    for (size_t k = 0; k < u.accepted_per_position.size(); ++k) {
+      total.accepted_per_position[k] += u.accepted_per_position[k];
+    }
   }
   return UsageJson(total);
 }

@@ -44,8 +44,8 @@ Json CompletionLogprobs(std::span<const int32_t> tokens, std::span<const TokenLo
 Json ChatLogprobs(std::span<const int32_t> tokens, std::span<const TokenLogprobs> logprobs,
                   const TokenText& text, int32_t previous, int32_t top_n);
 
-// OpenAI's usage, plus "speculative": {rounds, drafted_tokens, accepted_tokens,
-// acceptance_rate}.
+// OpenAI's usage, plus "speculative": {rounds, drafting_rounds, drafted_tokens, accepted_tokens,
+// acceptance_rate, accepted_per_position}.
 Json UsageJson(const GenerationUsage& usage);
 // Several choices together: prompt tokens once per distinct prompt, the rest summed.
 Json TotalUsage(std::span<const GenerationUsage> choices, int64_t n);

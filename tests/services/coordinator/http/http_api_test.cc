@@ -14,6 +14,7 @@
 #include <signal.h>
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -265,6 +266,46 @@ TEST_F(HttpApiTest, GreedyTextEqualsTheGrpcApiTokenForToken) {
     EXPECT_EQ(want_chat.messages.back().usage().prompt_tokens(),
               whole.at(0).usage["prompt_tokens"].get<uint32_t>());
   }
+}
+
+TEST_F(HttpApiTest, EchoStopStringsAndUsageBehaveAsOpenAis) {
+  const Json base = {{"prompt", "The cat sat"},
+                     {"max_tokens", 20},
+                     {"temperature", 0},
+                     {"ignore_eos", true},
+                     {"return_token_ids", true}};
+  const Choice plain = ChoicesOf(Post("/v1/completions", base), false).at(0);
+  ASSERT_GE(plain.text.size(), 8u);
+  // echo puts the prompt before the completion, streamed or not.
+  Json echo = base;
+  echo["echo"] = true;
+  EXPECT_EQ(ChoicesOf(Post("/v1/completions", echo), false).at(0).text, "The cat sat" + plain.text);
+  echo["stream"] = true;
+  EXPECT_EQ(ChoicesOf(Stream("/v1/completions", echo), false).at(0).text,
+            "The cat sat" + plain.text);
+  // A stop string ends the text right before it, with finish_reason "stop".
+  // Three ASCII characters past the start (the synthetic model also writes byte tokens).
+  std::string stop;
+  for (size_t i = 2; i + 3 <= plain.text.size() && stop.empty(); ++i) {
+    const std::string candidate = plain.text.substr(i, 3);
+    if (std::all_of(candidate.begin(), candidate.end(),
+                    [](char c) { return c > ' ' && c < 127; })) {
+      stop = candidate;
+    }
+  }
+  ASSERT_FALSE(stop.empty()) << plain.text;
+  Json stopped = base;
+  stopped["stop"] = {stop, "never appears"};
+  const Choice cut = ChoicesOf(Post("/v1/completions", stopped), false).at(0);
+  EXPECT_EQ(cut.text, plain.text.substr(0, plain.text.find(stop)));
+  EXPECT_EQ(cut.finish_reason, "stop");
+  EXPECT_LT(cut.tokens.size(), plain.tokens.size());
+  // Usage: prompt + completion = total, and the speculative extension.
+  const Json& u = plain.usage;
+  EXPECT_EQ(u["completion_tokens"], 20);
+  EXPECT_EQ(u["prompt_tokens"].get<int>() + 20, u["total_tokens"].get<int>());
+  EXPECT_GT(u["speculative"]["rounds"].get<int>(), 0);
+  EXPECT_TRUE(u["speculative"]["acceptance_rate"].is_number());
 }
 
 TEST_F(HttpApiTest, ChatTemplateThatWritesBosGetsNoSecondBos) {

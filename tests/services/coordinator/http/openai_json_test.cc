@@ -223,8 +223,10 @@ TEST(OpenAiResponseTest, UsageCountsEachPromptOnceAndReportsSpeculation) {
   a.rounds = 4;
   a.draft_tokens = 12;
   a.accepted_tokens = 6;
+  a.accepted_per_position = {3, 2, 1};
   GenerationUsage b = a;
   b.completion_tokens = 8;
+  b.accepted_per_position = {4};
   const std::vector<GenerationUsage> both = {a, b};
   const Json total = TotalUsage(both, /*n=*/2);
   EXPECT_EQ(total["prompt_tokens"], 5);
@@ -233,6 +235,7 @@ TEST(OpenAiResponseTest, UsageCountsEachPromptOnceAndReportsSpeculation) {
   EXPECT_EQ(total["speculative"]["drafted_tokens"], 24);
   EXPECT_EQ(total["speculative"]["accepted_tokens"], 12);
   EXPECT_DOUBLE_EQ(total["speculative"]["acceptance_rate"].get<double>(), 0.5);
+  EXPECT_EQ(total["speculative"]["accepted_per_position"], Json::array({7, 2, 1}));
   EXPECT_EQ(TotalUsage(both, 1)["prompt_tokens"], 10);  // two prompts
 }
 
