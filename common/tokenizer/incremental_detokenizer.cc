@@ -80,10 +80,17 @@ absl::StatusOr<std::string> IncrementalDetokenizer::Push(std::span<const int32_t
 }
 
 absl::Status IncrementalDetokenizer::Skip(std::span<const int32_t> ids) {
-  SPECD_RETURN_IF_ERROR(Push(ids).status());
-  // What Push held back (a byte run at the end) is the reader's too.
-  if (read_offset_ != ids_.size()) SPECD_RETURN_IF_ERROR(Flush().status());
-  return absl::OkStatus();
+  // A byte-fallback run at the end stays out: it is the reader's text already, and decoded
+  // together with the first bytes that follow it, it could change (an invalid run turns every
+  // one of its bytes into U+FFFD) or be emitted again. The tokens before it are the context.
+  size_t keep = ids.size();
+  while (keep > 0) {
+    absl::StatusOr<std::string> piece = tokenizer_.IdToPiece(ids[keep - 1]);
+    if (!piece.ok()) return piece.status();
+    if (!tokenizer::ParseByteToken(*piece).has_value()) break;
+    --keep;
+  }
+  return Push(ids.first(keep)).status();
 }
 
 absl::StatusOr<std::string> IncrementalDetokenizer::Flush() {

@@ -68,6 +68,17 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* Refuse(grpc::Status status) {
 
 }  // namespace
 
+PromptEncoders ServingState::Encoders() const {
+  PromptEncoders e;
+  e.tokenizer = tokenizer;
+  if (tokenizer != nullptr && chat != nullptr) {
+    e.chat = [chat = chat, tokenizer = tokenizer](const nlohmann::ordered_json& messages) {
+      return chat->Encode(messages, *tokenizer);
+    };
+  }
+  return e;
+}
+
 // A counted Generate stream: its bookkeeping is undone when gRPC deletes it (OnDone), the one
 // point every stream passes however it ended (finished, failed, cancelled or ended by a drain).
 class GenerationService::GenerateReactor final : public QueuedWriteReactor<v1::GenerateResponse> {
@@ -238,8 +249,8 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* GenerationService::Generate(
     call->Close(std::move(st));
     return reactor;
   }
-  absl::StatusOr<GenerationRequest> req = BuildGenerationRequest(
-      *request, PromptEncoders{state->tokenizer, state->chat}, state->limits, RandomSeed());
+  absl::StatusOr<GenerationRequest> req =
+      BuildGenerationRequest(*request, state->Encoders(), state->limits, RandomSeed());
   if (!req.ok()) {
     if (metrics != nullptr) metrics->OnRequestError(req.status().code());
     call->Close(ToGrpcStatus(req.status()));

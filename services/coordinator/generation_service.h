@@ -28,8 +28,11 @@ namespace specd {
 // What the service needs once the workers are up; owned by the coordinator's main.
 struct ServingState {
   Scheduler* scheduler = nullptr;
-  const Tokenizer* tokenizer = nullptr;   // null for token-id-only models
-  const ChatPrompt* chat = nullptr;       // null: no chat input
+  const Tokenizer* tokenizer = nullptr;  // null for token-id-only models
+  const ChatPrompt* chat = nullptr;      // null: no chat input
+
+  // The prompt encoders of both APIs' requests (chat needs the tokenizer and the template).
+  PromptEncoders Encoders() const;
   CoordinatorMetrics* metrics = nullptr;  // null when /metrics is off
   ServerLimits limits;
   v1::GetServerInfoResponse info;  // also names the served model (served_model_name)

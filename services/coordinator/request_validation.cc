@@ -83,7 +83,7 @@ absl::StatusOr<GenerationRequest> BuildGenerationRequest(const v1::GenerateReque
       out.prompt.assign(request.token_ids().ids().begin(), request.token_ids().ids().end());
       break;
     case v1::GenerateRequest::kChat: {
-      if (encoders.chat == nullptr || tokenizer == nullptr) {
+      if (!encoders.chat) {
         return absl::FailedPreconditionError(
             "the served model has no tokenizer or chat template; send token_ids instead");
       }
@@ -102,7 +102,7 @@ absl::StatusOr<GenerationRequest> BuildGenerationRequest(const v1::GenerateReque
                        absl::StrCat("the conversation is ", bytes, " bytes, over the limit of ",
                                     limits.max_prompt_bytes));
       }
-      SPECD_ASSIGN_OR_RETURN(out.prompt, encoders.chat->Encode(messages, *tokenizer));
+      SPECD_ASSIGN_OR_RETURN(out.prompt, encoders.chat(messages));
       break;
     }
     case v1::GenerateRequest::PROMPT_NOT_SET:

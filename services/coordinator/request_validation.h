@@ -4,12 +4,14 @@
 #define SPECD_SERVICES_COORDINATOR_REQUEST_VALIDATION_H_
 
 #include <cstdint>
+#include <functional>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "common/tokenizer/tokenizer.h"
-#include "services/coordinator/chat_prompt.h"
+#include "nlohmann/json.hpp"
 #include "services/coordinator/scheduler.h"
 #include "specd/v1/generation.pb.h"
 
@@ -46,10 +48,11 @@ absl::Status FieldError(absl::string_view field, absl::string_view message,
 std::string FieldOf(const absl::Status& status);
 
 // What turns a request's prompt into tokens. `tokenizer` may be null for token-id-only models
-// (then text and chat prompts are refused); `chat` may be null (no chat input).
+// (then text prompts are refused); `chat` renders and encodes a conversation (an OpenAI-style
+// messages array; see ChatPrompt::Encode), and may be empty (then chat prompts are refused).
 struct PromptEncoders {
   const Tokenizer* tokenizer = nullptr;
-  const ChatPrompt* chat = nullptr;
+  std::function<absl::StatusOr<std::vector<int32_t>>(const nlohmann::ordered_json& messages)> chat;
 };
 
 // `random_seed` is used when the request has no seed. Errors are INVALID_ARGUMENT naming their

@@ -202,7 +202,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     return 0;  // the transport rejects what does not parse
   }
   const absl::StatusOr<specd::GenerationRequest> built = specd::BuildGenerationRequest(
-      request, specd::PromptEncoders{has_tokenizer ? &MiniTokenizer() : nullptr, nullptr}, limits,
+      request, specd::PromptEncoders{has_tokenizer ? &MiniTokenizer() : nullptr, {}}, limits,
       /*random_seed=*/12345);
   if (!built.ok()) {
     // FAILED_PRECONDITION: chat input, which this server (no chat template) cannot render.

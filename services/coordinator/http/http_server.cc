@@ -127,7 +127,6 @@ class Exchange final : public HttpExchange, public std::enable_shared_from_this<
   const HttpRequest request_;
   // Strand only.
   bool gone_ = false;
-  bool streaming_ = false;
   std::function<void()> on_gone_;
 };
 

@@ -129,7 +129,7 @@ void OpenAiApi::Handle(std::shared_ptr<HttpExchange> exchange) {
 
 absl::StatusOr<std::vector<CompletionJob::ChoiceInput>> OpenAiApi::BuildChoices(
     const OpenAiRequest& request, const ServingState& state) {
-  const PromptEncoders encoders{state.tokenizer, state.chat};
+  const PromptEncoders encoders = state.Encoders();
   const bool chat = request.endpoint == Endpoint::kChatCompletions;
   // How the HTTP API names the fields whose gRPC names differ.
   FieldNames names;

@@ -105,6 +105,19 @@ TEST(IncrementalDetokenizerTest, SkippedPromptIsNeverRepeated) {
   std::vector<int32_t> all = prompt;
   all.insert(all.end(), reply.begin(), reply.end());
   EXPECT_EQ(*tok->Decode(all), "the\n cat");
+
+  // The reply's first bytes do not join the prompt's run: decoded together, "/" and an invalid
+  // byte would both become U+FFFD, and the text would stall behind a changed prefix.
+  IncrementalDetokenizer next(*tok);
+  ASSERT_TRUE(next.Skip(std::vector<int32_t>{267, 3 + '/'}).ok());
+  std::string text;
+  for (const int32_t id : {3 + 0xC3, 267}) {
+    absl::StatusOr<std::string> piece = next.Push(std::span<const int32_t>(&id, 1));
+    ASSERT_TRUE(piece.ok()) << piece.status();
+    text += *piece;
+  }
+  text += *next.Flush();
+  EXPECT_EQ(text, R + " the");
 }
 
 TEST(IncrementalDetokenizerTest, ByteLevelCharacterSplitAcrossTokens) {

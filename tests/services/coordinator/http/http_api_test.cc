@@ -204,6 +204,12 @@ TEST_F(HttpApiTest, ModelsAndHealthAnswer) {
   ASSERT_EQ(j["data"].size(), 1u);
   EXPECT_EQ(j["data"][0]["id"], "tinymodel");  // the target directory's name
   EXPECT_EQ(j["data"][0]["max_model_len"], 512);
+  // The gRPC API describes the same server.
+  grpc::ClientContext ctx;
+  v1::GetServerInfoResponse info;
+  ASSERT_TRUE(serve_->stub().GetServerInfo(&ctx, {}, &info).ok());
+  EXPECT_EQ(info.served_model_name(), "tinymodel");
+  EXPECT_TRUE(info.has_chat_template());
 }
 
 TEST_F(HttpApiTest, GreedyTextEqualsTheGrpcApiTokenForToken) {
