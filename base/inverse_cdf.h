@@ -31,6 +31,7 @@ struct ProbRow {
   std::vector<int32_t> ids;
   std::vector<float> probs;
   bool dense() const { return ids.empty(); }
+  bool operator==(const ProbRow&) const = default;
 };
 
 // The support of a dense row: ids with a positive probability, ascending.

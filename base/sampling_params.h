@@ -18,6 +18,7 @@ struct SamplingParams {
   float frequency_penalty = 0.0f;   // [-2, 2]. Over output only.
 
   bool greedy() const { return temperature == 0.0f; }
+  bool operator==(const SamplingParams&) const = default;
 };
 
 // OK, or INVALID_ARGUMENT naming the first bad field and its value, e.g.

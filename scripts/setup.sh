@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 
 APT_PACKAGES=(
   build-essential cmake pkg-config git
-  libabsl-dev nlohmann-json3-dev libpcre2-dev
+  libabsl-dev nlohmann-json3-dev libpcre2-dev libssl-dev
   libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc prometheus-cpp-dev
   libboost-dev libssl-dev curl
   libgtest-dev libgmock-dev libbenchmark-dev

@@ -10,6 +10,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "base/utf8.h"
 
 namespace specd::chat {
 namespace {
@@ -144,49 +145,13 @@ size_t SignedDecimalPrefix(std::string_view s, double& value) {
 }  // namespace
 
 CodePoint DecodeUtf8(std::string_view text, size_t pos) {
-  const auto b0 = static_cast<unsigned char>(text[pos]);
-  if (b0 < 0x80) return {b0, 1};
-  size_t len = 0;
-  char32_t value = 0;
-  char32_t min = 0;
-  if ((b0 & 0xE0) == 0xC0) {
-    len = 2, value = b0 & 0x1F, min = 0x80;
-  } else if ((b0 & 0xF0) == 0xE0) {
-    len = 3, value = b0 & 0x0F, min = 0x800;
-  } else if ((b0 & 0xF8) == 0xF0) {
-    len = 4, value = b0 & 0x07, min = 0x10000;
-  } else {
-    return {kReplacement, 1};
-  }
-  if (pos + len > text.size()) return {kReplacement, 1};
-  for (size_t k = 1; k < len; ++k) {
-    const auto b = static_cast<unsigned char>(text[pos + k]);
-    if ((b & 0xC0) != 0x80) return {kReplacement, 1};
-    value = (value << 6) | (b & 0x3F);
-  }
-  if (value < min || value > 0x10FFFF || (value >= 0xD800 && value <= 0xDFFF)) {
-    return {kReplacement, 1};
-  }
-  return {value, len};
+  const size_t size = ValidUtf8SequenceLength(text, pos);
+  if (size == 0) return {kReplacement, 1};
+  size_t next = pos;
+  return {::specd::DecodeUtf8(text, &next), size};
 }
 
-void AppendUtf8(char32_t c, std::string& out) {
-  if (c < 0x80) {
-    out.push_back(static_cast<char>(c));
-  } else if (c < 0x800) {
-    out.push_back(static_cast<char>(0xC0 | (c >> 6)));
-    out.push_back(static_cast<char>(0x80 | (c & 0x3F)));
-  } else if (c < 0x10000) {
-    out.push_back(static_cast<char>(0xE0 | (c >> 12)));
-    out.push_back(static_cast<char>(0x80 | ((c >> 6) & 0x3F)));
-    out.push_back(static_cast<char>(0x80 | (c & 0x3F)));
-  } else {
-    out.push_back(static_cast<char>(0xF0 | (c >> 18)));
-    out.push_back(static_cast<char>(0x80 | ((c >> 12) & 0x3F)));
-    out.push_back(static_cast<char>(0x80 | ((c >> 6) & 0x3F)));
-    out.push_back(static_cast<char>(0x80 | (c & 0x3F)));
-  }
-}
+void AppendUtf8(char32_t c, std::string& out) { ::specd::AppendUtf8(c, &out); }
 
 std::vector<std::string_view> SplitCodePoints(std::string_view text) {
   std::vector<std::string_view> out;

@@ -10,6 +10,8 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "base/inverse_cdf.h"
 #include "base/sampling_params.h"
 
 namespace specd {
@@ -17,12 +19,12 @@ namespace specd {
 // A sequence's id, chosen by the coordinator and unique among the sequences a worker holds.
 using SeqId = uint64_t;
 
-enum class DraftMode { kProbabilistic, kGreedy };
+enum class DraftSampling { kProbabilistic, kGreedy };
 
 // Whole-call limits: a request over them is malformed, not merely expensive.
-inline constexpr int32_t kMaxDraftTokens = 64;  // K
-inline constexpr int32_t kMaxCandidates = 64;   // M
-inline constexpr int32_t kMaxLogprobs = 20;     // top-N alternatives per position (OpenAI's cap)
+inline constexpr int32_t kMaxSpeculativeTokens = 64;  // K
+inline constexpr int32_t kMaxCandidates = 64;         // M
+inline constexpr int32_t kMaxLogprobs = 20;           // top-N alternatives (OpenAI's cap)
 
 // What every per-sequence request carries.
 struct SequenceRequest {
@@ -38,23 +40,27 @@ struct SequenceRequest {
   // The completion number of a request that asks for several: the `sample` field of every
   // Philox counter the sequence draws from, so completions of one seed are independent.
   uint32_t sample = 0;
+  bool operator==(const SequenceRequest&) const = default;
 };
 
 struct DraftSequenceRequest : SequenceRequest {
-  int32_t num_draft_tokens = 1;  // K in [1, kMaxDraftTokens]
-  DraftMode mode = DraftMode::kProbabilistic;
+  int32_t num_speculative_tokens = 1;  // K in [1, kMaxSpeculativeTokens]
+  DraftSampling draft_sampling = DraftSampling::kProbabilistic;
+  bool operator==(const DraftSequenceRequest&) const = default;
 };
 
 struct DraftToken {
   SeqId seq = 0;
   int32_t token = 0;
   float q_prob = 0.0f;  // q_k(t_k)
+  bool operator==(const DraftToken&) const = default;
 };
 
 struct SequenceOutcome {
   SeqId seq = 0;
   absl::Status status;
   int64_t cached_len = 0;
+  bool operator==(const SequenceOutcome&) const = default;
 };
 
 // One draft step as the Draft call reports it. Every sequence of the call is in exactly one
@@ -82,12 +88,14 @@ enum class LogprobsMode {
 struct LogprobsRequest {
   LogprobsMode mode = LogprobsMode::kOff;
   int32_t top_n = 0;  // [0, kMaxLogprobs]
+  bool operator==(const LogprobsRequest&) const = default;
 };
 
 struct VerifySequenceRequest : SequenceRequest {
   std::vector<int32_t> drafts;  // t_1..t_K; K = 0 is plain decoding
   int32_t num_candidates = 0;   // M in [0, kMaxCandidates]
   LogprobsRequest logprobs;
+  bool operator==(const VerifySequenceRequest&) const = default;
 };
 
 // One verified position's log-probabilities. The worker cannot know which positions the
@@ -100,6 +108,7 @@ struct PositionLogprobs {
   std::vector<float> top_logprobs;
   std::vector<int32_t> token_ids;  // distinct
   std::vector<float> token_logprobs;
+  bool operator==(const PositionLogprobs&) const = default;
 };
 
 struct VerifySequenceResult {
@@ -114,11 +123,57 @@ struct VerifySequenceResult {
   int64_t cached_len = 0;
   int64_t forward_ns = 0;  // the batch's forward pass; 0 when the sequence failed before it
   std::vector<PositionLogprobs> logprobs;  // [K+1] when asked
+  bool operator==(const VerifySequenceResult&) const = default;
+};
+
+// A worker's free KV capacity, reported with every reply about a sequence (the coordinator
+// admits new requests against it).
+struct KvFree {
+  int64_t blocks = 0;
+  int64_t tokens = 0;
+  bool operator==(const KvFree&) const = default;
+};
+
+struct TruncateSequenceRequest {
+  SeqId seq = 0;
+  int64_t new_len = 0;  // keep min(cached_len, new_len) tokens
+  // The 1-based step of the kept row whose probabilities of `query_tokens` are wanted before
+  // truncating (q_r(y) for the residual candidates); 0 asks nothing.
+  int32_t query_step = 0;
+  std::vector<int32_t> query_tokens;
+  bool operator==(const TruncateSequenceRequest&) const = default;
 };
 
 struct TruncateResult {
   int64_t cached_len = 0;
   std::vector<float> q_probs;  // answers to the query tokens
+  bool operator==(const TruncateResult&) const = default;
+};
+
+// Which kept row ReadRows returns: the 1-based draft step, or the verify position 1..K+1.
+struct RowQuery {
+  SeqId seq = 0;
+  int32_t step = 0;
+  bool operator==(const RowQuery&) const = default;
+};
+
+// The log-probabilities of `tokens` at verify position `step` (1-based) of a sequence's last
+// Verify, in the LogprobsMode it asked for: the residual fallback's token, which that Verify
+// could not know.
+struct LogprobQuery {
+  SeqId seq = 0;
+  int32_t step = 0;
+  std::vector<int32_t> tokens;
+  bool operator==(const LogprobQuery&) const = default;
+};
+
+// One sequence's answer in a batched call (Truncate, ReadRows, QueryLogprobs): a failed sequence
+// does not fail the others.
+template <typename T>
+struct SequenceAnswer {
+  SeqId seq = 0;
+  absl::StatusOr<T> value;
+  bool operator==(const SequenceAnswer&) const = default;
 };
 
 }  // namespace specd

@@ -8,6 +8,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "base/math.h"
 #include "base/status_macros.h"
 #include "common/model/checkpoint.h"
 #include "common/model/safetensors_writer.h"
@@ -182,8 +183,7 @@ absl::Status WriteShards(const std::vector<Plan>& plan, const std::vector<int64_
   int64_t total = 0;
   for (const int64_t b : sizes) total += b;
   const int64_t target = std::min(
-      kMaxShardBytes,
-      requested_shards > 1 ? (total + requested_shards - 1) / requested_shards : kMaxShardBytes);
+      kMaxShardBytes, requested_shards > 1 ? CeilDiv(total, requested_shards) : kMaxShardBytes);
   std::vector<std::vector<size_t>> shards(1);
   int64_t cur = 0;
   for (size_t i = 0; i < plan.size(); ++i) {

@@ -1,12 +1,13 @@
-// SHA-256 (FIPS 180-4), used for the tokenizer fingerprint: stable across processes, builds and
-// machines, which std::hash and absl::Hash are not.
+// SHA-256 for the tokenizer fingerprint: stable across processes, builds and machines, which
+// std::hash and absl::Hash are not. OpenSSL's libcrypto computes it (gRPC links it already).
 #ifndef SPECD_COMMON_TOKENIZER_SHA256_H_
 #define SPECD_COMMON_TOKENIZER_SHA256_H_
 
-#include <array>
-#include <cstdint>
+#include <memory>
 #include <string>
 #include <string_view>
+
+struct evp_md_ctx_st;
 
 namespace specd::tokenizer {
 
@@ -18,12 +19,10 @@ class Sha256 {
   std::string HexDigest();
 
  private:
-  void Compress(const uint8_t* block);
-
-  std::array<uint32_t, 8> state_;
-  std::array<uint8_t, 64> buffer_;
-  size_t buffered_ = 0;
-  uint64_t total_bytes_ = 0;
+  struct CtxDeleter {
+    void operator()(evp_md_ctx_st* ctx) const;
+  };
+  std::unique_ptr<evp_md_ctx_st, CtxDeleter> ctx_;
 };
 
 }  // namespace specd::tokenizer

@@ -230,15 +230,16 @@ std::vector<SequenceOutcome> WorkerRuntime::Draft(
     const DraftSequenceRequest& req = batch[i];
     outcomes[i].seq = req.seq;
     absl::Status st = CheckUnique(req.seq, &seen);
-    if (st.ok() && (req.num_draft_tokens < 1 || req.num_draft_tokens > kMaxDraftTokens)) {
+    if (st.ok() &&
+        (req.num_speculative_tokens < 1 || req.num_speculative_tokens > kMaxSpeculativeTokens)) {
       st = absl::InvalidArgumentError(
-          absl::StrCat("sequence ", req.seq, ": num_draft_tokens must be in [1, ", kMaxDraftTokens,
-                       "], got ", req.num_draft_tokens));
+          absl::StrCat("sequence ", req.seq, ": num_speculative_tokens must be in [1, ",
+                       kMaxSpeculativeTokens, "], got ", req.num_speculative_tokens));
     }
     // The last draft token is sampled but never fed, hence K - 1.
     if (st.ok()) {
-      st =
-          Admit(req, static_cast<int64_t>(req.catch_up.size()) + req.num_draft_tokens - 1, &budget);
+      st = Admit(req, static_cast<int64_t>(req.catch_up.size()) + req.num_speculative_tokens - 1,
+                 &budget);
     }
     if (st.ok()) {
       active.push_back(i);
@@ -294,7 +295,7 @@ std::vector<SequenceOutcome> WorkerRuntime::Draft(
             // processed row's argmax. A point mass is exact as long as the same row samples t,
             // reports q(t) and answers q(y) (DESIGN.md, "The processed distribution").
             const kernels::RowMode mode = req.sampling.greedy() ? kernels::RowMode::kGreedy
-                                          : req.mode == DraftMode::kGreedy
+                                          : req.draft_sampling == DraftSampling::kGreedy
                                               ? kernels::RowMode::kArgmaxOfProcessed
                                               : kernels::RowMode::kSample;
             AddKeptRow(s, s.tokens.size(), req.sampling, mode, slots[b]);
@@ -336,7 +337,8 @@ std::vector<SequenceOutcome> WorkerRuntime::Draft(
     }
     active.erase(std::remove_if(active.begin(), active.end(),
                                 [&](size_t i) {
-                                  return !outcomes[i].status.ok() || batch[i].num_draft_tokens == k;
+                                  return !outcomes[i].status.ok() ||
+                                         batch[i].num_speculative_tokens == k;
                                 }),
                  active.end());
     if (active.empty()) break;  // the final report below carries this step
@@ -391,9 +393,9 @@ std::vector<VerifySequenceResult> WorkerRuntime::Verify(
                                                    ": logprobs top_n must be in [0, ", kMaxLogprobs,
                                                    "], got ", req.logprobs.top_n));
     }
-    if (st.ok() && req.drafts.size() > static_cast<size_t>(kMaxDraftTokens)) {
+    if (st.ok() && req.drafts.size() > static_cast<size_t>(kMaxSpeculativeTokens)) {
       st = absl::InvalidArgumentError(absl::StrCat("sequence ", req.seq, ": ", req.drafts.size(),
-                                                   " draft tokens, at most ", kMaxDraftTokens,
+                                                   " draft tokens, at most ", kMaxSpeculativeTokens,
                                                    " allowed"));
     }
     for (size_t k = 0; st.ok() && k < req.drafts.size(); ++k) {
@@ -708,6 +710,11 @@ absl::StatusOr<TruncateResult> WorkerRuntime::Truncate(SeqId seq, int64_t new_le
   ReportKv();
   result.cached_len = static_cast<int64_t>(s.tokens.size());
   return result;
+}
+
+KvFree WorkerRuntime::kv_free() const {
+  const KvPool& kv = engine_->kv();
+  return KvFree{kv.free_blocks(), kv.free_blocks() * kv.block_size()};
 }
 
 absl::StatusOr<ProbRow> WorkerRuntime::ReadRow(SeqId seq, int32_t step) {

@@ -86,6 +86,9 @@ class WorkerRuntime {
   // NOT_FOUND for an unknown sequence.
   absl::StatusOr<int64_t> CachedLength(SeqId seq) const;
 
+  // Free KV capacity, as every reply about a sequence reports it.
+  KvFree kv_free() const;
+
   const LlamaEngine& engine() const { return *engine_; }
   int64_t num_sequences() const { return static_cast<int64_t>(seqs_.size()); }
 

@@ -12,6 +12,7 @@
 #include "absl/memory/memory.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "base/math.h"
 #include "base/status_macros.h"
 #include "kernels/cpu/cpu_isa.h"
 #include "kernels/cpu/thread_pool.h"
@@ -27,7 +28,7 @@ constexpr int kRuns = 5;
 std::atomic<uint64_t> g_read_sink{0};
 
 int64_t ChunkCount(size_t bytes) {
-  return static_cast<int64_t>((bytes + kChunkBytes - 1) / kChunkBytes);
+  return CeilDiv(static_cast<int64_t>(bytes), static_cast<int64_t>(kChunkBytes));
 }
 
 }  // namespace

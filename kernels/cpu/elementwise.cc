@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "base/math.h"
 #include "base/status_macros.h"
 #include "kernels/cpu/validate.h"
 #include "kernels/dtype.h"
@@ -16,7 +17,7 @@ namespace {
 // Below this many elements per chunk, waking other threads costs more than it saves.
 constexpr int64_t kMinElementsPerChunk = 32 * 1024;
 
-int64_t RowGrain(int64_t dim) { return (kMinElementsPerChunk + dim - 1) / dim; }
+int64_t RowGrain(int64_t dim) { return CeilDiv(kMinElementsPerChunk, dim); }
 
 }  // namespace
 

@@ -4,6 +4,7 @@
 #include <cstdint>
 
 #include "absl/strings/string_view.h"
+#include "base/math.h"
 #include "base/status_macros.h"
 #include "kernels/cpu/validate.h"
 
@@ -21,10 +22,10 @@ constexpr int64_t kChunksPerThread = 4;
 constexpr int64_t kRowAlign = 16;
 
 int64_t RowGrain(int64_t rows, int64_t cols, int64_t n_tokens, int threads) {
-  const int64_t balanced = (rows + threads * kChunksPerThread - 1) / (threads * kChunksPerThread);
-  const int64_t min_rows = (kMinMacsPerChunk + cols * n_tokens - 1) / (cols * n_tokens);
+  const int64_t balanced = CeilDiv(rows, threads * kChunksPerThread);
+  const int64_t min_rows = CeilDiv(kMinMacsPerChunk, cols * n_tokens);
   const int64_t grain = std::max(balanced, min_rows);
-  return (grain + kRowAlign - 1) / kRowAlign * kRowAlign;
+  return RoundUpTo(grain, kRowAlign);
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 #include <cstdint>
 
 #include "absl/strings/string_view.h"
+#include "base/math.h"
 #include "base/status_macros.h"
 #include "kernels/cpu/validate.h"
 
@@ -39,7 +40,7 @@ absl::Status CpuRmsNorm(const RmsNormArgs& args, const CpuContext& ctx) {
       for (int64_t i = 0; i < dim; ++i) y[i] = (x[i] * r) * args.weight[i];
     }
   };
-  const int64_t grain = (kMinElementsPerChunk + dim - 1) / dim;
+  const int64_t grain = CeilDiv(kMinElementsPerChunk, dim);
   ctx.pool->ParallelFor(args.n_tokens, grain, rows);
   return absl::OkStatus();
 }

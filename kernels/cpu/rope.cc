@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "base/math.h"
 #include "base/status_macros.h"
 #include "kernels/cpu/validate.h"
 
@@ -58,7 +59,7 @@ absl::Status CpuRope(const RopeArgs& args, const CpuContext& ctx) {
       }
     }
   };
-  const int64_t grain = (kMinElementsPerChunk + width - 1) / width;
+  const int64_t grain = CeilDiv(kMinElementsPerChunk, width);
   ctx.pool->ParallelFor(args.n_tokens, grain, tokens);
   return absl::OkStatus();
 }

@@ -10,6 +10,7 @@
 #include "absl/memory/memory.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "base/math.h"
 
 namespace specd::kernels::cpu {
 namespace {
@@ -133,8 +134,8 @@ void ThreadPool::ParallelFor(int64_t n, int64_t grain,
                              absl::FunctionRef<void(int64_t, int64_t)> fn) {
   if (n <= 0) return;
   grain = std::max<int64_t>(grain, 1);
-  if ((n - 1) / grain + 1 > kMaxChunks) grain = (n - 1) / kMaxChunks + 1;
-  const int64_t chunks = (n - 1) / grain + 1;
+  if (CeilDiv(n, grain) > kMaxChunks) grain = CeilDiv(n, kMaxChunks);
+  const int64_t chunks = CeilDiv(n, grain);
   if (workers_.empty() || chunks == 1 || tls_running_pool == this) {
     for (int64_t begin = 0; begin < n; begin += grain) fn(begin, std::min(n, begin + grain));
     return;

@@ -19,6 +19,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "base/flags.h"
 #include "base/status_macros.h"
 #include "common/engine/llama_engine.h"
 #include "common/model/config.h"
@@ -26,7 +27,6 @@
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "services/common/engine_thread.h"
-#include "services/common/flags.h"
 #include "services/common/worker_metrics.h"
 
 namespace specd {
@@ -37,7 +37,7 @@ namespace pb = ::specd::worker::v1;
 std::vector<FlagSpec> WorkerFlags() {
   return {
       {"listen", "gRPC address host:port; port 0 picks a free one", "127.0.0.1:0"},
-      {"model", "model directory (Hugging Face format)", "", true},
+      {"model", "model directory (Hugging Face format)", "", false, true},
       {"exit-layer", "run only the first L layers (early-exit self-speculation draft); 0 = all",
        "0"},
       {"kv-tokens", "KV cache capacity in tokens, across all sequences", "16384"},
@@ -110,6 +110,9 @@ absl::StatusOr<pb::InfoResponse> StaticInfo(const WorkerMainSpec& spec, const Wo
   const std::filesystem::path dir = std::filesystem::weakly_canonical(config.model);
   info.set_model_name(dir.filename().string());
   info.set_model_config_json(ModelConfigToJson(engine.config()));
+  info.set_num_layers(static_cast<int32_t>(engine.config().num_layers));
+  info.mutable_eos_token_ids()->Add(engine.config().eos_token_ids.begin(),
+                                    engine.config().eos_token_ids.end());
   info.set_vocab_size(engine.config().vocab_size);
   info.set_kv_block_size(engine.kv().block_size());
   info.set_kv_total_blocks(engine.kv().total_blocks());
@@ -119,7 +122,7 @@ absl::StatusOr<pb::InfoResponse> StaticInfo(const WorkerMainSpec& spec, const Wo
   info.set_num_threads(engine.backend().num_threads());
   info.set_backend(std::string(engine.backend().name()));
   info.set_prefill_chunk_tokens(config.runtime.prefill_chunk);
-  info.set_max_draft_tokens(kMaxDraftTokens);
+  info.set_max_speculative_tokens(kMaxSpeculativeTokens);
   info.set_max_candidates(kMaxCandidates);
   info.set_kv_dtype(std::string(kernels::KvDTypeFlagName(engine.kv_dtype())));
   info.set_kv_bytes_per_token(engine.kv_bytes_per_token());

@@ -3,7 +3,7 @@
 #include <utility>
 
 #include "services/common/grpc_status.h"
-#include "services/common/worker_convert.h"
+#include "services/common/worker_codec.h"
 
 namespace specd {
 
@@ -12,7 +12,7 @@ grpc::ServerUnaryReactor* WorkerRpcs::Info(grpc::CallbackServerContext* context,
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   engine_->Post([this, reactor, response](WorkerRuntime& runtime) {
     *response = info_;
-    response->set_kv_free_blocks(runtime.engine().kv().free_blocks());
+    response->set_kv_free_blocks(runtime.kv_free().blocks);
     reactor->Finish(grpc::Status::OK);
   });
   return reactor;
@@ -22,16 +22,17 @@ grpc::ServerUnaryReactor* WorkerRpcs::Truncate(grpc::CallbackServerContext* cont
                                                const worker::v1::TruncateRequest* request,
                                                worker::v1::TruncateResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  if (const absl::Status st = codec::Validate(*request); !st.ok()) {
+    reactor->Finish(ToGrpcStatus(st));
+    return reactor;
+  }
   engine_->Post([reactor, request, response](WorkerRuntime& runtime) {
-    const std::span<const int32_t> queries(request->query_tokens().data(),
-                                           static_cast<size_t>(request->query_tokens_size()));
-    absl::StatusOr<TruncateResult> result =
-        runtime.Truncate(request->seq_id(), request->new_len(), request->query_step(), queries);
-    if (result.ok()) {
-      CacheStateToProto(result->cached_len, runtime.engine().kv(), response->mutable_cache());
-      response->mutable_q_probs()->Assign(result->q_probs.begin(), result->q_probs.end());
+    for (const TruncateSequenceRequest& r : codec::Decode(*request)) {
+      const SequenceAnswer<TruncateResult> answer{
+          r.seq, runtime.Truncate(r.seq, r.new_len, r.query_step, r.query_tokens)};
+      codec::Encode(answer, runtime.kv_free(), response->add_results());
     }
-    reactor->Finish(ToGrpcStatus(result.status()));
+    reactor->Finish(grpc::Status::OK);
   });
   return reactor;
 }
@@ -40,16 +41,17 @@ grpc::ServerUnaryReactor* WorkerRpcs::ReadRows(grpc::CallbackServerContext* cont
                                                const worker::v1::ReadRowsRequest* request,
                                                worker::v1::ReadRowsResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  if (const absl::Status st = codec::Validate(*request); !st.ok()) {
+    reactor->Finish(ToGrpcStatus(st));
+    return reactor;
+  }
   engine_->Post([reactor, request, response](WorkerRuntime& runtime) {
-    absl::StatusOr<ProbRow> kept = runtime.ReadRow(request->seq_id(), request->step());
-    if (kept.ok()) {
-      response->set_dense(kept->dense());
-      response->mutable_ids()->Assign(kept->ids.begin(), kept->ids.end());
-      response->mutable_probs()->Assign(kept->probs.begin(), kept->probs.end());
-      CacheStateToProto(*runtime.CachedLength(request->seq_id()), runtime.engine().kv(),
-                        response->mutable_cache());
+    for (const RowQuery& q : codec::Decode(*request)) {
+      const SequenceAnswer<ProbRow> answer{q.seq, runtime.ReadRow(q.seq, q.step)};
+      const absl::StatusOr<int64_t> cached = runtime.CachedLength(q.seq);
+      codec::Encode(answer, cached.value_or(0), runtime.kv_free(), response->add_rows());
     }
-    reactor->Finish(ToGrpcStatus(kept.status()));
+    reactor->Finish(grpc::Status::OK);
   });
   return reactor;
 }
@@ -58,13 +60,16 @@ grpc::ServerUnaryReactor* WorkerRpcs::QueryLogprobs(grpc::CallbackServerContext*
                                                     const worker::v1::QueryLogprobsRequest* request,
                                                     worker::v1::QueryLogprobsResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  if (const absl::Status st = codec::Validate(*request); !st.ok()) {
+    reactor->Finish(ToGrpcStatus(st));
+    return reactor;
+  }
   engine_->Post([reactor, request, response](WorkerRuntime& runtime) {
-    const std::span<const int32_t> tokens(request->tokens().data(),
-                                          static_cast<size_t>(request->tokens_size()));
-    absl::StatusOr<std::vector<float>> lps =
-        runtime.QueryLogprobs(request->seq_id(), request->step(), tokens);
-    if (lps.ok()) response->mutable_logprobs()->Assign(lps->begin(), lps->end());
-    reactor->Finish(ToGrpcStatus(lps.status()));
+    for (const LogprobQuery& q : codec::Decode(*request)) {
+      codec::Encode({q.seq, runtime.QueryLogprobs(q.seq, q.step, q.tokens)},
+                    response->add_answers());
+    }
+    reactor->Finish(grpc::Status::OK);
   });
   return reactor;
 }
@@ -76,8 +81,8 @@ grpc::ServerUnaryReactor* WorkerRpcs::Release(grpc::CallbackServerContext* conte
   engine_->Post([reactor, request, response](WorkerRuntime& runtime) {
     const absl::Status status = runtime.Release(request->seq_id());
     if (status.ok()) {
-      response->set_free_kv_blocks(runtime.engine().kv().free_blocks());
-      CacheStateToProto(0, runtime.engine().kv(), response->mutable_cache());
+      response->set_free_kv_blocks(runtime.kv_free().blocks);
+      codec::Encode(0, runtime.kv_free(), response->mutable_cache());
     }
     reactor->Finish(ToGrpcStatus(status));
   });

@@ -1,10 +1,13 @@
-// The unary RPCs of the workers (Info, Truncate, ReadRows, Release; QueryLogprobs on the target):
-// each hands its work to the engine thread and returns at once; the job finishes the call.
+// The unary RPCs both workers share (Info, Truncate, ReadRows, Release), and the target's
+// QueryLogprobs: each hands its work to the engine thread and returns at once; the job finishes
+// the call. WorkerServiceBase serves the shared ones for either worker's gRPC service, which adds
+// only its own calls (Draft, or Verify and QueryLogprobs).
 #ifndef SPECD_SERVICES_COMMON_WORKER_RPCS_H_
 #define SPECD_SERVICES_COMMON_WORKER_RPCS_H_
 
 #include "grpcpp/grpcpp.h"
 #include "services/common/engine_thread.h"
+#include "specd/worker/v1/worker.grpc.pb.h"
 #include "specd/worker/v1/worker.pb.h"
 
 namespace specd {
@@ -35,6 +38,40 @@ class WorkerRpcs {
  private:
   EngineThread* engine_;  // not owned
   const worker::v1::InfoResponse info_;
+};
+
+// `Service` is worker::v1::DraftWorker or worker::v1::TargetWorker.
+template <typename Service>
+class WorkerServiceBase : public Service::CallbackService {
+ public:
+  explicit WorkerServiceBase(WorkerRpcs* rpcs) : rpcs_(rpcs) {}
+
+  grpc::ServerUnaryReactor* Info(grpc::CallbackServerContext* context,
+                                 const worker::v1::InfoRequest* /*request*/,
+                                 worker::v1::InfoResponse* response) override {
+    return rpcs_->Info(context, response);
+  }
+  grpc::ServerUnaryReactor* Truncate(grpc::CallbackServerContext* context,
+                                     const worker::v1::TruncateRequest* request,
+                                     worker::v1::TruncateResponse* response) override {
+    return rpcs_->Truncate(context, request, response);
+  }
+  grpc::ServerUnaryReactor* ReadRows(grpc::CallbackServerContext* context,
+                                     const worker::v1::ReadRowsRequest* request,
+                                     worker::v1::ReadRowsResponse* response) override {
+    return rpcs_->ReadRows(context, request, response);
+  }
+  grpc::ServerUnaryReactor* Release(grpc::CallbackServerContext* context,
+                                    const worker::v1::ReleaseRequest* request,
+                                    worker::v1::ReleaseResponse* response) override {
+    return rpcs_->Release(context, request, response);
+  }
+
+ protected:
+  WorkerRpcs& rpcs() { return *rpcs_; }
+
+ private:
+  WorkerRpcs* rpcs_;  // not owned
 };
 
 }  // namespace specd

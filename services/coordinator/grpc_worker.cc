@@ -7,39 +7,12 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "services/common/grpc_status.h"
+#include "services/common/worker_codec.h"
 
 namespace specd {
 namespace {
 
 namespace pb = worker::v1;
-
-void SamplingToProto(const SamplingParams& p, pb::SamplingParams* out) {
-  out->set_temperature(p.temperature);
-  out->set_top_k(p.top_k);
-  out->set_top_p(p.top_p);
-  out->set_min_p(p.min_p);
-  out->set_repetition_penalty(p.repetition_penalty);
-  out->set_presence_penalty(p.presence_penalty);
-  out->set_frequency_penalty(p.frequency_penalty);
-}
-
-// The fields every DraftSequence and VerifySequence carries (worker_convert's FillSequence reads
-// them back on the worker).
-template <typename ProtoSequence>
-void SequenceToProto(const SequenceRequest& r, ProtoSequence* s) {
-  s->set_seq_id(r.seq);
-  s->mutable_catch_up_tokens()->Add(r.catch_up.begin(), r.catch_up.end());
-  s->set_expected_cached_len(r.expected_cached_len);
-  SamplingToProto(r.sampling, s->mutable_sampling());
-  s->set_seed(r.seed);
-  s->set_prompt_len(r.prompt_len);
-  s->set_drop_tail(r.drop_tail);
-  s->set_sample(r.sample);
-}
-
-absl::Status StatusFromProto(const pb::SequenceStatus& s) {
-  return absl::Status(static_cast<absl::StatusCode>(s.code()), s.message());
-}
 
 }  // namespace
 
@@ -154,51 +127,30 @@ absl::StatusOr<std::vector<SequenceOutcome>> GrpcWorker::Draft(
   if (draft_stub_ == nullptr) return absl::FailedPreconditionError(name_ + " cannot Draft");
   pb::DraftRequest req;
   for (const DraftSequenceRequest& r : batch) {
-    pb::DraftSequence* s = req.add_sequences();
-    SequenceToProto(r, s);
-    s->set_num_draft_tokens(r.num_draft_tokens);
-    s->set_mode(r.mode == DraftMode::kGreedy ? pb::DRAFT_MODE_GREEDY
-                                             : pb::DRAFT_MODE_PROBABILISTIC);
+    codec::Encode(r, req.add_sequences());
   }
+  pb::DraftResponse resp;
   grpc::ClientContext ctx;
   SetDeadline(&ctx);
   const absl::Time start = absl::Now();
-  size_t response_bytes = 0;
-  std::unique_ptr<grpc::ClientReader<pb::DraftResponse>> reader = draft_stub_->Draft(&ctx, req);
+  const grpc::Status st = draft_stub_->Draft(&ctx, req, &resp);
+  RecordRpc(start, req.ByteSizeLong(), resp.ByteSizeLong());
+  if (absl::Status s = Check(st, "Draft"); !s.ok()) return s;
   absl::flat_hash_map<uint64_t, SequenceOutcome> outcomes;
   for (const DraftSequenceRequest& r : batch) outcomes[r.seq].seq = r.seq;
-  pb::DraftResponse msg;
-  std::vector<DraftToken> tokens;
-  std::vector<SequenceOutcome> failed;
-  while (reader->Read(&msg)) {
-    response_bytes += msg.ByteSizeLong();
-    tokens.clear();
-    failed.clear();
-    for (const pb::DraftToken& t : msg.tokens()) {
-      if (t.has_status() && t.status().code() != 0) {
-        SequenceOutcome& o = outcomes[t.seq_id()];
-        o.status = StatusFromProto(t.status());
-        failed.push_back(o);
-        continue;
-      }
-      tokens.push_back({t.seq_id(), t.token(), t.q_prob()});
-    }
-    for (const pb::CacheStateEntry& c : msg.cache()) {
-      outcomes[c.seq_id()].cached_len = c.state().cached_len();
-      free_kv_tokens_ = c.state().free_kv_tokens();
-    }
+  for (const codec::DecodedDraftStep& decoded : codec::Decode(resp)) {
+    for (const SequenceOutcome& f : decoded.failed) outcomes[f.seq].status = f.status;
+    for (const SequenceOutcome& o : decoded.outcomes) outcomes[o.seq].cached_len = o.cached_len;
+    if (decoded.has_free) free_kv_tokens_ = decoded.free.tokens;
     if (on_step) {
       DraftStep step;
-      step.step = msg.step();
-      step.tokens = tokens;
-      step.failed = failed;
-      step.forward_ns = msg.forward_ns();
+      step.step = decoded.step;
+      step.tokens = decoded.tokens;
+      step.failed = decoded.failed;
+      step.forward_ns = decoded.forward_ns;
       on_step(step);
     }
   }
-  const grpc::Status finished = reader->Finish();
-  RecordRpc(start, req.ByteSizeLong(), response_bytes);
-  if (absl::Status st = Check(finished, "Draft"); !st.ok()) return st;
   std::vector<SequenceOutcome> out;
   for (const DraftSequenceRequest& r : batch) out.push_back(outcomes[r.seq]);
   return out;
@@ -209,53 +161,20 @@ absl::StatusOr<std::vector<VerifySequenceResult>> GrpcWorker::Verify(
   if (target_stub_ == nullptr) return absl::FailedPreconditionError(name_ + " cannot Verify");
   pb::VerifyRequest req;
   for (const VerifySequenceRequest& r : batch) {
-    pb::VerifySequence* s = req.add_sequences();
-    SequenceToProto(r, s);
-    s->mutable_draft_tokens()->Add(r.drafts.begin(), r.drafts.end());
-    s->set_num_candidates(r.num_candidates);
-    if (r.logprobs.mode != LogprobsMode::kOff) {
-      s->mutable_logprobs()->set_mode(r.logprobs.mode == LogprobsMode::kRaw
-                                          ? pb::LOGPROBS_MODE_RAW
-                                          : pb::LOGPROBS_MODE_PROCESSED);
-      s->mutable_logprobs()->set_top_n(r.logprobs.top_n);
-    }
+    codec::Encode(r, req.add_sequences());
   }
+  pb::VerifyResponse resp;
   grpc::ClientContext ctx;
   SetDeadline(&ctx);
   const absl::Time start = absl::Now();
-  size_t response_bytes = 0;
-  std::unique_ptr<grpc::ClientReader<pb::VerifyResponse>> reader = target_stub_->Verify(&ctx, req);
+  const grpc::Status st = target_stub_->Verify(&ctx, req, &resp);
+  RecordRpc(start, req.ByteSizeLong(), resp.ByteSizeLong());
+  if (absl::Status s = Check(st, "Verify"); !s.ok()) return s;
   absl::flat_hash_map<uint64_t, VerifySequenceResult> results;
-  pb::VerifyResponse msg;
-  while (reader->Read(&msg)) {
-    response_bytes += msg.ByteSizeLong();
-    for (const pb::VerifyResult& v : msg.results()) {
-      VerifySequenceResult& r = results[v.seq_id()];
-      r.seq = v.seq_id();
-      r.status = StatusFromProto(v.status());
-      r.position = v.position();
-      r.p_draft.assign(v.p_draft().begin(), v.p_draft().end());
-      r.argmax.assign(v.argmax().begin(), v.argmax().end());
-      r.bonus_token = v.bonus_token();
-      for (const pb::Candidates& c : v.candidates()) {
-        r.candidate_tokens.emplace_back(c.tokens().begin(), c.tokens().end());
-        r.candidate_probs.emplace_back(c.p_probs().begin(), c.p_probs().end());
-      }
-      for (const pb::PositionLogprobs& p : v.logprobs()) {
-        PositionLogprobs& lp = r.logprobs.emplace_back();
-        lp.top_ids.assign(p.top_ids().begin(), p.top_ids().end());
-        lp.top_logprobs.assign(p.top_logprobs().begin(), p.top_logprobs().end());
-        lp.token_ids.assign(p.token_ids().begin(), p.token_ids().end());
-        lp.token_logprobs.assign(p.token_logprobs().begin(), p.token_logprobs().end());
-      }
-      r.cached_len = v.cache().cached_len();
-      free_kv_tokens_ = v.cache().free_kv_tokens();
-      r.forward_ns = msg.forward_ns();
-    }
+  for (const pb::VerifyResult& v : resp.results()) {
+    results[v.seq_id()] = codec::Decode(v, resp.forward_ns());
+    free_kv_tokens_ = v.cache().free_kv_tokens();
   }
-  const grpc::Status finished = reader->Finish();
-  RecordRpc(start, req.ByteSizeLong(), response_bytes);
-  if (absl::Status st = Check(finished, "Verify"); !st.ok()) return st;
   std::vector<VerifySequenceResult> out;
   for (const VerifySequenceRequest& r : batch) {
     auto it = results.find(r.seq);
@@ -268,13 +187,10 @@ absl::StatusOr<std::vector<VerifySequenceResult>> GrpcWorker::Verify(
   return out;
 }
 
-absl::StatusOr<TruncateResult> GrpcWorker::Truncate(SeqId seq, int64_t new_len, int32_t query_step,
-                                                    std::span<const int32_t> query_tokens) {
+absl::StatusOr<std::vector<SequenceAnswer<TruncateResult>>> GrpcWorker::Truncate(
+    std::span<const TruncateSequenceRequest> batch) {
   pb::TruncateRequest req;
-  req.set_seq_id(seq);
-  req.set_new_len(new_len);
-  req.set_query_step(query_step);
-  req.mutable_query_tokens()->Add(query_tokens.begin(), query_tokens.end());
+  codec::Encode(batch, &req);
   pb::TruncateResponse resp;
   grpc::ClientContext ctx;
   SetDeadline(&ctx);
@@ -283,17 +199,22 @@ absl::StatusOr<TruncateResult> GrpcWorker::Truncate(SeqId seq, int64_t new_len, 
                                       : target_stub_->Truncate(&ctx, req, &resp);
   RecordRpc(start, req.ByteSizeLong(), resp.ByteSizeLong());
   if (absl::Status s = Check(st, "Truncate"); !s.ok()) return s;
-  TruncateResult out;
-  out.cached_len = resp.cache().cached_len();
-  free_kv_tokens_ = resp.cache().free_kv_tokens();
-  out.q_probs.assign(resp.q_probs().begin(), resp.q_probs().end());
+  if (resp.results_size() != static_cast<int>(batch.size())) {
+    return absl::UnavailableError(absl::StrCat(name_, ": Truncate answered ", resp.results_size(),
+                                               " of ", batch.size(), " sequences"));
+  }
+  std::vector<SequenceAnswer<TruncateResult>> out;
+  for (const pb::TruncateResult& r : resp.results()) {
+    out.push_back(codec::Decode(r));
+    if (out.back().value.ok()) free_kv_tokens_ = r.cache().free_kv_tokens();
+  }
   return out;
 }
 
-absl::StatusOr<ProbRow> GrpcWorker::ReadRow(SeqId seq, int32_t step) {
+absl::StatusOr<std::vector<SequenceAnswer<ProbRow>>> GrpcWorker::ReadRows(
+    std::span<const RowQuery> batch) {
   pb::ReadRowsRequest req;
-  req.set_seq_id(seq);
-  req.set_step(step);
+  codec::Encode(batch, &req);
   pb::ReadRowsResponse resp;
   grpc::ClientContext ctx;
   SetDeadline(&ctx);
@@ -302,21 +223,22 @@ absl::StatusOr<ProbRow> GrpcWorker::ReadRow(SeqId seq, int32_t step) {
                                       : target_stub_->ReadRows(&ctx, req, &resp);
   RecordRpc(start, req.ByteSizeLong(), resp.ByteSizeLong());
   if (absl::Status s = Check(st, "ReadRows"); !s.ok()) return s;
-  ProbRow row;
-  if (!resp.dense()) row.ids.assign(resp.ids().begin(), resp.ids().end());
-  row.probs.assign(resp.probs().begin(), resp.probs().end());
-  return row;
+  if (resp.rows_size() != static_cast<int>(batch.size())) {
+    return absl::UnavailableError(absl::StrCat(name_, ": ReadRows answered ", resp.rows_size(),
+                                               " of ", batch.size(), " rows"));
+  }
+  std::vector<SequenceAnswer<ProbRow>> out;
+  for (const pb::KeptRow& r : resp.rows()) out.push_back(codec::Decode(r));
+  return out;
 }
 
-absl::StatusOr<std::vector<float>> GrpcWorker::QueryLogprobs(SeqId seq, int32_t step,
-                                                             std::span<const int32_t> tokens) {
+absl::StatusOr<std::vector<SequenceAnswer<std::vector<float>>>> GrpcWorker::QueryLogprobs(
+    std::span<const LogprobQuery> batch) {
   if (target_stub_ == nullptr) {
     return absl::FailedPreconditionError(name_ + " has no logprobs (only the target has)");
   }
   pb::QueryLogprobsRequest req;
-  req.set_seq_id(seq);
-  req.set_step(step);
-  req.mutable_tokens()->Add(tokens.begin(), tokens.end());
+  codec::Encode(batch, &req);
   pb::QueryLogprobsResponse resp;
   grpc::ClientContext ctx;
   SetDeadline(&ctx);
@@ -324,7 +246,13 @@ absl::StatusOr<std::vector<float>> GrpcWorker::QueryLogprobs(SeqId seq, int32_t 
   const grpc::Status st = target_stub_->QueryLogprobs(&ctx, req, &resp);
   RecordRpc(start, req.ByteSizeLong(), resp.ByteSizeLong());
   if (absl::Status s = Check(st, "QueryLogprobs"); !s.ok()) return s;
-  return std::vector<float>(resp.logprobs().begin(), resp.logprobs().end());
+  if (resp.answers_size() != static_cast<int>(batch.size())) {
+    return absl::UnavailableError(absl::StrCat(
+        name_, ": QueryLogprobs answered ", resp.answers_size(), " of ", batch.size(), " queries"));
+  }
+  std::vector<SequenceAnswer<std::vector<float>>> out;
+  for (const pb::LogprobAnswer& a : resp.answers()) out.push_back(codec::Decode(a));
+  return out;
 }
 
 absl::Status GrpcWorker::Release(SeqId seq) {

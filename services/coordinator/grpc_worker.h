@@ -34,11 +34,12 @@ class GrpcWorker final : public WorkerApi {
       const std::function<void(const DraftStep&)>& on_step) override;
   absl::StatusOr<std::vector<VerifySequenceResult>> Verify(
       std::span<const VerifySequenceRequest> batch) override;
-  absl::StatusOr<TruncateResult> Truncate(SeqId seq, int64_t new_len, int32_t query_step,
-                                          std::span<const int32_t> query_tokens) override;
-  absl::StatusOr<std::vector<float>> QueryLogprobs(SeqId seq, int32_t step,
-                                                   std::span<const int32_t> tokens) override;
-  absl::StatusOr<ProbRow> ReadRow(SeqId seq, int32_t step) override;
+  absl::StatusOr<std::vector<SequenceAnswer<TruncateResult>>> Truncate(
+      std::span<const TruncateSequenceRequest> batch) override;
+  absl::StatusOr<std::vector<SequenceAnswer<ProbRow>>> ReadRows(
+      std::span<const RowQuery> batch) override;
+  absl::StatusOr<std::vector<SequenceAnswer<std::vector<float>>>> QueryLogprobs(
+      std::span<const LogprobQuery> batch) override;
   absl::Status Release(SeqId seq) override;
   int64_t FreeKvTokens() const override { return free_kv_tokens_.load(); }
   // Info, waiting for the channel to (re)connect within `timeout`.

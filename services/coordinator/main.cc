@@ -21,13 +21,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "base/flags.h"
 #include "base/status_macros.h"
-#include "common/model/config.h"
 #include "common/tokenizer/tokenizer.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
-#include "services/common/flags.h"
 #include "services/common/tls.h"
 #include "services/coordinator/auth.h"
 #include "services/coordinator/chat_prompt.h"
@@ -45,7 +44,7 @@ constexpr char kProgram[] = "specd-coordinator";
 std::vector<FlagSpec> CoordinatorFlags() {
   return {
       {"listen", "public gRPC address host:port; port 0 picks a free one", "127.0.0.1:50051"},
-      {"target", "target worker address host:port", "", true},
+      {"target", "target worker address host:port", "", false, true},
       {"draft", "draft worker address host:port; without one, decoding is plain (K = 0)", ""},
       {"default-k", "num_speculative_tokens when a request does not say", "4"},
       {"max-k", "largest num_speculative_tokens a request may ask for", "16"},
@@ -193,8 +192,7 @@ v1::ModelInfo ModelInfoOf(const worker::v1::InfoResponse& info) {
   m.set_name(info.model_name());
   m.set_vocab_size(info.vocab_size());
   m.set_max_seq_len(info.max_seq_len());
-  absl::StatusOr<ModelConfig> c = ParseModelConfig(info.model_config_json());
-  if (c.ok()) m.set_num_layers(static_cast<int32_t>(c->num_layers));
+  m.set_num_layers(info.num_layers());
   return m;
 }
 
@@ -400,8 +398,8 @@ int Run(int argc, char** argv) {
   std::vector<int32_t> eos;
   if (tokenizer != nullptr) {
     eos = tokenizer->eos_ids();
-  } else if (absl::StatusOr<ModelConfig> c = ParseModelConfig(ti.model_config_json()); c.ok()) {
-    eos = c->eos_token_ids;
+  } else {
+    eos.assign(ti.eos_token_ids().begin(), ti.eos_token_ids().end());
   }
 
   ServingState state;

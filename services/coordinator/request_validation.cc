@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/sampling_params.h"
 #include "base/status_macros.h"
+#include "base/utf8.h"
 
 namespace specd {
 namespace {
@@ -14,28 +15,6 @@ constexpr char kFieldPayload[] = "type.specd/request.field";
 
 absl::Status Invalid(absl::string_view field, const std::string& message) {
   return FieldError(field, message);
-}
-
-bool IsValidUtf8(const std::string& s) {
-  size_t i = 0;
-  while (i < s.size()) {
-    const unsigned char c = static_cast<unsigned char>(s[i]);
-    size_t n = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xe ? 3 : (c >> 3) == 0x1e ? 4 : 0;
-    if (n == 0 || i + n > s.size()) return false;
-    uint32_t cp = n == 1 ? c : c & (0x7f >> n);
-    for (size_t k = 1; k < n; ++k) {
-      const unsigned char cc = static_cast<unsigned char>(s[i + k]);
-      if ((cc & 0xc0) != 0x80) return false;
-      cp = (cp << 6) | (cc & 0x3f);
-    }
-    // Overlong forms, surrogates and values past U+10FFFF are not UTF-8.
-    if ((n == 2 && cp < 0x80) || (n == 3 && cp < 0x800) || (n == 4 && cp < 0x10000) ||
-        (cp >= 0xd800 && cp <= 0xdfff) || cp > 0x10ffff) {
-      return false;
-    }
-    i += n;
-  }
-  return true;
 }
 
 }  // namespace
@@ -71,7 +50,7 @@ absl::StatusOr<GenerationRequest> BuildGenerationRequest(const v1::GenerateReque
         return Invalid(names.prompt,
                        "the served model has no tokenizer; send prompt token_ids instead of text");
       }
-      if (!IsValidUtf8(text)) return Invalid(names.prompt, "prompt text is not valid UTF-8");
+      if (FindInvalidUtf8(text)) return Invalid(names.prompt, "prompt text is not valid UTF-8");
       absl::StatusOr<std::vector<int32_t>> ids = tokenizer->Encode(text);
       if (!ids.ok()) {
         return Invalid(names.prompt, absl::StrCat("prompt text: ", ids.status().message()));
@@ -91,7 +70,7 @@ absl::StatusOr<GenerationRequest> BuildGenerationRequest(const v1::GenerateReque
       int64_t bytes = 0;
       for (int i = 0; i < request.chat().messages_size(); ++i) {
         const v1::ChatMessage& m = request.chat().messages(i);
-        if (!IsValidUtf8(m.role()) || !IsValidUtf8(m.content())) {
+        if (FindInvalidUtf8(m.role()) || FindInvalidUtf8(m.content())) {
           return Invalid("messages", absl::StrCat("messages[", i, "] is not valid UTF-8"));
         }
         bytes += static_cast<int64_t>(m.content().size() + m.role().size());
@@ -132,13 +111,13 @@ absl::StatusOr<GenerationRequest> BuildGenerationRequest(const v1::GenerateReque
     }
   }
 
-  // Sampling. Zero means "unset" for the fields whose neutral value is not zero.
+  // Sampling. The fields whose neutral value is not zero are optional: unset means neutral.
   const v1::SamplingParameters& s = request.sampling();
   out.sampling.temperature = s.temperature();
   out.sampling.top_k = s.top_k();
-  out.sampling.top_p = s.top_p() == 0.0f ? 1.0f : s.top_p();
+  out.sampling.top_p = s.has_top_p() ? s.top_p() : 1.0f;
   out.sampling.min_p = s.min_p();
-  out.sampling.repetition_penalty = s.repetition_penalty() == 0.0f ? 1.0f : s.repetition_penalty();
+  out.sampling.repetition_penalty = s.has_repetition_penalty() ? s.repetition_penalty() : 1.0f;
   out.sampling.presence_penalty = s.presence_penalty();
   out.sampling.frequency_penalty = s.frequency_penalty();
   if (absl::Status st = ValidateSamplingParams(out.sampling, limits.vocab_size); !st.ok()) {
@@ -206,7 +185,7 @@ absl::StatusOr<GenerationRequest> BuildGenerationRequest(const v1::GenerateReque
                      absl::StrCat(names.stop, "[", i, "] is ", st.size(), " bytes; at most ",
                                   limits.max_stop_string_bytes, " are allowed"));
     }
-    if (!IsValidUtf8(st)) {
+    if (FindInvalidUtf8(st)) {
       return Invalid(names.stop, absl::StrCat(names.stop, "[", i, "] is not valid UTF-8"));
     }
     if (tokenizer == nullptr) {
@@ -258,8 +237,9 @@ absl::StatusOr<GenerationRequest> BuildGenerationRequest(const v1::GenerateReque
       out.adaptive_k = out.sampling.greedy() || !s.has_seed();
       break;
   }
-  out.draft_mode = spec.draft_sampling() == v1::DRAFT_SAMPLING_GREEDY ? DraftMode::kGreedy
-                                                                      : DraftMode::kProbabilistic;
+  out.draft_sampling = spec.draft_sampling() == v1::DRAFT_SAMPLING_GREEDY
+                           ? DraftSampling::kGreedy
+                           : DraftSampling::kProbabilistic;
   if (request.request_id().size() > 256) {
     return Invalid("request_id", absl::StrCat("request_id is ", request.request_id().size(),
                                               " bytes; at most 256 are allowed"));

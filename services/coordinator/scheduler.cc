@@ -187,7 +187,7 @@ void Scheduler::StartSequence(Active& a) {
   a.seq.seed = a.request.seed;
   a.seq.num_speculative_tokens = a.request.num_speculative_tokens;
   a.seq.done_len = a.seq.prompt_len + a.request.max_new_tokens;
-  a.seq.draft_mode = a.request.draft_mode;
+  a.seq.draft_sampling = a.request.draft_sampling;
   a.seq.num_candidates = options_.num_candidates;
   a.seq.sample = a.request.sample;
   a.seq.logprobs = a.request.logprobs;
@@ -259,7 +259,13 @@ bool Scheduler::Resync(Active& a, SupervisedWorker& w) {
   // old x were never committed. The last token stays out, as every catch-up re-feeds it.
   const int64_t keep =
       std::clamp<int64_t>(cached, 0, static_cast<int64_t>(a.seq.tokens.size()) - 1);
-  absl::StatusOr<TruncateResult> t = w.Truncate(a.seq.id, keep, 0, {});
+  TruncateSequenceRequest request;
+  request.seq = a.seq.id;
+  request.new_len = keep;
+  absl::StatusOr<std::vector<SequenceAnswer<TruncateResult>>> answers =
+      w.Truncate(std::span(&request, 1));
+  const absl::StatusOr<TruncateResult> t =
+      answers.ok() ? std::move(answers->front().value) : answers.status();
   if (t.ok()) {
     cached = t->cached_len;
   } else if (t.status().code() == absl::StatusCode::kNotFound) {

@@ -24,10 +24,10 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/tokenizer/text_output.h"
 #include "common/tokenizer/tokenizer.h"
 #include "services/coordinator/adaptive_k.h"
 #include "services/coordinator/speculation_round.h"
-#include "services/coordinator/text_output.h"
 #include "services/coordinator/worker_recovery.h"
 
 namespace specd {
@@ -47,7 +47,7 @@ struct GenerationRequest {
   // True lets the scheduler lower K when speculation would not pay (never raise it); false keeps
   // it as asked (see v1::KPolicy for who gets which).
   bool adaptive_k = false;
-  DraftMode draft_mode = DraftMode::kProbabilistic;
+  DraftSampling draft_sampling = DraftSampling::kProbabilistic;
   // The completion number: requests with one seed and different numbers are independent (the
   // `sample` of every Philox counter); n completions of one prompt are numbered 0..n-1.
   uint32_t sample = 0;

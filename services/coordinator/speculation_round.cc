@@ -1,9 +1,12 @@
 #include "services/coordinator/speculation_round.h"
 
 #include <algorithm>
+#include <future>
+#include <optional>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "services/coordinator/accept_reject.h"
 
 namespace specd {
 
@@ -31,39 +34,119 @@ class AddElapsedOnExit {
   absl::Time start_ = absl::Now();
 };
 
-// The target's logprobs of the tokens a round emits: the values Verify reported for each
-// position, or, for the residual fallback's token (none of those), a query to the target.
-absl::StatusOr<std::vector<TokenLogprobs>> EmittedLogprobs(WorkerApi& target, SeqId seq,
-                                                           const VerifySequenceResult& v,
-                                                           std::span<const int32_t> emitted,
-                                                           int32_t K) {
-  if (v.logprobs.size() != static_cast<size_t>(K) + 1) {
-    return absl::InternalError(absl::StrCat("target worker returned logprobs for ",
-                                            v.logprobs.size(), " positions of sequence ", seq,
-                                            ", expected ", K + 1));
-  }
-  std::vector<TokenLogprobs> out;
-  for (size_t j = 0; j < emitted.size(); ++j) {
-    const PositionLogprobs& p = v.logprobs[j];
-    TokenLogprobs t;
-    t.top_ids = p.top_ids;
-    t.top_logprobs = p.top_logprobs;
-    const auto it = std::find(p.token_ids.begin(), p.token_ids.end(), emitted[j]);
-    if (it != p.token_ids.end() && p.token_logprobs.size() == p.token_ids.size()) {
-      t.logprob = p.token_logprobs[static_cast<size_t>(it - p.token_ids.begin())];
-    } else {
-      absl::StatusOr<std::vector<float>> q =
-          target.QueryLogprobs(seq, static_cast<int32_t>(j) + 1, std::span(&emitted[j], 1));
-      if (!q.ok()) return q.status();
-      if (q->size() != 1) {
-        return absl::InternalError(absl::StrCat("target worker answered ", q->size(),
-                                                " logprobs for one token of sequence ", seq));
-      }
-      t.logprob = q->front();
+// One verified sequence on its way from the target's evidence to the tokens it appends.
+struct Resolution {
+  size_t i = 0;  // index in the batch
+  const VerifySequenceResult* v = nullptr;
+  RoundEvidence ev;
+  int32_t n = 0;                // drafts accepted
+  bool needs_residual = false;  // a sampled draft was rejected
+  std::vector<float> q_ys;      // q_r(y) of the residual candidates
+  int32_t next = 0;             // the correction or bonus token
+  bool used_read_rows = false;
+  bool failed = false;
+};
+
+// The exact residual fallback for sequences none of whose candidates passed: both workers' kept
+// rows at the rejection step, fetched for the whole batch with one call per worker, the two calls
+// at once.
+void ResolveByReadRows(WorkerApi& draft, WorkerApi& target,
+                       std::span<SpeculativeSequence* const> batch,
+                       std::span<Resolution* const> fallback, std::vector<RoundStats>& stats) {
+  std::vector<RowQuery> rows;
+  for (const Resolution* res : fallback) rows.push_back({batch[res->i]->id, res->n + 1});
+  std::future<absl::StatusOr<std::vector<SequenceAnswer<ProbRow>>>> q_future =
+      std::async(std::launch::async, [&draft, &rows] { return draft.ReadRows(rows); });
+  absl::StatusOr<std::vector<SequenceAnswer<ProbRow>>> p_rows = target.ReadRows(rows);
+  absl::StatusOr<std::vector<SequenceAnswer<ProbRow>>> q_rows = q_future.get();
+  for (size_t j = 0; j < fallback.size(); ++j) {
+    Resolution& res = *fallback[j];
+    res.used_read_rows = true;
+    absl::Status status = !p_rows.ok() ? p_rows.status() : q_rows.status();
+    if (status.ok()) {
+      status = !(*p_rows)[j].value.ok() ? (*p_rows)[j].value.status() : (*q_rows)[j].value.status();
     }
-    out.push_back(std::move(t));
+    if (status.ok()) {
+      const ProbRow& p = *(*p_rows)[j].value;
+      const ProbRow& q = *(*q_rows)[j].value;
+      int64_t vocab = p.dense()   ? static_cast<int64_t>(p.probs.size())
+                      : q.dense() ? static_cast<int64_t>(q.probs.size())
+                                  : 0;
+      if (vocab == 0) {
+        // Both sparse: the vocabulary only needs to cover their ids.
+        for (const int32_t id : p.ids) vocab = std::max<int64_t>(vocab, id + 1);
+        for (const int32_t id : q.ids) vocab = std::max<int64_t>(vocab, id + 1);
+      }
+      const SpeculativeSequence& s = *batch[res.i];
+      absl::StatusOr<int32_t> t = SampleResidual(
+          s.seed, s.sample, res.ev.position + static_cast<uint32_t>(res.n), p, q, vocab);
+      if (t.ok()) {
+        res.next = *t;
+        continue;
+      }
+      status = t.status();
+    }
+    stats[res.i].status = std::move(status);
+    res.failed = true;
   }
-  return out;
+}
+
+// The target's logprobs of the tokens each sequence emits: the values Verify reported for each
+// position, and for the residual fallback's tokens (none of those) one QueryLogprobs call for the
+// whole batch. The draft's numbers never enter.
+void AddEmittedLogprobs(WorkerApi& target, std::span<SpeculativeSequence* const> batch,
+                        std::span<Resolution> resolutions, std::vector<RoundStats>& stats) {
+  std::vector<LogprobQuery> queries;
+  std::vector<std::pair<Resolution*, size_t>> asked;  // (sequence, emitted index) per query
+  for (Resolution& res : resolutions) {
+    const SpeculativeSequence& s = *batch[res.i];
+    if (res.failed || s.logprobs.mode == LogprobsMode::kOff) continue;
+    RoundStats& st = stats[res.i];
+    const VerifySequenceResult& v = *res.v;
+    if (v.logprobs.size() < st.appended.size()) {
+      st.status = absl::InternalError(absl::StrCat(
+          "the target worker returned logprobs for ", v.logprobs.size(), " positions of sequence ",
+          s.id, ", which emits ", st.appended.size(), " tokens"));
+      res.failed = true;
+      continue;
+    }
+    st.logprobs.resize(st.appended.size());
+    for (size_t j = 0; j < st.appended.size(); ++j) {
+      const PositionLogprobs& p = v.logprobs[j];
+      TokenLogprobs& t = st.logprobs[j];
+      t.top_ids = p.top_ids;
+      t.top_logprobs = p.top_logprobs;
+      const auto it = std::find(p.token_ids.begin(), p.token_ids.end(), st.appended[j]);
+      if (it != p.token_ids.end() && p.token_logprobs.size() == p.token_ids.size()) {
+        t.logprob = p.token_logprobs[static_cast<size_t>(it - p.token_ids.begin())];
+      } else {
+        queries.push_back({s.id, static_cast<int32_t>(j) + 1, {st.appended[j]}});
+        asked.emplace_back(&res, j);
+      }
+    }
+  }
+  if (queries.empty()) return;
+  absl::StatusOr<std::vector<SequenceAnswer<std::vector<float>>>> answers =
+      target.QueryLogprobs(queries);
+  for (size_t q = 0; q < queries.size(); ++q) {
+    auto [res, j] = asked[q];
+    RoundStats& st = stats[res->i];
+    absl::Status status = answers.status();
+    if (answers.ok()) {
+      const absl::StatusOr<std::vector<float>>& lp = (*answers)[q].value;
+      if (lp.ok() && lp->size() == 1) {
+        st.logprobs[j].logprob = lp->front();
+        continue;
+      }
+      status = lp.ok() ? absl::InternalError(absl::StrCat("the target worker answered ", lp->size(),
+                                                          " logprobs for one token"))
+                       : lp.status();
+    }
+    if (!res->failed) {
+      st.status = std::move(status);
+      res->failed = true;
+    }
+  }
 }
 
 }  // namespace
@@ -102,8 +185,8 @@ std::vector<RoundStats> RunSpeculationRound(WorkerApi& draft, WorkerApi& target,
     r.seed = s.seed;
     r.prompt_len = s.prompt_len;
     r.sample = s.sample;
-    r.num_draft_tokens = k[i];
-    r.mode = s.draft_mode;
+    r.num_speculative_tokens = k[i];
+    r.draft_sampling = s.draft_sampling;
     draft_reqs.push_back(std::move(r));
   }
   std::vector<std::vector<int32_t>> drafts(batch.size());
@@ -179,112 +262,115 @@ std::vector<RoundStats> RunSpeculationRound(WorkerApi& draft, WorkerApi& target,
     times.verify_tokens += static_cast<int64_t>(r.catch_up.size() + r.drafts.size());
   }
 
-  // 3-5. Accept/reject, truncate, append.
+  // 3. Accept/reject: how many drafts each sequence keeps. Rejected drafts leave both workers'
+  // KV through drop_tail on their next call, unless the draft must answer q_r(y) for the residual.
   const absl::Time accept_start = absl::Now();
+  std::vector<Resolution> resolutions;
+  resolutions.reserve(verified->size());
   for (const VerifySequenceResult& v : *verified) {
     const size_t i = index[v.seq];
-    SpeculativeSequence& s = *batch[i];
-    RoundStats& st = stats[i];
     if (!v.status.ok()) {
-      st.status = v.status;
+      stats[i].status = v.status;
       continue;
     }
+    SpeculativeSequence& s = *batch[i];
     s.target_cached = v.cached_len;
     s.target_tail = false;
-    const bool greedy = s.sampling.greedy();
-    const int32_t K = k[i];
-    RoundEvidence ev;
-    ev.seed = s.seed;
-    ev.sample = s.sample;
-    ev.position = static_cast<uint32_t>(v.position);
-    ev.draft_tokens = drafts[i];
-    ev.q_draft = q_draft[i];
-    ev.p_draft = v.p_draft;
-    ev.target_argmax = v.argmax;
-    ev.bonus_token = v.bonus_token;
-    const int32_t n = CountAccepted(ev, greedy);
-    st.accepted = n;
-    const int64_t len_old = static_cast<int64_t>(s.tokens.size());
-    std::vector<int32_t> appended(drafts[i].begin(), drafts[i].begin() + n);
+    Resolution& res = resolutions.emplace_back();
+    res.i = i;
+    res.v = &v;
+    res.ev.seed = s.seed;
+    res.ev.sample = s.sample;
+    res.ev.position = static_cast<uint32_t>(v.position);
+    res.ev.draft_tokens = drafts[i];
+    res.ev.q_draft = q_draft[i];
+    res.ev.p_draft = v.p_draft;
+    res.ev.target_argmax = v.argmax;
+    res.ev.bonus_token = v.bonus_token;
+    res.n = CountAccepted(res.ev, s.sampling.greedy());
+    res.needs_residual = res.n < k[i] && !s.sampling.greedy();
+    const int64_t keep = static_cast<int64_t>(s.tokens.size()) + res.n;
+    if (keep < s.target_cached) {
+      s.target_cached = keep;
+      s.target_tail = true;
+    }
+    if (!res.needs_residual && keep < s.draft_cached) {
+      s.draft_cached = keep;
+      s.draft_tail = true;
+    }
+  }
 
-    // Truncate both workers to what stays committed. The draft call also asks q_r(y) for the
-    // residual candidates when the round ended in a sampled rejection.
-    const bool needs_residual = n < K && !greedy;
-    const int32_t r_step = n + 1;
-    std::vector<int32_t> ys;
-    if (needs_residual) ys = v.candidate_tokens[static_cast<size_t>(n)];
-    std::vector<float> q_ys;
-    if (K > 0) {
-      const AddElapsedOnExit truncate_time(&times.truncate);
-      // Only a Truncate that must answer a query (q_r(y) for the residual candidates) is a call
-      // of its own; dropping the rejected drafts rides on each worker's next Draft or Verify.
-      const int64_t draft_keep = std::min(s.draft_cached, len_old + n);
-      if (needs_residual) {
-        absl::StatusOr<TruncateResult> tr = draft.Truncate(s.id, draft_keep, r_step, ys);
-        if (!tr.ok()) {
-          st.status = tr.status();
-          continue;
-        }
-        s.draft_cached = tr->cached_len;
+  // 4. The residual queries of every sequence that rejected a sampled draft, in one Truncate call.
+  std::vector<TruncateSequenceRequest> queries;
+  std::vector<Resolution*> querying;
+  for (Resolution& res : resolutions) {
+    if (!res.needs_residual) continue;
+    const SpeculativeSequence& s = *batch[res.i];
+    querying.push_back(&res);
+    queries.push_back({s.id,
+                       std::min(s.draft_cached, static_cast<int64_t>(s.tokens.size()) + res.n),
+                       res.n + 1, res.v->candidate_tokens[static_cast<size_t>(res.n)]});
+  }
+  if (!queries.empty()) {
+    const AddElapsedOnExit truncate_time(&times.truncate);
+    absl::StatusOr<std::vector<SequenceAnswer<TruncateResult>>> answers = draft.Truncate(queries);
+    for (size_t j = 0; j < querying.size(); ++j) {
+      Resolution& res = *querying[j];
+      SpeculativeSequence& s = *batch[res.i];
+      absl::Status status = answers.status();
+      if (answers.ok() && (*answers)[j].value.ok()) {
+        s.draft_cached = (*answers)[j].value->cached_len;
         s.draft_tail = false;
-        q_ys = std::move(tr->q_probs);
-      } else if (draft_keep < s.draft_cached) {
-        s.draft_cached = draft_keep;
-        s.draft_tail = true;
+        res.q_ys = std::move((*answers)[j].value->q_probs);
+      } else if (answers.ok()) {
+        status = (*answers)[j].value.status();
       }
-      const int64_t target_keep = std::min(s.target_cached, len_old + n);
-      if (target_keep < s.target_cached) {
-        s.target_cached = target_keep;
-        s.target_tail = true;
+      if (!status.ok()) {
+        stats[res.i].status = std::move(status);
+        res.failed = true;
       }
     }
+  }
 
-    int32_t next = v.bonus_token;  // n == K (incl. K == 0): the bonus / plain sampled token
-    if (n < K) {
-      const uint32_t pos_r = ev.position + static_cast<uint32_t>(n);
-      if (greedy) {
-        next = v.argmax[static_cast<size_t>(n)];
-      } else if (std::optional<int32_t> c =
-                     ChooseCandidate(s.seed, s.sample, pos_r, ys,
-                                     v.candidate_probs[static_cast<size_t>(n)], q_ys)) {
-        next = *c;
-      } else {
-        st.used_read_rows = true;
-        absl::StatusOr<ProbRow> p_row = target.ReadRow(s.id, r_step);
-        absl::StatusOr<ProbRow> q_row = draft.ReadRow(s.id, r_step);
-        if (!p_row.ok() || !q_row.ok()) {
-          st.status = !p_row.ok() ? p_row.status() : q_row.status();
-          continue;
-        }
-        const int64_t vocab = p_row->dense()   ? static_cast<int64_t>(p_row->probs.size())
-                              : q_row->dense() ? static_cast<int64_t>(q_row->probs.size())
-                                               : 0;
-        int64_t v_size = vocab;
-        if (v_size == 0) {
-          // Both sparse: the vocabulary only needs to cover their ids.
-          for (const int32_t id : p_row->ids) v_size = std::max<int64_t>(v_size, id + 1);
-          for (const int32_t id : q_row->ids) v_size = std::max<int64_t>(v_size, id + 1);
-        }
-        absl::StatusOr<int32_t> t = SampleResidual(s.seed, s.sample, pos_r, *p_row, *q_row, v_size);
-        if (!t.ok()) {
-          st.status = t.status();
-          continue;
-        }
-        next = *t;
-      }
+  // 5. The correction token: the first candidate that passes, or (rarely) the residual sampled
+  // from both kept rows, read from both workers at once.
+  std::vector<Resolution*> fallback;
+  for (Resolution& res : resolutions) {
+    if (res.failed) continue;
+    const SpeculativeSequence& s = *batch[res.i];
+    const int32_t n = res.n;
+    res.next = res.v->bonus_token;  // n == K (K == 0 included): the bonus or plain sampled token
+    if (n == k[res.i]) continue;
+    if (s.sampling.greedy()) {
+      res.next = res.v->argmax[static_cast<size_t>(n)];
+    } else if (std::optional<int32_t> c =
+                   ChooseCandidate(s.seed, s.sample, res.ev.position + static_cast<uint32_t>(n),
+                                   res.v->candidate_tokens[static_cast<size_t>(n)],
+                                   res.v->candidate_probs[static_cast<size_t>(n)], res.q_ys)) {
+      res.next = *c;
+    } else {
+      fallback.push_back(&res);
     }
-    appended.push_back(next);
-    if (s.logprobs.mode != LogprobsMode::kOff) {
-      absl::StatusOr<std::vector<TokenLogprobs>> lps =
-          EmittedLogprobs(target, s.id, v, appended, K);
-      if (!lps.ok()) {
-        st.status = lps.status();
-        continue;
-      }
-      st.logprobs = *std::move(lps);
-    }
-    s.tokens.insert(s.tokens.end(), appended.begin(), appended.end());
-    st.appended = std::move(appended);
+  }
+  if (!fallback.empty()) ResolveByReadRows(draft, target, batch, fallback, stats);
+
+  // 6. The emitted tokens, and their logprobs where asked.
+  for (Resolution& res : resolutions) {
+    if (res.failed) continue;
+    RoundStats& st = stats[res.i];
+    st.accepted = res.n;
+    st.appended.assign(drafts[res.i].begin(), drafts[res.i].begin() + res.n);
+    st.appended.push_back(res.next);
+    st.used_read_rows = res.used_read_rows;
+  }
+  AddEmittedLogprobs(target, batch, resolutions, stats);
+
+  // 7. Append.
+  for (const Resolution& res : resolutions) {
+    if (res.failed) continue;
+    SpeculativeSequence& s = *batch[res.i];
+    const RoundStats& st = stats[res.i];
+    s.tokens.insert(s.tokens.end(), st.appended.begin(), st.appended.end());
   }
   times.accept = absl::Now() - accept_start - times.truncate;
   return stats;

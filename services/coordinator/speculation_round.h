@@ -12,7 +12,6 @@
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "base/sampling_params.h"
-#include "common/worker/worker_runtime.h"
 #include "services/coordinator/worker_api.h"
 
 namespace specd {
@@ -29,7 +28,7 @@ struct SpeculativeSequence {
   // The length of x at which the request has all the tokens it asked for (prompt +
   // max_new_tokens): drafting past it would be wasted work and skew the acceptance figures.
   int64_t done_len = std::numeric_limits<int64_t>::max();
-  DraftMode draft_mode = DraftMode::kProbabilistic;
+  DraftSampling draft_sampling = DraftSampling::kProbabilistic;
   int32_t num_candidates = 4;  // M
   uint32_t sample = 0;         // the completion number (DESIGN.md, "Randomness")
   LogprobsRequest logprobs;    // what the emitted tokens report

@@ -1,6 +1,8 @@
 // The coordinator's view of a worker: the five calls of DESIGN.md's speculation round. The gRPC
-// clients implement it over the wire; LocalWorker implements it over an in-process WorkerRuntime,
-// so the round logic is tested without processes and served with them.
+// client (grpc_worker) implements it over the wire; LocalWorker (local_worker.h, tests only)
+// implements it over an in-process WorkerRuntime, so the round logic is tested without processes
+// and served with them. Only the worker protocol's types appear here: the coordinator links no
+// engine.
 #ifndef SPECD_SERVICES_COORDINATOR_WORKER_API_H_
 #define SPECD_SERVICES_COORDINATOR_WORKER_API_H_
 
@@ -14,8 +16,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "common/worker/worker_runtime.h"
-#include "services/coordinator/accept_reject.h"
+#include "common/protocol/worker_protocol.h"
 
 namespace specd {
 
@@ -39,13 +40,16 @@ class WorkerApi {
   virtual absl::StatusOr<std::vector<VerifySequenceResult>> Verify(
       std::span<const VerifySequenceRequest> batch) = 0;
 
-  virtual absl::StatusOr<TruncateResult> Truncate(SeqId seq, int64_t new_len, int32_t query_step,
-                                                  std::span<const int32_t> query_tokens) = 0;
-  virtual absl::StatusOr<ProbRow> ReadRow(SeqId seq, int32_t step) = 0;
-  // Target worker: the log-probabilities of `tokens` at position `step` of the last Verify (the
-  // residual fallback's token, which Verify could not know).
-  virtual absl::StatusOr<std::vector<float>> QueryLogprobs(SeqId seq, int32_t step,
-                                                           std::span<const int32_t> tokens) = 0;
+  // Every sequence's Truncate in one call, with per-sequence answers in request order.
+  virtual absl::StatusOr<std::vector<SequenceAnswer<TruncateResult>>> Truncate(
+      std::span<const TruncateSequenceRequest> batch) = 0;
+  // Kept rows of several sequences in one call, answers in request order.
+  virtual absl::StatusOr<std::vector<SequenceAnswer<ProbRow>>> ReadRows(
+      std::span<const RowQuery> batch) = 0;
+  // Target worker: the logprobs of tokens at positions of each sequence's last Verify (the
+  // residual fallback's tokens, which Verify could not know), answers in request order.
+  virtual absl::StatusOr<std::vector<SequenceAnswer<std::vector<float>>>> QueryLogprobs(
+      std::span<const LogprobQuery> batch) = 0;
   virtual absl::Status Release(SeqId seq) = 0;
 
   // Free KV capacity in tokens as of the worker's latest reply; the scheduler admits new requests
@@ -58,43 +62,6 @@ class WorkerApi {
 
   // How errors name this worker, e.g. "target worker at 127.0.0.1:7002".
   virtual std::string Name() const { return "in-process worker"; }
-};
-
-// A worker in this process (tests, and a future single-process mode).
-class LocalWorker final : public WorkerApi {
- public:
-  explicit LocalWorker(std::unique_ptr<WorkerRuntime> runtime) : runtime_(std::move(runtime)) {}
-
-  absl::StatusOr<std::vector<SequenceOutcome>> Draft(
-      std::span<const DraftSequenceRequest> batch,
-      const std::function<void(const DraftStep&)>& on_step) override {
-    return runtime_->Draft(batch, on_step);
-  }
-  absl::StatusOr<std::vector<VerifySequenceResult>> Verify(
-      std::span<const VerifySequenceRequest> batch) override {
-    return runtime_->Verify(batch);
-  }
-  absl::StatusOr<TruncateResult> Truncate(SeqId seq, int64_t new_len, int32_t query_step,
-                                          std::span<const int32_t> query_tokens) override {
-    return runtime_->Truncate(seq, new_len, query_step, query_tokens);
-  }
-  absl::StatusOr<ProbRow> ReadRow(SeqId seq, int32_t step) override {
-    return runtime_->ReadRow(seq, step);
-  }
-  absl::StatusOr<std::vector<float>> QueryLogprobs(SeqId seq, int32_t step,
-                                                   std::span<const int32_t> tokens) override {
-    return runtime_->QueryLogprobs(seq, step, tokens);
-  }
-  absl::Status Release(SeqId seq) override { return runtime_->Release(seq); }
-  int64_t FreeKvTokens() const override {
-    const KvPool& kv = runtime_->engine().kv();
-    return kv.free_blocks() * kv.block_size();
-  }
-
-  WorkerRuntime& runtime() { return *runtime_; }
-
- private:
-  std::unique_ptr<WorkerRuntime> runtime_;
 };
 
 }  // namespace specd

@@ -59,23 +59,23 @@ absl::StatusOr<std::vector<VerifySequenceResult>> SupervisedWorker::Verify(
   return out;
 }
 
-absl::StatusOr<TruncateResult> SupervisedWorker::Truncate(SeqId seq, int64_t new_len,
-                                                          int32_t query_step,
-                                                          std::span<const int32_t> query_tokens) {
-  absl::StatusOr<TruncateResult> out = inner_.Truncate(seq, new_len, query_step, query_tokens);
+absl::StatusOr<std::vector<SequenceAnswer<TruncateResult>>> SupervisedWorker::Truncate(
+    std::span<const TruncateSequenceRequest> batch) {
+  absl::StatusOr<std::vector<SequenceAnswer<TruncateResult>>> out = inner_.Truncate(batch);
   if (!out.ok()) return Observe(out.status());
   return out;
 }
 
-absl::StatusOr<ProbRow> SupervisedWorker::ReadRow(SeqId seq, int32_t step) {
-  absl::StatusOr<ProbRow> out = inner_.ReadRow(seq, step);
+absl::StatusOr<std::vector<SequenceAnswer<ProbRow>>> SupervisedWorker::ReadRows(
+    std::span<const RowQuery> batch) {
+  absl::StatusOr<std::vector<SequenceAnswer<ProbRow>>> out = inner_.ReadRows(batch);
   if (!out.ok()) return Observe(out.status());
   return out;
 }
 
-absl::StatusOr<std::vector<float>> SupervisedWorker::QueryLogprobs(
-    SeqId seq, int32_t step, std::span<const int32_t> tokens) {
-  absl::StatusOr<std::vector<float>> out = inner_.QueryLogprobs(seq, step, tokens);
+absl::StatusOr<std::vector<SequenceAnswer<std::vector<float>>>> SupervisedWorker::QueryLogprobs(
+    std::span<const LogprobQuery> batch) {
+  absl::StatusOr<std::vector<SequenceAnswer<std::vector<float>>>> out = inner_.QueryLogprobs(batch);
   if (!out.ok()) return Observe(out.status());
   return out;
 }

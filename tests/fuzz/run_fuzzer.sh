@@ -24,6 +24,7 @@ for s in added_tokens bpe byte_level decoder incremental_detokenizer json_fields
          normalizer pre_tokenizer regex sha256 tokenizer tokenizer_config tokenizer_json utf8; do
   tokenizer_sources+=("$src/common/tokenizer/$s.cc")
 done
+tokenizer_sources+=("$src/base/utf8.cc")
 
 # Per target: the sources to compile, the directories whose headers they include (a newer header
 # forces a rebuild), the pkg-config modules to link, and the corpus/dictionary name.
@@ -42,7 +43,7 @@ case "$target" in
     sources=("${tokenizer_sources[@]}")
     header_dirs=("$src/common/tokenizer" "$src/base" "$src/tests/common/tokenizer")
     pkgs+=(absl_flat_hash_map absl_flat_hash_set absl_synchronization absl_str_format
-           libpcre2-8)
+           libpcre2-8 libcrypto)
     ;;
   request)
     # The public proto's C++ is generated here, as the main build does with its own protoc rule.
@@ -55,9 +56,10 @@ case "$target" in
     sources=("$work/proto/specd/v1/generation.pb.cc"
              "$src/services/coordinator/request_validation.cc"
              "$src/base/sampling_params.cc" "${tokenizer_sources[@]}")
-    header_dirs=("$src/services" "$src/common" "$src/tests/common/tokenizer" "$work/proto")
+    header_dirs=("$src/services" "$src/common" "$src/base" "$src/tests/common/tokenizer"
+                 "$work/proto")
     pkgs+=(absl_flat_hash_map absl_flat_hash_set absl_synchronization absl_str_format
-           libpcre2-8 protobuf)
+           libpcre2-8 libcrypto protobuf)
     ;;
   *)
     echo "run_fuzzer.sh: unknown target '$target'" >&2

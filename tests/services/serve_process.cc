@@ -31,7 +31,9 @@ ServeProcess::~ServeProcess() {
   // The client goes first: an open connection would hold up the coordinator's drain.
   stub_.reset();
   // SIGTERM, not the child's SIGKILL: `specd serve` then stops its three children.
-  if (process_ != nullptr) EXPECT_EQ(process_->Terminate(), 0) << process_->StderrText();
+  if (process_ != nullptr) {
+    EXPECT_EQ(process_->Terminate(), 0) << process_->StderrText();
+  }
 }
 
 void ServeProcess::Reconnect() {
@@ -58,12 +60,14 @@ std::string ServeProcess::Address(const std::string& name) const {
 }
 
 int ServeProcess::MetricsPort(const std::string& name) const {
-  const std::string text = process_->StderrText();
-  const std::string key = "specd serve: " + name + " metrics on ";
-  const size_t at = text.rfind(key);
-  if (at == std::string::npos) return 0;
-  const size_t colon = text.find(':', at + key.size());
-  return std::atoi(text.c_str() + colon + 1);
+  // "coordinator metrics on http://127.0.0.1:PORT/metrics", among serve's start-up lines.
+  const std::string key = name + " metrics on http://";
+  for (const std::string& line : process_->startup_lines()) {
+    if (line.rfind(key, 0) != 0) continue;
+    const size_t colon = line.find(':', key.size());
+    return std::atoi(line.c_str() + colon + 1);
+  }
+  return 0;
 }
 
 std::vector<ServeProcess::Stream> ServeProcess::Generate(

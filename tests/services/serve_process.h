@@ -44,8 +44,8 @@ class ServeProcess {
   pid_t Pid(const std::string& child) const;
   // Where `name` ("target worker") listens, from serve's "NAME pid N on ADDR" lines.
   std::string Address(const std::string& name) const;
-  // The port of `name`'s /metrics (serve's "NAME metrics on ADDR" line, with --metrics); 0 if
-  // none.
+  // The port of `name`'s /metrics (serve's "NAME metrics on http://ADDR/metrics" line, with
+  // --metrics); 0 if none.
   int MetricsPort(const std::string& name) const;
   std::string StderrText() const { return process_->StderrText(); }
   // A new client connection, as a client that retries after the coordinator went away makes.

@@ -1,5 +1,7 @@
 #include "tests/services/worker_fixture.h"
 
+#include <thread>
+
 #include "absl/strings/str_cat.h"
 #include "common/convert/llama2c.h"
 #include "common/synth/synth.h"
@@ -68,7 +70,7 @@ pb::DraftSequence DraftSeq(uint64_t seq, const std::vector<int32_t>& catch_up, i
   s.set_seq_id(seq);
   s.mutable_catch_up_tokens()->Assign(catch_up.begin(), catch_up.end());
   s.set_expected_cached_len(cached);
-  s.set_num_draft_tokens(K);
+  s.set_num_speculative_tokens(K);
   *s.mutable_sampling() = ToProto(p);
   s.set_seed(seed);
   s.set_prompt_len(prompt_len);
@@ -90,15 +92,22 @@ pb::VerifySequence VerifySeq(uint64_t seq, const std::vector<int32_t>& catch_up,
   return s;
 }
 
-DraftCall CallDraft(
-    pb::DraftWorker::Stub& stub, const pb::DraftRequest& request,
-    const std::function<void(grpc::ClientContext&, const pb::DraftResponse&)>& on_message) {
+DraftCall CallDraft(pb::DraftWorker::Stub& stub, const pb::DraftRequest& request,
+                    const std::function<void(grpc::ClientContext&)>& while_in_flight,
+                    std::chrono::milliseconds delay) {
   DraftCall call;
   grpc::ClientContext context;
-  std::unique_ptr<grpc::ClientReader<pb::DraftResponse>> reader = stub.Draft(&context, request);
-  pb::DraftResponse message;
-  while (reader->Read(&message)) {
-    for (const pb::DraftToken& t : message.tokens()) {
+  std::thread side;
+  if (while_in_flight) {
+    side = std::thread([&context, &while_in_flight, delay] {
+      std::this_thread::sleep_for(delay);
+      while_in_flight(context);
+    });
+  }
+  call.status = stub.Draft(&context, request, &call.response);
+  if (side.joinable()) side.join();
+  for (const pb::DraftStepResult& step : call.response.steps()) {
+    for (const pb::DraftToken& t : step.tokens()) {
       if (t.has_status()) {
         call.failed[t.seq_id()] = t.status();
       } else {
@@ -106,32 +115,23 @@ DraftCall CallDraft(
         call.q[t.seq_id()].push_back(t.q_prob());
       }
     }
-    call.cache.clear();
-    for (const pb::CacheStateEntry& e : message.cache()) call.cache[e.seq_id()] = e.state();
-    call.messages.push_back(message);
-    if (on_message) on_message(context, message);
   }
-  call.status = reader->Finish();
+  for (const pb::CacheStateEntry& e : call.response.cache()) call.cache[e.seq_id()] = e.state();
   return call;
 }
 
 VerifyCall CallVerify(pb::TargetWorker::Stub& stub, const pb::VerifyRequest& request) {
   VerifyCall call;
   grpc::ClientContext context;
-  std::unique_ptr<grpc::ClientReader<pb::VerifyResponse>> reader = stub.Verify(&context, request);
-  pb::VerifyResponse message;
-  while (reader->Read(&message)) {
-    for (const pb::VerifyResult& r : message.results()) {
-      call.results[r.seq_id()] = r;
-      call.order.push_back(r.seq_id());
-    }
-    call.messages.push_back(message);
+  call.status = stub.Verify(&context, request, &call.response);
+  for (const pb::VerifyResult& r : call.response.results()) {
+    call.results[r.seq_id()] = r;
+    call.order.push_back(r.seq_id());
   }
-  call.status = reader->Finish();
   return call;
 }
 
-std::vector<float> RowFromReply(const pb::ReadRowsResponse& reply, int64_t vocab) {
+std::vector<float> RowFromReply(const pb::KeptRow& reply, int64_t vocab) {
   if (reply.dense()) return {reply.probs().begin(), reply.probs().end()};
   std::vector<float> row(static_cast<size_t>(vocab), 0.0f);
   for (int i = 0; i < reply.ids_size(); ++i) {

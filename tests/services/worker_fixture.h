@@ -3,8 +3,10 @@
 #ifndef SPECD_TESTS_SERVICES_WORKER_FIXTURE_H_
 #define SPECD_TESTS_SERVICES_WORKER_FIXTURE_H_
 
+#include <chrono>
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -49,30 +51,31 @@ pb::VerifySequence VerifySeq(uint64_t seq, const std::vector<int32_t>& catch_up,
                              const std::vector<int32_t>& drafts, const SamplingParams& p,
                              uint64_t seed, int64_t prompt_len, int32_t M);
 
-// A whole Draft stream, regrouped per sequence.
+// A whole Draft call, regrouped per sequence.
 struct DraftCall {
   grpc::Status status;
-  std::vector<pb::DraftResponse> messages;
+  pb::DraftResponse response;
   std::map<uint64_t, std::vector<int32_t>> tokens;
   std::map<uint64_t, std::vector<float>> q;
   std::map<uint64_t, pb::SequenceStatus> failed;  // each failed sequence, reported once
-  std::map<uint64_t, pb::CacheState> cache;       // from the last message
+  std::map<uint64_t, pb::CacheState> cache;
 };
-// `on_message` (optional) runs after each message, e.g. to cancel or signal mid-stream.
-DraftCall CallDraft(
-    pb::DraftWorker::Stub& stub, const pb::DraftRequest& request,
-    const std::function<void(grpc::ClientContext&, const pb::DraftResponse&)>& on_message = {});
+// `while_in_flight` (optional) runs on another thread `delay` after the call is sent, e.g. to
+// cancel it or to signal the worker while it drafts.
+DraftCall CallDraft(pb::DraftWorker::Stub& stub, const pb::DraftRequest& request,
+                    const std::function<void(grpc::ClientContext&)>& while_in_flight = {},
+                    std::chrono::milliseconds delay = std::chrono::milliseconds(20));
 
 struct VerifyCall {
   grpc::Status status;
-  std::vector<pb::VerifyResponse> messages;
+  pb::VerifyResponse response;
   std::map<uint64_t, pb::VerifyResult> results;
-  std::vector<uint64_t> order;  // seq ids in the order they arrived
+  std::vector<uint64_t> order;  // seq ids in reply order
 };
 VerifyCall CallVerify(pb::TargetWorker::Stub& stub, const pb::VerifyRequest& request);
 
 // A dense row from a ReadRows reply (sparse or dense).
-std::vector<float> RowFromReply(const pb::ReadRowsResponse& reply, int64_t vocab);
+std::vector<float> RowFromReply(const pb::KeptRow& reply, int64_t vocab);
 
 }  // namespace specd::testing
 

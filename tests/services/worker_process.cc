@@ -100,6 +100,7 @@ absl::StatusOr<std::unique_ptr<ChildProcess>> ChildProcess::Start(
     while ((eol = buffer.find('\n')) != std::string::npos) {
       const std::string line = buffer.substr(0, eol);
       buffer.erase(0, eol + 1);
+      child->startup_lines_.push_back(line);
       int* port = absl::StartsWith(line, "listening on ") ? &child->port_
                   : absl::StartsWith(line, "metrics on ") ? &child->metrics_port_
                   : absl::StartsWith(line, "http on ")    ? &child->http_port_

@@ -38,6 +38,8 @@ class ChildProcess {
   int port() const { return port_; }
   int metrics_port() const { return metrics_port_; }  // 0 when metrics are off
   int http_port() const { return http_port_; }        // 0 without an HTTP API ("http on ...")
+  // What it printed on stdout up to its "listening on" line, one entry a line.
+  const std::vector<std::string>& startup_lines() const { return startup_lines_; }
   std::string address() const { return "127.0.0.1:" + std::to_string(port_); }
   std::shared_ptr<grpc::Channel> Channel() const;
 
@@ -57,6 +59,7 @@ class ChildProcess {
   int port_ = 0;
   int metrics_port_ = 0;
   int http_port_ = 0;
+  std::vector<std::string> startup_lines_;
 };
 
 // The body of GET http://127.0.0.1:port/path (HTTP/1.0, so the server closes the connection).

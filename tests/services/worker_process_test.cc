@@ -75,7 +75,7 @@ TEST_F(WorkerProcessTest, WholeCallErrorsAreTheRpcStatus) {
   DraftCall empty = CallDraft(*ds, pb::DraftRequest());
   EXPECT_EQ(empty.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_EQ(empty.status.error_message(), "Draft: the request has no sequences");
-  EXPECT_TRUE(empty.messages.empty());
+  EXPECT_EQ(empty.response.steps_size(), 0);
 
   pb::DraftRequest dup;
   *dup.add_sequences() = DraftSeq(5, {1}, 0, 2, Sampled(), 1, 1);
@@ -88,15 +88,15 @@ TEST_F(WorkerProcessTest, WholeCallErrorsAreTheRpcStatus) {
   const DraftCall k_call = CallDraft(*ds, big_k);
   EXPECT_EQ(k_call.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_EQ(k_call.status.error_message(),
-            "Draft: seq_id 6 asks for num_draft_tokens 65, at most 64 are allowed");
+            "Draft: seq_id 6 asks for num_speculative_tokens 65, at most 64 are allowed");
 
   pb::DraftRequest bad_mode;
   *bad_mode.add_sequences() = DraftSeq(8, {1}, 0, 2, Sampled(), 1, 1);
-  bad_mode.mutable_sequences(0)->set_mode(static_cast<pb::DraftMode>(99));
+  bad_mode.mutable_sequences(0)->set_draft_sampling(static_cast<pb::DraftSampling>(99));
   const DraftCall mode_call = CallDraft(*ds, bad_mode);
   EXPECT_EQ(mode_call.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_EQ(mode_call.status.error_message(),
-            "Draft: seq_id 8 has mode 99, which is not a DraftMode");
+            "Draft: seq_id 8 has draft_sampling 99, which is not a DraftSampling value");
 
   EXPECT_EQ(CallVerify(*ts, pb::VerifyRequest()).status.error_code(),
             grpc::StatusCode::INVALID_ARGUMENT);
@@ -163,8 +163,8 @@ TEST_F(WorkerProcessTest, PerSequenceErrorsLeaveTheBatchAlone) {
   EXPECT_EQ(good.cache().cached_len(), 7);
   EXPECT_EQ(good.cache().free_kv_blocks(), 2);
   EXPECT_EQ(good.cache().free_kv_tokens(), 32);
-  // Failures arrive first, then the verified sequence.
-  EXPECT_EQ(call.order.back(), 2u);
+  // One result per sequence, in request order.
+  EXPECT_EQ(call.order, (std::vector<uint64_t>{2, 3, 1, 4, 5, 6}));
 }
 
 TEST_F(WorkerProcessTest, DraftReportsEachFailureOnceAndDraftsTheRest) {
@@ -178,14 +178,15 @@ TEST_F(WorkerProcessTest, DraftReportsEachFailureOnceAndDraftsTheRest) {
   *req.add_sequences() = DraftSeq(4, {4}, 0, 0, Sampled(), 5, 0);  // K = 0
   const DraftCall call = CallDraft(*ds, req);
   ASSERT_TRUE(call.status.ok()) << call.status.error_message();
-  ASSERT_EQ(call.messages.size(), 3u);
-  EXPECT_EQ(call.messages[0].tokens_size(), 4);  // t_1 of sequence 1 and the three failures
+  ASSERT_EQ(call.response.steps_size(), 3);
+  EXPECT_EQ(call.response.steps(0).tokens_size(), 4);  // t_1 of sequence 1 and the three failures
   EXPECT_EQ(call.failed.at(2).code(), 5);
   EXPECT_EQ(call.failed.at(3).code(), 3);
   EXPECT_THAT(call.failed.at(3).message(), HasSubstr("token id -1 at catch-up index 0"));
-  EXPECT_THAT(call.failed.at(4).message(), HasSubstr("num_draft_tokens must be in [1, 64], got 0"));
+  EXPECT_THAT(call.failed.at(4).message(),
+              HasSubstr("num_speculative_tokens must be in [1, 64], got 0"));
   EXPECT_EQ(call.tokens.at(1).size(), 3u);
-  EXPECT_EQ(call.messages.back().cache_size(), 4);
+  EXPECT_EQ(call.response.cache_size(), 4);
   EXPECT_EQ(call.cache.at(1).cached_len(), 8);
   EXPECT_EQ(call.cache.at(2).cached_len(), 0);
 
@@ -194,35 +195,61 @@ TEST_F(WorkerProcessTest, DraftReportsEachFailureOnceAndDraftsTheRest) {
     grpc::ClientContext context;
     return ((*ds).*method)(&context, request, reply);
   };
+  // Truncate and ReadRows answer per sequence; only an empty or repeated batch fails the call.
   pb::TruncateRequest tr;
-  tr.set_seq_id(77);
   pb::TruncateResponse tr_reply;
   grpc::Status st = unary(&pb::DraftWorker::Stub::Truncate, tr, &tr_reply);
-  EXPECT_EQ(st.error_code(), grpc::StatusCode::NOT_FOUND);
-  EXPECT_EQ(st.error_message(), "unknown sequence 77");
-  tr.set_seq_id(1);
-  tr.set_new_len(-2);
-  EXPECT_EQ(unary(&pb::DraftWorker::Stub::Truncate, tr, &tr_reply).error_code(),
-            grpc::StatusCode::INVALID_ARGUMENT);
-  tr.set_new_len(7);
-  tr.set_query_step(4);
-  tr.add_query_tokens(3);
-  st = unary(&pb::DraftWorker::Stub::Truncate, tr, &tr_reply);
-  EXPECT_EQ(st.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(st.error_message(), "Truncate: the request has no sequences");
+  pb::TruncateSequence* unknown = tr.add_sequences();
+  unknown->set_seq_id(77);
+  pb::TruncateSequence* negative = tr.add_sequences();
+  negative->set_seq_id(1);
+  negative->set_new_len(-2);
+  ASSERT_TRUE(unary(&pb::DraftWorker::Stub::Truncate, tr, &tr_reply).ok());
+  ASSERT_EQ(tr_reply.results_size(), 2);
+  EXPECT_EQ(tr_reply.results(0).seq_id(), 77u);
+  EXPECT_EQ(tr_reply.results(0).status().code(), static_cast<int>(grpc::StatusCode::NOT_FOUND));
+  EXPECT_EQ(tr_reply.results(0).status().message(), "unknown sequence 77");
+  EXPECT_EQ(tr_reply.results(1).status().code(),
+            static_cast<int>(grpc::StatusCode::INVALID_ARGUMENT));
+  pb::TruncateRequest repeated;
+  *repeated.add_sequences() = *negative;
+  *repeated.add_sequences() = *negative;
+  st = unary(&pb::DraftWorker::Stub::Truncate, repeated, &tr_reply);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(st.error_message(), "Truncate: seq_id 1 appears more than once in the request");
+  pb::TruncateRequest query;
+  pb::TruncateSequence* q = query.add_sequences();
+  q->set_seq_id(1);
+  q->set_new_len(7);
+  q->set_query_step(4);
+  q->add_query_tokens(3);
+  ASSERT_TRUE(unary(&pb::DraftWorker::Stub::Truncate, query, &tr_reply).ok());
+  ASSERT_EQ(tr_reply.results_size(), 1);
+  EXPECT_EQ(tr_reply.results(0).status().code(),
+            static_cast<int>(grpc::StatusCode::FAILED_PRECONDITION));
   EXPECT_EQ(
-      st.error_message(),
+      tr_reply.results(0).status().message(),
       "sequence 1: no kept row for query_step 4 (3 rows are kept from the last Draft/Verify)");
   pb::ReadRowsRequest rr;
-  rr.set_seq_id(1);
-  rr.set_step(0);
   pb::ReadRowsResponse rr_reply;
   EXPECT_EQ(unary(&pb::DraftWorker::Stub::ReadRows, rr, &rr_reply).error_code(),
-            grpc::StatusCode::FAILED_PRECONDITION);
-  rr.set_step(3);
+            grpc::StatusCode::INVALID_ARGUMENT);
+  pb::RowQuery* row0 = rr.add_rows();
+  row0->set_seq_id(1);
+  row0->set_step(0);
+  pb::RowQuery* row3 = rr.add_rows();
+  row3->set_seq_id(1);
+  row3->set_step(3);
   ASSERT_TRUE(unary(&pb::DraftWorker::Stub::ReadRows, rr, &rr_reply).ok());
-  EXPECT_FALSE(rr_reply.dense());  // top-k 30 of 512: sparse
-  EXPECT_EQ(rr_reply.ids_size(), 30);
-  EXPECT_EQ(rr_reply.cache().cached_len(), 8);
+  ASSERT_EQ(rr_reply.rows_size(), 2);
+  EXPECT_EQ(rr_reply.rows(0).status().code(),
+            static_cast<int>(grpc::StatusCode::FAILED_PRECONDITION));
+  EXPECT_EQ(rr_reply.rows(1).status().code(), 0);
+  EXPECT_FALSE(rr_reply.rows(1).dense());  // top-k 30 of 512: sparse
+  EXPECT_EQ(rr_reply.rows(1).ids_size(), 30);
+  EXPECT_EQ(rr_reply.rows(1).cache().cached_len(), 8);
   pb::ReleaseRequest rel;
   rel.set_seq_id(99);
   pb::ReleaseResponse rel_reply;
@@ -300,13 +327,14 @@ TEST_F(WorkerProcessTest, SigtermDrainsInFlightCallsAndExitsZero) {
     *req.add_sequences() = DraftSeq(10 + i, Tokens(100, i), 0, 64, Sampled(), i, 100);
   }
   bool signalled = false;
-  const DraftCall call = CallDraft(*ds, req, [&](grpc::ClientContext&, const pb::DraftResponse&) {
-    if (!signalled) draft->Signal(SIGTERM);
+  const DraftCall call = CallDraft(*ds, req, [&](grpc::ClientContext&) {
+    draft->Signal(SIGTERM);
     signalled = true;
   });
-  // The call was in flight when SIGTERM came, so it completes in full.
+  ASSERT_TRUE(signalled);
+  // The call was in flight when SIGTERM came (or already done), so it completes in full.
   EXPECT_TRUE(call.status.ok()) << call.status.error_message();
-  EXPECT_EQ(call.messages.size(), 64u);
+  EXPECT_EQ(call.response.steps_size(), 64);
   EXPECT_EQ(draft->Terminate(), 0) << draft->StderrText();
   EXPECT_THAT(draft->StderrText(), HasSubstr("SIGTERM: draining"));
 }
@@ -319,29 +347,31 @@ TEST_F(WorkerProcessTest, CancelledDraftKeepsTheCacheConsistent) {
   for (int i = 0; i < 16; ++i) {
     *req.add_sequences() = DraftSeq(10 + i, Tokens(200, i), 0, 64, Sampled(), i, 100);
   }
-  const DraftCall call = CallDraft(
-      *ds, req,
-      [](grpc::ClientContext& context, const pb::DraftResponse&) { context.TryCancel(); });
-  // Usually CANCELLED; OK when the whole stream was already on its way.
+  const DraftCall call =
+      CallDraft(*ds, req, [](grpc::ClientContext& context) { context.TryCancel(); });
+  // Usually CANCELLED; OK when the whole reply was already on its way.
   EXPECT_TRUE(call.status.error_code() == grpc::StatusCode::CANCELLED || call.status.ok())
       << call.status.error_message();
   // The worker still serves, and each sequence is either complete or absent.
   for (int i = 0; i < 16; ++i) {
     grpc::ClientContext context;
     pb::TruncateRequest tr;
-    tr.set_seq_id(10 + i);
-    tr.set_new_len(1000);
+    pb::TruncateSequence* t = tr.add_sequences();
+    t->set_seq_id(10 + i);
+    t->set_new_len(1000);
     pb::TruncateResponse reply;
-    const grpc::Status st = ds->Truncate(&context, tr, &reply);
-    if (st.ok()) {
-      EXPECT_EQ(reply.cache().cached_len(), 200 + 63);
+    ASSERT_TRUE(ds->Truncate(&context, tr, &reply).ok());
+    ASSERT_EQ(reply.results_size(), 1);
+    const pb::TruncateResult& result = reply.results(0);
+    if (result.status().code() == 0) {
+      EXPECT_EQ(result.cache().cached_len(), 200 + 63);
       grpc::ClientContext rc;
       pb::ReleaseRequest rel;
       rel.set_seq_id(10 + i);
       pb::ReleaseResponse rel_reply;
       EXPECT_TRUE(ds->Release(&rc, rel, &rel_reply).ok());
     } else {
-      EXPECT_EQ(st.error_code(), grpc::StatusCode::NOT_FOUND);
+      EXPECT_EQ(result.status().code(), static_cast<int>(grpc::StatusCode::NOT_FOUND));
     }
   }
   grpc::ClientContext context;

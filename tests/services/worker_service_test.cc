@@ -144,31 +144,39 @@ class WorkerServiceTest : public ::testing::TestWithParam<ModelKind> {
     return info;
   }
 
-  pb::TruncateResponse Truncate(bool draft, uint64_t seq, int64_t new_len, int32_t query_step = 0,
-                                const std::vector<int32_t>& query = {}) {
+  pb::TruncateResult Truncate(bool draft, uint64_t seq, int64_t new_len, int32_t query_step = 0,
+                              const std::vector<int32_t>& query = {}) {
     grpc::ClientContext context;
     pb::TruncateRequest req;
-    req.set_seq_id(seq);
-    req.set_new_len(new_len);
-    req.set_query_step(query_step);
-    req.mutable_query_tokens()->Assign(query.begin(), query.end());
+    pb::TruncateSequence* s = req.add_sequences();
+    s->set_seq_id(seq);
+    s->set_new_len(new_len);
+    s->set_query_step(query_step);
+    s->mutable_query_tokens()->Assign(query.begin(), query.end());
     pb::TruncateResponse reply;
     const grpc::Status st = draft ? w_->draft_stub->Truncate(&context, req, &reply)
                                   : w_->target_stub->Truncate(&context, req, &reply);
     EXPECT_TRUE(st.ok()) << st.error_message();
-    return reply;
+    EXPECT_EQ(reply.results_size(), 1);
+    if (reply.results_size() != 1) return {};
+    EXPECT_EQ(reply.results(0).status().code(), 0) << reply.results(0).status().message();
+    return reply.results(0);
   }
 
   std::vector<float> ReadRow(bool draft, uint64_t seq, int32_t step) {
     grpc::ClientContext context;
     pb::ReadRowsRequest req;
-    req.set_seq_id(seq);
-    req.set_step(step);
+    pb::RowQuery* q = req.add_rows();
+    q->set_seq_id(seq);
+    q->set_step(step);
     pb::ReadRowsResponse reply;
     const grpc::Status st = draft ? w_->draft_stub->ReadRows(&context, req, &reply)
                                   : w_->target_stub->ReadRows(&context, req, &reply);
     EXPECT_TRUE(st.ok()) << st.error_message();
-    return RowFromReply(reply, w_->vocab);
+    EXPECT_EQ(reply.rows_size(), 1);
+    if (reply.rows_size() != 1) return {};
+    EXPECT_EQ(reply.rows(0).status().code(), 0) << reply.rows(0).status().message();
+    return RowFromReply(reply.rows(0), w_->vocab);
   }
 
   void Release(bool draft, uint64_t seq) {
@@ -225,7 +233,7 @@ TEST_P(WorkerServiceTest, InfoDescribesModelKvAndTokenizer) {
     EXPECT_EQ(info->kv_total_blocks(), 4096 / 16);
     EXPECT_EQ(info->max_seq_len(), 512);
     EXPECT_EQ(info->num_threads(), 1);
-    EXPECT_EQ(info->max_draft_tokens(), 64);
+    EXPECT_EQ(info->max_speculative_tokens(), 64);
     EXPECT_EQ(info->max_candidates(), 64);
     EXPECT_NE(info->epoch(), 0u);
   }
@@ -258,7 +266,7 @@ TEST_P(WorkerServiceTest, SpeculativeRoundsMatchTheInProcessEngineBitForBit) {
                                        K, params, seed, prompt_len);
       const DraftCall draft = CallDraft(*w_->draft_stub, dreq);
       ASSERT_TRUE(draft.status.ok()) << draft.status.error_message();
-      ASSERT_EQ(draft.messages.size(), static_cast<size_t>(K));
+      ASSERT_EQ(draft.response.steps_size(), K);
       const ExpectedDraft want_d =
           ReferenceDraft(*w_->draft_oracle, x, prompt_len, params, seed, K);
       ExpectDraftEquals(draft, seq, want_d);
@@ -280,7 +288,7 @@ TEST_P(WorkerServiceTest, SpeculativeRoundsMatchTheInProcessEngineBitForBit) {
       if (n < K) {
         const std::vector<int32_t> ys =
             params.greedy() ? std::vector<int32_t>{want_v.argmax[n]} : want_v.candidates[n];
-        const pb::TruncateResponse tr =
+        const pb::TruncateResult tr =
             Truncate(true, seq, static_cast<int64_t>(x.size()) + n, n + 1, ys);
         len_d = tr.cache().cached_len();
         std::vector<float> want_q;
@@ -293,7 +301,7 @@ TEST_P(WorkerServiceTest, SpeculativeRoundsMatchTheInProcessEngineBitForBit) {
         EXPECT_EQ(len_d, static_cast<int64_t>(x.size()) + K - 1);
         next = want_v.bonus;
       }
-      const pb::TruncateResponse tt = Truncate(false, seq, static_cast<int64_t>(x.size()) + n);
+      const pb::TruncateResult tt = Truncate(false, seq, static_cast<int64_t>(x.size()) + n);
       EXPECT_EQ(tt.cache().cached_len(), static_cast<int64_t>(x.size()) + n);
       // The rows stay readable after Truncate (the exact residual fallback).
       const int32_t r = std::min(n + 1, K);
@@ -327,12 +335,12 @@ TEST_P(WorkerServiceTest, SixteenSequencesInOneBatchEqualEachAlone) {
   for (const pb::DraftSequence& d : drafts) *together.add_sequences() = d;
   const DraftCall batched = CallDraft(*w_->draft_stub, together);
   ASSERT_TRUE(batched.status.ok()) << batched.status.error_message();
-  EXPECT_EQ(batched.messages.size(), 7u);  // the longest K
+  EXPECT_EQ(batched.response.steps_size(), 7);  // the longest K
 
   pb::VerifyRequest vtogether;
   for (const pb::DraftSequence& d : drafts) {
     const std::vector<int32_t> t = batched.tokens.at(d.seq_id());
-    ASSERT_EQ(t.size(), static_cast<size_t>(d.num_draft_tokens()));
+    ASSERT_EQ(t.size(), static_cast<size_t>(d.num_speculative_tokens()));
     *vtogether.add_sequences() =
         VerifySeq(d.seq_id(), {d.catch_up_tokens().begin(), d.catch_up_tokens().end()}, 0, t,
                   Variety(static_cast<int>(d.seq_id() - 200)), d.seed(), d.prompt_len(), 4);
@@ -353,7 +361,7 @@ TEST_P(WorkerServiceTest, SixteenSequencesInOneBatchEqualEachAlone) {
     const std::vector<int32_t> x(d.catch_up_tokens().begin(), d.catch_up_tokens().end());
     ExpectDraftEquals(batched, d.seq_id(),
                       ReferenceDraft(*w_->draft_oracle, x, d.prompt_len(), Variety(i), d.seed(),
-                                     d.num_draft_tokens()));
+                                     d.num_speculative_tokens()));
 
     pb::VerifyRequest valone;
     *valone.add_sequences() = vtogether.sequences(i);

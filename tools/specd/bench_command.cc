@@ -209,7 +209,7 @@ struct BenchConfig {
 };
 
 // The bounds keep absurd values (a billion streams, each a thread) from exhausting the machine.
-absl::StatusOr<int64_t> IntInRange(const Args& args, const char* name, int64_t min, int64_t max) {
+absl::StatusOr<int64_t> IntInRange(const Flags& args, const char* name, int64_t min, int64_t max) {
   SPECD_ASSIGN_OR_RETURN(const int64_t v, args.GetInt(name));
   if (v < min || v > max) {
     return absl::InvalidArgumentError(
@@ -218,7 +218,7 @@ absl::StatusOr<int64_t> IntInRange(const Args& args, const char* name, int64_t m
   return v;
 }
 
-absl::StatusOr<BenchConfig> ParseConfig(const Args& args) {
+absl::StatusOr<BenchConfig> ParseConfig(const Flags& args) {
   BenchConfig c;
   c.server = args.Get("server");
   SPECD_ASSIGN_OR_RETURN(c.streams, IntInRange(args, "streams", 1, 4096));
@@ -420,7 +420,7 @@ absl::StatusOr<v1::GetServerInfoResponse> ServerInfo(v1::Generation::Stub& stub,
 }
 
 int RunBench(const std::vector<std::string>& argv) {
-  const std::vector<Args::Flag> flags = {
+  const std::vector<FlagSpec> flags = {
       {"server", "address of a running `specd serve` (its coordinator)", "", false, true},
       {"streams", "concurrent streams (requests in flight at most)", "1"},
       {"requests", "requests per arm and repeat (default: 4 x --streams)", ""},
@@ -452,7 +452,7 @@ int RunBench(const std::vector<std::string>& argv) {
       {"quiet", "no progress display", "", true},
   };
   int exit_code = 0;
-  std::optional<Args> args = ParseOrExit("bench", kHelp, argv, flags, &exit_code);
+  std::optional<Flags> args = ParseOrExit("bench", kHelp, argv, flags, &exit_code);
   if (!args) return exit_code;
   auto fail = [](const absl::Status& st) { return ReportError("bench", st); };
   absl::StatusOr<BenchConfig> config = ParseConfig(*args);

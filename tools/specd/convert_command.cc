@@ -12,14 +12,14 @@ constexpr char kSummary[] =
     "  specd convert llama2c --checkpoint X.bin [--tokenizer tok.bin] --out DIR";
 
 int RunConvert(const std::vector<std::string>& argv) {
-  const std::vector<Args::Flag> flags = {
+  const std::vector<FlagSpec> flags = {
       {"checkpoint", "llama2.c model file (.bin)", "", false, true},
-      {"tokenizer", "llama2.c tokenizer file (.bin); writes tokenizer.json when given"},
+      {"tokenizer", "llama2.c tokenizer file (.bin); writes tokenizer.json when given", ""},
       {"out", "output directory", "", false, true},
       {"dtype", "weight dtype to write: f32, bf16 or f16", "f32"},
   };
   int exit_code = 0;
-  std::optional<Args> args = ParseOrExit("convert", kSummary, argv, flags, &exit_code);
+  std::optional<Flags> args = ParseOrExit("convert", kSummary, argv, flags, &exit_code);
   if (!args) return exit_code;
   if (args->positional().size() != 1 || args->positional()[0] != "llama2c") {
     std::cerr << "specd convert: the source format must be given: specd convert llama2c ...\n";

@@ -7,7 +7,9 @@
 #include "absl/strings/str_split.h"
 #include "common/engine/decode_loop.h"
 #include "common/engine/llama_engine.h"
+#include "common/tokenizer/text_output.h"
 #include "common/tokenizer/tokenizer.h"
+#include "kernels/backend.h"
 #include "tools/specd/command.h"
 #include "tools/specd/progress.h"
 #include "tools/specd/remote_generate.h"
@@ -33,7 +35,7 @@ absl::StatusOr<std::vector<int32_t>> ParseIds(const std::string& text) {
   return ids;
 }
 
-int RunClient(const Args& args) {
+int RunClient(const Flags& args) {
   auto fail = [](const absl::Status& st) { return ReportError("generate", st); };
   v1::GenerateRequest req;
   if (args.Has("prompt-ids")) {
@@ -83,7 +85,7 @@ int RunClient(const Args& args) {
 }
 
 int RunGenerate(const std::vector<std::string>& argv) {
-  std::vector<Args::Flag> flags = {
+  std::vector<FlagSpec> flags = {
       {"server", "address of a running `specd serve` (client mode)", ""},
       {"model", "model directory (Hugging Face format), for in-process generation", ""},
       {"k", "client mode: num_speculative_tokens (default: the server's)", ""},
@@ -98,17 +100,18 @@ int RunGenerate(const std::vector<std::string>& argv) {
       {"top-p", "nucleus mass in (0, 1]", "1"},
       {"min-p", "min-p filter in [0, 1]", "0"},
       {"seed", "sampling seed (client mode: unset lets the server pick)", ""},
+      {"backend", "compute back end for --model: cpu, cuda or auto", "auto"},
       {"threads", "CPU threads (0 = all cores)", "0"},
       {"kv-tokens", "KV cache capacity in tokens", "4096"},
       {"exit-layer", "run only the first L layers (early-exit draft)", "0"},
       {"ignore-eos", "do not stop at the model's EOS tokens", "", true},
   };
-  for (Args::Flag& f : ClientSecurityFlags(/*with_token=*/true)) {
+  for (FlagSpec& f : ClientSecurityFlags(/*with_token=*/true)) {
     f.help = "client mode: " + f.help;
     flags.push_back(std::move(f));
   }
   int exit_code = 0;
-  std::optional<Args> args = ParseOrExit("generate", kSummary, argv, flags, &exit_code);
+  std::optional<Flags> args = ParseOrExit("generate", kSummary, argv, flags, &exit_code);
   if (!args) return exit_code;
   auto fail = [](const absl::Status& st) { return ReportError("generate", st); };
 
@@ -176,16 +179,22 @@ int RunGenerate(const std::vector<std::string>& argv) {
   load.progress = [&load_progress](int64_t done, int64_t total) {
     load_progress.Update(done, total, "tensors");
   };
+  kernels::BackendOptions backend;
+  absl::StatusOr<kernels::BackendKind> kind = kernels::ParseBackendKind(args->Get("backend"));
+  if (!kind.ok()) return fail(kind.status());
+  backend.kind = *kind;
+  backend.num_threads = static_cast<int>(threads);
   EngineOptions options;
   options.kv_capacity_tokens = kv_tokens;
-  absl::StatusOr<std::unique_ptr<LlamaEngine>> engine =
-      CreateCpuEngine(dir, static_cast<int>(threads), options, load);
+  absl::StatusOr<std::unique_ptr<LlamaEngine>> engine = CreateEngine(dir, backend, options, load);
   load_progress.Done();
   if (!engine.ok()) return fail(engine.status());
 
-  std::optional<IncrementalDetokenizer> detok;
+  // The served path's text: the prompt primes the detokenizer, so the first generated word keeps
+  // its leading space.
+  std::optional<TextOutput> text_out;
   if (tokenizer != nullptr) {
-    detok.emplace(*tokenizer);
+    text_out.emplace(tokenizer.get(), std::vector<std::string>(), req.prompt);
     std::cout << args->Get("prompt") << std::flush;
   }
   auto start = std::chrono::steady_clock::now();
@@ -195,22 +204,22 @@ int RunGenerate(const std::vector<std::string>& argv) {
     if (first_token == std::chrono::steady_clock::time_point()) {
       first_token = std::chrono::steady_clock::now();
     }
-    if (!detok) {
+    if (!text_out) {
       std::cout << id << " " << std::flush;
       return;
     }
-    absl::StatusOr<std::string> text = detok->Push(std::span<const int32_t>(&id, 1));
-    if (!text.ok()) {
-      stream_status = text.status();
+    absl::StatusOr<TextOutput::Chunk> chunk = text_out->Push(std::span<const int32_t>(&id, 1));
+    if (!chunk.ok()) {
+      stream_status = chunk.status();
       return;
     }
-    std::cout << *text << std::flush;
+    std::cout << chunk->text << std::flush;
   };
   absl::StatusOr<DecodeResult> result = DecodePlain(**engine, 0, req, on_token);
   const auto end = std::chrono::steady_clock::now();
   if (!result.ok()) return fail(result.status());
-  if (detok) {
-    absl::StatusOr<std::string> tail = detok->Flush();
+  if (text_out) {
+    absl::StatusOr<std::string> tail = text_out->Finish();
     if (tail.ok()) std::cout << *tail;
   }
   std::cout << std::endl;

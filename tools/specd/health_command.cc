@@ -19,14 +19,14 @@ namespace {
 constexpr char kSummary[] = "exit 0 when a specd process answers gRPC health SERVING";
 
 int RunHealth(const std::vector<std::string>& argv) {
-  std::vector<Args::Flag> flags = {
+  std::vector<FlagSpec> flags = {
       {"server", "address host:port of a specd coordinator or worker", "", false, true},
       {"service", "health service name; empty = the whole server", ""},
       {"timeout", "seconds to wait for the answer", "5"},
   };
-  for (Args::Flag& f : ClientSecurityFlags(/*with_token=*/false)) flags.push_back(std::move(f));
+  for (FlagSpec& f : ClientSecurityFlags(/*with_token=*/false)) flags.push_back(std::move(f));
   int exit_code = 0;
-  std::optional<Args> args = ParseOrExit("health", kSummary, argv, flags, &exit_code);
+  std::optional<Flags> args = ParseOrExit("health", kSummary, argv, flags, &exit_code);
   if (!args) return exit_code;
   absl::StatusOr<double> timeout = args->GetDouble("timeout");
   if (!timeout.ok()) return ReportError("health", timeout.status());

@@ -10,8 +10,8 @@
 
 namespace specd::cli {
 
-std::vector<Args::Flag> ClientSecurityFlags(bool with_token) {
-  std::vector<Args::Flag> flags = {
+std::vector<FlagSpec> ClientSecurityFlags(bool with_token) {
+  std::vector<FlagSpec> flags = {
       {"tls-ca", "PEM file of the CA certificates to trust: connect over TLS (default: plaintext)",
        ""},
   };
@@ -22,7 +22,7 @@ std::vector<Args::Flag> ClientSecurityFlags(bool with_token) {
   return flags;
 }
 
-ClientSecurity ClientSecurityFromArgs(const Args& args) {
+ClientSecurity ClientSecurityFromArgs(const Flags& args) {
   ClientSecurity security;
   security.tls_ca_file = args.Get("tls-ca");
   if (args.Has("token")) {

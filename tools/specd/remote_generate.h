@@ -21,10 +21,10 @@ struct ClientSecurity {
 };
 
 // --tls-ca, and --token when `with_token` (health is unauthenticated, so it needs no token).
-std::vector<Args::Flag> ClientSecurityFlags(bool with_token);
+std::vector<FlagSpec> ClientSecurityFlags(bool with_token);
 
 // From the flags above; the token falls back to $SPECD_TOKEN, which keeps it out of `ps`.
-ClientSecurity ClientSecurityFromArgs(const Args& args);
+ClientSecurity ClientSecurityFromArgs(const Flags& args);
 
 // A channel to `server` with TLS when `security` has a CA file; INVALID_ARGUMENT or NOT_FOUND
 // naming --tls-ca when that file is not a readable PEM certificate.

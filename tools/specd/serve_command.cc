@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -64,8 +65,9 @@ struct Child {
   std::vector<std::string> args;  // all but --listen and --metrics-port
   // What to ask for; after the first start, what it got, so that a restart keeps its addresses.
   std::string listen;
-  std::string metrics_port;  // "-1" = off
-  std::string http_listen;   // the coordinator's HTTP API; "" = off
+  std::string metrics_port;     // "-1" = off
+  std::string metrics_address;  // HOST:PORT, once the child has said it
+  std::string http_listen;      // the coordinator's HTTP API; "" = off
   pid_t pid = -1;
   int out_fd = -1;  // its stdout, read until it says where it listens
   absl::Time started;
@@ -158,6 +160,7 @@ absl::Status WaitForAddress(Child& child, const sigset_t& stop_signals) {
       buffer.erase(0, eol + 1);
       if (!line.empty() && line.back() == '\r') line.pop_back();
       if (absl::StartsWith(line, "metrics on ")) {
+        child.metrics_address = line.substr(11);
         child.metrics_port = line.substr(line.rfind(':') + 1);
       } else if (absl::StartsWith(line, "http on ")) {
         child.http_listen = line.substr(8);
@@ -208,9 +211,6 @@ absl::Status Start(Child& child, const sigset_t& stop_signals, const std::string
   if (absl::Status st = WaitForAddress(child, stop_signals); !st.ok()) return st;
   WritePidFile(child, pid_dir);
   LogLine(absl::StrCat(child.name, " pid ", child.pid, " on ", child.listen));
-  if (child.metrics_port != "-1") {
-    LogLine(absl::StrCat(child.name, " metrics on 127.0.0.1:", child.metrics_port));
-  }
   return absl::OkStatus();
 }
 
@@ -289,7 +289,7 @@ int WaitForEvent(const std::vector<Child>& children, const sigset_t& signals) {
 }
 
 int RunServe(const std::vector<std::string>& argv) {
-  const std::vector<Args::Flag> flags = {
+  const std::vector<FlagSpec> flags = {
       {"target", "target model directory", "", false, true},
       {"draft", "draft model directory (same tokenizer as the target)", ""},
       {"draft-exit-layer", "instead of --draft: the target's first L layers as the draft", ""},
@@ -314,6 +314,10 @@ int RunServe(const std::vector<std::string>& argv) {
        "how long requests wait for a crashed or hung worker before failing with UNAVAILABLE", "30"},
       {"metrics", "serve Prometheus /metrics on the coordinator and workers (free ports)", "",
        true},
+      {"metrics-port",
+       "serve /metrics on fixed ports: the coordinator on PORT, the target worker on PORT+1 and "
+       "the draft worker on PORT+2 (implies --metrics)",
+       ""},
       {"pid-dir",
        "write each child's pid to DIR/{target-worker,draft-worker,coordinator}.pid, rewritten "
        "on every restart (for scripts that signal them)",
@@ -321,7 +325,7 @@ int RunServe(const std::vector<std::string>& argv) {
       {"bin-dir", "directory of the specd-* service binaries (default: found next to specd)", ""},
   };
   int exit_code = 0;
-  std::optional<Args> args = ParseOrExit("serve", kSummary, argv, flags, &exit_code);
+  std::optional<Flags> args = ParseOrExit("serve", kSummary, argv, flags, &exit_code);
   if (!args) return exit_code;
   if (args->Has("draft") && args->Has("draft-exit-layer")) {
     return ReportError(
@@ -342,7 +346,14 @@ int RunServe(const std::vector<std::string>& argv) {
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
   const std::string bin_dir = args->Get("bin-dir");
-  const std::string metrics = args->GetBool("metrics") ? "0" : "-1";
+  // Each child's /metrics port: -1 off, 0 a free one, else fixed.
+  std::array<std::string, 3> metrics_ports;  // coordinator, target, draft
+  metrics_ports.fill(args->GetBool("metrics") ? "0" : "-1");
+  if (args->Has("metrics-port")) {
+    absl::StatusOr<int64_t> base = args->GetInt("metrics-port", 1, 65533);
+    if (!base.ok()) return ReportError("serve", base.status());
+    for (int64_t i = 0; i < 3; ++i) metrics_ports[static_cast<size_t>(i)] = absl::StrCat(*base + i);
+  }
   const std::vector<std::string> common = {
       "--backend", args->Get("backend"), "--kv-dtype",  args->Get("kv-dtype"),
       "--threads", args->Get("threads"), "--kv-tokens", args->Get("kv-tokens")};
@@ -364,7 +375,7 @@ int RunServe(const std::vector<std::string>& argv) {
   target.args = {"--model", args->Get("target")};
   target.args.insert(target.args.end(), common.begin(), common.end());
   target.listen = "127.0.0.1:0";
-  target.metrics_port = metrics;
+  target.metrics_port = metrics_ports[1];
   if (absl::Status st = Start(target, signals, pid_dir); !st.ok()) return fail(st);
 
   std::string draft_addr;
@@ -379,7 +390,7 @@ int RunServe(const std::vector<std::string>& argv) {
     }
     draft.args.insert(draft.args.end(), common.begin(), common.end());
     draft.listen = "127.0.0.1:0";
-    draft.metrics_port = metrics;
+    draft.metrics_port = metrics_ports[2];
     if (absl::Status st = Start(draft, signals, pid_dir); !st.ok()) return fail(st);
     draft_addr = draft.listen;
   }
@@ -408,7 +419,7 @@ int RunServe(const std::vector<std::string>& argv) {
   // Asked for once; a restart reuses the address the coordinator got (see WaitForAddress).
   coord.http_listen = args->Get("http-listen");
   coord.listen = args->Get("listen");
-  coord.metrics_port = metrics;
+  coord.metrics_port = metrics_ports[0];
   if (absl::Status st = Start(coord, signals, pid_dir); !st.ok()) return fail(st);
   // The coordinator listens before it has checked its workers; announce the address only once
   // its health says SERVING, so a client that connects right away is served.
@@ -426,6 +437,11 @@ int RunServe(const std::vector<std::string>& argv) {
   }
   if (!serving) {
     return fail(absl::DeadlineExceededError("the coordinator did not become SERVING in 120 s"));
+  }
+  for (const Child& child : children) {
+    if (!child.metrics_address.empty()) {
+      std::cout << child.name << " metrics on http://" << child.metrics_address << "/metrics\n";
+    }
   }
   if (!coord.http_listen.empty()) std::cout << "http on " << coord.http_listen << std::endl;
   std::cout << "listening on " << coord.listen << std::endl;

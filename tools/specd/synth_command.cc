@@ -15,7 +15,7 @@ constexpr char kSummary[] =
     "  specd synth --early-exit-of TARGET_DIR --layers 2 --out DIR";
 
 int RunSynth(const std::vector<std::string>& argv) {
-  const std::vector<Args::Flag> flags = {
+  const std::vector<FlagSpec> flags = {
       {"out", "output directory", "", false, true},
       {"shape", "shape preset: " + absl::StrJoin(ShapePresetNames(), ", "), "tiny"},
       {"dtype", "weight dtype: f32, bf16 or f16", "f32"},
@@ -23,14 +23,14 @@ int RunSynth(const std::vector<std::string>& argv) {
       {"residual-scale",
        "scale s of attention/MLP output projections; smaller s = an early-exit draft agrees more",
        "0.1"},
-      {"vocab", "override the preset's vocabulary size"},
-      {"layers", "override the number of layers (or, with --early-exit-of, layers to keep)"},
+      {"vocab", "override the preset's vocabulary size", ""},
+      {"layers", "override the number of layers (or, with --early-exit-of, layers to keep)", ""},
       {"shards", "number of safetensors shards to write", "1"},
       {"tied", "tie the classifier to the embedding", "", true},
-      {"early-exit-of", "write a draft keeping the first --layers layers of this checkpoint"},
+      {"early-exit-of", "write a draft keeping the first --layers layers of this checkpoint", ""},
   };
   int exit_code = 0;
-  std::optional<Args> args = ParseOrExit("synth", kSummary, argv, flags, &exit_code);
+  std::optional<Flags> args = ParseOrExit("synth", kSummary, argv, flags, &exit_code);
   if (!args) return exit_code;
   const std::filesystem::path out = args->Get("out");
   Progress progress("synth");

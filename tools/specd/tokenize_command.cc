@@ -27,7 +27,7 @@ std::string ReadStdin() {
 }
 
 int RunTokenize(const std::vector<std::string>& argv) {
-  const std::vector<Args::Flag> flags = {
+  const std::vector<FlagSpec> flags = {
       {"model", "model directory with tokenizer.json", "", false, true},
       {"text", "text to tokenize; stdin is read when absent", ""},
       {"parse-special", "recognise special tokens such as <|eot_id|> written in the text", "",
@@ -36,7 +36,7 @@ int RunTokenize(const std::vector<std::string>& argv) {
       {"format", "ids (one line), json (array of ids) or pieces (id and piece per line)", "ids"},
   };
   int exit_code = 0;
-  const std::optional<Args> args =
+  const std::optional<Flags> args =
       ParseOrExit("tokenize", kTokenizeSummary, argv, flags, &exit_code);
   if (!args) return exit_code;
   if (!args->positional().empty()) {
@@ -80,12 +80,12 @@ int RunTokenize(const std::vector<std::string>& argv) {
 }
 
 int RunDetokenize(const std::vector<std::string>& argv) {
-  const std::vector<Args::Flag> flags = {
+  const std::vector<FlagSpec> flags = {
       {"model", "model directory with tokenizer.json", "", false, true},
       {"skip-special", "leave special tokens (BOS, EOS, ...) out of the text", "", true},
   };
   int exit_code = 0;
-  const std::optional<Args> args =
+  const std::optional<Flags> args =
       ParseOrExit("detokenize", kDetokenizeSummary, argv, flags, &exit_code);
   if (!args) return exit_code;
   std::vector<std::string> words = args->positional();

@@ -109,7 +109,7 @@ struct ExpectedDraft {
 };
 
 // Drafts K tokens after committed tokens `x` autoregressively. `greedy_mode` is
-// DRAFT_MODE_GREEDY: take the argmax of the processed row and report a point mass.
+// DRAFT_SAMPLING_GREEDY: take the argmax of the processed row and report a point mass.
 inline ExpectedDraft ReferenceDraft(RowOracle& oracle, const std::vector<int32_t>& x,
                                     int64_t prompt_len, const SamplingParams& params, uint64_t seed,
                                     int32_t K, bool greedy_mode = false) {

@@ -121,7 +121,7 @@ DraftSequenceRequest DraftReq(SeqId seq, std::vector<int32_t> catch_up, int64_t 
   r.seq = seq;
   r.catch_up = std::move(catch_up);
   r.expected_cached_len = cached;
-  r.num_draft_tokens = K;
+  r.num_speculative_tokens = K;
   r.sampling = p;
   r.seed = seed;
   r.prompt_len = prompt_len;
@@ -234,10 +234,10 @@ TEST_F(WorkerRuntimeTest, DraftFollowsTheDraftSampleStreamOverTwoRounds) {
 TEST_F(WorkerRuntimeTest, GreedyDraftsArePointMasses) {
   auto rt = Runtime();
   const std::vector<int32_t> prompt = Prompt(9, 3);
-  // Temperature 0, and DRAFT_MODE_GREEDY over a filtered row.
+  // Temperature 0, and DRAFT_SAMPLING_GREEDY over a filtered row.
   DraftSequenceRequest a = DraftReq(1, prompt, 0, 4, Greedy(), 5, 9);
   DraftSequenceRequest b = DraftReq(2, prompt, 0, 4, Filtered(), 5, 9);
-  b.mode = DraftMode::kGreedy;
+  b.draft_sampling = DraftSampling::kGreedy;
   DraftLog log;
   const auto out = rt->Draft(std::vector<DraftSequenceRequest>{a, b}, log.Callback());
   ASSERT_TRUE(out[0].status.ok() && out[1].status.ok());
@@ -386,13 +386,13 @@ TEST_F(WorkerRuntimeTest, BatchedSequencesEqualEachAlone) {
     auto alone = Runtime();
     DraftLog log;
     alone->Draft(Drafts{d}, log.Callback());
-    ASSERT_EQ(together.tokens[d.seq].size(), static_cast<size_t>(d.num_draft_tokens));
+    ASSERT_EQ(together.tokens[d.seq].size(), static_cast<size_t>(d.num_speculative_tokens));
     ExpectDraftEquals(together.tokens[d.seq],
                       testing::ReferenceDraft(oracle_, d.catch_up, d.prompt_len, d.sampling, d.seed,
-                                              d.num_draft_tokens));
+                                              d.num_speculative_tokens));
     ExpectDraftEquals(log.tokens[d.seq],
                       testing::ReferenceDraft(oracle_, d.catch_up, d.prompt_len, d.sampling, d.seed,
-                                              d.num_draft_tokens));
+                                              d.num_speculative_tokens));
   }
 }
 
@@ -460,7 +460,7 @@ TEST_F(WorkerRuntimeTest, PerSequenceErrorsAreIsolated) {
   EXPECT_EQ(dout[1].status.code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(dout[2].status.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(dout[3].status.message()),
-              HasSubstr("num_draft_tokens must be in [1, 64], got 65"));
+              HasSubstr("num_speculative_tokens must be in [1, 64], got 65"));
   EXPECT_EQ(log.failed.size(), 3u);
   EXPECT_EQ(log.tokens[5].size(), 2u);
   EXPECT_EQ(dout[0].cached_len, 12);

@@ -14,6 +14,7 @@
 #include "absl/strings/str_join.h"
 #include "common/synth/synth.h"
 #include "gtest/gtest.h"
+#include "services/coordinator/local_worker.h"
 #include "services/coordinator/speculation_round.h"
 #include "tests/base/chi_square.h"
 #include "tests/common/engine/engine_test_util.h"
@@ -42,18 +43,23 @@ class BrokenResidualDraft final : public WorkerApi {
       std::span<const VerifySequenceRequest> batch) override {
     return inner_.Verify(batch);
   }
-  absl::StatusOr<TruncateResult> Truncate(SeqId seq, int64_t new_len, int32_t step,
-                                          std::span<const int32_t> ys) override {
-    absl::StatusOr<TruncateResult> r = inner_.Truncate(seq, new_len, step, ys);
-    if (r.ok()) std::fill(r->q_probs.begin(), r->q_probs.end(), 0.0f);
+  absl::StatusOr<std::vector<SequenceAnswer<TruncateResult>>> Truncate(
+      std::span<const TruncateSequenceRequest> batch) override {
+    absl::StatusOr<std::vector<SequenceAnswer<TruncateResult>>> r = inner_.Truncate(batch);
+    if (r.ok()) {
+      for (SequenceAnswer<TruncateResult>& a : *r) {
+        if (a.value.ok()) std::fill(a.value->q_probs.begin(), a.value->q_probs.end(), 0.0f);
+      }
+    }
     return r;
   }
-  absl::StatusOr<ProbRow> ReadRow(SeqId seq, int32_t step) override {
-    return inner_.ReadRow(seq, step);
+  absl::StatusOr<std::vector<SequenceAnswer<ProbRow>>> ReadRows(
+      std::span<const RowQuery> batch) override {
+    return inner_.ReadRows(batch);
   }
-  absl::StatusOr<std::vector<float>> QueryLogprobs(SeqId seq, int32_t step,
-                                                   std::span<const int32_t> tokens) override {
-    return inner_.QueryLogprobs(seq, step, tokens);
+  absl::StatusOr<std::vector<SequenceAnswer<std::vector<float>>>> QueryLogprobs(
+      std::span<const LogprobQuery> batch) override {
+    return inner_.QueryLogprobs(batch);
   }
   absl::Status Release(SeqId seq) override { return inner_.Release(seq); }
   int64_t FreeKvTokens() const override { return inner_.FreeKvTokens(); }

@@ -196,7 +196,9 @@ TEST_P(GoldenE2eTest, Stories260KStreamsTheGoldenTextForEveryK) {
           << "prompt '" << prompt << "', K = " << k;
       EXPECT_EQ(prompt + s.text, text) << "prompt '" << prompt << "', K = " << k;
       EXPECT_EQ(s.last.finish_reason(), v1::FINISH_REASON_LENGTH);
-      if (k > 0 && !adaptive) EXPECT_GT(s.last.usage().draft_tokens(), 0u);
+      if (k > 0 && !adaptive) {
+        EXPECT_GT(s.last.usage().draft_tokens(), 0u);
+      }
     }
   }
   service->ExpectNoBlocksUsed();

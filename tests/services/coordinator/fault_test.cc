@@ -25,6 +25,7 @@
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
+#include "services/coordinator/local_worker.h"
 #include "services/coordinator/scheduler.h"
 #include "specd/v1/generation.grpc.pb.h"
 #include "specd/worker/v1/worker.grpc.pb.h"
@@ -99,22 +100,33 @@ class FaultyWorker final : public WorkerApi {
     }
     return runtime_->Verify(batch);
   }
-  absl::StatusOr<TruncateResult> Truncate(SeqId seq, int64_t new_len, int32_t query_step,
-                                          std::span<const int32_t> query_tokens) override {
+  absl::StatusOr<std::vector<SequenceAnswer<TruncateResult>>> Truncate(
+      std::span<const TruncateSequenceRequest> batch) override {
     std::lock_guard<std::mutex> lock(mu_);
     SPECD_RETURN_IF_ERROR(CheckUp());
-    return runtime_->Truncate(seq, new_len, query_step, query_tokens);
+    std::vector<SequenceAnswer<TruncateResult>> out;
+    for (const TruncateSequenceRequest& r : batch) {
+      out.push_back({r.seq, runtime_->Truncate(r.seq, r.new_len, r.query_step, r.query_tokens)});
+    }
+    return out;
   }
-  absl::StatusOr<ProbRow> ReadRow(SeqId seq, int32_t step) override {
+  absl::StatusOr<std::vector<SequenceAnswer<ProbRow>>> ReadRows(
+      std::span<const RowQuery> batch) override {
     std::lock_guard<std::mutex> lock(mu_);
     SPECD_RETURN_IF_ERROR(CheckUp());
-    return runtime_->ReadRow(seq, step);
+    std::vector<SequenceAnswer<ProbRow>> out;
+    for (const RowQuery& q : batch) out.push_back({q.seq, runtime_->ReadRow(q.seq, q.step)});
+    return out;
   }
-  absl::StatusOr<std::vector<float>> QueryLogprobs(SeqId seq, int32_t step,
-                                                   std::span<const int32_t> tokens) override {
+  absl::StatusOr<std::vector<SequenceAnswer<std::vector<float>>>> QueryLogprobs(
+      std::span<const LogprobQuery> batch) override {
     std::lock_guard<std::mutex> lock(mu_);
     SPECD_RETURN_IF_ERROR(CheckUp());
-    return runtime_->QueryLogprobs(seq, step, tokens);
+    std::vector<SequenceAnswer<std::vector<float>>> out;
+    for (const LogprobQuery& q : batch) {
+      out.push_back({q.seq, runtime_->QueryLogprobs(q.seq, q.step, q.tokens)});
+    }
+    return out;
   }
   absl::Status Release(SeqId seq) override {
     std::lock_guard<std::mutex> lock(mu_);
@@ -123,8 +135,7 @@ class FaultyWorker final : public WorkerApi {
   }
   int64_t FreeKvTokens() const override {
     std::lock_guard<std::mutex> lock(mu_);
-    const KvPool& kv = runtime_->engine().kv();
-    return kv.free_blocks() * kv.block_size();
+    return runtime_->kv_free().tokens;
   }
   absl::StatusOr<WorkerProbe> Probe(absl::Duration /*timeout*/) override {
     std::lock_guard<std::mutex> lock(mu_);

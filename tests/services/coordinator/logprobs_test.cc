@@ -19,6 +19,7 @@
 #include "common/synth/synth.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "services/coordinator/local_worker.h"
 #include "services/coordinator/speculation_round.h"
 #include "tests/base/chi_square.h"
 #include "tests/common/engine/engine_test_util.h"

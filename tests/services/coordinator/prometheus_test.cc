@@ -314,5 +314,56 @@ TEST(PrometheusTest, PromqlAcceptanceRateMatchesUsageAndDashboardQueriesRun) {
   EXPECT_GT(queries, 10);
 }
 
+// Three consecutive TCP ports on 127.0.0.1 that are free right now, for --metrics-port.
+int FreePortRun() {
+  for (int attempt = 0; attempt < 50; ++attempt) {
+    const int probe = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof addr;
+    bind(probe, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
+    getsockname(probe, reinterpret_cast<sockaddr*>(&addr), &len);
+    close(probe);
+    const int base = ntohs(addr.sin_port);
+    if (base > 65530) continue;
+    bool free = true;
+    for (int i = 0; i < 3 && free; ++i) {
+      const int fd = socket(AF_INET, SOCK_STREAM, 0);
+      addr.sin_port = htons(static_cast<uint16_t>(base + i));
+      free = bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0;
+      close(fd);
+    }
+    if (free) return base;
+  }
+  return 0;
+}
+
+// `specd serve --metrics-port P` serves each process's /metrics on a fixed port and says where.
+TEST(ServeMetricsTest, FixedPortsArePrintedAndServed) {
+  ScopedTempDir tmp;
+  const std::filesystem::path model = tmp.path() / "tiny";
+  ASSERT_TRUE(testing::PrepareModel(testing::ModelKind::kSynthetic, model).ok());
+  const int base = FreePortRun();
+  ASSERT_GT(base, 0);
+  auto serve = ChildProcess::Start(testing::BuiltBinary("tools/specd"),
+                                   {"serve", "--target", model.string(), "--draft-exit-layer", "1",
+                                    "--listen", "127.0.0.1:0", "--backend", "cpu", "--threads", "1",
+                                    "--kv-tokens", "512", "--metrics-port", std::to_string(base)});
+  ASSERT_TRUE(serve.ok()) << serve.status();
+  const std::vector<std::pair<std::string, int>> expected = {
+      {"target worker", base + 1}, {"draft worker", base + 2}, {"coordinator", base}};
+  for (const auto& [name, port] : expected) {
+    const std::string line = absl::StrCat(name, " metrics on http://127.0.0.1:", port, "/metrics");
+    EXPECT_THAT((*serve)->startup_lines(), ::testing::Contains(line));
+    absl::StatusOr<std::string> body = testing::HttpGet(port, "/metrics");
+    ASSERT_TRUE(body.ok()) << name << ": " << body.status();
+    EXPECT_THAT(*body,
+                ::testing::HasSubstr(name == "coordinator" ? "specd_spec_decode_num_drafts_total"
+                                                           : "specd_worker_kv_blocks"));
+  }
+  EXPECT_EQ((*serve)->Terminate(), 0);
+}
+
 }  // namespace
 }  // namespace specd

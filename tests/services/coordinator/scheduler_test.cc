@@ -15,6 +15,7 @@
 #include "common/tokenizer/tokenizer.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "services/coordinator/local_worker.h"
 #include "tests/common/engine/engine_test_util.h"
 #include "tests/test_util.h"
 

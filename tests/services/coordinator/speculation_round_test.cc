@@ -10,6 +10,7 @@
 #include "common/engine/decode_loop.h"
 #include "common/synth/synth.h"
 #include "gtest/gtest.h"
+#include "services/coordinator/local_worker.h"
 #include "tests/common/engine/engine_test_util.h"
 #include "tests/test_util.h"
 

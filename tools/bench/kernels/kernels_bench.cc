@@ -36,6 +36,7 @@
 #include <string>
 #include <vector>
 
+#include "base/math.h"
 #include "kernels/backend.h"
 #include "kernels/cpu/bandwidth.h"
 #include "kernels/cpu/cpu_backend.h"
@@ -86,7 +87,8 @@ class Arena {
   static constexpr size_t kHugePage = size_t{2} << 20;
 
   Arena(size_t bytes, bool huge_pages) {
-    const size_t rounded = (bytes + kHugePage - 1) / kHugePage * kHugePage;
+    const auto rounded = static_cast<size_t>(
+        RoundUpTo(static_cast<int64_t>(bytes), static_cast<int64_t>(kHugePage)));
     data_.reset(static_cast<uint8_t*>(std::aligned_alloc(kHugePage, rounded)));
     if (data_ == nullptr) Die(absl::ResourceExhaustedError("cannot allocate the weight arena"));
 #if defined(__linux__)

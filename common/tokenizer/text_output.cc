@@ -1,4 +1,4 @@
-#include "services/coordinator/text_output.h"
+#include "common/tokenizer/text_output.h"
 
 #include <algorithm>
 

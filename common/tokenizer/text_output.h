@@ -1,8 +1,8 @@
 // Turns a request's generated tokens into streamed text: incremental detokenization, then stop
 // strings that may straddle token boundaries. Text that could still be the start of a stop string
 // is held back until it cannot be; a completed stop string ends the request and is trimmed.
-#ifndef SPECD_SERVICES_COORDINATOR_TEXT_OUTPUT_H_
-#define SPECD_SERVICES_COORDINATOR_TEXT_OUTPUT_H_
+#ifndef SPECD_COMMON_TOKENIZER_TEXT_OUTPUT_H_
+#define SPECD_COMMON_TOKENIZER_TEXT_OUTPUT_H_
 
 #include <memory>
 #include <span>
@@ -46,4 +46,4 @@ class TextOutput {
 
 }  // namespace specd
 
-#endif  // SPECD_SERVICES_COORDINATOR_TEXT_OUTPUT_H_
+#endif  // SPECD_COMMON_TOKENIZER_TEXT_OUTPUT_H_
