@@ -91,7 +91,7 @@ absl::StatusOr<double> Flags::GetDouble(std::string_view name) const {
 absl::StatusOr<double> Flags::GetDouble(std::string_view name, double min, double max) const {
   const std::string text = Get(name);
   double value = 0;
-  if (!absl::SimpleAtod(text, &value) || std::isnan(value)) {
+  if (!absl::SimpleAtod(text, &value) || !std::isfinite(value)) {
     return absl::InvalidArgumentError(
         absl::StrCat("--", std::string(name), " must be a number, got '", text, "'"));
   }

@@ -93,6 +93,22 @@ void Backend::Free(void* data, int64_t bytes, MemoryKind kind) {
   FreeRaw(data, bytes, kind);
 }
 
+absl::Status Backend::BeginRecording() {
+  return absl::UnimplementedError(
+      absl::StrCat("the ", ToAbsl(name()), " back end does not record"));
+}
+
+absl::StatusOr<std::unique_ptr<RecordedWork>> Backend::EndRecording() {
+  return absl::UnimplementedError(
+      absl::StrCat("the ", ToAbsl(name()), " back end does not record"));
+}
+
+absl::Status Backend::Replay(const RecordedWork& work) {
+  (void)work;
+  return absl::UnimplementedError(
+      absl::StrCat("the ", ToAbsl(name()), " back end does not record"));
+}
+
 absl::StatusOr<BackendKind> ParseBackendKind(std::string_view name) {
   if (name == "cpu") return BackendKind::kCpu;
   if (name == "cuda") return BackendKind::kCuda;

@@ -365,6 +365,15 @@ struct LogprobsArgs {
 
 // ---------------------------------------------------------------------------------------------
 
+// Enqueued work recorded once and replayed as one launch (a CUDA graph), so a forward pass of a
+// few hundred small kernels costs one launch instead of hundreds. What a replay reads and writes
+// are the pointers and sizes it was recorded with; the caller changes only memory contents
+// between replays (the per-forward metadata, the activations).
+class RecordedWork {
+ public:
+  virtual ~RecordedWork() = default;
+};
+
 // Device memory as the back end sees it (the whole device, not only this process).
 struct DeviceMemory {
   int64_t free_bytes = 0;
@@ -417,6 +426,16 @@ class Backend {
   virtual absl::Status SampleRows(const SampleRowsArgs& args) = 0;
   virtual absl::Status GatherProbs(const GatherProbsArgs& args) = 0;
   virtual absl::Status Logprobs(const LogprobsArgs& args) = 0;
+
+  // Recording (see RecordedWork). Between BeginRecording and EndRecording, ops and copies are
+  // recorded instead of enqueued; nothing may allocate, download or synchronize. EndRecording
+  // after a failed op discards the recording and returns the stream to normal. Back ends that
+  // execute eagerly (the CPU) do not record: SupportsRecording() is false and the calls are
+  // UNIMPLEMENTED.
+  virtual bool SupportsRecording() const { return false; }
+  virtual absl::Status BeginRecording();
+  virtual absl::StatusOr<std::unique_ptr<RecordedWork>> EndRecording();
+  virtual absl::Status Replay(const RecordedWork& work);
 
  protected:
   // The memory primitives behind Allocate and ~Buffer.

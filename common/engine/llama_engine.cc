@@ -7,6 +7,7 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "base/absl_string.h"
 #include "base/math.h"
 #include "base/status_macros.h"
@@ -47,14 +48,24 @@ MetadataLayout LayoutFor(int64_t n_tokens, int64_t n_seqs, int64_t table_stride,
   return m;
 }
 
-// Grows `buffer` to at least `bytes` (contents are not kept).
+// Grows `buffer` to at least `bytes` (contents are not kept), counting moves in `*generation`.
 absl::Status Ensure(kernels::Backend& backend, kernels::Buffer& buffer, int64_t bytes,
-                    kernels::MemoryKind kind, std::string_view what) {
+                    kernels::MemoryKind kind, std::string_view what, int64_t* generation) {
   if (buffer.bytes() >= bytes) return absl::OkStatus();
+  ++*generation;
   buffer = kernels::Buffer();
   SPECD_ASSIGN_OR_RETURN(buffer, backend.Allocate(bytes, kind, what));
   return absl::OkStatus();
 }
+
+double GiB(int64_t bytes) { return static_cast<double>(bytes) / (1 << 30); }
+
+// Scratch a busy worker grows to: activations of a prefill chunk plus a decode batch, and logits
+// plus kept probability rows for a batch of verify rows.
+constexpr int64_t kReserveTokens = 1024;
+constexpr int64_t kReserveRows = 512;
+// The CUDA back end's op workspace and the runtime's own allocations.
+constexpr int64_t kReserveFixedBytes = int64_t{256} << 20;
 
 }  // namespace
 
@@ -64,7 +75,7 @@ absl::StatusOr<std::unique_ptr<LlamaEngine>> LlamaEngine::Create(
   if (weights == nullptr || backend == nullptr) {
     return absl::InvalidArgumentError("engine: weights and backend are required");
   }
-  const ModelConfig& c = weights->config;
+  const ModelConfig c = weights->config;  // a copy: the weights go away after their upload
   const int64_t max_seq_len =
       options.max_seq_len > 0 ? options.max_seq_len : c.max_position_embeddings;
   if (max_seq_len <= 0) {
@@ -83,12 +94,40 @@ absl::StatusOr<std::unique_ptr<LlamaEngine>> LlamaEngine::Create(
         absl::StrCat("engine: the ", ToAbsl(backend->name()), " back end cannot keep a ",
                      ToAbsl(kernels::DTypeName(options.kv_dtype)), " KV cache"));
   }
-  const int64_t num_blocks = CeilDiv(options.kv_capacity_tokens, options.kv_block_size);
+  if (!(options.gpu_memory_fraction >= 0.0 && options.gpu_memory_fraction <= 1.0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "engine: gpu_memory_fraction must be in [0, 1], got ", options.gpu_memory_fraction));
+  }
+  // The weights go up first, so that a memory share is sized from what they left.
+  SPECD_ASSIGN_OR_RETURN(DeviceWeights device_weights, UploadWeights(*weights, *backend, progress));
+  weights.reset();  // the file mapping is no longer needed
+  int64_t capacity_tokens = options.kv_capacity_tokens;
+  if (options.gpu_memory_fraction > 0.0) {
+    absl::StatusOr<kernels::DeviceMemory> mem = backend->QueryDeviceMemory();
+    // A back end without device memory (the CPU) is sized by kv_capacity_tokens.
+    if (mem.ok()) {
+      const ModelMemory own = EstimateModelMemory(c, options.kv_dtype);
+      SPECD_ASSIGN_OR_RETURN(
+          capacity_tokens,
+          KvTokensForShare(own, options.gpu_memory_fraction, mem->total_bytes,
+                           options.peer_fixed_bytes, options.peer_kv_bytes_per_token));
+      const int64_t kv_bytes = capacity_tokens * own.kv_bytes_per_token;
+      if (kv_bytes + own.scratch_reserve_bytes > mem->free_bytes) {
+        return absl::ResourceExhaustedError(absl::StrFormat(
+            "a KV cache of %d tokens (%.2f GiB) plus %.2f GiB of scratch needs more than the "
+            "%.2f GiB free on %s (of %.2f GiB; another process holds the rest); lower "
+            "--gpu-memory-fraction",
+            capacity_tokens, GiB(kv_bytes), GiB(own.scratch_reserve_bytes), GiB(mem->free_bytes),
+            std::string(backend->name()), GiB(mem->total_bytes)));
+      }
+    }
+  }
+  const int64_t num_blocks = CeilDiv(capacity_tokens, options.kv_block_size);
   const int64_t row_bytes = c.kv_dim() * kernels::DTypeSize(options.kv_dtype);
   const int64_t layer_rows = num_blocks * options.kv_block_size;
   if (layer_rows > kMaxKvBytes / std::max<int64_t>(1, 2 * c.num_layers * row_bytes)) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "engine: a KV cache of ", options.kv_capacity_tokens, " tokens needs ",
+        "engine: a KV cache of ", capacity_tokens, " tokens needs ",
         2 * c.num_layers * (layer_rows >> 10) * row_bytes >> 10, " MiB, over the 256 GiB limit"));
   }
   KvPoolConfig kv_config;
@@ -98,9 +137,9 @@ absl::StatusOr<std::unique_ptr<LlamaEngine>> LlamaEngine::Create(
   SPECD_ASSIGN_OR_RETURN(std::unique_ptr<KvPool> kv, KvPool::Create(kv_config));
   auto engine = std::unique_ptr<LlamaEngine>(
       new LlamaEngine(c, std::move(backend), std::move(kv), max_seq_len, options.kv_dtype));
+  engine->record_forwards_ = options.record_forwards;
   kernels::Backend& be = *engine->backend_;
-  SPECD_ASSIGN_OR_RETURN(engine->weights_, UploadWeights(*weights, be, progress));
-  weights.reset();  // the file mapping is no longer needed
+  engine->weights_ = std::move(device_weights);
   const int64_t cache_bytes = c.num_layers * layer_rows * row_bytes;
   SPECD_ASSIGN_OR_RETURN(engine->k_cache_,
                          be.Allocate(cache_bytes, kernels::MemoryKind::kKvCache, "the K cache"));
@@ -214,10 +253,10 @@ absl::Status LlamaEngine::UploadMetadata(std::span<const SequenceInput> batch, i
   const int64_t stride = kv_->max_blocks_per_seq();
   const MetadataLayout m =
       LayoutFor(n_tokens, static_cast<int64_t>(batch.size()), stride, n_logits, tree);
-  SPECD_RETURN_IF_ERROR(
-      Ensure(*backend_, staging_, m.bytes, kernels::MemoryKind::kStaging, "forward metadata"));
-  SPECD_RETURN_IF_ERROR(
-      Ensure(*backend_, meta_device_, m.bytes, kernels::MemoryKind::kScratch, "forward metadata"));
+  SPECD_RETURN_IF_ERROR(Ensure(*backend_, staging_, m.bytes, kernels::MemoryKind::kStaging,
+                               "forward metadata", &buffers_generation_));
+  SPECD_RETURN_IF_ERROR(Ensure(*backend_, meta_device_, m.bytes, kernels::MemoryKind::kScratch,
+                               "forward metadata", &buffers_generation_));
   char* host = staging_.as<char>();
   int32_t* ids = reinterpret_cast<int32_t*>(host + m.ids);
   int32_t* pos = reinterpret_cast<int32_t*>(host + m.pos);
@@ -273,15 +312,17 @@ absl::Status LlamaEngine::GrowScratch(int64_t n_tokens, int64_t n_logits) {
           std::pair{&s_.q, c.q_dim()}, std::pair{&s_.att, c.q_dim()}, std::pair{&s_.k, c.kv_dim()},
           std::pair{&s_.v, c.kv_dim()}, std::pair{&s_.gate, c.intermediate_size},
           std::pair{&s_.up, c.intermediate_size}}) {
-      SPECD_RETURN_IF_ERROR(Ensure(*backend_, *buffer, n * width * 4, kScratch, "activations"));
+      SPECD_RETURN_IF_ERROR(
+          Ensure(*backend_, *buffer, n * width * 4, kScratch, "activations", &buffers_generation_));
     }
     s_.tokens = n;
   }
   if (n_logits > s_.logit_rows) {
     const int64_t n = RoundUpTo(n_logits, 8);
-    SPECD_RETURN_IF_ERROR(
-        Ensure(*backend_, s_.xr, n * c.hidden_size * 4, kScratch, "final hidden states"));
-    SPECD_RETURN_IF_ERROR(Ensure(*backend_, s_.logits, n * c.vocab_size * 4, kScratch, "logits"));
+    SPECD_RETURN_IF_ERROR(Ensure(*backend_, s_.xr, n * c.hidden_size * 4, kScratch,
+                                 "final hidden states", &buffers_generation_));
+    SPECD_RETURN_IF_ERROR(Ensure(*backend_, s_.logits, n * c.vocab_size * 4, kScratch, "logits",
+                                 &buffers_generation_));
     s_.logit_rows = n;
   }
   return absl::OkStatus();
@@ -323,11 +364,51 @@ absl::StatusOr<Logits> LlamaEngine::Enqueue(std::span<const SequenceInput> batch
   kernels::Backend& be = *backend_;
   SPECD_RETURN_IF_ERROR(UploadMetadata(batch, n_tokens, n_logits));
   SPECD_RETURN_IF_ERROR(GrowScratch(n_tokens, n_logits));
+  if (record_forwards_ && be.SupportsRecording() && n_tokens <= kMaxRecordedTokens) {
+    SPECD_RETURN_IF_ERROR(
+        EnqueueModelRecorded(static_cast<int64_t>(batch.size()), n_tokens, n_logits));
+  } else {
+    SPECD_RETURN_IF_ERROR(EnqueueModel(n_tokens, n_logits));
+  }
+  Logits logits{nullptr, 0, c.vocab_size};
+  if (n_logits == 0) return logits;
+  logits.data = s_.logits.as<const float>();
+  logits.rows = n_logits;
+  return logits;
+}
+
+absl::Status LlamaEngine::EnqueueModelRecorded(int64_t n_seqs, int64_t n_tokens, int64_t n_logits) {
+  kernels::Backend& be = *backend_;
+  if (recorded_generation_ != buffers_generation_) {
+    // A buffer a recording points into has moved: every recording is stale.
+    recorded_.clear();
+    recorded_generation_ = buffers_generation_;
+  }
+  const ShapeKey key{n_tokens, n_seqs, n_logits, meta_.tree_mask != nullptr};
+  if (const auto it = recorded_.find(key); it != recorded_.end()) return be.Replay(*it->second);
+  // Record a shape the second time it is seen; one-off shapes (prefill chunks) run eagerly.
+  if (++shape_seen_[key] < 2 || recorded_.size() >= kMaxRecordedShapes) {
+    return EnqueueModel(n_tokens, n_logits);
+  }
+  if (!be.BeginRecording().ok()) return EnqueueModel(n_tokens, n_logits);
+  const absl::Status enqueued = EnqueueModel(n_tokens, n_logits);
+  absl::StatusOr<std::unique_ptr<kernels::RecordedWork>> work = be.EndRecording();
+  if (!enqueued.ok() || !work.ok()) {
+    // Nothing ran: run it eagerly, which reports the op's own error if there was one.
+    return EnqueueModel(n_tokens, n_logits);
+  }
+  const kernels::RecordedWork& recorded = **work;
+  recorded_[key] = *std::move(work);
+  return be.Replay(recorded);
+}
+
+absl::Status LlamaEngine::EnqueueModel(int64_t n_tokens, int64_t n_logits) {
+  const ModelConfig& c = config_;
+  kernels::Backend& be = *backend_;
   float* x = s_.x.as<float>();
   SPECD_RETURN_IF_ERROR(be.Embedding({weights_.embed, meta_.ids, x, n_tokens}));
   SPECD_RETURN_IF_ERROR(RunLayers(n_tokens));
-  Logits logits{nullptr, 0, c.vocab_size};
-  if (n_logits == 0) return logits;
+  if (n_logits == 0) return absl::OkStatus();
   // Final norm and classifier only for the rows asked for.
   float* xr = s_.xr.as<float>();
   SPECD_RETURN_IF_ERROR(
@@ -335,10 +416,7 @@ absl::StatusOr<Logits> LlamaEngine::Enqueue(std::span<const SequenceInput> batch
   const float eps = static_cast<float>(c.rms_norm_eps);
   SPECD_RETURN_IF_ERROR(
       be.RmsNorm({xr, weights_.final_norm, xr, n_logits, c.hidden_size, eps}));  // final_norm
-  SPECD_RETURN_IF_ERROR(be.Matmul({xr, weights_.lm_head, s_.logits.as<float>(), n_logits}));
-  logits.data = s_.logits.as<const float>();
-  logits.rows = n_logits;
-  return logits;
+  return be.Matmul({xr, weights_.lm_head, s_.logits.as<float>(), n_logits});
 }
 
 absl::Status LlamaEngine::RunLayers(int64_t n) {
@@ -414,6 +492,40 @@ absl::StatusOr<std::vector<float>> LlamaEngine::ReadLogits(const Logits& logits)
   SPECD_RETURN_IF_ERROR(Synchronize());
   std::memcpy(out.data(), staging.data(), static_cast<size_t>(bytes));
   return out;
+}
+
+ModelMemory EstimateModelMemory(const ModelConfig& c, kernels::DType kv_dtype) {
+  const int64_t h = c.hidden_size;
+  const int64_t per_layer = 2 * c.q_dim() * h + 2 * c.kv_dim() * h + 3 * c.intermediate_size * h;
+  int64_t params = c.vocab_size * h + c.num_layers * per_layer;
+  if (!c.tie_word_embeddings) params += c.vocab_size * h;
+  ModelMemory m;
+  m.weights_bytes = params * kernels::DTypeSize(c.torch_dtype) + (2 * c.num_layers + 2) * h * 4;
+  const int64_t per_token = (2 * h + 2 * c.q_dim() + 2 * c.kv_dim() + 2 * c.intermediate_size) * 4;
+  m.scratch_reserve_bytes =
+      kReserveTokens * per_token + kReserveRows * c.vocab_size * 4 * 2 + kReserveFixedBytes;
+  m.kv_bytes_per_token = 2 * c.num_layers * c.kv_dim() * kernels::DTypeSize(kv_dtype);
+  return m;
+}
+
+absl::StatusOr<int64_t> KvTokensForShare(const ModelMemory& own, double fraction,
+                                         int64_t total_bytes, int64_t peer_fixed_bytes,
+                                         int64_t peer_kv_bytes_per_token) {
+  const int64_t share = static_cast<int64_t>(fraction * static_cast<double>(total_bytes));
+  const int64_t fixed = own.weights_bytes + own.scratch_reserve_bytes + peer_fixed_bytes;
+  const int64_t per_token = own.kv_bytes_per_token + peer_kv_bytes_per_token;
+  const int64_t tokens = share > fixed ? (share - fixed) / std::max<int64_t>(1, per_token) : 0;
+  if (tokens <= 0) {
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "--gpu-memory-fraction %.3f is %.2f GiB of the %.2f GiB device, but the weights "
+        "(%.2f GiB) and scratch (%.2f GiB)%s leave nothing for the KV cache; raise the fraction",
+        fraction, GiB(share), GiB(total_bytes), GiB(own.weights_bytes),
+        GiB(own.scratch_reserve_bytes),
+        peer_kv_bytes_per_token > 0
+            ? absl::StrFormat(", with the other worker's %.2f GiB,", GiB(peer_fixed_bytes))
+            : std::string()));
+  }
+  return tokens;
 }
 
 absl::StatusOr<std::unique_ptr<LlamaEngine>> CreateEngine(

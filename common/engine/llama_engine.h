@@ -17,6 +17,7 @@
 #include <span>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "common/engine/device_weights.h"
@@ -33,7 +34,42 @@ struct EngineOptions {
   // Longest sequence served; 0 means the model's max_position_embeddings.
   int64_t max_seq_len = 0;
   kernels::DType kv_dtype = kernels::DType::kF32;
+  // Record forward passes of up to kMaxRecordedTokens tokens (decode and verify shapes) as one
+  // replayable unit per batch shape, on back ends that record (CUDA graphs): a decode step is
+  // then one launch instead of ~16 per layer. A shape is recorded the second time it is seen, so
+  // one-off prefill shapes never pay for recording. No effect on the CPU.
+  bool record_forwards = true;
+  // The share of the device's memory this engine may use (vLLM's gpu_memory_utilization), on
+  // back ends with device memory. When > 0 the KV cache takes what remains of that share after
+  // the weights and a scratch reserve, and kv_capacity_tokens is ignored; RESOURCE_EXHAUSTED,
+  // naming the bytes, when nothing remains or the device has less free.
+  double gpu_memory_fraction = 0.0;
+  // With gpu_memory_fraction: the other worker sharing the device (its estimated memory, see
+  // EstimateModelMemory). Then the fraction is both workers' share together, and each sizes its
+  // KV cache so that the two pools hold the same number of tokens (every sequence lives in both,
+  // so the smaller pool would set the capacity). Both workers compute the same token count from
+  // the same estimates.
+  int64_t peer_fixed_bytes = 0;         // the peer's weights and scratch reserve
+  int64_t peer_kv_bytes_per_token = 0;  // 0: no peer, the fraction is this engine's alone
 };
+
+// What a model will take on a device, from its config alone (for sizing before loading).
+struct ModelMemory {
+  int64_t weights_bytes = 0;
+  int64_t scratch_reserve_bytes = 0;  // activations, logits and kept rows of a busy worker
+  int64_t kv_bytes_per_token = 0;
+};
+ModelMemory EstimateModelMemory(const ModelConfig& config, kernels::DType kv_dtype);
+// KV tokens for an engine of `own` when `fraction` of a device of `total_bytes` is shared with a
+// peer as EngineOptions describes (peer_kv_bytes_per_token 0: no peer). RESOURCE_EXHAUSTED,
+// naming the bytes, when nothing is left for the cache.
+absl::StatusOr<int64_t> KvTokensForShare(const ModelMemory& own, double fraction,
+                                         int64_t total_bytes, int64_t peer_fixed_bytes,
+                                         int64_t peer_kv_bytes_per_token);
+
+// Forward passes recorded per batch shape, at most this many tokens, and this many shapes.
+inline constexpr int64_t kMaxRecordedTokens = 256;
+inline constexpr size_t kMaxRecordedShapes = 48;
 
 // One sequence's part of a forward call.
 struct SequenceInput {
@@ -112,6 +148,10 @@ class LlamaEngine {
   absl::Status RunLayers(int64_t n_tokens);
   absl::StatusOr<Logits> Enqueue(std::span<const SequenceInput> batch, int64_t n_tokens,
                                  int64_t n_logits);
+  // The model from the embedding to the logits, on the current metadata and scratch.
+  absl::Status EnqueueModel(int64_t n_tokens, int64_t n_logits);
+  // EnqueueModel through a recording of this shape when there is (or should now be) one.
+  absl::Status EnqueueModelRecorded(int64_t n_seqs, int64_t n_tokens, int64_t n_logits);
 
   const ModelConfig config_;
   // Declared first so that it is destroyed last: every Buffer below belongs to it.
@@ -138,6 +178,23 @@ class LlamaEngine {
   kernels::Buffer meta_device_;
   // Set while staging_ may still be read by an enqueued upload.
   bool staging_in_flight_ = false;
+
+  // Recorded forward passes by (tokens, sequences, logit rows, tree), valid while
+  // buffers_generation_ is what it was when they were recorded (a grown buffer moves).
+  struct ShapeKey {
+    int64_t tokens, seqs, logits;
+    bool tree;
+    bool operator==(const ShapeKey&) const = default;
+    template <typename H>
+    friend H AbslHashValue(H h, const ShapeKey& k) {
+      return H::combine(std::move(h), k.tokens, k.seqs, k.logits, k.tree);
+    }
+  };
+  bool record_forwards_ = true;
+  int64_t buffers_generation_ = 0;
+  int64_t recorded_generation_ = 0;
+  absl::flat_hash_map<ShapeKey, std::unique_ptr<kernels::RecordedWork>> recorded_;
+  absl::flat_hash_map<ShapeKey, int> shape_seen_;
 
   // Activations, grown as needed and reused.
   struct Scratch {

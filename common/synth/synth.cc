@@ -1,9 +1,12 @@
 #include "common/synth/synth.h"
 
+#include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <fstream>
 #include <map>
+#include <thread>
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
@@ -83,7 +86,7 @@ std::string EncodeValues(const std::vector<float>& v, DType dtype) {
 
 struct TensorBytes {
   std::string name;
-  DType dtype;
+  DType dtype = DType::kF32;
   std::vector<int64_t> shape;
   std::string bytes;
 };
@@ -175,7 +178,9 @@ std::string GenerationConfigJson(const ModelConfig& c) {
 }
 
 // Writes tensors one shard at a time (each <= kMaxShardBytes or 1/num_shards of the total), with
-// an index when there is more than one shard. `fill` produces a tensor's bytes on demand.
+// an index when there is more than one shard. `fill(plan[i], i)` produces tensor i's bytes on
+// demand; a shard's tensors are produced on parallel threads (each from its own inputs, so the
+// bytes do not depend on the thread count).
 template <typename Plan, typename Fill>
 absl::Status WriteShards(const std::vector<Plan>& plan, const std::vector<int64_t>& sizes,
                          int requested_shards, const std::filesystem::path& out_dir, Fill fill,
@@ -196,18 +201,32 @@ absl::Status WriteShards(const std::vector<Plan>& plan, const std::vector<int64_
   }
   nlohmann::json weight_map = nlohmann::json::object();
   int64_t done = 0;
+  const size_t threads = std::max(1u, std::thread::hardware_concurrency());
   for (size_t s = 0; s < shards.size(); ++s) {
     const std::string file =
         shards.size() == 1
             ? "model.safetensors"
             : absl::StrCat("model-", absl::Dec(s + 1, absl::kZeroPad5), "-of-",
                            absl::Dec(shards.size(), absl::kZeroPad5), ".safetensors");
+    const std::vector<size_t>& members = shards[s];
+    std::vector<absl::StatusOr<TensorBytes>> made(members.size(),
+                                                  absl::InternalError("tensor not made"));
+    std::atomic<size_t> next{0};
+    auto work = [&] {
+      for (size_t j = next++; j < members.size(); j = next++)
+        made[j] = fill(plan[members[j]], members[j]);
+    };
+    std::vector<std::thread> pool;
+    for (size_t t = 1; t < std::min(threads, members.size()); ++t) pool.emplace_back(work);
+    work();
+    for (std::thread& t : pool) t.join();
     SafetensorsWriter writer;
-    for (const size_t i : shards[s]) {
-      SPECD_ASSIGN_OR_RETURN(TensorBytes t, fill(plan[i]));
+    for (size_t j = 0; j < members.size(); ++j) {
+      if (!made[j].ok()) return made[j].status();
+      TensorBytes& t = *made[j];
       SPECD_RETURN_IF_ERROR(writer.Add(t.name, t.dtype, t.shape, std::move(t.bytes)));
       weight_map[t.name] = file;
-      done += sizes[i];
+      done += sizes[members[j]];
       if (progress) progress(done, total);
     }
     SPECD_RETURN_IF_ERROR(writer.WriteFile(out_dir / file));
@@ -301,10 +320,10 @@ absl::Status WriteSyntheticModel(const SynthSpec& spec, const std::filesystem::p
   const std::vector<TensorPlan> plan = PlanTensors(spec);
   std::vector<int64_t> sizes;
   for (const TensorPlan& t : plan) sizes.push_back(t.bytes(spec.dtype));
-  // Each tensor draws from its own stream, so shapes of other tensors never change its values.
-  uint64_t tensor_index = 0;
-  auto fill = [&](const TensorPlan& t) -> absl::StatusOr<TensorBytes> {
-    Rng rng(spec.seed * 0x100000001b3ULL + (tensor_index++));
+  // Each tensor draws from its own stream (keyed by its place in the plan), so shapes of other
+  // tensors never change its values.
+  auto fill = [&](const TensorPlan& t, size_t tensor_index) -> absl::StatusOr<TensorBytes> {
+    Rng rng(spec.seed * 0x100000001b3ULL + tensor_index);
     int64_t n = 1;
     for (const int64_t s : t.shape) n *= s;
     std::vector<float> v(static_cast<size_t>(n));
@@ -352,7 +371,7 @@ absl::Status WriteEarlyExitDraft(const std::filesystem::path& target_dir, int64_
     SPECD_ASSIGN_OR_RETURN(const TensorView t, ckpt->Get(name));
     sizes.push_back(t.numel() * kernels::DTypeSize(t.dtype));
   }
-  auto fill = [&](const std::string& name) -> absl::StatusOr<TensorBytes> {
+  auto fill = [&](const std::string& name, size_t) -> absl::StatusOr<TensorBytes> {
     SPECD_ASSIGN_OR_RETURN(const TensorView t, ckpt->Get(name));
     return TensorBytes{name, t.dtype, t.shape,
                        std::string(static_cast<const char*>(t.data),

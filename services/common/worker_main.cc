@@ -48,6 +48,19 @@ std::vector<FlagSpec> WorkerFlags() {
        "compute back end: cpu, cuda, or auto (CUDA when this build has it and a GPU is present)",
        "auto"},
       {"kv-dtype", "KV cache element type: f32, bf16 or f16 (16-bit halves the KV memory)", "f32"},
+      {"gpu-memory-fraction",
+       "share of the GPU's memory for this worker (like vLLM's gpu_memory_utilization); the KV "
+       "cache takes what the weights and scratch leave of it, and --kv-tokens is ignored. 0 = "
+       "size the KV cache by --kv-tokens. Ignored on the CPU back end",
+       "0"},
+      {"gpu-memory-peer",
+       "model directory of the other worker sharing the GPU: --gpu-memory-fraction is then both "
+       "workers' share together, split so that both KV pools hold the same number of tokens",
+       ""},
+      {"gpu-memory-peer-exit-layer", "the peer's --exit-layer (0 = all its layers)", "0"},
+      {"cuda-graphs",
+       "record decode and verify forward passes as CUDA graphs, one per batch shape (on or off)",
+       "on"},
       {"threads", "CPU threads for the forward pass; 0 = one per core", "0"},
       {"metrics-port", "port of the Prometheus /metrics endpoint; 0 = a free one, -1 = off", "0"},
       {"drain-seconds",
@@ -84,6 +97,30 @@ absl::StatusOr<WorkerConfig> ReadConfig(const Flags& flags) {
   SPECD_ASSIGN_OR_RETURN(c.runtime.prefill_chunk, flags.GetInt("prefill-chunk", 1, 1 << 20));
   SPECD_ASSIGN_OR_RETURN(c.backend.kind, kernels::ParseBackendKind(flags.Get("backend")));
   SPECD_ASSIGN_OR_RETURN(c.engine.kv_dtype, kernels::ParseKvDType(flags.Get("kv-dtype")));
+  SPECD_ASSIGN_OR_RETURN(c.engine.gpu_memory_fraction, flags.GetDouble("gpu-memory-fraction"));
+  if (!(c.engine.gpu_memory_fraction >= 0.0 && c.engine.gpu_memory_fraction <= 1.0)) {
+    return absl::InvalidArgumentError(absl::StrCat("--gpu-memory-fraction must be in [0, 1], got ",
+                                                   c.engine.gpu_memory_fraction));
+  }
+  if (const std::string peer = flags.Get("gpu-memory-peer"); !peer.empty()) {
+    absl::StatusOr<ModelConfig> peer_config = LoadModelConfig(peer);
+    if (!peer_config.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--gpu-memory-peer: ", peer_config.status().message()));
+    }
+    SPECD_ASSIGN_OR_RETURN(const int64_t peer_exit,
+                           flags.GetInt("gpu-memory-peer-exit-layer", 0, 1 << 20));
+    if (peer_exit > 0) peer_config->num_layers = std::min(peer_config->num_layers, peer_exit);
+    const ModelMemory m = EstimateModelMemory(*peer_config, c.engine.kv_dtype);
+    c.engine.peer_fixed_bytes = m.weights_bytes + m.scratch_reserve_bytes;
+    c.engine.peer_kv_bytes_per_token = m.kv_bytes_per_token;
+  }
+  const std::string graphs = flags.Get("cuda-graphs");
+  if (graphs != "on" && graphs != "off") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--cuda-graphs must be on or off, got '", graphs, "'"));
+  }
+  c.engine.record_forwards = graphs == "on";
   SPECD_ASSIGN_OR_RETURN(const int64_t threads, flags.GetInt("threads", 0, 4096));
   c.backend.num_threads = static_cast<int>(threads);
   SPECD_ASSIGN_OR_RETURN(c.metrics_port, flags.GetInt("metrics-port", -1, 65535));

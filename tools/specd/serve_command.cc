@@ -298,7 +298,12 @@ int RunServe(const std::vector<std::string>& argv) {
        "auto"},
       {"kv-dtype", "workers' KV cache element type: f32, bf16 or f16", "f32"},
       {"threads", "CPU threads per worker (0 = all cores)", "0"},
-      {"kv-tokens", "KV cache capacity per worker, in tokens", "16384"},
+      {"kv-tokens", "KV cache capacity per worker, in tokens (on the CPU back end)", "16384"},
+      {"gpu-memory-utilization",
+       "on a GPU: the share of its memory both workers take together, split so that both KV "
+       "pools hold the same number of tokens (each worker's --gpu-memory-fraction); 0 = size "
+       "the KV caches by --kv-tokens",
+       "0.9"},
       {"default-k", "num_speculative_tokens when a request does not say", "4"},
       {"max-running", "sequences in the running batch", "32"},
       {"max-queued", "requests waiting beyond the running batch (more are refused)", "256"},
@@ -374,6 +379,21 @@ int RunServe(const std::vector<std::string>& argv) {
   target.binary = FindBinary("specd-target-worker", bin_dir);
   target.args = {"--model", args->Get("target")};
   target.args.insert(target.args.end(), common.begin(), common.end());
+  // On a GPU both workers share the device: each gets the pair's share and the other's model, and
+  // sizes its KV pool so that both hold the same number of tokens. The CPU back end ignores it.
+  const std::string utilization = args->Get("gpu-memory-utilization");
+  const bool split_gpu = args->Get("backend") != "cpu" && utilization != "0";
+  const bool has_draft = args->Has("draft") || args->Has("draft-exit-layer");
+  const std::string draft_dir = args->Has("draft") ? args->Get("draft") : args->Get("target");
+  const std::string draft_exit =
+      args->Has("draft-exit-layer") ? args->Get("draft-exit-layer") : "0";
+  if (split_gpu) {
+    target.args.insert(target.args.end(), {"--gpu-memory-fraction", utilization});
+    if (has_draft) {
+      target.args.insert(target.args.end(), {"--gpu-memory-peer", draft_dir,
+                                             "--gpu-memory-peer-exit-layer", draft_exit});
+    }
+  }
   target.listen = "127.0.0.1:0";
   target.metrics_port = metrics_ports[1];
   if (absl::Status st = Start(target, signals, pid_dir); !st.ok()) return fail(st);
@@ -389,6 +409,10 @@ int RunServe(const std::vector<std::string>& argv) {
       draft.args.insert(draft.args.end(), {"--exit-layer", args->Get("draft-exit-layer")});
     }
     draft.args.insert(draft.args.end(), common.begin(), common.end());
+    if (split_gpu) {
+      draft.args.insert(draft.args.end(), {"--gpu-memory-fraction", utilization,
+                                           "--gpu-memory-peer", args->Get("target")});
+    }
     draft.listen = "127.0.0.1:0";
     draft.metrics_port = metrics_ports[2];
     if (absl::Status st = Start(draft, signals, pid_dir); !st.ok()) return fail(st);

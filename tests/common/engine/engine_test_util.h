@@ -2,6 +2,7 @@
 #ifndef SPECD_TESTS_COMMON_ENGINE_ENGINE_TEST_UTIL_H_
 #define SPECD_TESTS_COMMON_ENGINE_ENGINE_TEST_UTIL_H_
 
+#include <cstdlib>
 #include <filesystem>
 #include <memory>
 #include <string>
@@ -35,6 +36,9 @@ inline void WriteSynth(const SynthSpec& spec, const std::filesystem::path& dir) 
   ASSERT_TRUE(st.ok()) << st;
 }
 
+// On the CPU back end with `threads` threads, or on the back end SPECD_TEST_BACKEND names
+// ("cuda": scripts/gpu/device_check.sh runs the engine-level tests that compare an engine only
+// with itself, such as invariance, greedy parity and the chi-square tests, on the GPU this way).
 inline std::unique_ptr<LlamaEngine> MakeEngine(const std::filesystem::path& dir, int threads,
                                                int64_t kv_tokens = 2048, int64_t exit_layer = 0) {
   EngineOptions options;
@@ -42,8 +46,15 @@ inline std::unique_ptr<LlamaEngine> MakeEngine(const std::filesystem::path& dir,
   options.kv_block_size = 16;
   LoadOptions load;
   load.exit_layer = exit_layer;
-  absl::StatusOr<std::unique_ptr<LlamaEngine>> engine =
-      CreateCpuEngine(dir, threads, options, load);
+  kernels::BackendOptions backend;
+  backend.kind = kernels::BackendKind::kCpu;
+  backend.num_threads = threads;
+  if (const char* name = std::getenv("SPECD_TEST_BACKEND"); name != nullptr && *name != '\0') {
+    absl::StatusOr<kernels::BackendKind> kind = kernels::ParseBackendKind(name);
+    EXPECT_TRUE(kind.ok()) << kind.status();
+    if (kind.ok()) backend.kind = *kind;
+  }
+  absl::StatusOr<std::unique_ptr<LlamaEngine>> engine = CreateEngine(dir, backend, options, load);
   EXPECT_TRUE(engine.ok()) << engine.status();
   return engine.ok() ? *std::move(engine) : nullptr;
 }

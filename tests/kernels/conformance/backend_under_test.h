@@ -129,7 +129,9 @@ class BackendTest : public ::testing::TestWithParam<BackendCase> {
     device_ = std::make_unique<Device>(*backend_);
   }
   void TearDown() override {
-    if (device_ != nullptr) EXPECT_TRUE(device_->GuardsIntact());
+    if (device_ != nullptr) {
+      EXPECT_TRUE(device_->GuardsIntact());
+    }
   }
 
   Backend& backend() { return *backend_; }

@@ -249,7 +249,9 @@ TEST_F(SchedulerTest, ShortRequestsDraftOnlyWhatTheyCanUseAndCountOnlyEmittedTok
     const GenerationUsage u = out[i]->last().usage;
     ASSERT_EQ(u.completion_tokens, reqs[i].max_new_tokens);
     EXPECT_EQ(u.accepted_tokens + u.rounds, u.completion_tokens);
-    if (reqs[i].max_new_tokens == 1) EXPECT_EQ(u.draft_tokens, 0);
+    if (reqs[i].max_new_tokens == 1) {
+      EXPECT_EQ(u.draft_tokens, 0);
+    }
     // A round drafts at most one fewer than the tokens still needed, and the first needs them all.
     EXPECT_LE(u.draft_tokens, u.rounds * (reqs[i].max_new_tokens - 1));
     EXPECT_LE(u.accepted_tokens, u.draft_tokens);

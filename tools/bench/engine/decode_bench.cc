@@ -1,13 +1,17 @@
-// Single-sequence decode throughput and (K+1)-token verification cost of the CPU engine on a
-// stories110M-shaped synthetic model (dim 768, 12 layers, 12 heads, vocab 32000), f32 and bf16
-// weights, 1 and 2 threads, against the read bandwidth of the weights' own memory measured in the
-// same run.
+// Single-sequence decode throughput and (K+1)-token verification cost of the engine on a
+// synthetic model, against the memory bandwidth measured in the same run.
 //
 // The bandwidth bound is the tokens/s a decode step would reach if it did nothing but stream the
-// weights it must read once per token (every matrix, the classifier and one embedding row) at the
-// measured read bandwidth. Decode at batch 1 is memory-bound, so that is the ceiling.
+// weights it must read once per token (every matrix, the classifier and one embedding row) at
+// the measured bandwidth. Decode at batch 1 is memory-bound, so that is the ceiling.
+//  * CPU: the read bandwidth of the weights' own memory (best of three passes).
+//  * CUDA: the device-to-device copy bandwidth, counting bytes read and written, of 1 GiB
+//    buffers (best of five), next to decode with and without CUDA graphs (--graphs).
 //
-// usage: decode_bench [--steps N] [--context N] [--k K] [--model-dir DIR]
+// usage: decode_bench [--backend cpu|cuda] [--shape NAME] [--dtypes f32,bf16] [--threads 1,2]
+//                     [--untied] [--graphs on,off] [--steps N] [--context N] [--k K]
+//                     [--model-dir DIR]
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -15,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_split.h"
 #include "common/engine/llama_engine.h"
 #include "common/synth/synth.h"
 #include "kernels/cpu/bandwidth.h"
@@ -38,10 +43,9 @@ int64_t WeightBytesPerToken(const DeviceWeights& w, const ModelConfig& c) {
   return total + c.hidden_size * 4;  // the final norm
 }
 
-// Read bandwidth of the very memory decode streams (the CPU back end's weight buffer, on huge
-// pages), best of three passes. A separate buffer can sit on pages or host memory of another
-// speed.
-double WeightReadGBps(const DeviceWeights& w, const ModelConfig& c, int threads) {
+// Read bandwidth of the very memory CPU decode streams (the weight buffer, on huge pages), best
+// of three passes. A separate buffer can sit on pages or host memory of another speed.
+double CpuWeightReadGBps(const DeviceWeights& w, const ModelConfig& c, int threads) {
   absl::StatusOr<std::unique_ptr<kernels::ReadBandwidthProbe>> probe =
       kernels::ReadBandwidthProbe::Create(threads, 1 << 20);
   if (!probe.ok() || w.matrices.empty()) return 0;
@@ -55,6 +59,23 @@ double WeightReadGBps(const DeviceWeights& w, const ModelConfig& c, int threads)
     best = std::max(best, n / std::chrono::duration<double>(Clock::now() - t0).count() / 1e9);
   }
   if (sink == 42) std::fprintf(stderr, " ");  // keeps the reads observable
+  return best;
+}
+
+// Device copy bandwidth (bytes read + written per second), best of five 1 GiB copies.
+double DeviceCopyGBps(kernels::Backend& backend) {
+  constexpr int64_t kBytes = int64_t{1} << 30;
+  absl::StatusOr<kernels::Buffer> a = backend.Allocate(kBytes, kernels::MemoryKind::kScratch, "bw");
+  absl::StatusOr<kernels::Buffer> b = backend.Allocate(kBytes, kernels::MemoryKind::kScratch, "bw");
+  if (!a.ok() || !b.ok()) return 0;
+  double best = 0;
+  for (int pass = 0; pass < 6; ++pass) {
+    const auto t0 = Clock::now();
+    if (!backend.CopyDeviceToDevice(b->data(), a->data(), kBytes).ok()) return 0;
+    if (!backend.Synchronize().ok()) return 0;
+    const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+    if (pass > 0) best = std::max(best, 2.0 * kBytes / s / 1e9);  // the first one warms up
+  }
   return best;
 }
 
@@ -80,96 +101,142 @@ double TimeForward(LlamaEngine& engine, int64_t context, int n, int reps) {
   in.start_pos = context;
   for (int i = 0; i < n; ++i) in.logit_indices.push_back(i);
   double best = 1e30;
-  // Best of three batches of `reps`: the machine is shared, and the minimum is the least noisy.
-  for (int round = 0; round < 3; ++round) {
+  // Best of three batches of `reps` (after a warm-up that also records the shape): the machine
+  // may be shared, and the minimum is the least noisy.
+  for (int round = 0; round < 4; ++round) {
     const auto t0 = Clock::now();
     for (int r = 0; r < reps; ++r) {
       if (!engine.Forward(std::span<const SequenceInput>(&in, 1)).ok()) return -1;
       if (!engine.Synchronize().ok()) return -1;
       (void)engine.Truncate(seq, context);
     }
-    best = std::min(best, std::chrono::duration<double>(Clock::now() - t0).count() / reps);
+    if (round > 0) {
+      best = std::min(best, std::chrono::duration<double>(Clock::now() - t0).count() / reps);
+    }
   }
   (void)engine.Release(seq);
   return best;
 }
 
+std::vector<std::string> List(const std::string& s) { return absl::StrSplit(s, ','); }
+
 int Main(int argc, char** argv) {
   int steps = 32, context = 64, k = 4;
+  std::string backend_name = "cpu", shape_name = "stories110M", dtypes = "", threads = "1,2";
+  std::string graphs = "on,off";
+  bool untied = false;
   std::filesystem::path dir = std::filesystem::temp_directory_path() / "specd-decode-bench";
-  for (int i = 1; i + 1 < argc; i += 2) {
+  for (int i = 1; i < argc; ++i) {
     const std::string flag = argv[i];
-    if (flag == "--steps")
-      steps = std::atoi(argv[i + 1]);
-    else if (flag == "--context")
-      context = std::atoi(argv[i + 1]);
-    else if (flag == "--k")
-      k = std::atoi(argv[i + 1]);
-    else if (flag == "--model-dir")
-      dir = argv[i + 1];
-    else {
+    if (flag == "--untied") {
+      untied = true;
+      continue;
+    }
+    if (i + 1 >= argc) {
+      std::fprintf(stderr, "%s needs a value\n", flag.c_str());
+      return 2;
+    }
+    const std::string value = argv[++i];
+    if (flag == "--steps") {
+      steps = std::atoi(value.c_str());
+    } else if (flag == "--context") {
+      context = std::atoi(value.c_str());
+    } else if (flag == "--k") {
+      k = std::atoi(value.c_str());
+    } else if (flag == "--model-dir") {
+      dir = value;
+    } else if (flag == "--backend") {
+      backend_name = value;
+    } else if (flag == "--shape") {
+      shape_name = value;
+    } else if (flag == "--dtypes") {
+      dtypes = value;
+    } else if (flag == "--threads") {
+      threads = value;
+    } else if (flag == "--graphs") {
+      graphs = value;
+    } else {
       std::fprintf(stderr, "unknown flag %s\n", flag.c_str());
       return 2;
     }
   }
-  absl::StatusOr<ModelConfig> shape = ShapePreset("stories110M");
-  if (!shape.ok()) return 1;
+  absl::StatusOr<kernels::BackendKind> kind = kernels::ParseBackendKind(backend_name);
+  absl::StatusOr<ModelConfig> shape = ShapePreset(shape_name);
+  if (!kind.ok() || !shape.ok()) {
+    std::fprintf(stderr, "%s\n",
+                 std::string((kind.ok() ? shape.status() : kind.status()).message()).c_str());
+    return 2;
+  }
+  const bool gpu = *kind != kernels::BackendKind::kCpu;
+  if (dtypes.empty()) dtypes = gpu ? "bf16" : "f32,bf16";
+  if (untied) shape->tie_word_embeddings = false;
 
   struct Row {
-    std::string dtype;
-    int threads;
+    std::string dtype, config;
     double tok_s, bound_frac, verify_ratio, gbps;
   };
   std::vector<Row> rows;
-  for (const kernels::DType dtype : {kernels::DType::kF32, kernels::DType::kBF16}) {
-    const std::filesystem::path model = dir / std::string(kernels::DTypeName(dtype));
+  std::string backend_label;
+  for (const std::string& dtype_name : List(dtypes)) {
+    absl::StatusOr<kernels::DType> dtype = kernels::ParseKvDType(dtype_name);
+    if (!dtype.ok()) {
+      std::fprintf(stderr, "--dtypes: %s\n", std::string(dtype.status().message()).c_str());
+      return 2;
+    }
+    const std::filesystem::path model =
+        dir / (shape_name + (shape->tie_word_embeddings ? "-tied-" : "-untied-") + dtype_name);
     if (!std::filesystem::exists(model / "config.json")) {
-      std::fprintf(stderr, "writing stories110M-shaped %s model to %s ...\n",
-                   std::string(kernels::DTypeName(dtype)).c_str(), model.c_str());
+      std::fprintf(stderr, "writing %s-shaped %s model to %s ...\n", shape_name.c_str(),
+                   dtype_name.c_str(), model.c_str());
       SynthSpec spec;
       spec.config = *shape;
-      spec.dtype = dtype;
+      spec.dtype = *dtype;
       if (absl::Status st = WriteSyntheticModel(spec, model); !st.ok()) {
         std::fprintf(stderr, "%s\n", std::string(st.message()).c_str());
         return 1;
       }
     }
-    for (const int threads : {1, 2}) {
-      std::fprintf(stderr, "measuring %s, %d thread(s) ...\n",
-                   std::string(kernels::DTypeName(dtype)).c_str(), threads);
+    std::vector<std::string> configs = gpu ? List(graphs) : List(threads);
+    for (const std::string& config : configs) {
+      std::fprintf(stderr, "measuring %s, %s ...\n", dtype_name.c_str(), config.c_str());
       EngineOptions options;
-      options.kv_capacity_tokens = 1024;
-      absl::StatusOr<std::unique_ptr<LlamaEngine>> engine =
-          CreateCpuEngine(model, threads, options);
+      options.kv_capacity_tokens = 4096;
+      options.max_seq_len = 4096;
+      kernels::BackendOptions backend;
+      backend.kind = *kind;
+      if (gpu) {
+        options.record_forwards = config == "on";
+      } else {
+        backend.num_threads = std::atoi(config.c_str());
+      }
+      absl::StatusOr<std::unique_ptr<LlamaEngine>> engine = CreateEngine(model, backend, options);
       if (!engine.ok()) {
         std::fprintf(stderr, "%s\n", std::string(engine.status().message()).c_str());
         return 1;
       }
-      const double gbps = WeightReadGBps((*engine)->weights(), (*engine)->config(), threads);
+      backend_label = std::string((*engine)->backend().name());
+      const double gbps =
+          gpu ? DeviceCopyGBps((*engine)->backend())
+              : CpuWeightReadGBps((*engine)->weights(), (*engine)->config(), backend.num_threads);
       if (gbps <= 0) return 1;
       const double t1 = TimeForward(**engine, context, 1, steps);
       const double tk = TimeForward(**engine, context, k + 1, steps);
+      if (t1 <= 0 || tk <= 0) return 1;
       const double bytes =
           static_cast<double>(WeightBytesPerToken((*engine)->weights(), (*engine)->config()));
       const double tok_s = 1.0 / t1;
-      rows.push_back({std::string(kernels::DTypeName(dtype)), threads, tok_s,
+      rows.push_back({dtype_name, gpu ? "graphs " + config : "threads " + config, tok_s,
                       bytes * tok_s / (gbps * 1e9), tk / t1, gbps});
     }
   }
-  std::printf("stories110M-shaped synthetic model, context %d, K = %d\n", context, k);
-  std::printf("%-6s %-8s %12s %12s %14s %16s\n", "dtype", "threads", "read GB/s", "decode tok/s",
-              "of bw bound", "T_v(K)/T_t");
+  std::printf("%s-shaped synthetic model (%s classifier) on %s, context %d, K = %d\n",
+              shape_name.c_str(), shape->tie_word_embeddings ? "tied" : "untied",
+              backend_label.c_str(), context, k);
+  std::printf("%-6s %-12s %14s %12s %14s %16s\n", "dtype", "config",
+              gpu ? "copy GB/s" : "read GB/s", "decode tok/s", "of bw bound", "T_v(K)/T_t");
   for (const Row& r : rows) {
-    std::printf("%-6s %-8d %12.2f %12.2f %14.3f %16.3f\n", r.dtype.c_str(), r.threads, r.gbps,
-                r.tok_s, r.bound_frac, r.verify_ratio);
-  }
-  for (const int threads : {1, 2}) {
-    double f32 = 0, bf16 = 0;
-    for (const Row& r : rows) {
-      if (r.threads != threads) continue;
-      (r.dtype == "F32" ? f32 : bf16) = r.tok_s;
-    }
-    std::printf("bf16 / f32 decode tokens/s at %d thread(s): %.2fx\n", threads, bf16 / f32);
+    std::printf("%-6s %-12s %14.1f %12.2f %14.3f %16.3f\n", r.dtype.c_str(), r.config.c_str(),
+                r.gbps, r.tok_s, r.bound_frac, r.verify_ratio);
   }
   return 0;
 }

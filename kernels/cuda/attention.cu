@@ -1,0 +1,436 @@
+#include "kernels/cuda/attention.h"
+
+#include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
+#include "kernels/cpu/validate.h"
+#include "kernels/cuda/device_common.cuh"
+
+namespace specd::kernels::cuda {
+namespace {
+
+constexpr int kThreads = 128;
+constexpr int kWarps = kThreads / kWarp;
+constexpr int kChunk = static_cast<int>(kAttentionChunk);
+constexpr int kMaxG = static_cast<int>(kAttentionMaxGroup);
+constexpr int kMaxD = static_cast<int>(kAttentionMaxHeadDim);
+constexpr int kMaxPairs = static_cast<int>(kAttentionMaxGroupTimesHeadDim);
+constexpr int kGroupChunks = static_cast<int>(kAttentionGroupChunks);
+constexpr int kKRegs = kMaxD / kWarp;
+constexpr float kNegInf = -__builtin_huge_valf();
+
+struct Params {
+  const float* q;
+  float* out;
+  PagedKv cache;
+  const int32_t* token_seq;
+  const int32_t* slot;
+  const uint64_t* tree_mask;
+  const int32_t* mask_start;
+  int32_t n_kv_heads;
+  int32_t group;  // query heads per KV head
+  int32_t head_dim;
+  float scale;
+  float* partials;    // split form: [token][kv head][chunk group][2 * group + group * head_dim]
+  int32_t* counters;  // split form: [token][kv head], zero before the launch
+  int64_t n_groups_cap;
+  DeviceError* error;
+};
+
+// A softmax state over some keys: running max, sum of exponentials, weighted values.
+struct State {
+  float m[kMaxG], l[kMaxG];
+  float acc[kMaxPairs];
+};
+
+struct Smem {
+  float q[kMaxPairs];
+  State total, group;
+  float e[kMaxG][kChunk];  // scores, then exp(score - m_c)
+  int64_t offset[kChunk];  // cache element offset of each slot's row; -1 when hidden
+  float mc[kMaxG], lc[kMaxG];
+  // The token, read once.
+  int32_t seq, slot, mask_start, ok;
+  uint64_t mask;
+  int32_t tree, last;
+};
+
+__device__ bool LoadToken(const Params& p, int64_t t, int kvh, Smem& s) {
+  if (threadIdx.x == 0) {
+    const int32_t seq = p.token_seq[t];
+    const int32_t slot = p.slot[t];
+    s.ok = 0;
+    if (seq < 0) {
+      ReportError(p.error, DeviceOp::kAttention, DeviceField::kTokenSeq, t, seq);
+    } else if (slot < 0 || slot / p.cache.block_size >= p.cache.max_blocks) {
+      ReportError(p.error, DeviceOp::kAttention, DeviceField::kSlot, t, slot);
+    } else {
+      s.ok = 1;
+    }
+    s.seq = seq;
+    s.slot = slot;
+    s.tree = p.tree_mask != nullptr;
+    s.mask = s.tree ? p.tree_mask[t] : 0;
+    s.mask_start = s.tree ? p.mask_start[t] : 0;
+  }
+  __syncthreads();
+  const int hd = p.head_dim;
+  if (!s.ok) {
+    // Zeros for this token's heads of the group, so nothing downstream reads garbage.
+    for (int i = threadIdx.x; i < p.group * hd; i += kThreads) {
+      p.out[(t * p.n_kv_heads * p.group + int64_t{kvh} * p.group) * hd + i] = 0.0f;
+    }
+    return false;
+  }
+  const float* q = p.q + (t * p.n_kv_heads * p.group + int64_t{kvh} * p.group) * hd;
+  for (int i = threadIdx.x; i < p.group * hd; i += kThreads) s.q[i] = q[i];
+  __syncthreads();
+  return true;
+}
+
+// Scores, exponentials and the chunk's (m_c, l_c) in shared memory; false (for every thread)
+// when no slot of chunk c is visible to the token.
+__device__ bool ScoreChunk(const Params& p, int64_t t, int kvh, int64_t c, Smem& s) {
+  const int lane = threadIdx.x % kWarp;
+  const int warp = threadIdx.x / kWarp;
+  const int G = p.group;
+  const int hd = p.head_dim;
+  const PagedKv& kv = p.cache;
+  if (threadIdx.x < kChunk) {
+    const int64_t slot = c * kChunk + threadIdx.x;
+    bool visible = slot <= s.slot;
+    if (visible && s.tree && slot >= s.mask_start) {
+      const int64_t j = slot - s.mask_start;
+      visible = j < 64 && ((s.mask >> j) & 1u) != 0;
+    }
+    int64_t offset = -1;
+    if (visible) {
+      const int32_t block = kv.block_tables[int64_t{s.seq} * kv.max_blocks + slot / kv.block_size];
+      if (block < 0 || block >= kv.num_blocks) {
+        ReportError(p.error, DeviceOp::kAttention, DeviceField::kBlockTable, t, block);
+      } else {
+        offset =
+            (int64_t{block} * kv.block_size + slot % kv.block_size) * kv.kv_dim + int64_t{kvh} * hd;
+      }
+    }
+    s.offset[threadIdx.x] = offset;
+  }
+  const int any = __syncthreads_or(threadIdx.x < kChunk && s.offset[threadIdx.x] >= 0);
+  if (!any) return false;
+
+  // q . k for every visible slot: lane i holds dims i, i + 32, ...; one fused multiply-add chain
+  // per lane in that order, then the butterfly.
+  for (int j = warp; j < kChunk; j += kWarps) {
+    const int64_t offset = s.offset[j];
+    if (offset < 0) {
+      for (int g = lane; g < G; g += kWarp) s.e[g][j] = kNegInf;
+      continue;
+    }
+    float kr[kKRegs];
+#pragma unroll
+    for (int i = 0; i < kKRegs; ++i) {
+      const int d = lane + i * kWarp;
+      kr[i] = d < hd ? LoadCacheAsF32(kv.k, kv.dtype, offset + d) : 0.0f;
+    }
+    for (int g = 0; g < G; ++g) {
+      float dot = 0.0f;
+#pragma unroll
+      for (int i = 0; i < kKRegs; ++i) {
+        const int d = lane + i * kWarp;
+        if (d < hd) dot = fmaf(s.q[g * hd + d], kr[i], dot);
+      }
+      dot = WarpSum(dot);
+      if (lane == 0) s.e[g][j] = __fmul_rn(dot, p.scale);
+    }
+  }
+  __syncthreads();
+  // Per head: the chunk's max, the exponentials and their sum, over lanes (j, j + 32).
+  for (int g = warp; g < G; g += kWarps) {
+    const float s0 = s.e[g][lane];
+    const float s1 = s.e[g][lane + kWarp];
+    const float m = WarpMax(fmaxf(s0, s1));
+    const float e0 = s0 == kNegInf ? 0.0f : expf(__fsub_rn(s0, m));
+    const float e1 = s1 == kNegInf ? 0.0f : expf(__fsub_rn(s1, m));
+    s.e[g][lane] = e0;
+    s.e[g][lane + kWarp] = e1;
+    const float l = WarpSum(__fadd_rn(e0, e1));
+    if (lane == 0) {
+      s.mc[g] = m;
+      s.lc[g] = l;
+    }
+  }
+  __syncthreads();
+  return true;
+}
+
+// Element d of head g of the chunk's weighted value sum: slots in ascending order, one fused
+// multiply-add each, skipping weights that are exactly 0 (hidden slots, whose rows may hold
+// anything; for a visible slot that is the same as adding 0 * v).
+__device__ float ChunkValue(const Params& p, const Smem& s, int g, int d) {
+  float part = 0.0f;
+  for (int j = 0; j < kChunk; ++j) {
+    const float w = s.e[g][j];
+    if (w != 0.0f) part = fmaf(w, LoadCacheAsF32(p.cache.v, p.cache.dtype, s.offset[j] + d), part);
+  }
+  return part;
+}
+
+// The merge of a part (m_p, l_p, acc_p) into a running state (m, l, acc), shared by every level
+// (chunk into group, group into total) and both launch forms.
+struct Coeffs {
+  float m, a, b;
+};
+__device__ __forceinline__ Coeffs MergeCoeffs(float m_old, float m_part) {
+  Coeffs k;
+  k.m = fmaxf(m_old, m_part);
+  k.a = m_old == kNegInf ? 0.0f : expf(__fsub_rn(m_old, k.m));
+  k.b = expf(__fsub_rn(m_part, k.m));
+  return k;
+}
+__device__ __forceinline__ float MergeValue(float acc, float part, const Coeffs& k) {
+  return __fadd_rn(__fmul_rn(acc, k.a), __fmul_rn(part, k.b));
+}
+
+__device__ void InitState(const Params& p, State& st) {
+  for (int i = threadIdx.x; i < p.group * p.head_dim; i += kThreads) st.acc[i] = 0.0f;
+  if (threadIdx.x < p.group) {
+    st.m[threadIdx.x] = kNegInf;
+    st.l[threadIdx.x] = 0.0f;
+  }
+  __syncthreads();
+}
+
+// Merges a part whose per-pair values come from value(i) and whose max and sum are m_part[g],
+// l_part[g] into `st`. Every pair merges against the old m before the heads' m and l move on.
+template <typename Value>
+__device__ void MergePart(const Params& p, State& st, const float* m_part, const float* l_part,
+                          Value value) {
+  for (int i = threadIdx.x; i < p.group * p.head_dim; i += kThreads) {
+    const int g = i / p.head_dim;
+    st.acc[i] = MergeValue(st.acc[i], value(i), MergeCoeffs(st.m[g], m_part[g]));
+  }
+  __syncthreads();
+  if (threadIdx.x < p.group) {
+    const int g = threadIdx.x;
+    const Coeffs k = MergeCoeffs(st.m[g], m_part[g]);
+    st.l[g] = MergeValue(st.l[g], l_part[g], k);
+    st.m[g] = k.m;
+  }
+  __syncthreads();
+}
+
+// The state of chunk group `grp` (kGroupChunks chunks merged in order from an empty state) in
+// s.group; false when none of its chunks has a visible slot.
+__device__ bool GroupState(const Params& p, int64_t t, int kvh, int64_t grp, int64_t chunks,
+                           Smem& s) {
+  InitState(p, s.group);
+  bool any = false;
+  const int64_t end = min(chunks, (grp + 1) * kGroupChunks);
+  for (int64_t c = grp * kGroupChunks; c < end; ++c) {
+    if (!ScoreChunk(p, t, kvh, c, s)) continue;
+    any = true;
+    MergePart(p, s.group, s.mc, s.lc,
+              [&](int i) { return ChunkValue(p, s, i / p.head_dim, i % p.head_dim); });
+  }
+  return any;
+}
+
+__device__ void WriteOutput(const Params& p, int64_t t, int kvh, const Smem& s) {
+  const int hd = p.head_dim;
+  float* out = p.out + (t * p.n_kv_heads * p.group + int64_t{kvh} * p.group) * hd;
+  for (int i = threadIdx.x; i < p.group * hd; i += kThreads) {
+    out[i] = __fdiv_rn(s.total.acc[i], s.total.l[i / hd]);
+  }
+}
+
+// One block per (token, KV head): every chunk group in order, merged as it goes.
+__global__ void __launch_bounds__(kThreads) AttentionKernel(Params p) {
+  __shared__ Smem s;
+  const int64_t t = blockIdx.x / p.n_kv_heads;
+  const int kvh = static_cast<int>(blockIdx.x % p.n_kv_heads);
+  if (!LoadToken(p, t, kvh, s)) return;
+  InitState(p, s.total);
+  const int64_t chunks = s.slot / kChunk + 1;
+  const int64_t groups = DivUp(chunks, kGroupChunks);
+  for (int64_t grp = 0; grp < groups; ++grp) {
+    if (!GroupState(p, t, kvh, grp, chunks, s)) continue;
+    MergePart(p, s.total, s.group.m, s.group.l, [&](int i) { return s.group.acc[i]; });
+  }
+  WriteOutput(p, t, kvh, s);
+}
+
+// One block per (token, KV head, chunk group): the group's state goes to the workspace, and the
+// last of the token's group blocks to arrive merges them all in group order.
+__global__ void __launch_bounds__(kThreads) AttentionSplitKernel(Params p) {
+  __shared__ Smem s;
+  const int64_t t = blockIdx.x / p.n_kv_heads;
+  const int kvh = static_cast<int>(blockIdx.x % p.n_kv_heads);
+  const int64_t grp = blockIdx.y;
+  if (threadIdx.x == 0) {
+    // Blocks past the token's last group leave at once (their count is not waited for); group
+    // 0 always runs, to report a bad token.
+    const int32_t slot = p.slot[t];
+    s.last = grp == 0 || (slot >= 0 && grp <= slot / (kChunk * kGroupChunks));
+  }
+  __syncthreads();
+  if (!s.last) return;
+  if (grp == 0) {
+    if (!LoadToken(p, t, kvh, s)) return;
+  } else {
+    // Only group 0 reports a bad token (and zeros its output); the others just leave.
+    if (threadIdx.x == 0) {
+      const int32_t seq = p.token_seq[t];
+      const int32_t slot = p.slot[t];
+      s.ok = seq >= 0 && slot / p.cache.block_size < p.cache.max_blocks;
+      s.seq = seq;
+      s.slot = slot;
+      s.tree = p.tree_mask != nullptr;
+      s.mask = s.tree ? p.tree_mask[t] : 0;
+      s.mask_start = s.tree ? p.mask_start[t] : 0;
+    }
+    __syncthreads();
+    if (!s.ok) return;
+    const float* q = p.q + (t * p.n_kv_heads * p.group + int64_t{kvh} * p.group) * p.head_dim;
+    for (int i = threadIdx.x; i < p.group * p.head_dim; i += kThreads) s.q[i] = q[i];
+    __syncthreads();
+  }
+  const int G = p.group;
+  const int hd = p.head_dim;
+  const int64_t stride = 2 * G + int64_t{G} * hd;
+  const int64_t pair = t * p.n_kv_heads + kvh;
+  const int64_t chunks = s.slot / kChunk + 1;
+  const int64_t groups = DivUp(chunks, kGroupChunks);
+  float* mine = p.partials + (pair * p.n_groups_cap + grp) * stride;
+  if (GroupState(p, t, kvh, grp, chunks, s)) {
+    if (threadIdx.x < G) {
+      mine[threadIdx.x] = s.group.m[threadIdx.x];
+      mine[G + threadIdx.x] = s.group.l[threadIdx.x];
+    }
+    for (int i = threadIdx.x; i < G * hd; i += kThreads) mine[2 * G + i] = s.group.acc[i];
+  } else if (threadIdx.x < G) {
+    mine[threadIdx.x] = kNegInf;  // hidden group: skipped by the merge, as in AttentionKernel
+    mine[G + threadIdx.x] = 0.0f;
+  }
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) s.last = atomicAdd(&p.counters[pair], 1) == groups - 1;
+  __syncthreads();
+  if (!s.last) return;
+  __threadfence();
+  InitState(p, s.total);
+  const float* all = p.partials + pair * p.n_groups_cap * stride;
+  for (int64_t k = 0; k < groups; ++k) {
+    const float* part = all + k * stride;
+    if (threadIdx.x < G) {
+      s.group.m[threadIdx.x] = __ldcg(part + threadIdx.x);
+      s.group.l[threadIdx.x] = __ldcg(part + G + threadIdx.x);
+    }
+    __syncthreads();
+    const bool hidden = s.group.m[0] == kNegInf && s.group.l[0] == 0.0f;
+    __syncthreads();
+    if (hidden) continue;
+    MergePart(p, s.total, s.group.m, s.group.l, [&](int i) { return __ldcg(part + 2 * G + i); });
+  }
+  WriteOutput(p, t, kvh, s);
+}
+
+int64_t GroupsCap(const PagedKv& c) {
+  return DivUp(c.max_blocks * c.block_size, int64_t{kChunk} * kGroupChunks);
+}
+
+int64_t PartialFloats(const AttentionArgs& a) {
+  const int64_t g = a.n_heads / a.n_kv_heads;
+  return a.n_tokens * a.n_kv_heads * GroupsCap(a.cache) * (2 * g + g * a.head_dim);
+}
+
+}  // namespace
+
+int64_t AttentionSplitWorkspaceBytes(const AttentionArgs& a) {
+  return PartialFloats(a) * 4 + a.n_tokens * a.n_kv_heads * 4 + 256;
+}
+
+absl::Status LaunchAttention(const AttentionArgs& a, const CudaContext& ctx, cudaStream_t stream) {
+  constexpr absl::string_view kOp = "Attention";
+  SPECD_RETURN_IF_ERROR(cpu::CheckNonNegative(kOp, "n_tokens", a.n_tokens));
+  SPECD_RETURN_IF_ERROR(cpu::CheckPositive(kOp, "n_heads", a.n_heads));
+  SPECD_RETURN_IF_ERROR(cpu::CheckPositive(kOp, "n_kv_heads", a.n_kv_heads));
+  SPECD_RETURN_IF_ERROR(cpu::CheckPositive(kOp, "head_dim", a.head_dim));
+  if (a.n_heads % a.n_kv_heads != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Attention: n_heads ", a.n_heads, " is not a multiple of n_kv_heads ", a.n_kv_heads));
+  }
+  SPECD_RETURN_IF_ERROR(cpu::CheckPagedKv(kOp, a.cache));
+  if (a.cache.kv_dim != a.n_kv_heads * a.head_dim) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Attention: cache.kv_dim ", a.cache.kv_dim, " != n_kv_heads x head_dim"));
+  }
+  const int64_t group = a.n_heads / a.n_kv_heads;
+  if (group > kAttentionMaxGroup || a.head_dim > kAttentionMaxHeadDim ||
+      group * a.head_dim > kAttentionMaxGroupTimesHeadDim) {
+    return absl::UnimplementedError(
+        absl::StrCat("Attention: the CUDA kernel takes up to ", kAttentionMaxGroup,
+                     " query heads per KV head, head_dim up to ", kAttentionMaxHeadDim,
+                     " and their product up to ", kAttentionMaxGroupTimesHeadDim, "; got ", group,
+                     " and ", a.head_dim));
+  }
+  SPECD_RETURN_IF_ERROR(cpu::CheckElementCount(kOp, "n_tokens x n_heads x head_dim", a.n_tokens,
+                                               a.n_heads * a.head_dim));
+  if (a.n_tokens == 0) return absl::OkStatus();
+  SPECD_RETURN_IF_ERROR(cpu::CheckNotNull(kOp, "q", a.q));
+  SPECD_RETURN_IF_ERROR(cpu::CheckNotNull(kOp, "out", a.out));
+  SPECD_RETURN_IF_ERROR(cpu::CheckNotNull(kOp, "token_seq", a.token_seq));
+  SPECD_RETURN_IF_ERROR(cpu::CheckNotNull(kOp, "slot", a.slot));
+  if (a.tree_mask != nullptr)
+    SPECD_RETURN_IF_ERROR(cpu::CheckNotNull(kOp, "mask_start", a.mask_start));
+  if (a.q != a.out) {
+    const int64_t bytes = a.n_tokens * a.n_heads * a.head_dim * 4;
+    SPECD_RETURN_IF_ERROR(cpu::CheckNoOverlap(kOp, "out", a.out, bytes, "q", a.q, bytes));
+  }
+  const int64_t blocks = a.n_tokens * a.n_kv_heads;
+  const int64_t groups_cap = GroupsCap(a.cache);
+  if (blocks > 0x7fffffff || groups_cap > 65535) {
+    return absl::InvalidArgumentError("Attention: batch or cache too large for one launch");
+  }
+  Params p;
+  p.q = a.q;
+  p.out = a.out;
+  p.cache = a.cache;
+  p.token_seq = a.token_seq;
+  p.slot = a.slot;
+  p.tree_mask = a.tree_mask;
+  p.mask_start = a.mask_start;
+  p.n_kv_heads = static_cast<int32_t>(a.n_kv_heads);
+  p.group = static_cast<int32_t>(group);
+  p.head_dim = static_cast<int32_t>(a.head_dim);
+  p.scale = a.scale;
+  p.partials = nullptr;
+  p.counters = nullptr;
+  p.n_groups_cap = groups_cap;
+  p.error = ctx.error;
+
+  // Split over chunk groups when (token, KV head) pairs alone would leave most SMs idle. Either
+  // form gives the same bits (see attention.h).
+  const bool fits = AttentionSplitWorkspaceBytes(a) <= ctx.workspace_bytes;
+  bool split = ctx.attention_split > 0 ||
+               (ctx.attention_split == 0 && blocks < 2 * int64_t{ctx.sm_count} && groups_cap > 1);
+  if (split && !fits) {
+    if (ctx.attention_split > 0) {
+      return absl::ResourceExhaustedError(
+          "Attention: the split form needs more workspace than the back end has");
+    }
+    split = false;
+  }
+  if (!split) {
+    AttentionKernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(p);
+    return CudaStatus(cudaGetLastError(), "Attention launch");
+  }
+  p.partials = static_cast<float*>(ctx.workspace);
+  p.counters = reinterpret_cast<int32_t*>(static_cast<char*>(ctx.workspace) +
+                                          (PartialFloats(a) * 4 + 255) / 256 * 256);
+  SPECD_RETURN_IF_ERROR(
+      CudaStatus(cudaMemsetAsync(p.counters, 0, blocks * 4, stream), "Attention counters"));
+  AttentionSplitKernel<<<dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(groups_cap)),
+                         kThreads, 0, stream>>>(p);
+  return CudaStatus(cudaGetLastError(), "Attention launch");
+}
+
+}  // namespace specd::kernels::cuda

@@ -1,0 +1,46 @@
+// Paged grouped-query attention over a varlen batch on the GPU (see AttentionArgs and PagedKv in
+// kernels/backend.h), beside kernels/cpu/attention.h: one-token decode, (K+1)-token verify,
+// chunked prefill and draft trees (64-bit node masks) in one launch, reading the block table in
+// the kernel.
+//
+// Invariance. A token's keys are cut into chunks of kAttentionChunk slots at FIXED slot
+// positions (slots [64c, 64c + 64)), never at points chosen from the batch, and the chunks into
+// fixed groups of kAttentionGroupChunks. A chunk's partial softmax (its max, sum of exponentials
+// and weighted values) is computed by one block with a fixed thread mapping; a group's state is
+// its chunks merged in ascending order from an empty state, and the output is the groups' states
+// merged in ascending order, every merge by one function. The launcher may run all groups of a
+// (token, KV head) in one block, or each group in its own block with the last block to finish
+// merging the stored group states in the same order: the two give the same bits, so that choice,
+// which does depend on the batch's size, never changes a result. A chunk or group whose slots are
+// all hidden (tree masks) is skipped in both.
+#ifndef SPECD_KERNELS_CUDA_ATTENTION_H_
+#define SPECD_KERNELS_CUDA_ATTENTION_H_
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "kernels/backend.h"
+#include "kernels/cuda/cuda_context.h"
+
+namespace specd::kernels::cuda {
+
+inline constexpr int64_t kAttentionChunk = 64;
+inline constexpr int64_t kAttentionGroupChunks = 8;  // 512 slots per chunk group
+inline constexpr int64_t kAttentionMaxGroup = 16;    // n_heads / n_kv_heads
+inline constexpr int64_t kAttentionMaxHeadDim = 256;
+inline constexpr int64_t kAttentionMaxGroupTimesHeadDim = 2048;
+
+// A token whose sequence, slot or block table is out of range is reported through ctx.error and
+// its output is zeros. UNIMPLEMENTED beyond the group and head_dim limits. n_tokens == 0 is a
+// no-op.
+absl::Status LaunchAttention(const AttentionArgs& args, const CudaContext& ctx,
+                             cudaStream_t stream);
+
+// Workspace bytes the split form needs for `n_tokens` tokens (partials and arrival counters).
+int64_t AttentionSplitWorkspaceBytes(const AttentionArgs& args);
+
+}  // namespace specd::kernels::cuda
+
+#endif  // SPECD_KERNELS_CUDA_ATTENTION_H_

@@ -1,0 +1,336 @@
+#include "kernels/cuda/cuda_backend.h"
+
+#include <cuda_runtime_api.h>
+
+#include <memory>
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "base/absl_string.h"
+#include "base/status_macros.h"
+#include "kernels/cuda/attention.h"
+#include "kernels/cuda/cuda_context.h"
+#include "kernels/cuda/elementwise.h"
+#include "kernels/cuda/embedding.h"
+#include "kernels/cuda/kv_cache.h"
+#include "kernels/cuda/matmul.h"
+#include "kernels/cuda/processed.h"
+#include "kernels/cuda/rmsnorm.h"
+#include "kernels/cuda/rope.h"
+#include "kernels/cuda/sampling.h"
+
+namespace specd::kernels {
+namespace {
+
+using cuda::CudaStatus;
+
+struct StreamDeleter {
+  void operator()(CUstream_st* s) const { cudaStreamDestroy(s); }
+};
+using UniqueStream = std::unique_ptr<CUstream_st, StreamDeleter>;
+
+struct HostDeleter {
+  void operator()(void* p) const { cudaFreeHost(p); }
+};
+using UniqueHost = std::unique_ptr<void, HostDeleter>;
+
+class CudaGraph final : public RecordedWork {
+ public:
+  CudaGraph(cudaGraph_t graph, cudaGraphExec_t exec) : graph_(graph), exec_(exec) {}
+  ~CudaGraph() override {
+    cudaGraphExecDestroy(exec_);
+    cudaGraphDestroy(graph_);
+  }
+  CudaGraph(const CudaGraph&) = delete;
+  CudaGraph& operator=(const CudaGraph&) = delete;
+  cudaGraphExec_t exec() const { return exec_; }
+
+ private:
+  cudaGraph_t graph_;
+  cudaGraphExec_t exec_;
+};
+
+absl::Status CheckCopy(std::string_view op, const void* dst, const void* src, int64_t bytes) {
+  if (bytes < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(ToAbsl(op), ": bytes must be >= 0, got ", bytes));
+  }
+  if (bytes > 0 && (dst == nullptr || src == nullptr)) {
+    return absl::InvalidArgumentError(absl::StrCat(ToAbsl(op), ": null pointer"));
+  }
+  return absl::OkStatus();
+}
+
+class CudaBackend final : public Backend {
+ public:
+  CudaBackend(const CudaBackendOptions& options, std::string name, UniqueStream stream,
+              UniqueHost error_host, cuda::DeviceError* error_device, int sm_count)
+      : options_(options),
+        name_(std::move(name)),
+        stream_(std::move(stream)),
+        error_host_(std::move(error_host)) {
+    ctx_.error = error_device;
+    ctx_.sm_count = sm_count;
+    ctx_.attention_split = options.attention_split;
+  }
+
+  ~CudaBackend() override {
+    // Buffers still alive belong to callers; the workspace is ours and goes first.
+    (void)cudaStreamSynchronize(stream_.get());
+    workspace_ = Buffer();
+  }
+
+  absl::Status Init() {
+    if (options_.workspace_bytes > 0) {
+      SPECD_ASSIGN_OR_RETURN(workspace_, Allocate(options_.workspace_bytes, MemoryKind::kScratch,
+                                                  "the CUDA op workspace"));
+      ctx_.workspace = workspace_.data();
+      ctx_.workspace_bytes = workspace_.bytes();
+    }
+    return absl::OkStatus();
+  }
+
+  std::string_view name() const override { return name_; }
+  int num_threads() const override { return 0; }
+  bool SupportsKvDtype(DType dtype) const override {
+    return dtype == DType::kF32 || dtype == DType::kBF16 || dtype == DType::kF16;
+  }
+  absl::StatusOr<DeviceMemory> QueryDeviceMemory() const override {
+    size_t free_bytes = 0, total_bytes = 0;
+    SPECD_RETURN_IF_ERROR(Use());
+    SPECD_RETURN_IF_ERROR(CudaStatus(cudaMemGetInfo(&free_bytes, &total_bytes), "cudaMemGetInfo"));
+    return DeviceMemory{static_cast<int64_t>(free_bytes), static_cast<int64_t>(total_bytes)};
+  }
+
+  absl::Status Upload(void* device_dst, const void* host_src, int64_t bytes) override {
+    return Copy("Upload", device_dst, host_src, bytes, cudaMemcpyHostToDevice);
+  }
+  absl::Status Download(void* host_dst, const void* device_src, int64_t bytes) override {
+    return Copy("Download", host_dst, device_src, bytes, cudaMemcpyDeviceToHost);
+  }
+  absl::Status CopyDeviceToDevice(void* dst, const void* src, int64_t bytes) override {
+    return Copy("CopyDeviceToDevice", dst, src, bytes, cudaMemcpyDeviceToDevice);
+  }
+
+  absl::Status Synchronize() override {
+    SPECD_RETURN_IF_ERROR(Use());
+    const cudaError_t e = cudaStreamSynchronize(stream_.get());
+    if (e != cudaSuccess) {
+      (void)cudaGetLastError();
+      return absl::InternalError(absl::StrCat("CUDA execution failed on ", name_, ": ",
+                                              cudaGetErrorName(e), ": ", cudaGetErrorString(e)));
+    }
+    auto* error = static_cast<cuda::DeviceError*>(error_host_.get());
+    if (error->claimed != 0) {
+      const std::string message = cuda::DeviceErrorMessage(*error);
+      *error = cuda::DeviceError();
+      return absl::InvalidArgumentError(message);
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status Matmul(const MatmulArgs& a) override {
+    SPECD_RETURN_IF_ERROR(Use());
+    return cuda::LaunchMatmul(a, ctx_, stream_.get(), options_.matmul_tokens_per_warp);
+  }
+  absl::Status RmsNorm(const RmsNormArgs& a) override {
+    SPECD_RETURN_IF_ERROR(Use());
+    return cuda::LaunchRmsNorm(a, ctx_, stream_.get());
+  }
+  absl::Status Rope(const RopeArgs& a) override {
+    SPECD_RETURN_IF_ERROR(Use());
+    return cuda::LaunchRope(a, ctx_, stream_.get());
+  }
+  absl::Status StoreKv(const StoreKvArgs& a) override {
+    SPECD_RETURN_IF_ERROR(Use());
+    return cuda::LaunchStoreKv(a, ctx_, stream_.get());
+  }
+  absl::Status Attention(const AttentionArgs& a) override {
+    SPECD_RETURN_IF_ERROR(Use());
+    return cuda::LaunchAttention(a, ctx_, stream_.get());
+  }
+  absl::Status SwiGlu(const SwiGluArgs& a) override {
+    SPECD_RETURN_IF_ERROR(Use());
+    return cuda::LaunchSwiGlu(a, ctx_, stream_.get());
+  }
+  absl::Status Embedding(const EmbeddingArgs& a) override {
+    SPECD_RETURN_IF_ERROR(Use());
+    return cuda::LaunchEmbedding(a, ctx_, stream_.get());
+  }
+  absl::Status Add(const AddArgs& a) override {
+    SPECD_RETURN_IF_ERROR(Use());
+    return cuda::LaunchAdd(a, ctx_, stream_.get());
+  }
+  absl::Status GatherRows(const GatherRowsArgs& a) override {
+    SPECD_RETURN_IF_ERROR(Use());
+    return cuda::LaunchGatherRows(a, ctx_, stream_.get());
+  }
+  absl::Status CopyKvRows(const CopyKvRowsArgs& a) override {
+    SPECD_RETURN_IF_ERROR(Use());
+    return cuda::LaunchCopyKvRows(a, ctx_, stream_.get());
+  }
+  absl::Status CombineLogits(const CombineLogitsArgs& a) override {
+    SPECD_RETURN_IF_ERROR(Use());
+    return cuda::LaunchCombineLogits(a, ctx_, stream_.get());
+  }
+  absl::Status ProcessRows(const ProcessRowsArgs& a) override {
+    SPECD_RETURN_IF_ERROR(Use());
+    return cuda::LaunchProcessRows(a, ctx_, stream_.get());
+  }
+  absl::Status SampleRows(const SampleRowsArgs& a) override {
+    SPECD_RETURN_IF_ERROR(Use());
+    return cuda::LaunchSampleRows(a, ctx_, stream_.get());
+  }
+  absl::Status GatherProbs(const GatherProbsArgs& a) override {
+    SPECD_RETURN_IF_ERROR(Use());
+    return cuda::LaunchGatherProbs(a, ctx_, stream_.get());
+  }
+  absl::Status Logprobs(const LogprobsArgs& a) override {
+    SPECD_RETURN_IF_ERROR(Use());
+    return cuda::LaunchLogprobs(a, ctx_, stream_.get());
+  }
+
+  bool SupportsRecording() const override { return true; }
+  absl::Status BeginRecording() override {
+    SPECD_RETURN_IF_ERROR(Use());
+    return CudaStatus(cudaStreamBeginCapture(stream_.get(), cudaStreamCaptureModeThreadLocal),
+                      "cudaStreamBeginCapture");
+  }
+  absl::StatusOr<std::unique_ptr<RecordedWork>> EndRecording() override {
+    SPECD_RETURN_IF_ERROR(Use());
+    cudaGraph_t graph = nullptr;
+    SPECD_RETURN_IF_ERROR(
+        CudaStatus(cudaStreamEndCapture(stream_.get(), &graph), "cudaStreamEndCapture"));
+    cudaGraphExec_t exec = nullptr;
+    const cudaError_t e = cudaGraphInstantiate(&exec, graph, 0);
+    if (e != cudaSuccess) {
+      cudaGraphDestroy(graph);
+      (void)cudaGetLastError();
+      return CudaStatus(e, "cudaGraphInstantiate");
+    }
+    return std::make_unique<CudaGraph>(graph, exec);
+  }
+  absl::Status Replay(const RecordedWork& work) override {
+    SPECD_RETURN_IF_ERROR(Use());
+    const auto* graph = dynamic_cast<const CudaGraph*>(&work);
+    if (graph == nullptr) return absl::InvalidArgumentError("Replay: not a CUDA graph");
+    return CudaStatus(cudaGraphLaunch(graph->exec(), stream_.get()), "cudaGraphLaunch");
+  }
+
+ protected:
+  absl::StatusOr<void*> AllocateRaw(int64_t bytes, MemoryKind kind) override {
+    SPECD_RETURN_IF_ERROR(Use());
+    void* p = nullptr;
+    const cudaError_t e = kind == MemoryKind::kStaging
+                              ? cudaHostAlloc(&p, static_cast<size_t>(bytes), cudaHostAllocDefault)
+                              : cudaMalloc(&p, static_cast<size_t>(bytes));
+    if (e != cudaSuccess) {
+      (void)cudaGetLastError();  // an allocation failure is not sticky; keep it from the next op
+      return absl::ResourceExhaustedError(
+          absl::StrCat(cudaGetErrorName(e), ": ", cudaGetErrorString(e)));
+    }
+    return p;
+  }
+  void FreeRaw(void* data, int64_t bytes, MemoryKind kind) override {
+    (void)bytes;
+    (void)Use();
+    if (kind == MemoryKind::kStaging) {
+      cudaFreeHost(data);
+    } else {
+      cudaFree(data);
+    }
+  }
+
+ private:
+  // Makes this back end's device current on the calling thread (a worker calls from one engine
+  // thread, tests from others).
+  absl::Status Use() const {
+    return options_.device == 0 ? absl::OkStatus()
+                                : CudaStatus(cudaSetDevice(options_.device), "cudaSetDevice");
+  }
+
+  absl::Status Copy(std::string_view op, void* dst, const void* src, int64_t bytes,
+                    cudaMemcpyKind kind) {
+    SPECD_RETURN_IF_ERROR(CheckCopy(op, dst, src, bytes));
+    if (bytes == 0) return absl::OkStatus();
+    SPECD_RETURN_IF_ERROR(Use());
+    return CudaStatus(cudaMemcpyAsync(dst, src, static_cast<size_t>(bytes), kind, stream_.get()),
+                      "cudaMemcpyAsync");
+  }
+
+  const CudaBackendOptions options_;
+  const std::string name_;
+  UniqueStream stream_;
+  UniqueHost error_host_;
+  cuda::CudaContext ctx_;
+  Buffer workspace_;
+};
+
+}  // namespace
+
+int CudaDeviceCount() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return n;
+}
+
+absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackendWithOptions(
+    const CudaBackendOptions& options) {
+  int n = 0;
+  const cudaError_t count = cudaGetDeviceCount(&n);
+  if (count != cudaSuccess || n == 0) {
+    (void)cudaGetLastError();
+    return absl::FailedPreconditionError(
+        absl::StrCat("--backend cuda: no usable CUDA device (",
+                     count != cudaSuccess
+                         ? absl::StrCat(cudaGetErrorName(count), ": ", cudaGetErrorString(count),
+                                        "; this is what a machine without an NVIDIA driver reports")
+                         : "the driver reports 0 devices",
+                     "); use --backend cpu or auto"));
+  }
+  if (options.device < 0 || options.device >= n) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("CUDA device ", options.device, " does not exist (", n, " present)"));
+  }
+  SPECD_RETURN_IF_ERROR(CudaStatus(cudaSetDevice(options.device), "cudaSetDevice"));
+  cudaDeviceProp prop;
+  SPECD_RETURN_IF_ERROR(
+      CudaStatus(cudaGetDeviceProperties(&prop, options.device), "cudaGetDeviceProperties"));
+  if (const cudaError_t probe = cuda::ProbeKernelImage(); probe != cudaSuccess) {
+    (void)cudaGetLastError();
+    return absl::FailedPreconditionError(
+        absl::StrCat("--backend cuda: this build has no kernels for ", prop.name, " (sm_",
+                     prop.major, prop.minor, "): ", cudaGetErrorString(probe),
+                     "; rebuild with SPECD_CUDA_ARCHITECTURES including it"));
+  }
+  cudaStream_t raw_stream = nullptr;
+  SPECD_RETURN_IF_ERROR(CudaStatus(cudaStreamCreateWithFlags(&raw_stream, cudaStreamNonBlocking),
+                                   "cudaStreamCreate"));
+  UniqueStream stream(raw_stream);
+  void* error_raw = nullptr;
+  SPECD_RETURN_IF_ERROR(CudaStatus(
+      cudaHostAlloc(&error_raw, sizeof(cuda::DeviceError), cudaHostAllocMapped), "cudaHostAlloc"));
+  UniqueHost error_host(error_raw);
+  *static_cast<cuda::DeviceError*>(error_raw) = cuda::DeviceError();
+  void* error_device = nullptr;
+  SPECD_RETURN_IF_ERROR(CudaStatus(cudaHostGetDevicePointer(&error_device, error_raw, 0),
+                                   "cudaHostGetDevicePointer"));
+  const std::string name = absl::StrCat("cuda-sm", prop.major, prop.minor, " (", prop.name, ")");
+  auto backend = std::make_unique<CudaBackend>(
+      options, name, std::move(stream), std::move(error_host),
+      static_cast<cuda::DeviceError*>(error_device), prop.multiProcessorCount);
+  SPECD_RETURN_IF_ERROR(backend->Init());
+  return backend;
+}
+
+absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(int device) {
+  CudaBackendOptions options;
+  options.device = device;
+  return CreateCudaBackendWithOptions(options);
+}
+
+}  // namespace specd::kernels

@@ -1,0 +1,58 @@
+#include "kernels/cuda/cuda_context.h"
+
+#include <array>
+
+#include "absl/strings/str_cat.h"
+
+namespace specd::kernels::cuda {
+namespace {
+
+constexpr std::array<const char*, 12> kOpNames = {
+    "?",          "Embedding",     "Rope",        "StoreKv",    "Attention",   "GatherRows",
+    "CopyKvRows", "CombineLogits", "ProcessRows", "SampleRows", "GatherProbs", "Logprobs"};
+constexpr std::array<const char*, 19> kFieldNames = {"ids",
+                                                     "pos",
+                                                     "token_seq",
+                                                     "slot",
+                                                     "cache.block_tables",
+                                                     "rows",
+                                                     "src_rows",
+                                                     "dst_rows",
+                                                     "cond_rows",
+                                                     "uncond_rows",
+                                                     "rows.prob_slot",
+                                                     "rows.mode",
+                                                     "rows.params",
+                                                     "rows history range",
+                                                     "draws.prob_slot",
+                                                     "slots",
+                                                     "tokens",
+                                                     "query_rows",
+                                                     "query_tokens"};
+
+// A kernel that does nothing, to learn whether this build has code the device can run.
+__global__ void ProbeKernel() {}
+
+}  // namespace
+
+std::string DeviceErrorMessage(const DeviceError& e) {
+  const char* op = e.op >= 0 && e.op < static_cast<int32_t>(kOpNames.size()) ? kOpNames[e.op] : "?";
+  const char* field = e.field >= 0 && e.field < static_cast<int32_t>(kFieldNames.size())
+                          ? kFieldNames[e.field]
+                          : "?";
+  return absl::StrCat(op, ": ", field, " at index ", e.index, " is out of range (value ", e.value,
+                      "); the kernel skipped it");
+}
+
+absl::Status CudaStatus(cudaError_t error, const char* what) {
+  if (error == cudaSuccess) return absl::OkStatus();
+  return absl::InternalError(absl::StrCat(what, ": CUDA error ", cudaGetErrorName(error), ": ",
+                                          cudaGetErrorString(error)));
+}
+
+cudaError_t ProbeKernelImage() {
+  cudaFuncAttributes attributes;
+  return cudaFuncGetAttributes(&attributes, ProbeKernel);
+}
+
+}  // namespace specd::kernels::cuda

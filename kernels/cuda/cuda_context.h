@@ -1,0 +1,89 @@
+// What every CUDA launcher needs besides its Args struct and the stream: where kernels report
+// argument errors that only the device can see (ids and slots live in device memory), the back
+// end's op workspace, and the device's size. Owned by CudaBackend (cuda_backend.cc).
+#ifndef SPECD_KERNELS_CUDA_CUDA_CONTEXT_H_
+#define SPECD_KERNELS_CUDA_CUDA_CONTEXT_H_
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+
+namespace specd::kernels::cuda {
+
+// The op and the argument a kernel found out of range. Numbered for DeviceError; never reorder.
+enum class DeviceOp : int32_t {
+  kNone = 0,
+  kEmbedding,
+  kRope,
+  kStoreKv,
+  kAttention,
+  kGatherRows,
+  kCopyKvRows,
+  kCombineLogits,
+  kProcessRows,
+  kSampleRows,
+  kGatherProbs,
+  kLogprobs,
+};
+enum class DeviceField : int32_t {
+  kIds = 0,
+  kPos,
+  kTokenSeq,
+  kSlot,
+  kBlockTable,
+  kRows,
+  kSrcRows,
+  kDstRows,
+  kCondRows,
+  kUncondRows,
+  kProbSlot,
+  kMode,
+  kParams,
+  kHistoryRange,
+  kDrawSlot,
+  kSlots,
+  kTokens,
+  kQueryRows,
+  kQueryTokens,
+};
+
+// The first bad argument kernels met since the last Synchronize. Lives in mapped pinned host
+// memory, so the host reads it after the stream is idle with no copy; kernels claim it with an
+// atomic, so the first report wins and later ones are dropped.
+struct DeviceError {
+  int32_t claimed = 0;
+  int32_t op = 0;
+  int32_t field = 0;
+  int32_t pad = 0;
+  int64_t index = 0;
+  int64_t value = 0;
+};
+
+// "StoreKv: slot[3] = 99 is out of range (block table entry, or beyond the cache)".
+std::string DeviceErrorMessage(const DeviceError& error);
+
+struct CudaContext {
+  DeviceError* error = nullptr;  // device view of the mapped error record
+  // Scratch that ops may use between their launch and the next op on the stream (attention's
+  // per-chunk partials, logprob row statistics). Allocated once, so ops never allocate and a
+  // captured CUDA graph keeps valid pointers.
+  void* workspace = nullptr;
+  int64_t workspace_bytes = 0;
+  int sm_count = 0;
+  // Attention's split over KV chunks: 0 = choose by occupancy, 1 = always split, -1 = never
+  // (tests force both to show they give the same bits).
+  int attention_split = 0;
+};
+
+// OK, or INTERNAL naming `what` and the CUDA error.
+absl::Status CudaStatus(cudaError_t error, const char* what);
+
+// cudaSuccess when this build holds machine code or PTX the current device can run.
+cudaError_t ProbeKernelImage();
+
+}  // namespace specd::kernels::cuda
+
+#endif  // SPECD_KERNELS_CUDA_CUDA_CONTEXT_H_

@@ -1,0 +1,146 @@
+// Device helpers shared by the kernels of kernels/cuda/ (private to this folder): error reports,
+// element loads by dtype, and reductions whose order is fixed by the block shape alone, so a
+// result never depends on how many rows a launch covers.
+//
+// Every .cu file here is compiled with -fmad=false: nvcc does not fuse a*b+c on its own, and a
+// kernel that wants a fused multiply-add says so with fmaf. The same source then gives the same
+// bits in every configuration of a kernel (the CUDA counterpart of -ffp-contract=off).
+#ifndef SPECD_KERNELS_CUDA_DEVICE_COMMON_CUH_
+#define SPECD_KERNELS_CUDA_DEVICE_COMMON_CUH_
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "kernels/cuda/cuda_context.h"
+#include "kernels/dtype.h"
+
+namespace specd::kernels::cuda {
+
+inline constexpr int kWarp = 32;
+
+__device__ inline void ReportError(DeviceError* e, DeviceOp op, DeviceField field, int64_t index,
+                                   int64_t value) {
+  if (e == nullptr) return;
+  if (atomicCAS(&e->claimed, 0, 1) == 0) {
+    e->op = static_cast<int32_t>(op);
+    e->field = static_cast<int32_t>(field);
+    e->index = index;
+    e->value = value;
+    __threadfence_system();
+  }
+}
+
+// Element i of a buffer of dtype D, widened to f32 (exact).
+template <DType D>
+__device__ __forceinline__ float LoadAsF32(const void* p, int64_t i) {
+  if constexpr (D == DType::kF32) {
+    return __ldg(static_cast<const float*>(p) + i);
+  } else if constexpr (D == DType::kBF16) {
+    const unsigned short h = __ldg(static_cast<const unsigned short*>(p) + i);
+    return __uint_as_float(static_cast<unsigned int>(h) << 16);
+  } else {
+    const unsigned short h = __ldg(static_cast<const unsigned short*>(p) + i);
+    return __half2float(__ushort_as_half(h));
+  }
+}
+
+// Runtime-dtype form for caches, whose contents change between launches (no __ldg).
+__device__ __forceinline__ float LoadCacheAsF32(const void* p, DType d, int64_t i) {
+  switch (d) {
+    case DType::kF32:
+      return static_cast<const float*>(p)[i];
+    case DType::kBF16:
+      return __uint_as_float(static_cast<unsigned int>(static_cast<const unsigned short*>(p)[i])
+                             << 16);
+    case DType::kF16:
+      return __half2float(__ushort_as_half(static_cast<const unsigned short*>(p)[i]));
+  }
+  return 0.0f;
+}
+
+// Lane-order-independent warp sum: the xor butterfly. Lanes l and l^m add the same two values
+// (addition commutes), so every lane ends with the same bits.
+template <typename T>
+__device__ __forceinline__ T WarpSum(T v) {
+#pragma unroll
+  for (int m = 16; m > 0; m >>= 1) v = v + __shfl_xor_sync(0xffffffffu, v, m);
+  return v;
+}
+
+template <typename T>
+__device__ __forceinline__ T WarpMax(T v) {
+#pragma unroll
+  for (int m = 16; m > 0; m >>= 1) v = max(v, __shfl_xor_sync(0xffffffffu, v, m));
+  return v;
+}
+
+// Sum over the block in a fixed tree (butterfly within warps, then over the warps' sums in warp
+// order). Every thread gets the result. `smem` holds 32 T. blockDim.x must be a multiple of 32.
+template <typename T>
+__device__ T BlockSum(T v, T* smem) {
+  const int lane = threadIdx.x % kWarp;
+  const int warp = threadIdx.x / kWarp;
+  const int warps = blockDim.x / kWarp;
+  v = WarpSum(v);
+  __syncthreads();  // smem may still be read by a previous reduction
+  if (lane == 0) smem[warp] = v;
+  __syncthreads();
+  T w = lane < warps ? smem[lane] : T(0);
+  return WarpSum(w);
+}
+
+template <typename T>
+__device__ T BlockMax(T v, T* smem, T lowest) {
+  const int lane = threadIdx.x % kWarp;
+  const int warp = threadIdx.x / kWarp;
+  const int warps = blockDim.x / kWarp;
+  v = WarpMax(v);
+  __syncthreads();
+  if (lane == 0) smem[warp] = v;
+  __syncthreads();
+  T w = lane < warps ? smem[lane] : lowest;
+  return WarpMax(w);
+}
+
+// (value, id) with the larger value winning and the lower id on ties (-0 == +0 tie).
+struct ArgMax {
+  float value;
+  int32_t id;
+};
+__device__ __forceinline__ ArgMax Better(ArgMax a, ArgMax b) {
+  if (b.value > a.value || (b.value == a.value && b.id < a.id)) return b;
+  return a;
+}
+__device__ inline ArgMax BlockArgMax(ArgMax v, float* smem_v, int32_t* smem_i) {
+  const int lane = threadIdx.x % kWarp;
+  const int warp = threadIdx.x / kWarp;
+  const int warps = blockDim.x / kWarp;
+#pragma unroll
+  for (int m = 16; m > 0; m >>= 1) {
+    ArgMax o{__shfl_xor_sync(0xffffffffu, v.value, m), __shfl_xor_sync(0xffffffffu, v.id, m)};
+    v = Better(v, o);
+  }
+  __syncthreads();
+  if (lane == 0) {
+    smem_v[warp] = v.value;
+    smem_i[warp] = v.id;
+  }
+  __syncthreads();
+  ArgMax w{-__int_as_float(0x7f800000), 0x7fffffff};
+  if (lane < warps) w = {smem_v[lane], smem_i[lane]};
+#pragma unroll
+  for (int m = 16; m > 0; m >>= 1) {
+    ArgMax o{__shfl_xor_sync(0xffffffffu, w.value, m), __shfl_xor_sync(0xffffffffu, w.id, m)};
+    w = Better(w, o);
+  }
+  return w;
+}
+
+__host__ __device__ constexpr int64_t DivUp(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+}  // namespace specd::kernels::cuda
+
+#endif  // SPECD_KERNELS_CUDA_DEVICE_COMMON_CUH_

@@ -1,0 +1,57 @@
+#include "kernels/cuda/embedding.h"
+
+#include "base/status_macros.h"
+#include "kernels/cpu/validate.h"
+#include "kernels/cuda/device_common.cuh"
+
+namespace specd::kernels::cuda {
+namespace {
+
+template <DType D>
+__global__ void EmbeddingKernel(const void* table, int64_t rows, int64_t dim, const int32_t* ids,
+                                float* out, DeviceError* error) {
+  const int64_t t = blockIdx.x;
+  const int32_t id = ids[t];
+  float* dst = out + t * dim;
+  if (id < 0 || id >= rows) {
+    if (threadIdx.x == 0) ReportError(error, DeviceOp::kEmbedding, DeviceField::kIds, t, id);
+    for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) dst[i] = 0.0f;
+    return;
+  }
+  for (int64_t i = threadIdx.x; i < dim; i += blockDim.x)
+    dst[i] = LoadAsF32<D>(table, id * dim + i);
+}
+
+}  // namespace
+
+absl::Status LaunchEmbedding(const EmbeddingArgs& a, const CudaContext& ctx, cudaStream_t stream) {
+  constexpr absl::string_view kOp = "Embedding";
+  SPECD_RETURN_IF_ERROR(cpu::CheckDType(kOp, "table.dtype", a.table.dtype));
+  SPECD_RETURN_IF_ERROR(cpu::CheckPositive(kOp, "table.rows", a.table.rows));
+  SPECD_RETURN_IF_ERROR(cpu::CheckPositive(kOp, "table.cols", a.table.cols));
+  SPECD_RETURN_IF_ERROR(cpu::CheckNonNegative(kOp, "n_tokens", a.n_tokens));
+  SPECD_RETURN_IF_ERROR(cpu::CheckElementCount(kOp, "table", a.table.rows, a.table.cols));
+  if (a.n_tokens == 0) return absl::OkStatus();
+  SPECD_RETURN_IF_ERROR(cpu::CheckNotNull(kOp, "table.data", a.table.data));
+  SPECD_RETURN_IF_ERROR(cpu::CheckNotNull(kOp, "ids", a.ids));
+  SPECD_RETURN_IF_ERROR(cpu::CheckNotNull(kOp, "out", a.out));
+  if (a.n_tokens > 0x7fffffff) return absl::InvalidArgumentError("Embedding: n_tokens too large");
+  const dim3 grid(static_cast<unsigned>(a.n_tokens));
+  switch (a.table.dtype) {
+    case DType::kF32:
+      EmbeddingKernel<DType::kF32><<<grid, 256, 0, stream>>>(a.table.data, a.table.rows,
+                                                             a.table.cols, a.ids, a.out, ctx.error);
+      break;
+    case DType::kBF16:
+      EmbeddingKernel<DType::kBF16><<<grid, 256, 0, stream>>>(
+          a.table.data, a.table.rows, a.table.cols, a.ids, a.out, ctx.error);
+      break;
+    case DType::kF16:
+      EmbeddingKernel<DType::kF16><<<grid, 256, 0, stream>>>(a.table.data, a.table.rows,
+                                                             a.table.cols, a.ids, a.out, ctx.error);
+      break;
+  }
+  return CudaStatus(cudaGetLastError(), "Embedding launch");
+}
+
+}  // namespace specd::kernels::cuda

@@ -1,0 +1,160 @@
+#include "kernels/cuda/kv_cache.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
+#include "kernels/cpu/validate.h"
+#include "kernels/cuda/device_common.cuh"
+
+namespace specd::kernels::cuda {
+namespace {
+
+constexpr int kThreads = 128;
+constexpr int64_t kCopySmemBytes = 48 * 1024;
+
+// The cache element index of (token's sequence, slot, 0), or -1 after reporting a bad token.
+__device__ int64_t RowOffset(const PagedKv& c, const int32_t* token_seq, const int32_t* slot,
+                             int64_t t, DeviceOp op, DeviceError* error) {
+  const int32_t seq = token_seq[t];
+  const int32_t s = slot[t];
+  if (seq < 0) {
+    ReportError(error, op, DeviceField::kTokenSeq, t, seq);
+    return -1;
+  }
+  if (s < 0 || s / c.block_size >= c.max_blocks) {
+    ReportError(error, op, DeviceField::kSlot, t, s);
+    return -1;
+  }
+  const int32_t block = c.block_tables[int64_t{seq} * c.max_blocks + s / c.block_size];
+  if (block < 0 || block >= c.num_blocks) {
+    ReportError(error, op, DeviceField::kBlockTable, t, block);
+    return -1;
+  }
+  return (int64_t{block} * c.block_size + s % c.block_size) * c.kv_dim;
+}
+
+__global__ void StoreKvKernel(const float* k, const float* v, PagedKv c, const int32_t* token_seq,
+                              const int32_t* slot, DeviceError* error) {
+  const int64_t t = blockIdx.x;
+  __shared__ int64_t offset;
+  if (threadIdx.x == 0) offset = RowOffset(c, token_seq, slot, t, DeviceOp::kStoreKv, error);
+  __syncthreads();
+  if (offset < 0) return;
+  const float* kr = k + t * c.kv_dim;
+  const float* vr = v + t * c.kv_dim;
+  for (int64_t i = threadIdx.x; i < c.kv_dim; i += kThreads) {
+    const int64_t at = offset + i;
+    switch (c.dtype) {
+      case DType::kF32:
+        static_cast<float*>(c.k)[at] = kr[i];
+        static_cast<float*>(c.v)[at] = vr[i];
+        break;
+      case DType::kBF16:
+        static_cast<__nv_bfloat16*>(c.k)[at] = __float2bfloat16_rn(kr[i]);
+        static_cast<__nv_bfloat16*>(c.v)[at] = __float2bfloat16_rn(vr[i]);
+        break;
+      case DType::kF16:
+        static_cast<__half*>(c.k)[at] = __float2half_rn(kr[i]);
+        static_cast<__half*>(c.v)[at] = __float2half_rn(vr[i]);
+        break;
+    }
+  }
+}
+
+// Block (layer * 2 + tensor, column tile): element type T (the cache's bits).
+template <typename T>
+__global__ void CopyKvRowsKernel(void* k, void* v, int64_t layer_stride, int64_t kv_dim,
+                                 const int32_t* src_rows, const int32_t* dst_rows, int64_t n,
+                                 int64_t tile, DeviceError* error) {
+  extern __shared__ unsigned char smem_raw[];
+  T* saved = reinterpret_cast<T*>(smem_raw);  // [n][tile]
+  const int64_t layer = blockIdx.x / 2;
+  T* base = static_cast<T*>(blockIdx.x % 2 == 0 ? k : v) + layer * layer_stride * kv_dim;
+  const int64_t col0 = blockIdx.y * tile;
+  const int64_t cols = min(tile, kv_dim - col0);
+  const bool report = blockIdx.x == 0 && blockIdx.y == 0;
+  for (int64_t e = threadIdx.x; e < n * cols; e += kThreads) {
+    const int64_t i = e / cols;
+    const int32_t s = src_rows[i];
+    const int32_t d = dst_rows[i];
+    if (s < 0 || s >= layer_stride || d < 0 || d >= layer_stride) continue;
+    saved[i * tile + e % cols] = base[int64_t{s} * kv_dim + col0 + e % cols];
+  }
+  __syncthreads();
+  for (int64_t e = threadIdx.x; e < n * cols; e += kThreads) {
+    const int64_t i = e / cols;
+    const int32_t s = src_rows[i];
+    const int32_t d = dst_rows[i];
+    if (s < 0 || s >= layer_stride) {
+      if (report && e % cols == 0)
+        ReportError(error, DeviceOp::kCopyKvRows, DeviceField::kSrcRows, i, s);
+      continue;
+    }
+    if (d < 0 || d >= layer_stride) {
+      if (report && e % cols == 0)
+        ReportError(error, DeviceOp::kCopyKvRows, DeviceField::kDstRows, i, d);
+      continue;
+    }
+    base[int64_t{d} * kv_dim + col0 + e % cols] = saved[i * tile + e % cols];
+  }
+}
+
+}  // namespace
+
+absl::Status LaunchStoreKv(const StoreKvArgs& a, const CudaContext& ctx, cudaStream_t stream) {
+  constexpr absl::string_view kOp = "StoreKv";
+  SPECD_RETURN_IF_ERROR(cpu::CheckNonNegative(kOp, "n_tokens", a.n_tokens));
+  SPECD_RETURN_IF_ERROR(cpu::CheckPagedKv(kOp, a.cache));
+  if (a.n_tokens == 0) return absl::OkStatus();
+  SPECD_RETURN_IF_ERROR(cpu::CheckNotNull(kOp, "k", a.k));
+  SPECD_RETURN_IF_ERROR(cpu::CheckNotNull(kOp, "v", a.v));
+  SPECD_RETURN_IF_ERROR(cpu::CheckNotNull(kOp, "token_seq", a.token_seq));
+  SPECD_RETURN_IF_ERROR(cpu::CheckNotNull(kOp, "slot", a.slot));
+  if (a.n_tokens > 0x7fffffff) return absl::InvalidArgumentError("StoreKv: n_tokens too large");
+  StoreKvKernel<<<static_cast<unsigned>(a.n_tokens), kThreads, 0, stream>>>(
+      a.k, a.v, a.cache, a.token_seq, a.slot, ctx.error);
+  return CudaStatus(cudaGetLastError(), "StoreKv launch");
+}
+
+absl::Status LaunchCopyKvRows(const CopyKvRowsArgs& a, const CudaContext& ctx,
+                              cudaStream_t stream) {
+  constexpr absl::string_view kOp = "CopyKvRows";
+  SPECD_RETURN_IF_ERROR(cpu::CheckNonNegative(kOp, "n", a.n));
+  SPECD_RETURN_IF_ERROR(cpu::CheckDType(kOp, "dtype", a.dtype));
+  SPECD_RETURN_IF_ERROR(cpu::CheckPositive(kOp, "n_layers", a.n_layers));
+  SPECD_RETURN_IF_ERROR(cpu::CheckPositive(kOp, "layer_stride", a.layer_stride));
+  SPECD_RETURN_IF_ERROR(cpu::CheckPositive(kOp, "kv_dim", a.kv_dim));
+  SPECD_RETURN_IF_ERROR(
+      cpu::CheckElementCount(kOp, "n_layers x layer_stride", a.n_layers, a.layer_stride));
+  SPECD_RETURN_IF_ERROR(
+      cpu::CheckElementCount(kOp, "layers x rows x kv_dim", a.n_layers * a.layer_stride, a.kv_dim));
+  if (a.n == 0) return absl::OkStatus();
+  SPECD_RETURN_IF_ERROR(cpu::CheckNotNull(kOp, "k", a.k));
+  SPECD_RETURN_IF_ERROR(cpu::CheckNotNull(kOp, "v", a.v));
+  SPECD_RETURN_IF_ERROR(cpu::CheckNotNull(kOp, "src_rows", a.src_rows));
+  SPECD_RETURN_IF_ERROR(cpu::CheckNotNull(kOp, "dst_rows", a.dst_rows));
+  const int64_t elem = DTypeSize(a.dtype);
+  if (a.n > kMaxCopyKvRows) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("CopyKvRows: n = ", a.n,
+                     " rows in one call; the CUDA back end copies at most ", kMaxCopyKvRows));
+  }
+  const int64_t tile = std::clamp<int64_t>(kCopySmemBytes / (a.n * elem), 1, a.kv_dim);
+  const int64_t tiles = DivUp(a.kv_dim, tile);
+  if (a.n_layers * 2 > 0x7fffffff || tiles > 65535) {
+    return absl::InvalidArgumentError("CopyKvRows: too many layers or columns");
+  }
+  const dim3 grid(static_cast<unsigned>(a.n_layers * 2), static_cast<unsigned>(tiles));
+  const size_t smem = static_cast<size_t>(a.n * tile * elem);
+  if (elem == 4) {
+    CopyKvRowsKernel<uint32_t><<<grid, kThreads, smem, stream>>>(
+        a.k, a.v, a.layer_stride, a.kv_dim, a.src_rows, a.dst_rows, a.n, tile, ctx.error);
+  } else {
+    CopyKvRowsKernel<uint16_t><<<grid, kThreads, smem, stream>>>(
+        a.k, a.v, a.layer_stride, a.kv_dim, a.src_rows, a.dst_rows, a.n, tile, ctx.error);
+  }
+  return CudaStatus(cudaGetLastError(), "CopyKvRows launch");
+}
+
+}  // namespace specd::kernels::cuda

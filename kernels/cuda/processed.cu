@@ -1,0 +1,370 @@
+#include "kernels/cuda/processed.h"
+
+#include <cstdint>
+
+#include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
+#include "kernels/cpu/processed.h"
+#include "kernels/cpu/validate.h"
+#include "kernels/cuda/device_common.cuh"
+
+namespace specd::kernels::cuda {
+namespace {
+
+constexpr int kThreads = 1024;
+constexpr float kInf = __builtin_huge_valf();
+constexpr uint32_t kSeenBit = 0x80000000u;
+
+struct Shared {
+  float f[kWarp];
+  int32_t i[kWarp];
+  double d[kWarp];
+  int64_t l[kWarp];
+  int32_t bad;
+};
+
+// kernels/cpu/processed.cc's ExpNonPositive, one IEEE operation at a time (see processed.h).
+__device__ float ExpNonPositive(float x) {
+  const float xc = fmaxf(x, -87.5f);
+  constexpr float kLog2e = 1.44269504088896341f;
+  constexpr float kRoundToInt = 12582912.0f;
+  const float k = __fsub_rn(__fadd_rn(__fmul_rn(xc, kLog2e), kRoundToInt), kRoundToInt);
+  constexpr float kLn2Hi = 0.693359375f;
+  constexpr float kLn2Lo = -2.12194440e-4f;
+  const float r = __fsub_rn(__fsub_rn(xc, __fmul_rn(k, kLn2Hi)), __fmul_rn(k, kLn2Lo));
+  float p = 1.9875691500e-4f;
+  p = __fadd_rn(__fmul_rn(p, r), 1.3981999507e-3f);
+  p = __fadd_rn(__fmul_rn(p, r), 8.3334519073e-3f);
+  p = __fadd_rn(__fmul_rn(p, r), 4.1665795894e-2f);
+  p = __fadd_rn(__fmul_rn(p, r), 1.6666665459e-1f);
+  p = __fadd_rn(__fmul_rn(p, r), 5.0000001201e-1f);
+  p = __fadd_rn(__fadd_rn(__fmul_rn(p, __fmul_rn(r, r)), r), 1.0f);
+  const float scale = __int_as_float((static_cast<int32_t>(k) + 127) << 23);
+  return x < cpu::kExpFlushBelow ? 0.0f : __fmul_rn(p, scale);
+}
+
+// Order-preserving key of a non-NaN float, with -0 and +0 equal.
+__device__ __forceinline__ uint32_t Key(float f) {
+  const uint32_t u = f == 0.0f ? 0u : __float_as_uint(f);
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+__device__ int64_t CountIf(int64_t n, Shared& s, auto pred) {
+  int64_t c = 0;
+  for (int64_t i = threadIdx.x; i < n; i += kThreads) c += pred(i) ? 1 : 0;
+  return BlockSum<int64_t>(c, s.l);
+}
+
+// The fp64 sum of value(i) over i in [0, n): each thread adds its strided ids in ascending
+// order, then BlockSum's fixed tree.
+__device__ double SumIf(int64_t n, Shared& s, auto value) {
+  double acc = 0.0;
+  for (int64_t i = threadIdx.x; i < n; i += kThreads) acc = __dadd_rn(acc, value(i));
+  return BlockSum<double>(acc, s.d);
+}
+
+// The smallest id bound B such that `pred` holds for `want` ids below B (want <= count(pred)).
+__device__ int64_t NthIdBound(int64_t n, int64_t want, Shared& s, auto pred) {
+  int64_t lo = 1, hi = n;
+  while (lo < hi) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    if (CountIf(mid, s, pred) >= want) {
+      hi = mid;
+    } else {
+      lo = mid + 1;
+    }
+  }
+  return lo;
+}
+
+__device__ bool ParamsValid(const SamplingParams& p) {
+  const auto finite = [](float x) { return isfinite(x); };
+  return finite(p.temperature) && p.temperature >= 0.0f && p.top_k >= 0 && finite(p.top_p) &&
+         p.top_p > 0.0f && p.top_p <= 1.0f && finite(p.min_p) && p.min_p >= 0.0f &&
+         p.min_p <= 1.0f && finite(p.repetition_penalty) && p.repetition_penalty > 0.0f &&
+         finite(p.presence_penalty) && p.presence_penalty >= -2.0f && p.presence_penalty <= 2.0f &&
+         finite(p.frequency_penalty) && p.frequency_penalty >= -2.0f && p.frequency_penalty <= 2.0f;
+}
+
+// The row's arguments; reports the first bad one. Thread 0 only.
+__device__ bool RowValid(const ProcessRowsArgs& a, int64_t r, const RowSampling& rs,
+                         DeviceError* error) {
+  const auto report = [&](DeviceField f, int64_t v) {
+    ReportError(error, DeviceOp::kProcessRows, f, r, v);
+    return false;
+  };
+  if (rs.prob_slot < 0 || rs.prob_slot >= a.prob_capacity) {
+    return report(DeviceField::kProbSlot, rs.prob_slot);
+  }
+  const int32_t mode = static_cast<int32_t>(rs.mode);
+  if (mode < 0 || mode > 2) return report(DeviceField::kMode, mode);
+  if (rs.prompt_begin < 0 || rs.prompt_len < 0 || rs.prompt_begin > a.history_len ||
+      rs.prompt_len > a.history_len - rs.prompt_begin || rs.output_begin < 0 || rs.output_len < 0 ||
+      rs.output_begin > a.history_len || rs.output_len > a.history_len - rs.output_begin ||
+      (a.history == nullptr && (rs.prompt_len > 0 || rs.output_len > 0))) {
+    return report(DeviceField::kHistoryRange, rs.prompt_begin);
+  }
+  if (!ParamsValid(rs.params)) return report(DeviceField::kParams, 0);
+  return true;
+}
+
+__global__ void __launch_bounds__(kThreads)
+    ProcessRowsKernel(ProcessRowsArgs a, DeviceError* error) {
+  __shared__ Shared s;
+  const int64_t r = blockIdx.x;
+  const int64_t V = a.vocab;
+  const int tid = threadIdx.x;
+  const RowSampling rs = a.rows[r];
+  if (tid == 0) s.bad = RowValid(a, r, rs, error) ? 0 : 1;
+  __syncthreads();
+  if (s.bad) {
+    if (tid == 0) a.error[r] = kRowBadHistory;
+    return;
+  }
+  const SamplingParams params = rs.params;
+  const RowMode mode = rs.mode;
+  const float* logits = a.logits + r * V;
+  float* probs = a.probs + int64_t{rs.prob_slot} * V;
+
+  // 0. A NaN logit fails the row.
+  if (CountIf(V, s, [&](int64_t i) { return isnan(logits[i]); }) > 0) {
+    if (tid == 0) a.error[r] = kRowNanLogit;
+    return;
+  }
+
+  // 1. Penalties into `work` (the penalized row when asked for, else the pool slot), using it
+  // first as per-token counts: bit 31 = seen in prompt or output, low bits = output count.
+  const float rep = params.repetition_penalty;
+  const float freq = params.frequency_penalty;
+  const float pres = params.presence_penalty;
+  const bool penalize = rep != 1.0f || freq != 0.0f || pres != 0.0f;
+  float* const penalized_out = a.penalized != nullptr ? a.penalized + r * V : nullptr;
+  const float* w = logits;  // the penalised logits from here on
+  if (penalize) {
+    float* work = penalized_out != nullptr ? penalized_out : probs;
+    uint32_t* counts = reinterpret_cast<uint32_t*>(work);
+    const int32_t* prompt = a.history + rs.prompt_begin;
+    const int32_t* output = a.history + rs.output_begin;
+    const int64_t np = rep != 1.0f ? rs.prompt_len : 0;
+    const int64_t no = rs.output_len;
+    const auto bad_id = [V](int32_t id) { return id < 0 || id >= V; };
+    int bad = 0;
+    for (int64_t j = tid; j < np; j += kThreads) bad |= bad_id(prompt[j]);
+    for (int64_t j = tid; j < no; j += kThreads) bad |= bad_id(output[j]);
+    if (__syncthreads_or(bad)) {
+      if (tid == 0) a.error[r] = kRowBadHistory;
+      return;
+    }
+    for (int64_t i = tid; i < V; i += kThreads) counts[i] = 0;
+    __syncthreads();
+    for (int64_t j = tid; j < np; j += kThreads) atomicOr(&counts[prompt[j]], kSeenBit);
+    for (int64_t j = tid; j < no; j += kThreads) {
+      if (rep != 1.0f) atomicOr(&counts[output[j]], kSeenBit);
+      if (freq != 0.0f || pres != 0.0f) atomicAdd(&counts[output[j]], 1u);
+    }
+    __syncthreads();
+    for (int64_t i = tid; i < V; i += kThreads) {
+      const uint32_t c = counts[i];
+      float x = logits[i];
+      if (rep != 1.0f && (c & kSeenBit) != 0) x = x > 0.0f ? __fdiv_rn(x, rep) : __fmul_rn(x, rep);
+      const uint32_t n = c & ~kSeenBit;
+      if (n > 0) {
+        if (freq != 0.0f) x = __fsub_rn(x, __fmul_rn(freq, static_cast<float>(n)));
+        if (pres != 0.0f) x = __fsub_rn(x, pres);
+      }
+      work[i] = x;
+    }
+    __syncthreads();
+    w = work;
+  } else if (penalized_out != nullptr) {
+    for (int64_t i = tid; i < V; i += kThreads) penalized_out[i] = logits[i];
+  }
+
+  // 2. The penalised argmax, lowest id on ties.
+  ArgMax best{-kInf, 0x7fffffff};
+  for (int64_t i = tid; i < V; i += kThreads) {
+    best = Better(best, ArgMax{w[i], static_cast<int32_t>(i)});
+  }
+  best = BlockArgMax(best, s.f, s.i);
+  if (tid == 0) a.argmax[r] = best.id;
+
+  const auto one_hot = [&](int32_t at) {
+    __syncthreads();  // every read of the row is done
+    for (int64_t i = tid; i < V; i += kThreads) probs[i] = 0.0f;
+    __syncthreads();
+    if (tid == 0) {
+      probs[at] = 1.0f;
+      a.argmax[r] = at;
+      a.error[r] = kRowOk;
+    }
+  };
+  if (mode == RowMode::kGreedy || params.temperature == 0.0f) {
+    one_hot(best.id);
+    return;
+  }
+
+  // 3. Temperature, into the pool slot (in place when w is the slot).
+  const float temp = params.temperature;
+  for (int64_t i = tid; i < V; i += kThreads) {
+    probs[i] = temp != 1.0f ? __fdiv_rn(w[i], temp) : w[i];
+  }
+  __syncthreads();
+
+  // 4. Top-k: the k-th largest key by binary search, then the ties that fit, lowest ids first.
+  const int64_t k = params.top_k;
+  if (k > 0 && k < V) {
+    uint32_t lo = 0, hi = 0xffffffffu;
+    while (lo < hi) {
+      const uint32_t mid = lo + static_cast<uint32_t>((uint64_t{hi} - lo + 1) / 2);
+      if (CountIf(V, s, [&](int64_t i) { return Key(probs[i]) >= mid; }) >= k) {
+        lo = mid;
+      } else {
+        hi = mid - 1;
+      }
+    }
+    const uint32_t tau = lo;
+    const int64_t above =
+        tau == 0xffffffffu ? 0 : CountIf(V, s, [&](int64_t i) { return Key(probs[i]) > tau; });
+    const int64_t ties = CountIf(V, s, [&](int64_t i) { return Key(probs[i]) == tau; });
+    const int64_t fit = k - above;
+    const int64_t bound =
+        fit >= ties ? V : NthIdBound(V, fit, s, [&](int64_t i) { return Key(probs[i]) == tau; });
+    __syncthreads();
+    for (int64_t i = tid; i < V; i += kThreads) {
+      const uint32_t key = Key(probs[i]);
+      if (key < tau || (key == tau && i >= bound)) probs[i] = -kInf;
+    }
+    __syncthreads();
+  }
+
+  // 5. Softmax: exact max, the CPU's exponential, the fp64 total, one division each.
+  float m = -kInf;
+  for (int64_t i = tid; i < V; i += kThreads) m = fmaxf(m, probs[i]);
+  m = BlockMax(m, s.f, -kInf);
+  if (m == -kInf) {
+    if (tid == 0) a.error[r] = kRowNoFiniteLogit;
+    return;
+  }
+  for (int64_t i = tid; i < V; i += kThreads) {
+    const float x = probs[i];
+    probs[i] = m == kInf ? (x == kInf ? 1.0f : 0.0f) : ExpNonPositive(__fsub_rn(x, m));
+  }
+  __syncthreads();
+  const double total = SumIf(V, s, [&](int64_t i) { return static_cast<double>(probs[i]); });
+  __syncthreads();
+  for (int64_t i = tid; i < V; i += kThreads) {
+    probs[i] = __double2float_rn(__ddiv_rn(static_cast<double>(probs[i]), total));
+  }
+  __syncthreads();
+
+  // 6. Top-p: tau = the largest value whose mass at or above it reaches top_p; ties at tau kept
+  // in ascending id until the running mass reaches top_p.
+  const bool top_p = params.top_p < 1.0f;
+  if (top_p) {
+    const double target = static_cast<double>(params.top_p);
+    const auto mass_from = [&](uint32_t key) {
+      return SumIf(V, s, [&](int64_t i) {
+        const float p = probs[i];
+        return p > 0.0f && __float_as_uint(p) >= key ? static_cast<double>(p) : 0.0;
+      });
+    };
+    if (mass_from(1) >= target) {
+      uint32_t lo = 1, hi = 0x7f800000u;
+      while (lo < hi) {
+        const uint32_t mid = lo + (hi - lo + 1) / 2;
+        if (mass_from(mid) >= target) {
+          lo = mid;
+        } else {
+          hi = mid - 1;
+        }
+      }
+      const uint32_t tau = lo;
+      const float tv = __uint_as_float(tau);
+      const double above = mass_from(tau + 1);
+      const int64_t ties =
+          CountIf(V, s, [&](int64_t i) { return __float_as_uint(probs[i]) == tau; });
+      // The fewest ties c with above + c * tv >= target (c * tv is exact in fp64).
+      int64_t c_lo = 1, c_hi = ties;
+      while (c_lo < c_hi) {
+        const int64_t mid = c_lo + (c_hi - c_lo) / 2;
+        if (__dadd_rn(above, __dmul_rn(static_cast<double>(mid), tv)) >= target) {
+          c_hi = mid;
+        } else {
+          c_lo = mid + 1;
+        }
+      }
+      const int64_t bound = c_lo >= ties ? V : NthIdBound(V, c_lo, s, [&](int64_t i) {
+        return __float_as_uint(probs[i]) == tau;
+      });
+      __syncthreads();
+      for (int64_t i = tid; i < V; i += kThreads) {
+        const uint32_t key = __float_as_uint(probs[i]);
+        if (key < tau || (key == tau && i >= bound)) probs[i] = 0.0f;
+      }
+      __syncthreads();
+    }
+    // else: rounding keeps the whole row short of top_p: keep everything.
+  }
+
+  // 7. Min-p against the largest probability (top-p always keeps it).
+  const bool min_p = params.min_p > 0.0f;
+  if (min_p) {
+    float p_max = 0.0f;
+    for (int64_t i = tid; i < V; i += kThreads) p_max = fmaxf(p_max, probs[i]);
+    p_max = BlockMax(p_max, s.f, 0.0f);
+    const float threshold = __fmul_rn(params.min_p, p_max);
+    for (int64_t i = tid; i < V; i += kThreads) {
+      if (probs[i] < threshold) probs[i] = 0.0f;
+    }
+    __syncthreads();
+  }
+
+  // 8. Renormalise when a filter ran.
+  if (top_p || min_p) {
+    const double kept = SumIf(V, s, [&](int64_t i) { return static_cast<double>(probs[i]); });
+    __syncthreads();
+    for (int64_t i = tid; i < V; i += kThreads) {
+      probs[i] = __double2float_rn(__ddiv_rn(static_cast<double>(probs[i]), kept));
+    }
+    __syncthreads();
+  }
+
+  if (mode == RowMode::kArgmaxOfProcessed) {
+    ArgMax top{-kInf, 0x7fffffff};
+    for (int64_t i = tid; i < V; i += kThreads) {
+      top = Better(top, ArgMax{probs[i], static_cast<int32_t>(i)});
+    }
+    top = BlockArgMax(top, s.f, s.i);
+    one_hot(top.id);
+    return;
+  }
+  if (tid == 0) a.error[r] = kRowOk;
+}
+
+}  // namespace
+
+absl::Status LaunchProcessRows(const ProcessRowsArgs& a, const CudaContext& ctx,
+                               cudaStream_t stream) {
+  constexpr absl::string_view kOp = "ProcessRows";
+  SPECD_RETURN_IF_ERROR(cpu::CheckPositive(kOp, "vocab", a.vocab));
+  SPECD_RETURN_IF_ERROR(cpu::CheckNonNegative(kOp, "n_rows", a.n_rows));
+  SPECD_RETURN_IF_ERROR(cpu::CheckNonNegative(kOp, "history_len", a.history_len));
+  SPECD_RETURN_IF_ERROR(cpu::CheckNonNegative(kOp, "prob_capacity", a.prob_capacity));
+  SPECD_RETURN_IF_ERROR(cpu::CheckElementCount(kOp, "n_rows x vocab", a.n_rows, a.vocab));
+  SPECD_RETURN_IF_ERROR(
+      cpu::CheckElementCount(kOp, "prob_capacity x vocab", a.prob_capacity, a.vocab));
+  if (a.n_rows == 0) return absl::OkStatus();
+  if (a.vocab > 0x7fffffff) return absl::InvalidArgumentError("ProcessRows: vocab too large");
+  SPECD_RETURN_IF_ERROR(cpu::CheckNotNull(kOp, "logits", a.logits));
+  SPECD_RETURN_IF_ERROR(cpu::CheckNotNull(kOp, "rows", a.rows));
+  SPECD_RETURN_IF_ERROR(cpu::CheckNotNull(kOp, "probs", a.probs));
+  SPECD_RETURN_IF_ERROR(cpu::CheckNotNull(kOp, "argmax", a.argmax));
+  SPECD_RETURN_IF_ERROR(cpu::CheckNotNull(kOp, "error", a.error));
+  SPECD_RETURN_IF_ERROR(cpu::CheckNoOverlap(kOp, "probs", a.probs, a.prob_capacity * a.vocab * 4,
+                                            "logits", a.logits, a.n_rows * a.vocab * 4));
+  if (a.n_rows > 0x7fffffff) return absl::InvalidArgumentError("ProcessRows: n_rows too large");
+  ProcessRowsKernel<<<static_cast<unsigned>(a.n_rows), kThreads, 0, stream>>>(a, ctx.error);
+  return CudaStatus(cudaGetLastError(), "ProcessRows launch");
+}
+
+}  // namespace specd::kernels::cuda

@@ -1,0 +1,63 @@
+#include "kernels/cuda/rope.h"
+
+#include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
+#include "kernels/cpu/validate.h"
+#include "kernels/cuda/device_common.cuh"
+
+namespace specd::kernels::cuda {
+namespace {
+
+constexpr int kThreads = 128;
+
+__global__ void RopeKernel(float* x, const int32_t* pos, const float* inv_freq, int64_t n_heads,
+                           int64_t head_dim, DeviceError* error) {
+  const int64_t t = blockIdx.x;
+  const int32_t p = pos[t];
+  if (p < 0) {
+    if (threadIdx.x == 0) ReportError(error, DeviceOp::kRope, DeviceField::kPos, t, p);
+    return;
+  }
+  const int64_t half = head_dim / 2;
+  float* row = x + t * n_heads * head_dim;
+  for (int64_t k = threadIdx.x; k < n_heads * half; k += kThreads) {
+    const int64_t h = k / half;
+    const int64_t i = k % half;
+    const float angle = __fmul_rn(static_cast<float>(p), inv_freq[i]);
+    double s, c;
+    sincos(static_cast<double>(angle), &s, &c);
+    const float cf = static_cast<float>(c);
+    const float sf = static_cast<float>(s);
+    float* a = row + h * head_dim + i;
+    float* b = a + half;
+    const float xa = *a;
+    const float xb = *b;
+    *a = __fsub_rn(__fmul_rn(xa, cf), __fmul_rn(xb, sf));
+    *b = __fadd_rn(__fmul_rn(xb, cf), __fmul_rn(xa, sf));
+  }
+}
+
+}  // namespace
+
+absl::Status LaunchRope(const RopeArgs& a, const CudaContext& ctx, cudaStream_t stream) {
+  constexpr absl::string_view kOp = "Rope";
+  SPECD_RETURN_IF_ERROR(cpu::CheckNonNegative(kOp, "n_tokens", a.n_tokens));
+  SPECD_RETURN_IF_ERROR(cpu::CheckPositive(kOp, "n_heads", a.n_heads));
+  SPECD_RETURN_IF_ERROR(cpu::CheckPositive(kOp, "head_dim", a.head_dim));
+  if (a.head_dim % 2 != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Rope: head_dim must be even, got ", a.head_dim));
+  }
+  SPECD_RETURN_IF_ERROR(
+      cpu::CheckElementCount(kOp, "n_tokens x n_heads", a.n_tokens, a.n_heads * a.head_dim));
+  if (a.n_tokens == 0) return absl::OkStatus();
+  SPECD_RETURN_IF_ERROR(cpu::CheckNotNull(kOp, "x", a.x));
+  SPECD_RETURN_IF_ERROR(cpu::CheckNotNull(kOp, "pos", a.pos));
+  SPECD_RETURN_IF_ERROR(cpu::CheckNotNull(kOp, "inv_freq", a.inv_freq));
+  if (a.n_tokens > 0x7fffffff) return absl::InvalidArgumentError("Rope: n_tokens too large");
+  RopeKernel<<<static_cast<unsigned>(a.n_tokens), kThreads, 0, stream>>>(
+      a.x, a.pos, a.inv_freq, a.n_heads, a.head_dim, ctx.error);
+  return CudaStatus(cudaGetLastError(), "Rope launch");
+}
+
+}  // namespace specd::kernels::cuda

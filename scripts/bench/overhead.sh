@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# Coordinator overhead per round, side by side for one or more builds: for each build in turn
+# (repeated ROUNDS times, alternating, so that machine drift hits every build alike) it serves
+# the model with `specd serve` and runs `specd bench --compare --k $K --streams 1`, then prints
+# each run's round time, overhead per round and overhead fraction, and efficiency.
+#
+# usage: scripts/bench/overhead.sh MODEL_DIR BUILD_DIR [BUILD_DIR ...]
+#   MODEL_DIR   a target checkpoint; its first $DRAFT_LAYERS layers are the draft
+#   BUILD_DIR   a build tree holding tools/specd and the three service binaries
+# environment: K (4), DRAFT_LAYERS (2), THREADS (2 per worker), MAX_TOKENS (128), REPEATS (3),
+#   ROUNDS (2), OUT (bench-out/overhead)
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+if [[ $# -lt 2 ]]; then
+  echo "usage: $0 MODEL_DIR BUILD_DIR [BUILD_DIR ...]" >&2
+  exit 2
+fi
+model=$1
+shift
+K=${K:-4} DRAFT_LAYERS=${DRAFT_LAYERS:-2} THREADS=${THREADS:-2} MAX_TOKENS=${MAX_TOKENS:-128}
+REPEATS=${REPEATS:-3} ROUNDS=${ROUNDS:-2} OUT=${OUT:-bench-out/overhead}
+mkdir -p "$OUT"
+
+server_pid=""
+stop_server() {
+  if [[ -n "$server_pid" ]]; then
+    kill -INT "$server_pid" 2>/dev/null || true
+    wait "$server_pid" 2>/dev/null || true
+    server_pid=""
+  fi
+}
+trap stop_server EXIT
+
+run_one() {  # BUILD_DIR JSON_OUT
+  local build=$1 json=$2 log
+  log=$(mktemp)
+  "$build/tools/specd" serve --target "$model" --draft-exit-layer "$DRAFT_LAYERS" \
+    --listen 127.0.0.1:0 --threads "$THREADS" --backend cpu \
+    >"$log" 2>&1 &
+  server_pid=$!
+  for _ in $(seq 600); do
+    grep -q "^listening on" "$log" && break
+    kill -0 "$server_pid" 2>/dev/null || { cat "$log" >&2; return 1; }
+    sleep 0.2
+  done
+  local address
+  address=$(sed -n 's/^listening on //p' "$log")
+  "$build/tools/specd" bench --server "$address" --compare --k "$K" --streams 1 \
+    --max-tokens "$MAX_TOKENS" --repeats "$REPEATS" --json "$json" >/dev/null
+  stop_server
+  rm -f "$log"
+}
+
+for round in $(seq "$ROUNDS"); do
+  for build in "$@"; do
+    name=$(basename "$(cd "$build/.." && pwd)")
+    json="$OUT/${name}-r${round}.json"
+    echo "[overhead] round $round: $build" >&2
+    run_one "$build" "$json"
+    /usr/bin/python3 - "$json" "$build" <<'PY'
+import json, sys
+report = json.load(open(sys.argv[1]))
+efficiency = {c["k"]: c["efficiency"] for c in report["compare"]}
+for arm in report["arms"]:
+    print(f"{sys.argv[2]:32s} K={arm['k']}  round {arm['round_ms']:6.2f} ms  overhead "
+          f"{arm['overhead_ms']:5.2f} ms = {100 * arm['overhead_fraction']:4.1f}%"
+          + (f"  efficiency {efficiency[arm['k']]:.3f}" if arm["k"] in efficiency else ""))
+PY
+  done
+done
