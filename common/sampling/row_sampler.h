@@ -35,6 +35,9 @@ class RowSampler {
   int32_t AddDraw(const kernels::Draw& draw);
   // The probability of `token` in pool row `slot`. Returns its index for lookup().
   int32_t AddLookup(int32_t slot, int32_t token);
+  // Makes this pass's Run also write every row's penalised logits to back-end memory, where
+  // penalized(row) finds them until the next Run (the logprobs are computed from them).
+  void KeepPenalized() { keep_penalized_ = true; }
 
   // Enqueues ProcessRows over the first rows of `logits` ([rows added, pool.vocab()] in back-end
   // memory; may be null when no row was added), SampleRows and GatherProbs, downloads the results
@@ -48,6 +51,10 @@ class RowSampler {
   float token_prob(int32_t draw) const { return out_token_probs_[static_cast<size_t>(draw)]; }
   int32_t draw_error(int32_t draw) const { return out_draw_error_[static_cast<size_t>(draw)]; }
   float lookup(int32_t i) const { return out_lookups_[static_cast<size_t>(i)]; }
+  // Row `row`'s penalised logits ([vocab], back-end memory) after a Run with KeepPenalized.
+  const float* penalized(int32_t row) const {
+    return penalized_.as<float>() + static_cast<int64_t>(row) * vocab_;
+  }
 
  private:
   kernels::Backend* backend_;
@@ -57,11 +64,14 @@ class RowSampler {
   std::vector<kernels::Draw> draws_;
   std::vector<int32_t> lookup_slots_;
   std::vector<int32_t> lookup_tokens_;
+  bool keep_penalized_ = false;
   // Results, as they come back.
   std::vector<int32_t> out_argmax_, out_row_error_, out_tokens_, out_draw_error_;
   std::vector<float> out_token_probs_, out_lookups_;
   kernels::Buffer staging_;
   kernels::Buffer device_;
+  kernels::Buffer penalized_;  // [rows, vocab_] when kept
+  int64_t vocab_ = 0;
 };
 
 }  // namespace specd

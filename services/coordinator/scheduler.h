@@ -48,6 +48,10 @@ struct GenerationRequest {
   // it as asked (see v1::KPolicy for who gets which).
   bool adaptive_k = false;
   DraftSampling draft_sampling = DraftSampling::kProbabilistic;
+  // The completion number: requests with one seed and different numbers are independent (the
+  // `sample` of every Philox counter); n completions of one prompt are numbered 0..n-1.
+  uint32_t sample = 0;
+  LogprobsRequest logprobs;
 };
 
 struct GenerationUsage {
@@ -69,6 +73,7 @@ struct GenerationUsage {
 // One streamed update: the tokens committed by a round (after stop trimming) and their text.
 struct GenerationEvent {
   std::vector<int32_t> tokens;
+  std::vector<TokenLogprobs> logprobs;  // aligned with tokens when the request asked
   std::string text;
   FinishReason finish = FinishReason::kNone;  // set on the last event
   GenerationUsage usage;                      // on the last event
