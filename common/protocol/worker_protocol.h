@@ -25,6 +25,7 @@ enum class DraftSampling { kProbabilistic, kGreedy };
 // Whole-call limits: a request over them is malformed, not merely expensive.
 inline constexpr int32_t kMaxSpeculativeTokens = 64;  // K
 inline constexpr int32_t kMaxCandidates = 64;         // M
+inline constexpr int32_t kMaxLogprobs = 20;           // top-N alternatives (OpenAI's cap)
 
 // Moves the accepted branch of a sequence's last draft tree into place before anything else is
 // done with the sequence: the KV of node kept_nodes[i] (BFS order, node 0 at slot tree_start)
@@ -56,6 +57,9 @@ struct SequenceRequest {
   // Feed catch-up only (within max_prefill_tokens, and never its last token) and come back
   // `prefilling`: the coordinator's round for this sequence is not ready to draw anything yet.
   bool prefill_only = false;
+  // The completion number of a request that asks for several: the `sample` field of every
+  // Philox counter the sequence draws from, so completions of one seed are independent.
+  uint32_t sample = 0;
   KvCompaction compact;  // applied before drop_tail
   bool operator==(const SequenceRequest&) const = default;
 };
@@ -108,6 +112,23 @@ struct DraftStep {
   int64_t forward_ns = 0;                     // this step's forward pass
 };
 
+// Which log-probabilities a Verify reports, always of the target's distribution.
+enum class LogprobsMode {
+  kOff,
+  // vLLM's default: the log-softmax of the penalised logits, before temperature and truncation
+  // (LogprobsArgs in kernels/backend.h). A greedy request gets real values, not a one-hot row's.
+  kRaw,
+  // The log of the processed distribution the token is drawn from, fl32(log(fp64 p)): -inf for
+  // every token that temperature 0, top-k, top-p or min-p removed.
+  kProcessed,
+};
+
+struct LogprobsRequest {
+  LogprobsMode mode = LogprobsMode::kOff;
+  int32_t top_n = 0;  // [0, kMaxLogprobs]
+  bool operator==(const LogprobsRequest&) const = default;
+};
+
 struct VerifySequenceRequest : SequenceRequest {
   // t_1..t_K (K = 0 is plain decoding), or a draft tree's nodes in BFS order.
   std::vector<int32_t> drafts;
@@ -115,7 +136,21 @@ struct VerifySequenceRequest : SequenceRequest {
   // committed token), each parent before its children; at most kMaxTreeNodes nodes.
   std::vector<int32_t> tree_parents;
   int32_t num_candidates = 0;  // M in [0, kMaxCandidates]
+  LogprobsRequest logprobs;
   bool operator==(const VerifySequenceRequest&) const = default;
+};
+
+// One verified row's log-probabilities. The worker cannot know which rows the coordinator will
+// emit from, so it reports every row, each with its top-N and every token the coordinator could
+// emit there: the row's drafts (a chain's t_i, a tree node's children), the argmax, the residual
+// candidates (rows with a child) and the bonus (leaf rows). A token the residual fallback picks
+// is none of these; the coordinator then asks with QueryLogprobs.
+struct PositionLogprobs {
+  std::vector<int32_t> top_ids;  // by (logprob desc, id asc) of the raw logprobs
+  std::vector<float> top_logprobs;
+  std::vector<int32_t> token_ids;  // distinct
+  std::vector<float> token_logprobs;
+  bool operator==(const PositionLogprobs&) const = default;
 };
 
 // The target's rows are numbered 0..N: row 0 is the distribution after the last committed
@@ -135,6 +170,7 @@ struct VerifySequenceResult {
   int64_t cached_len = 0;
   int64_t forward_ns = 0;   // the batch's forward pass; 0 when the sequence failed before it
   bool prefilling = false;  // only part of the catch-up was fed; nothing was verified
+  std::vector<PositionLogprobs> logprobs;  // per row (a chain: [K+1]) when asked
   bool operator==(const VerifySequenceResult&) const = default;
 };
 
@@ -169,8 +205,18 @@ struct RowQuery {
   bool operator==(const RowQuery&) const = default;
 };
 
-// One sequence's answer in a batched call (Truncate, ReadRows): a failed sequence does not fail
-// the others.
+// The log-probabilities of `tokens` at verify position `step` (1-based) of a sequence's last
+// Verify, in the LogprobsMode it asked for: the residual fallback's token, which that Verify
+// could not know.
+struct LogprobQuery {
+  SeqId seq = 0;
+  int32_t step = 0;
+  std::vector<int32_t> tokens;
+  bool operator==(const LogprobQuery&) const = default;
+};
+
+// One sequence's answer in a batched call (Truncate, ReadRows, QueryLogprobs): a failed sequence
+// does not fail the others.
 template <typename T>
 struct SequenceAnswer {
   SeqId seq = 0;

@@ -40,6 +40,9 @@ class RowSampler {
   void RequestTopTokens(int32_t n);
   // Every row of the pass also gets the normalized entropy of its raw logits (entropy()).
   void RequestEntropy() { want_entropy_ = true; }
+  // Makes this pass's Run also write every row's penalised logits to back-end memory, where
+  // penalized(row) finds them until the next Run (the logprobs are computed from them).
+  void KeepPenalized() { keep_penalized_ = true; }
 
   // Enqueues ProcessRows over the first rows of `logits` ([rows added, pool.vocab()] in back-end
   // memory; may be null when no row was added), SampleRows and GatherProbs, downloads the results
@@ -57,6 +60,10 @@ class RowSampler {
     return out_top_[static_cast<size_t>(row * top_n_ + rank)];
   }
   float entropy(int32_t row) const { return out_entropy_[static_cast<size_t>(row)]; }
+  // Row `row`'s penalised logits ([vocab], back-end memory) after a Run with KeepPenalized.
+  const float* penalized(int32_t row) const {
+    return penalized_.as<float>() + static_cast<int64_t>(row) * vocab_;
+  }
 
  private:
   kernels::Backend* backend_;
@@ -68,11 +75,14 @@ class RowSampler {
   std::vector<int32_t> lookup_tokens_;
   int32_t top_n_ = 0;
   bool want_entropy_ = false;
+  bool keep_penalized_ = false;
   // Results, as they come back.
   std::vector<int32_t> out_argmax_, out_row_error_, out_tokens_, out_draw_error_, out_top_;
   std::vector<float> out_token_probs_, out_lookups_, out_entropy_;
   kernels::Buffer staging_;
   kernels::Buffer device_;
+  kernels::Buffer penalized_;  // [rows, vocab_] when kept
+  int64_t vocab_ = 0;
 };
 
 }  // namespace specd

@@ -248,6 +248,7 @@ std::vector<SequenceOutcome> WorkerRuntime::Draft(
             draw.seed = req.seed;
             draw.position = static_cast<uint32_t>(s.tokens.size());
             draw.purpose = Purpose::kDraftSample;
+            draw.sample = req.sample;
             draw_of[b] = sampler_.AddDraw(draw);
           }
           return absl::OkStatus();

@@ -15,6 +15,9 @@
 namespace specd {
 namespace worker_internal {
 
+static_assert(kMaxLogprobs == kernels::kMaxTopLogprobs,
+              "the worker protocol's top-N cap is the Logprobs op's");
+
 absl::Status RowError(SeqId seq, int32_t code) {
   return absl::InvalidArgumentError(
       absl::StrCat("sequence ", seq, ": ", ToAbsl(kernels::RowErrorMessage(code))));
@@ -48,7 +51,8 @@ WorkerRuntime::WorkerRuntime(std::unique_ptr<LlamaEngine> engine,
       vocab_(engine_->config().vocab_size, engine_->output_vocab()),
       options_(options),
       pool_(engine_->backend(), engine_->logits_width()),
-      sampler_(engine_->backend()) {}
+      sampler_(engine_->backend()),
+      logprob_rows_(engine_->backend()) {}
 
 absl::StatusOr<WorkerRuntime::Feed> WorkerRuntime::Admit(const SequenceRequest& req,
                                                          int64_t draft_tokens,
@@ -256,6 +260,9 @@ void WorkerRuntime::RollBack(std::span<const SequenceInput> inputs) {
 void WorkerRuntime::ReleaseRows(Sequence& s) {
   pool_.Release(s.rows);
   s.rows.clear();
+  pool_.Release(s.logit_rows);
+  s.logit_rows.clear();
+  s.logprobs_mode = LogprobsMode::kOff;
 }
 
 void WorkerRuntime::ReportKv() {
@@ -265,6 +272,121 @@ void WorkerRuntime::ReportKv() {
 int64_t WorkerRuntime::LengthOrZero(SeqId seq) const {
   const auto it = seqs_.find(seq);
   return it == seqs_.end() ? 0 : static_cast<int64_t>(it->second.tokens.size());
+}
+
+absl::Status WorkerRuntime::AddLogprobs(std::span<const LogprobPlan> plans) {
+  if (plans.empty()) return absl::OkStatus();
+  const int64_t vocab = engine_->config().vocab_size;
+  logprob_rows_.Clear();
+  // Per plan, the index of its first LogprobRows row; queries are added in the same order.
+  std::vector<std::vector<std::vector<int32_t>>> queried(plans.size());
+  std::vector<int32_t> first_lp_row(plans.size());
+  for (size_t p = 0; p < plans.size(); ++p) {
+    const VerifySequenceRequest& req = *plans[p].req;
+    const VerifySequenceResult& r = *plans[p].result;
+    Sequence& s = seqs_[req.seq];
+    const size_t n = req.drafts.size();
+    const bool processed = req.logprobs.mode == LogprobsMode::kProcessed;
+    s.logprobs_mode = req.logprobs.mode;
+    // Row j's drafts: a chain's t_{j+1}, a tree node's children. The rows with any are 0..R-1
+    // (a tree's leaves are its last nodes); the rest are leaves, whose bonus is drawn there.
+    std::vector<std::vector<int32_t>> children(n + 1);
+    for (size_t i = 0; i < n; ++i) {
+      const size_t parent_row =
+          req.tree_parents.empty() ? i : static_cast<size_t>(req.tree_parents[i] + 1);
+      children[parent_row].push_back(req.drafts[i]);
+    }
+    size_t with_child = 0;
+    while (with_child <= n && !children[with_child].empty()) ++with_child;
+    // The residual fallback emits a token that is none of those below; it asks QueryLogprobs
+    // later, which for raw logprobs needs the penalised rows that have drafts.
+    if (!processed && !req.sampling.greedy() && with_child > 0) {
+      SPECD_ASSIGN_OR_RETURN(s.logit_rows, pool_.Acquire(static_cast<int64_t>(with_child)));
+      for (size_t j = 0; j < with_child; ++j) {
+        SPECD_RETURN_IF_ERROR(engine_->backend().CopyDeviceToDevice(
+            pool_.rows() + int64_t{s.logit_rows[j]} * vocab,
+            sampler_.penalized(plans[p].first_row + static_cast<int32_t>(j)), vocab * 4));
+      }
+    }
+    queried[p].resize(n + 1);
+    for (size_t j = 0; j <= n; ++j) {
+      const int32_t row = logprob_rows_.AddRow(
+          {sampler_.penalized(plans[p].first_row + static_cast<int32_t>(j)), -1},
+          req.logprobs.top_n, processed ? s.rows[j] : -1);
+      if (j == 0) first_lp_row[p] = row;
+      // Every token the coordinator may emit from this row.
+      std::vector<int32_t>& tokens = queried[p][j];
+      auto add = [&tokens](int32_t t) {
+        if (std::find(tokens.begin(), tokens.end(), t) == tokens.end()) tokens.push_back(t);
+      };
+      for (const int32_t t : children[j]) add(t);
+      add(r.argmax[j]);
+      if (j < r.candidate_tokens.size()) {
+        for (const int32_t y : r.candidate_tokens[j]) add(y);
+      }
+      if (j >= with_child) {
+        const size_t leaf = j - with_child;
+        add(req.tree_parents.empty()     ? r.bonus_token
+            : leaf < r.leaf_bonus.size() ? r.leaf_bonus[leaf]
+                                         : r.argmax[j]);
+      }
+      for (const int32_t t : tokens) logprob_rows_.AddQuery(row, t);
+    }
+  }
+  SPECD_RETURN_IF_ERROR(logprob_rows_.Run(pool_));
+  int32_t query = 0;
+  for (size_t p = 0; p < plans.size(); ++p) {
+    VerifySequenceResult& r = *plans[p].result;
+    r.logprobs.resize(queried[p].size());
+    for (size_t j = 0; j < queried[p].size(); ++j) {
+      PositionLogprobs& out = r.logprobs[j];
+      const int32_t row = first_lp_row[p] + static_cast<int32_t>(j);
+      const std::span<const int32_t> ids = logprob_rows_.top_ids(row);
+      const std::span<const float> lps = logprob_rows_.top_logprobs(row);
+      out.top_ids.assign(ids.begin(), ids.end());
+      out.top_logprobs.assign(lps.begin(), lps.end());
+      out.token_ids = queried[p][j];
+      for (size_t t = 0; t < out.token_ids.size(); ++t) {
+        out.token_logprobs.push_back(logprob_rows_.query(query++));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<float>> WorkerRuntime::QueryLogprobs(SeqId seq, int32_t step,
+                                                                std::span<const int32_t> tokens) {
+  const auto it = seqs_.find(seq);
+  if (it == seqs_.end()) return absl::NotFoundError(absl::StrCat("unknown sequence ", seq));
+  const Sequence& s = it->second;
+  const bool processed = s.logprobs_mode == LogprobsMode::kProcessed;
+  const std::vector<int32_t>& kept = processed ? s.rows : s.logit_rows;
+  if (s.logprobs_mode == LogprobsMode::kOff || step < 1 ||
+      step > static_cast<int32_t>(kept.size())) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("sequence ", seq, ": no kept logprobs for step ", step,
+                     " (the last Verify must have asked for logprobs and kept its rows; ",
+                     kept.size(), " kept)"));
+  }
+  const int64_t vocab = engine_->config().vocab_size;
+  for (const int32_t t : tokens) {
+    if (t < 0 || t >= vocab) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("sequence ", seq, ": query token ", t, " is outside [0, ", vocab, ")"));
+    }
+  }
+  const int32_t slot = kept[static_cast<size_t>(step - 1)];
+  logprob_rows_.Clear();
+  // A processed row's values come from the row itself (the pool slot is also read as logits by
+  // the op, whose raw values are then replaced).
+  const int32_t row = logprob_rows_.AddRow({nullptr, slot}, 0, processed ? slot : -1);
+  for (const int32_t t : tokens) logprob_rows_.AddQuery(row, t);
+  SPECD_RETURN_IF_ERROR(logprob_rows_.Run(pool_));
+  std::vector<float> out;
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    out.push_back(logprob_rows_.query(static_cast<int32_t>(i)));
+  }
+  return out;
 }
 
 absl::StatusOr<TruncateResult> WorkerRuntime::Truncate(SeqId seq, int64_t new_len,

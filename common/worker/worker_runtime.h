@@ -28,6 +28,7 @@
 #include "common/engine/llama_engine.h"
 #include "common/engine/output_vocab.h"
 #include "common/protocol/worker_protocol.h"
+#include "common/sampling/logprob_rows.h"
 #include "common/sampling/row_pool.h"
 #include "common/sampling/row_sampler.h"
 
@@ -89,6 +90,13 @@ class WorkerRuntime {
   // that copies a whole row out of back-end memory.
   absl::StatusOr<ProbRow> ReadRow(SeqId seq, int32_t step);
 
+  // The log-probabilities of `tokens` at verify position `step` (1-based) of the sequence's last
+  // Verify, in the LogprobsMode it asked for: what the residual fallback's token needs, since it
+  // is none of the tokens Verify reported. FAILED_PRECONDITION when that Verify kept no such row
+  // (raw logprobs keep the penalised rows that have drafts, of sampled requests only).
+  absl::StatusOr<std::vector<float>> QueryLogprobs(SeqId seq, int32_t step,
+                                                   std::span<const int32_t> tokens);
+
   absl::Status Release(SeqId seq);
 
   // NOT_FOUND for an unknown sequence.
@@ -109,6 +117,17 @@ class WorkerRuntime {
     // Row-pool slots of the last round's processed rows, 1-based step - 1. They stay in back-end
     // memory until the sequence's next Draft or Verify, or its Release.
     std::vector<int32_t> rows;
+    // The last Verify's logprobs: its mode, and for raw logprobs of a sampled request the
+    // penalised logits of positions 1..K (pool slots), kept as long as `rows`.
+    LogprobsMode logprobs_mode = LogprobsMode::kOff;
+    std::vector<int32_t> logit_rows;
+  };
+  // A verified sequence that asked for logprobs: its request, its result and its first row in
+  // the pass's sampler.
+  struct LogprobPlan {
+    const VerifySequenceRequest* req = nullptr;
+    VerifySequenceResult* result = nullptr;
+    int32_t first_row = 0;
   };
 
   // What one call does for one admitted sequence: catch_up[cached, cached + feed) is fed; with
@@ -148,6 +167,8 @@ class WorkerRuntime {
   absl::Status CompactAndTruncate(SeqId seq, Sequence& s, const KvCompaction& compact,
                                   int64_t keep);
   void ReleaseRows(Sequence& s);
+  // Fills the logprobs of `plans` from the pass just sampled (its penalised rows).
+  absl::Status AddLogprobs(std::span<const LogprobPlan> plans);
   // Undoes a pass that failed after its forward: each input's sequence goes back to start_pos,
   // with no kept rows.
   void RollBack(std::span<const SequenceInput> inputs);
@@ -160,6 +181,7 @@ class WorkerRuntime {
   absl::flat_hash_map<SeqId, Sequence> seqs_;
   RowPool pool_;
   RowSampler sampler_;
+  LogprobRows logprob_rows_;
 };
 
 }  // namespace specd

@@ -22,6 +22,11 @@ absl::Status CheckVerifyRequest(const VerifySequenceRequest& req, int64_t vocab)
                                                    ": num_candidates must be in [0, ",
                                                    kMaxCandidates, "], got ", req.num_candidates));
   }
+  if (req.logprobs.top_n < 0 || req.logprobs.top_n > kMaxLogprobs) {
+    return absl::InvalidArgumentError(absl::StrCat("sequence ", req.seq,
+                                                   ": logprobs top_n must be in [0, ", kMaxLogprobs,
+                                                   "], got ", req.logprobs.top_n));
+  }
   const size_t limit =
       static_cast<size_t>(req.tree_parents.empty() ? kMaxSpeculativeTokens : kMaxTreeNodes);
   if (req.drafts.size() > limit) {
@@ -191,6 +196,9 @@ std::vector<VerifySequenceResult> WorkerRuntime::Verify(
     st = ForwardAndSample(
         ForwardKind::kVerify, inputs,
         [&]() -> absl::Status {
+          for (const size_t i : active) {
+            if (batch[i].logprobs.mode != LogprobsMode::kOff) sampler_.KeepPenalized();
+          }
           int64_t rows = 0;
           for (const size_t i : active) rows += static_cast<int64_t>(batch[i].drafts.size()) + 1;
           SPECD_ASSIGN_OR_RETURN(const std::vector<int32_t> slots, pool_.Acquire(rows));
@@ -236,6 +244,7 @@ std::vector<VerifySequenceResult> WorkerRuntime::Verify(
             for (size_t r = 0; r <= n; ++r) {
               kernels::Draw d;
               d.seed = req.seed;
+              d.sample = req.sample;
               d.prob_slot = s.rows[r];
               d.position = static_cast<uint32_t>(x_len + (r == 0 ? 0 : shape.depths[r - 1]));
               if (!shape.row_has_child[r]) {
@@ -330,8 +339,21 @@ std::vector<VerifySequenceResult> WorkerRuntime::Verify(
       r.seq = req.seq;
       r.status = RowError(req.seq, error);
     }
-    finish(i);
   }
+  std::vector<LogprobPlan> logprob_plans;
+  for (const size_t i : active) {
+    if (batch[i].logprobs.mode == LogprobsMode::kOff || !results[i].status.ok()) continue;
+    logprob_plans.push_back({&batch[i], &results[i], plan[i].first_row});
+  }
+  if (absl::Status lp = AddLogprobs(logprob_plans); !lp.ok()) {
+    for (const LogprobPlan& l : logprob_plans) {
+      ReleaseRows(seqs_[l.req->seq]);
+      *l.result = VerifySequenceResult();
+      l.result->seq = l.req->seq;
+      l.result->status = lp;
+    }
+  }
+  for (const size_t i : active) finish(i);
   for (const size_t i : chunked) {
     results[i].prefilling = true;
     results[i].forward_ns = forward_ns;

@@ -51,6 +51,10 @@ struct GenerationRequest {
   DraftMethod draft_method = DraftMethod::kModel;
   TreeShape tree;     // kModel: branching 0 drafts one chain
   bool egag = false;  // kModel chains: entropy-guided draft length (SchedulerOptions::egag)
+  // The completion number: requests with one seed and different numbers are independent (the
+  // `sample` of every Philox counter); n completions of one prompt are numbered 0..n-1.
+  uint32_t sample = 0;
+  LogprobsRequest logprobs;
 };
 
 struct GenerationUsage {
@@ -72,6 +76,7 @@ struct GenerationUsage {
 // One streamed update: the tokens committed by a round (after stop trimming) and their text.
 struct GenerationEvent {
   std::vector<int32_t> tokens;
+  std::vector<TokenLogprobs> logprobs;  // aligned with tokens when the request asked
   std::string text;
   FinishReason finish = FinishReason::kNone;  // set on the last event
   GenerationUsage usage;                      // on the last event

@@ -85,6 +85,12 @@ struct Resolution {
   int32_t next = 0;             // the correction or bonus token
   bool used_read_rows = false;
   bool failed = false;
+
+  // The target row the j-th emitted token was drawn from: a chain's j, a tree's (the accepted
+  // path's node j - 1) + 1.
+  int32_t RowOf(size_t j) const {
+    return j == 0 || path.empty() ? static_cast<int32_t>(j) : path[j - 1] + 1;
+  }
 };
 
 Judge JudgeFor(const SpeculativeSequence& s, int32_t k) {
@@ -147,7 +153,8 @@ void ResolveByReadRows(WorkerApi& draft, WorkerApi& target,
         for (const int32_t id : p.ids) vocab = std::max<int64_t>(vocab, id + 1);
         for (const int32_t id : q.ids) vocab = std::max<int64_t>(vocab, id + 1);
       }
-      t = SampleResidual(s.seed, res.position + static_cast<uint32_t>(res.n), p, q, vocab);
+      t = SampleResidual(s.seed, s.sample, res.position + static_cast<uint32_t>(res.n), p, q,
+                         vocab);
     } else {
       const ProbRow& p = *(*p_rows)[j].value;
       const Proposal& prop = proposals[res.i];
@@ -158,7 +165,8 @@ void ResolveByReadRows(WorkerApi& draft, WorkerApi& target,
         children.push_back(prop.tokens[static_cast<size_t>(c)]);
         vocab = std::max<int64_t>(vocab, children.back() + 1);
       }
-      t = SampleExcluding(s.seed, res.position + static_cast<uint32_t>(res.n), p, children, vocab);
+      t = SampleExcluding(s.seed, s.sample, res.position + static_cast<uint32_t>(res.n), p,
+                          children, vocab);
     }
     if (sampled) ++q_at;
     if (t.ok()) {
@@ -200,6 +208,7 @@ std::vector<Proposal> Propose(WorkerApi& draft, std::span<SpeculativeSequence* c
     r.sampling = s.sampling;
     r.seed = s.seed;
     r.prompt_len = s.prompt_len;
+    r.sample = s.sample;
     r.num_speculative_tokens = prop.k;
     r.draft_sampling = s.draft_sampling;
     r.max_prefill_tokens = options.prefill_chunk;
@@ -279,6 +288,67 @@ std::vector<Proposal> Propose(WorkerApi& draft, std::span<SpeculativeSequence* c
   return proposals;
 }
 
+// The target's logprobs of the tokens each sequence emits: the values Verify reported for the row
+// each was drawn from (a chain's j-th token: row j; a tree's: the row of the node before it on the
+// accepted path), and for the residual fallback's tokens (none of those) one QueryLogprobs call
+// for the whole batch. The draft's numbers never enter.
+void AddEmittedLogprobs(WorkerApi& target, std::span<SpeculativeSequence* const> batch,
+                        std::span<Resolution> resolutions, std::vector<RoundStats>& stats) {
+  std::vector<LogprobQuery> queries;
+  std::vector<std::pair<Resolution*, size_t>> asked;  // (sequence, emitted index) per query
+  for (Resolution& res : resolutions) {
+    const SpeculativeSequence& s = *batch[res.i];
+    if (res.failed || s.logprobs.mode == LogprobsMode::kOff) continue;
+    RoundStats& st = stats[res.i];
+    const VerifySequenceResult& v = *res.v;
+    const size_t last_row = static_cast<size_t>(res.RowOf(st.appended.size() - 1));
+    if (v.logprobs.size() <= last_row) {
+      st.status = absl::InternalError(absl::StrCat("the target worker returned logprobs for ",
+                                                   v.logprobs.size(), " rows of sequence ", s.id,
+                                                   ", which emits from row ", last_row));
+      res.failed = true;
+      continue;
+    }
+    st.logprobs.resize(st.appended.size());
+    for (size_t j = 0; j < st.appended.size(); ++j) {
+      const int32_t row = res.RowOf(j);
+      const PositionLogprobs& p = v.logprobs[static_cast<size_t>(row)];
+      TokenLogprobs& t = st.logprobs[j];
+      t.top_ids = p.top_ids;
+      t.top_logprobs = p.top_logprobs;
+      const auto it = std::find(p.token_ids.begin(), p.token_ids.end(), st.appended[j]);
+      if (it != p.token_ids.end() && p.token_logprobs.size() == p.token_ids.size()) {
+        t.logprob = p.token_logprobs[static_cast<size_t>(it - p.token_ids.begin())];
+      } else {
+        queries.push_back({s.id, row + 1, {st.appended[j]}});
+        asked.emplace_back(&res, j);
+      }
+    }
+  }
+  if (queries.empty()) return;
+  absl::StatusOr<std::vector<SequenceAnswer<std::vector<float>>>> answers =
+      target.QueryLogprobs(queries);
+  for (size_t q = 0; q < queries.size(); ++q) {
+    auto [res, j] = asked[q];
+    RoundStats& st = stats[res->i];
+    absl::Status status = answers.status();
+    if (answers.ok()) {
+      const absl::StatusOr<std::vector<float>>& lp = (*answers)[q].value;
+      if (lp.ok() && lp->size() == 1) {
+        st.logprobs[j].logprob = lp->front();
+        continue;
+      }
+      status = lp.ok() ? absl::InternalError(absl::StrCat("the target worker answered ", lp->size(),
+                                                          " logprobs for one token"))
+                       : lp.status();
+    }
+    if (!res->failed) {
+      st.status = std::move(status);
+      res->failed = true;
+    }
+  }
+}
+
 }  // namespace
 
 std::vector<RoundStats> RunSpeculationRound(WorkerApi& draft, WorkerApi& target,
@@ -320,6 +390,7 @@ std::vector<RoundStats> RunSpeculationRound(WorkerApi& draft, WorkerApi& target,
     r.sampling = s.sampling;
     r.seed = s.seed;
     r.prompt_len = s.prompt_len;
+    r.sample = s.sample;
     r.max_prefill_tokens = options.prefill_chunk;
     // The draft is still prefilling: the target may prefill too, but this round has no drafts
     // for the sequence, so nothing may be drawn for it yet.
@@ -328,6 +399,7 @@ std::vector<RoundStats> RunSpeculationRound(WorkerApi& draft, WorkerApi& target,
       r.drafts = proposals[i].tokens;
       r.tree_parents = proposals[i].parents;
       r.num_candidates = s.sampling.greedy() ? 0 : s.num_candidates;
+      r.logprobs = s.logprobs;
     }
     verify_reqs.push_back(std::move(r));
   }
@@ -391,6 +463,7 @@ std::vector<RoundStats> RunSpeculationRound(WorkerApi& draft, WorkerApi& target,
     if (prop.judge == Judge::kDeterministic) {
       ProposalEvidence ev;
       ev.seed = s.seed;
+      ev.sample = s.sample;
       ev.position = res.position;
       ev.tokens = prop.tokens;
       ev.parents = prop.parents;
@@ -403,6 +476,7 @@ std::vector<RoundStats> RunSpeculationRound(WorkerApi& draft, WorkerApi& target,
     } else {
       RoundEvidence ev;
       ev.seed = s.seed;
+      ev.sample = s.sample;
       ev.position = res.position;
       ev.draft_tokens = prop.tokens;
       ev.q_draft = prop.q;
@@ -506,7 +580,7 @@ std::vector<RoundStats> RunSpeculationRound(WorkerApi& draft, WorkerApi& target,
     if (s.sampling.greedy()) {
       res.next = v.argmax[static_cast<size_t>(n)];
     } else if (std::optional<int32_t> c =
-                   ChooseCandidate(s.seed, res.position + static_cast<uint32_t>(n),
+                   ChooseCandidate(s.seed, s.sample, res.position + static_cast<uint32_t>(n),
                                    v.candidate_tokens[static_cast<size_t>(n)],
                                    v.candidate_probs[static_cast<size_t>(n)], res.q_ys)) {
       res.next = *c;
@@ -516,10 +590,9 @@ std::vector<RoundStats> RunSpeculationRound(WorkerApi& draft, WorkerApi& target,
   }
   if (!fallback.empty()) ResolveByReadRows(draft, target, batch, proposals, fallback, stats);
 
-  // 6. Append: the accepted drafts and the correction or bonus token.
+  // 6. The emitted tokens, and their logprobs where asked.
   for (Resolution& res : resolutions) {
     if (res.failed) continue;
-    SpeculativeSequence& s = *batch[res.i];
     const Proposal& prop = proposals[res.i];
     RoundStats& st = stats[res.i];
     st.accepted = res.n;
@@ -531,6 +604,15 @@ std::vector<RoundStats> RunSpeculationRound(WorkerApi& draft, WorkerApi& target,
     }
     st.appended.push_back(res.next);
     st.used_read_rows = res.used_read_rows;
+  }
+  AddEmittedLogprobs(target, batch, resolutions, stats);
+
+  // 7. Append.
+  for (const Resolution& res : resolutions) {
+    if (res.failed) continue;
+    SpeculativeSequence& s = *batch[res.i];
+    const Proposal& prop = proposals[res.i];
+    const RoundStats& st = stats[res.i];
     s.tokens.insert(s.tokens.end(), st.appended.begin(), st.appended.end());
     // EGAG learns only from steps whose context is now committed (egag.h).
     if (s.egag.enabled) {

@@ -43,7 +43,7 @@ TreeWalk WalkProposal(const ProposalEvidence& ev, bool greedy) {
       }
       const double p = static_cast<double>(ev.p_node[node]);
       const double u = StreamUniform(ev.seed, ev.position + depth, Purpose::kChildAccept,
-                                     static_cast<uint32_t>(c));
+                                     static_cast<uint32_t>(c), ev.sample);
       // u < p / (1 - rejected), without the division; rounding can leave 1 - rejected <= p,
       // and then the child is certain.
       if (u * (1.0 - rejected) < p) {
@@ -72,8 +72,9 @@ std::optional<int32_t> FirstCandidateOutside(std::span<const int32_t> candidates
   return std::nullopt;
 }
 
-absl::StatusOr<int32_t> SampleExcluding(uint64_t seed, uint32_t position, const ProbRow& p,
-                                        std::span<const int32_t> excluded, int64_t vocab_size) {
+absl::StatusOr<int32_t> SampleExcluding(uint64_t seed, uint32_t sample, uint32_t position,
+                                        const ProbRow& p, std::span<const int32_t> excluded,
+                                        int64_t vocab_size) {
   absl::StatusOr<std::vector<float>> dense = DensifyRow(p, vocab_size, "target");
   if (!dense.ok()) return dense.status();
   std::vector<float> residual = *dense;
@@ -82,7 +83,7 @@ absl::StatusOr<int32_t> SampleExcluding(uint64_t seed, uint32_t position, const 
   }
   float total = 0.0f;
   for (const float v : residual) total += v;
-  const double u = StreamUniform(seed, position, Purpose::kResidualFallback);
+  const double u = StreamUniform(seed, position, Purpose::kResidualFallback, 0, sample);
   // Every child rejected while the others hold no mass can only come from rounding in p'.
   return SampleInverseCdf(total > 0.0f ? residual : *dense, u);
 }

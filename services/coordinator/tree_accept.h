@@ -5,7 +5,8 @@
 //
 //  * at a node whose target distribution is p, try its children x_1, x_2, ... in order. Child x_c
 //    is accepted with probability p'(x_c) = p(x_c) / (1 − Σ_{j<c} p(x_j)): p with the children
-//    already rejected removed and renormalised. The uniform is (seed, pos, CHILD_ACCEPT, c);
+//    already rejected removed and renormalised. The uniform is (seed, pos, CHILD_ACCEPT, c,
+//    sample);
 //  * an accepted child becomes the node, and the walk repeats;
 //  * if every child is rejected, the token is drawn from p with every child removed: the first
 //    of the target's pre-drawn candidates y_j ~ p that is not a child (rejection sampling from
@@ -34,6 +35,7 @@ namespace specd {
 // What the target returned about one sequence's deterministic proposal.
 struct ProposalEvidence {
   uint64_t seed = 0;
+  uint32_t sample = 0;               // the completion number (Philox counter's `sample`)
   uint32_t position = 0;             // absolute position decided by row 0
   std::span<const int32_t> tokens;   // the N proposed nodes (a chain: t_1..t_N)
   std::span<const int32_t> parents;  // parent of each node, -1 for row 0; empty: a chain
@@ -58,8 +60,9 @@ std::optional<int32_t> FirstCandidateOutside(std::span<const int32_t> candidates
 // The exact fallback when no candidate qualifies: p with `excluded` removed, renormalised,
 // sampled in token-id order with the RESIDUAL_FALLBACK uniform at `position`; p itself if that
 // leaves nothing in fp32.
-absl::StatusOr<int32_t> SampleExcluding(uint64_t seed, uint32_t position, const ProbRow& p,
-                                        std::span<const int32_t> excluded, int64_t vocab_size);
+absl::StatusOr<int32_t> SampleExcluding(uint64_t seed, uint32_t sample, uint32_t position,
+                                        const ProbRow& p, std::span<const int32_t> excluded,
+                                        int64_t vocab_size);
 
 }  // namespace specd
 

@@ -21,6 +21,7 @@
 #include "specd/v1/generation.grpc.pb.h"
 #include "tools/specd/bench/bench_report.h"
 #include "tools/specd/bench/bench_stats.h"
+#include "tools/specd/bench/http_load.h"
 #include "tools/specd/bench/load_generator.h"
 #include "tools/specd/bench/scenarios.h"
 #include "tools/specd/command.h"
@@ -39,6 +40,13 @@ constexpr char kHelp[] =
     "against plain decoding (K = 0) on the same server.\n"
     "  specd bench --server 127.0.0.1:50051 --streams 8 --max-tokens 128 --json out.json\n"
     "  specd bench --server 127.0.0.1:50051 --compare --k 1,2,4,8 --repeats 3\n"
+    "  specd bench --server 127.0.0.1:50051 --http 127.0.0.1:8000 --streams 16 --k 0,4\n"
+    "\n"
+    "With --http (the same server's OpenAI-compatible API, `specd serve --http-listen`), every\n"
+    "arm also runs over HTTP as streamed /v1/completions requests (one connection each), the\n"
+    "gRPC and HTTP runs of an arm alternating within each repeat, and the report adds what HTTP\n"
+    "costs: the difference of mean TPOT (added ms per output token) and the ratio of median\n"
+    "output tok/s at --streams streams.\n"
     "\n"
     "Each arm (one K, one policy) sends --requests requests over --streams concurrent streams,\n"
     "in a closed loop or at --rate requests/s; request i uses prompt i mod P and seed --seed + i\n"
@@ -241,6 +249,7 @@ absl::StatusOr<std::vector<bench::ArmSpec>> ParseArmList(const std::string& text
 
 struct BenchConfig {
   std::string server;
+  int http_port = 0;  // --http: also run every arm over the HTTP API; 0 = not
   int64_t streams = 1, requests = 0, repeats = 1, warmup = 0, max_tokens = 0;
   double rate = 0, temperature = 0, top_p = 1, timeout = 0;
   int64_t top_k = 0;
@@ -308,6 +317,19 @@ absl::StatusOr<BenchConfig> ParseConfig(const Flags& args) {
   if (args.Has("k") && args.Has("arms")) {
     return absl::InvalidArgumentError("give --k or --arms, not both");
   }
+  if (args.Has("http")) {
+    // The load generator's HTTP client speaks plain HTTP to loopback, where `specd serve` runs.
+    const std::string http = args.Get("http");
+    const size_t colon = http.rfind(':');
+    const std::string host = colon == std::string::npos ? "" : http.substr(0, colon);
+    if ((host != "127.0.0.1" && host != "localhost") ||
+        !absl::SimpleAtoi(http.substr(colon + 1), &c.http_port) || c.http_port < 1 ||
+        c.http_port > 65535) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--http takes the loopback address of the server's HTTP API, 127.0.0.1:PORT; got '", http,
+          "'"));
+    }
+  }
   if (args.Has("k")) {
     SPECD_ASSIGN_OR_RETURN(c.ks, ParseKList(args.Get("k")));
     if (c.compare && *std::max_element(c.ks.begin(), c.ks.end()) == 0) {
@@ -320,19 +342,8 @@ absl::StatusOr<BenchConfig> ParseConfig(const Flags& args) {
   return c;
 }
 
-// The arms: the --k values (the server's default K without --k), with K = 0 first under
-// --compare.
-absl::Status ResolveArms(const v1::GetServerInfoResponse& info, BenchConfig& c) {
-  if (!c.arm_specs.empty()) {
-    if (c.compare) c.arms.push_back({0, false});
-    for (const bench::ArmSpec& arm : c.arm_specs) {
-      if (!c.compare || arm.k > 0) c.arms.push_back(arm);
-    }
-    if (c.compare && c.arms.size() < 2) {
-      return absl::InvalidArgumentError("--compare needs at least one arm with K > 0 in --arms");
-    }
-    return absl::OkStatus();
-  }
+// The --k arms (the server's default K without --k).
+absl::Status ResolveKArms(const v1::GetServerInfoResponse& info, BenchConfig& c) {
   std::vector<int32_t> ks = c.ks;
   if (ks.empty()) ks.push_back(static_cast<int32_t>(info.default_num_speculative_tokens()));
   for (const int32_t k : ks) {
@@ -352,6 +363,34 @@ absl::Status ResolveArms(const v1::GetServerInfoResponse& info, BenchConfig& c) 
     }
   } else {
     for (const int32_t k : ks) c.arms.push_back({k, c.adaptive && k > 0});
+  }
+  return absl::OkStatus();
+}
+
+// The arms: --arms, or the --k values (the server's default K without --k), with K = 0 first
+// under --compare, and each arm's HTTP twin with --http.
+absl::Status ResolveArms(const v1::GetServerInfoResponse& info, BenchConfig& c) {
+  if (!c.arm_specs.empty()) {
+    if (c.compare) c.arms.push_back({0, false});
+    for (const bench::ArmSpec& arm : c.arm_specs) {
+      if (!c.compare || arm.k > 0) c.arms.push_back(arm);
+    }
+    if (c.compare && c.arms.size() < 2) {
+      return absl::InvalidArgumentError("--compare needs at least one arm with K > 0 in --arms");
+    }
+  } else {
+    SPECD_RETURN_IF_ERROR(ResolveKArms(info, c));
+  }
+  if (c.http_port > 0) {
+    // Each arm's HTTP twin right after it, so the two alternate within every repeat.
+    std::vector<bench::ArmSpec> both;
+    for (const bench::ArmSpec& a : c.arms) {
+      both.push_back(a);
+      bench::ArmSpec twin = a;
+      twin.http = true;
+      both.push_back(twin);
+    }
+    c.arms = std::move(both);
   }
   return absl::OkStatus();
 }
@@ -419,9 +458,11 @@ nlohmann::ordered_json ConfigJson(const BenchConfig& c, int64_t num_prompts) {
   for (const bench::ArmSpec& a : c.arms) {
     arms.push_back({{"k", a.k},
                     {"k_policy", a.adaptive ? "K_POLICY_ADAPTIVE" : "K_POLICY_FIXED"},
+                    {"api", a.http ? "http" : "grpc"},
                     {"label", a.Label()}});
   }
   return {{"server", c.server},
+          {"http_port", c.http_port},
           {"streams", c.streams},
           {"requests_per_arm_per_repeat", c.requests},
           {"repeats", c.repeats},
@@ -582,6 +623,10 @@ int RunBench(const std::vector<std::string>& argv) {
       {"adaptive", "K > 0 arms ask for K_POLICY_ADAPTIVE instead of FIXED", "", true},
       {"repeats", "rounds over all arms (default: 3 with --compare, else 1)", ""},
       {"warmup", "unrecorded requests per arm before the first round (default: --streams)", ""},
+      {"http",
+       "127.0.0.1:PORT of the same server's HTTP API: run every arm over it too and report the "
+       "added latency per token and the throughput of HTTP against gRPC",
+       ""},
       {"json", "write every number, the configuration and the machine to this file", ""},
       {"timeout", "seconds a request may take", "600"},
       {"quiet", "no progress display", "", true},
@@ -658,6 +703,16 @@ int RunBench(const std::vector<std::string>& argv) {
     if (progress) progress->Update(done, total, "requests");
   };
 
+  const bench::SendOne send_http = [port = c.http_port](const v1::GenerateRequest& request,
+                                                        int64_t index, double timeout,
+                                                        std::chrono::steady_clock::time_point t0) {
+    return bench::RunOneHttp(port, request, index, timeout, t0);
+  };
+  auto run_load = [&](const bench::ArmSpec& arm, const std::vector<v1::GenerateRequest>& reqs,
+                      const bench::LoadOptions& options) {
+    return arm.http ? bench::RunLoad(send_http, reqs, options, tick)
+                    : bench::RunLoad(*stub, reqs, options, tick);
+  };
   std::vector<std::vector<v1::GenerateRequest>> requests;
   for (const bench::ArmSpec& arm : c.arms) {
     requests.push_back(BuildRequests(c, arm, prompts, c.requests));
@@ -665,8 +720,7 @@ int RunBench(const std::vector<std::string>& argv) {
       // Warm-up pays for first-touch page faults and connection set-up in every arm alike.
       bench::LoadOptions warm = load;
       warm.rate = 0;
-      const bench::LoadRun run =
-          bench::RunLoad(*stub, BuildRequests(c, arm, prompts, c.warmup), warm, tick);
+      const bench::LoadRun run = run_load(arm, BuildRequests(c, arm, prompts, c.warmup), warm);
       for (const bench::RequestOutcome& o : run.outcomes) {
         if (!o.status.ok()) {
           if (progress) progress->Done();
@@ -679,7 +733,7 @@ int RunBench(const std::vector<std::string>& argv) {
   std::vector<std::vector<bench::LoadRun>> runs(c.arms.size());
   for (int64_t r = 0; r < c.repeats; ++r) {
     for (size_t a = 0; a < c.arms.size(); ++a) {
-      runs[a].push_back(bench::RunLoad(*stub, requests[a], load, tick));
+      runs[a].push_back(run_load(c.arms[a], requests[a], load));
     }
   }
   if (progress) progress->Done();
@@ -689,9 +743,22 @@ int RunBench(const std::vector<std::string>& argv) {
     arms.push_back(bench::SummarizeArm(c.arms[a], runs[a]));
   std::vector<bench::CompareRow> compare;
   if (c.compare) {
-    for (size_t a = 1; a < arms.size(); ++a) compare.push_back(bench::CompareArm(arms[0], arms[a]));
+    // Speed-ups within one API: each K arm against K = 0 over the same transport.
+    for (size_t a = 1; a < arms.size(); ++a) {
+      for (size_t b = 0; b < a; ++b) {
+        if (arms[b].arm.k == 0 && arms[b].arm.http == arms[a].arm.http && arms[a].arm.k > 0) {
+          compare.push_back(bench::CompareArm(arms[b], arms[a]));
+        }
+      }
+    }
   }
-  std::cout << bench::FormatReport(arms, compare, c.repeats) << std::flush;
+  std::vector<bench::TransportRow> transport;
+  for (size_t a = 0; a + 1 < arms.size(); ++a) {
+    if (!arms[a].arm.http && arms[a + 1].arm.http) {
+      transport.push_back(bench::CompareTransport(arms[a], arms[a + 1]));
+    }
+  }
+  std::cout << bench::FormatReport(arms, compare, c.repeats, transport) << std::flush;
 
   int64_t failed = 0;
   for (const bench::ArmSummary& a : arms) failed += a.failed;
@@ -703,6 +770,10 @@ int RunBench(const std::vector<std::string>& argv) {
     for (const bench::ArmSummary& a : arms) j["arms"].push_back(bench::ArmToJson(a));
     j["compare"] = nlohmann::ordered_json::array();
     for (const bench::CompareRow& r : compare) j["compare"].push_back(bench::CompareToJson(r));
+    j["http_vs_grpc"] = nlohmann::ordered_json::array();
+    for (const bench::TransportRow& r : transport) {
+      j["http_vs_grpc"].push_back(bench::TransportToJson(r, c.streams));
+    }
     j["failed_requests"] = failed;
     if (absl::Status st = WriteJson(c.json_path, j); !st.ok()) return fail(st);
   }

@@ -119,7 +119,7 @@ TEST(TreeWalkTest, ResidualSkipsChildrenAndFallsBackToTheRowWithoutThem) {
   p.probs = {0.5f, 0.25f, 0.25f, 0.0f};
   // With 0 and 1 removed only 2 is left, whatever the uniform.
   for (uint64_t seed = 0; seed < 50; ++seed) {
-    absl::StatusOr<int32_t> t = SampleExcluding(seed, 3, p, std::vector<int32_t>{0, 1}, 4);
+    absl::StatusOr<int32_t> t = SampleExcluding(seed, 0, 3, p, std::vector<int32_t>{0, 1}, 4);
     ASSERT_TRUE(t.ok()) << t.status();
     EXPECT_EQ(*t, 2);
   }

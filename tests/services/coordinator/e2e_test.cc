@@ -403,7 +403,7 @@ TEST_F(SyntheticE2eTest, InvalidRequestsAreRejectedWithPreciseMessages) {
          r->mutable_speculation()->mutable_tree()->set_branching(2);
          r->mutable_speculation()->mutable_tree()->set_depth(1);
        },
-       "speculation.tree needs DRAFT_METHOD_MODEL"},
+       "speculation.tree needs model drafting"},
       {[](v1::GenerateRequest* r) {
          r->mutable_speculation()->set_egag(true);
          r->mutable_speculation()->set_draft_method(v1::DRAFT_METHOD_NGRAM);
@@ -684,7 +684,7 @@ TEST(NgramServiceTest, PromptLookupWithoutADraftWorker) {
   const Stream refused = service->Generate(model);
   EXPECT_EQ(refused.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_THAT(refused.status.error_message(),
-              HasSubstr("speculation.draft_method DRAFT_METHOD_MODEL needs a draft worker"));
+              HasSubstr("speculation.draft_method: model drafting needs a draft worker"));
   service->ExpectNoBlocksUsed();
 }
 

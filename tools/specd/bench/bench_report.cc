@@ -36,10 +36,12 @@ nlohmann::ordered_json DistributionJson(const Distribution& d) {
 
 std::string ArmSpec::Label() const {
   std::string label = absl::StrCat("K=", k, adaptive && k > 0 ? " adaptive" : "");
-  if (k == 0) return label;
-  if (ngram) absl::StrAppend(&label, " ngram");
-  if (tree_branching > 0) absl::StrAppend(&label, " tree ", tree_branching, "x", tree_depth);
-  if (egag.has_value()) absl::StrAppend(&label, *egag ? " egag" : " no-egag");
+  if (k > 0) {
+    if (ngram) absl::StrAppend(&label, " ngram");
+    if (tree_branching > 0) absl::StrAppend(&label, " tree ", tree_branching, "x", tree_depth);
+    if (egag.has_value()) absl::StrAppend(&label, *egag ? " egag" : " no-egag");
+  }
+  if (http) absl::StrAppend(&label, " http");
   return label;
 }
 
@@ -136,8 +138,26 @@ CompareRow CompareArm(const ArmSummary& baseline, const ArmSummary& arm) {
   return r;
 }
 
+TransportRow CompareTransport(const ArmSummary& grpc, const ArmSummary& http) {
+  TransportRow r;
+  r.arm = grpc.arm;
+  r.grpc_tpot_ms = grpc.tpot_ms.mean;
+  r.http_tpot_ms = http.tpot_ms.mean;
+  if (r.grpc_tpot_ms && r.http_tpot_ms) r.added_ms_per_token = *r.http_tpot_ms - *r.grpc_tpot_ms;
+  r.grpc_itl_ms = grpc.itl_ms.mean;
+  r.http_itl_ms = http.itl_ms.mean;
+  r.grpc_ttft_ms = grpc.ttft_ms.p50;
+  r.http_ttft_ms = http.ttft_ms.p50;
+  r.grpc_tokens_per_s = grpc.output_tokens_per_s;
+  r.http_tokens_per_s = http.output_tokens_per_s;
+  if (r.grpc_tokens_per_s && r.http_tokens_per_s && *r.grpc_tokens_per_s > 0) {
+    r.throughput_ratio = *r.http_tokens_per_s / *r.grpc_tokens_per_s;
+  }
+  return r;
+}
+
 std::string FormatReport(std::span<const ArmSummary> arms, std::span<const CompareRow> compare,
-                         int64_t repeats) {
+                         int64_t repeats, std::span<const TransportRow> transport) {
   std::string out;
   absl::StrAppendFormat(&out, "%-13s %6s %5s %10s %7s %20s %20s %20s %7s %7s %9s\n", "arm", "reqs",
                         "fail", "out tok/s", "req/s", "TTFT ms p50/90/99", "ITL ms p50/90/99",
@@ -186,6 +206,21 @@ std::string FormatReport(std::span<const ArmSummary> arms, std::span<const Compa
                             Fmt(r.measured, 3), Fmt(r.efficiency, 3));
     }
   }
+  if (!transport.empty()) {
+    absl::StrAppend(&out,
+                    "\nHTTP (OpenAI /v1/completions, streamed) against gRPC, the same requests "
+                    "alternating in one run\n");
+    absl::StrAppendFormat(&out, "%-13s %13s %13s %12s %13s %13s %10s %10s %8s\n", "arm",
+                          "gRPC TPOT ms", "HTTP TPOT ms", "added ms/tok", "gRPC TTFT p50",
+                          "HTTP TTFT p50", "gRPC tok/s", "HTTP tok/s", "HTTP/gRPC");
+    for (const TransportRow& r : transport) {
+      absl::StrAppendFormat(&out, "%-13s %13s %13s %12s %13s %13s %10s %10s %8s\n", r.arm.Label(),
+                            Fmt(r.grpc_tpot_ms, 3), Fmt(r.http_tpot_ms, 3),
+                            Fmt(r.added_ms_per_token, 3), Fmt(r.grpc_ttft_ms, 2),
+                            Fmt(r.http_ttft_ms, 2), Fmt(r.grpc_tokens_per_s, 1),
+                            Fmt(r.http_tokens_per_s, 1), Fmt(r.throughput_ratio, 3));
+    }
+  }
   for (const ArmSummary& a : arms) {
     if (a.failed > 0) {
       absl::StrAppendFormat(&out, "\n%s: %d of %d requests failed; first: %s\n", a.arm.Label(),
@@ -200,6 +235,7 @@ nlohmann::ordered_json ArmToJson(const ArmSummary& a) {
   j["label"] = a.arm.Label();
   j["k"] = a.arm.k;
   j["k_policy"] = a.arm.adaptive ? "K_POLICY_ADAPTIVE" : "K_POLICY_FIXED";
+  j["api"] = a.arm.http ? "http" : "grpc";
   j["requests"] = a.requests;
   j["failed"] = a.failed;
   if (!a.first_error.empty()) j["first_error"] = a.first_error;
@@ -256,6 +292,24 @@ nlohmann::ordered_json CompareToJson(const CompareRow& r) {
           {"engine_limited_speedup", Opt(r.engine_limited)},
           {"measured_speedup", Opt(r.measured)},
           {"efficiency", Opt(r.efficiency)}};
+}
+
+nlohmann::ordered_json TransportToJson(const TransportRow& r, int64_t streams) {
+  auto opt = [](const std::optional<double>& v) {
+    return v ? nlohmann::ordered_json(*v) : nlohmann::ordered_json(nullptr);
+  };
+  return {{"k", r.arm.k},
+          {"streams", streams},
+          {"grpc_tpot_mean_ms", opt(r.grpc_tpot_ms)},
+          {"http_tpot_mean_ms", opt(r.http_tpot_ms)},
+          {"http_added_ms_per_token", opt(r.added_ms_per_token)},
+          {"grpc_itl_mean_ms", opt(r.grpc_itl_ms)},
+          {"http_itl_mean_ms", opt(r.http_itl_ms)},
+          {"grpc_ttft_p50_ms", opt(r.grpc_ttft_ms)},
+          {"http_ttft_p50_ms", opt(r.http_ttft_ms)},
+          {"grpc_output_tokens_per_s", opt(r.grpc_tokens_per_s)},
+          {"http_output_tokens_per_s", opt(r.http_tokens_per_s)},
+          {"http_to_grpc_throughput", opt(r.throughput_ratio)}};
 }
 
 }  // namespace specd::bench

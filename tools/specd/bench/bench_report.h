@@ -22,12 +22,14 @@ namespace specd::bench {
 struct ArmSpec {
   int32_t k = 0;
   bool adaptive = false;       // K_POLICY_ADAPTIVE (the server may lower K) instead of FIXED
+  bool http = false;           // over the OpenAI-compatible HTTP API instead of gRPC
   bool ngram = false;          // DRAFT_METHOD_NGRAM (prompt lookup) instead of the server's default
   int32_t tree_branching = 0;  // a draft tree of this branching and depth (0: a chain)
   int32_t tree_depth = 0;
   std::optional<bool> egag;  // speculation.egag; unset: the server's default
 
-  std::string Label() const;  // "K=4", "K=4 adaptive", "K=4 tree 2x2", "K=4 ngram", "K=4 egag"
+  // "K=4", "K=4 adaptive", "K=4 http", "K=4 tree 2x2", "K=4 ngram", "K=4 egag"
+  std::string Label() const;
 };
 
 struct ArmSummary {
@@ -82,12 +84,27 @@ struct CompareRow {
 
 CompareRow CompareArm(const ArmSummary& baseline, const ArmSummary& arm);
 
-// The human-readable report (stdout). `compare` may be empty.
+// One arm over HTTP against the same arm over gRPC, run alternately in one benchmark: what the
+// HTTP API adds per output token, and its throughput at the run's stream count.
+struct TransportRow {
+  ArmSpec arm;                                                 // the gRPC arm
+  std::optional<double> grpc_tpot_ms, http_tpot_ms;            // mean TPOT
+  std::optional<double> added_ms_per_token;                    // http_tpot_ms - grpc_tpot_ms
+  std::optional<double> grpc_itl_ms, http_itl_ms;              // mean ITL
+  std::optional<double> grpc_ttft_ms, http_ttft_ms;            // median TTFT
+  std::optional<double> grpc_tokens_per_s, http_tokens_per_s;  // median output tok/s
+  std::optional<double> throughput_ratio;                      // http / grpc
+};
+
+TransportRow CompareTransport(const ArmSummary& grpc, const ArmSummary& http);
+
+// The human-readable report (stdout). `compare` and `transport` may be empty.
 std::string FormatReport(std::span<const ArmSummary> arms, std::span<const CompareRow> compare,
-                         int64_t repeats);
+                         int64_t repeats, std::span<const TransportRow> transport = {});
 
 nlohmann::ordered_json ArmToJson(const ArmSummary& arm);
 nlohmann::ordered_json CompareToJson(const CompareRow& row);
+nlohmann::ordered_json TransportToJson(const TransportRow& row, int64_t streams);
 
 }  // namespace specd::bench
 
