@@ -3,7 +3,7 @@
 # --compare` run whose arms alternate on one server, so every ratio is measured side by side:
 #   1. trees against chains at an equal number of verified tokens, on the stories110M-shape pairs
 #      at alpha ~ 0.5 and 0.7 (2-layer early-exit drafts), one stream;
-#   2. EGAG on and off on the same pairs;
+#   2. EGAG on and off on the same pairs, against the best fixed chains (K = 1, 2);
 #   3. FR-Spec: the alpha ~ 0.7 pair's draft with a reduced head of $DRAFT_VOCAB tokens ranked by
 #      a frequency file measured from the target's own generations (`specd token-freq` on
 #      scripts/bench/frspec_prompts.txt, prompts the benchmark itself never uses), against the
@@ -11,6 +11,7 @@
 #   4. prompt lookup on a copy-heavy workload: stories260K continuing stories it was given (its
 #      own greedy stories from the shared golden file, followed by their first words).
 # usage: scripts/bench/drafting.sh [trees|egag|frspec|ngram ...]   (default: all four)
+#   scripts/bench/drafting_summary.py prints the tables of docs/benchmarks.md from the JSON.
 #   SPECD, OUT, MODELS, THREADS, MAX_TOKENS, REPEATS, REQUESTS, SHARED override the defaults.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -84,7 +85,8 @@ for part in "${PARTS[@]}"; do
       for alpha in 05 07; do
         scale_var="SCALE_$alpha"
         start_server --target "$(model_for "${!scale_var}")" --draft-exit-layer 2
-        bench "egag_alpha$alpha" "k=4,no-egag;k=4,egag;k=8,no-egag;k=8,egag"
+        # K = 1 and 2 too: the best fixed chains here, which EGAG has to beat to pay.
+        bench "egag_alpha$alpha" "k=1;k=2;k=4,no-egag;k=4,egag;k=8,no-egag;k=8,egag"
       done
       ;;
     frspec)
