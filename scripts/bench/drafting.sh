@@ -12,7 +12,8 @@
 #      own greedy stories from the shared golden file, followed by their first words).
 # usage: scripts/bench/drafting.sh [trees|egag|frspec|ngram ...]   (default: all four)
 #   scripts/bench/drafting_summary.py prints the tables of docs/benchmarks.md from the JSON.
-#   SPECD, OUT, MODELS, THREADS, MAX_TOKENS, REPEATS, REQUESTS, SHARED override the defaults.
+#   SPECD, OUT, MODELS, THREADS, MAX_TOKENS, REPEATS, REQUESTS, SHARED, DRAFT_VOCAB,
+#   FREQ_TEMPERATURES override the defaults.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -25,6 +26,7 @@ MAX_TOKENS="${MAX_TOKENS:-96}"
 REPEATS="${REPEATS:-2}"
 REQUESTS="${REQUESTS:-4}"
 DRAFT_VOCAB="${DRAFT_VOCAB:-8192}"
+FREQ_TEMPERATURES="${FREQ_TEMPERATURES:-1 0}"  # token-freq's sampling temperature(s)
 # Residual scales that gave alpha ~ 0.5 and ~ 0.7 for the 2-layer draft (docs/benchmarks.md).
 SCALE_05="${SCALE_05:-0.1206}"
 SCALE_07="${SCALE_07:-0.06877}"
@@ -90,16 +92,22 @@ for part in "${PARTS[@]}"; do
       done
       ;;
     frspec)
+      # The frequency file from the target's own generations, sampled (temperature 1, two
+      # samples per prompt) and greedy (one); the benchmark's requests are greedy.
       target=$(model_for "$SCALE_07")
-      freq="$OUT/token_freq_stories110M-s$SCALE_07.tsv"
-      [[ -f "$freq" ]] || "$SPECD" token-freq --model "$target" \
-        --prompts scripts/bench/frspec_prompts.txt --samples 2 --max-tokens 96 \
-        --threads "$THREADS" --out "$freq"
       start_server --target "$target" --draft-exit-layer 2
       bench frspec_full_head "k=2;k=4"
-      start_server --target "$target" --draft-exit-layer 2 --draft-vocab "$DRAFT_VOCAB" \
-        --draft-vocab-file "$freq"
-      bench "frspec_head$DRAFT_VOCAB" "k=2;k=4"
+      for t in $FREQ_TEMPERATURES; do
+        freq="$OUT/token_freq_stories110M-s$SCALE_07-t$t.tsv"
+        samples=2
+        [[ "$t" == 0 ]] && samples=1
+        [[ -f "$freq" ]] || "$SPECD" token-freq --model "$target" \
+          --prompts scripts/bench/frspec_prompts.txt --samples "$samples" --temperature "$t" \
+          --max-tokens 96 --threads "$THREADS" --out "$freq"
+        start_server --target "$target" --draft-exit-layer 2 --draft-vocab "$DRAFT_VOCAB" \
+          --draft-vocab-file "$freq"
+        bench "frspec_head${DRAFT_VOCAB}_t$t" "k=2;k=4"
+      done
       ;;
     ngram)
       model="$MODELS/stories260K"
