@@ -105,7 +105,7 @@ class FaultyWorker final : public WorkerApi {
     SPECD_RETURN_IF_ERROR(CheckUp());
     std::vector<SequenceAnswer<TruncateResult>> out;
     for (const TruncateSequenceRequest& r : batch) {
-      out.push_back({r.seq, runtime_->Truncate(r.seq, r.new_len, r.query_step, r.query_tokens)});
+      out.push_back({r.seq, runtime_->Truncate(r)});
     }
     return out;
   }
