@@ -74,7 +74,13 @@ struct RequestTiming {
   absl::Time last_tokens = absl::InfinitePast();
 };
 
-void RecordEvent(CoordinatorMetrics& metrics, RequestTiming& timing, const GenerationEvent& e) {
+GuidanceKind GuidanceOf(const GenerationRequest& r) {
+  if (!r.guidance.has_value()) return GuidanceKind::kOff;
+  return r.guidance->draft ? GuidanceKind::kTargetAndDraft : GuidanceKind::kTarget;
+}
+
+void RecordEvent(CoordinatorMetrics& metrics, RequestTiming& timing, GuidanceKind guidance,
+                 const GenerationEvent& e) {
   const absl::Time now = absl::Now();
   if (!e.tokens.empty()) {
     if (timing.last_tokens == absl::InfinitePast()) {
@@ -88,6 +94,7 @@ void RecordEvent(CoordinatorMetrics& metrics, RequestTiming& timing, const Gener
     metrics.OnRequestError(e.error.code());
   } else if (e.finish != FinishReason::kNone) {
     RequestMetrics r;
+    r.guidance = guidance;
     r.finish_reason = FinishReasonName(e.finish);
     r.prompt_tokens = e.usage.prompt_tokens;
     r.completion_tokens = e.usage.completion_tokens;
@@ -293,11 +300,13 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* GenerationService::Generate(
     return reactor;
   }
   const uint64_t seed = req->seed;
+  const GuidanceKind guidance = GuidanceOf(*req);
   const std::string request_id = request->request_id();
   Scheduler* scheduler = state->scheduler;
   auto first = std::make_shared<bool>(true);
   auto timing = std::make_shared<RequestTiming>();
-  auto sink = [call, scheduler, first, seed, request_id, metrics, timing](GenerationEvent event) {
+  auto sink = [call, scheduler, first, seed, guidance, request_id, metrics,
+               timing](GenerationEvent event) {
     const bool last = event.finish != FinishReason::kNone || !event.error.ok();
     if (!last && call->abandoned()) {
       // The client went away, its deadline passed or a drain ended the stream: free the
@@ -307,7 +316,7 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* GenerationService::Generate(
     }
     if (!event.error.ok()) {
       if (call->Close(ToGrpcStatus(event.error)) && metrics != nullptr) {
-        RecordEvent(*metrics, *timing, event);
+        RecordEvent(*metrics, *timing, guidance, event);
       }
       return;
     }
@@ -325,7 +334,7 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* GenerationService::Generate(
     }
     // A stream the drain already ended gets nothing more, and is not counted twice.
     if (!call->Send(std::move(msg))) return;
-    if (metrics != nullptr) RecordEvent(*metrics, *timing, event);
+    if (metrics != nullptr) RecordEvent(*metrics, *timing, guidance, event);
     if (last) call->Close(grpc::Status::OK);
   };
   absl::StatusOr<Scheduler::RequestHandle> h = scheduler->Submit(*std::move(req), sink);
@@ -335,6 +344,7 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* GenerationService::Generate(
     return reactor;
   }
   call->handle.store(*h);
+  if (metrics != nullptr) metrics->OnGuidedRequest(guidance);
   return reactor;
 }
 
