@@ -322,7 +322,7 @@ void WorkerRuntime::ReportForward(ForwardKind kind, std::span<const SequenceInpu
   int64_t tokens = 0;
   for (const SequenceInput& in : batch) tokens += static_cast<int64_t>(in.tokens.size());
   options_.observer->OnForward(kind, static_cast<int64_t>(batch.size()), tokens, elapsed);
-  options_.observer->OnKvChanged(engine_->kv());
+  ReportKv();
 }
 
 absl::Status WorkerRuntime::ForwardAndSample(ForwardKind kind, std::span<const SequenceInput> batch,
