@@ -4,7 +4,10 @@
 # --guidance-scale` at 1 and at 8 streams. Each bench run alternates, in every repeat, the arms
 # K=0, K=0 cfg, K=$K, K=$K cfg (the draft unguided) and K=$K cfg+draft (the draft guided too), so
 # the report sets guided against unguided tokens/s at the same K, and the acceptance of an
-# unguided against a guided draft, side by side. JSON goes to $OUT/streams{1,8}.json.
+# unguided against a guided draft, side by side. Greedy requests at $STREAMS streams
+# ($OUT/streams{1,8}.json), then sampled ones (temperature 1) at $SAMPLED_STREAMS
+# ($OUT/streams1_t1.json): a greedy draft is accepted on its argmax alone, which guidance of a
+# shallow draft may not move, while a sampled one is judged on its whole distribution.
 #
 # usage: scripts/bench/guidance.sh          (environment variables below override the defaults)
 #   QUICK=1 scripts/bench/guidance.sh      (tiny shape, short runs: checks the pipeline)
@@ -24,7 +27,8 @@ SCALE="${SCALE:-1.5}"            # guidance.scale of the guided arms
 UNCONDITIONAL="${UNCONDITIONAL:-}"  # the unconditional prompt; empty: BOS
 MAX_TOKENS="${MAX_TOKENS:-64}"
 REPEATS="${REPEATS:-2}"
-STREAMS="${STREAMS:-1 8}"
+STREAMS="${STREAMS-1 8}"
+SAMPLED_STREAMS="${SAMPLED_STREAMS-1}"
 
 [[ -x "$SPECD" ]] || { echo "guidance: no specd at $SPECD (build it, or set SPECD)" >&2; exit 1; }
 mkdir -p "$OUT"
@@ -51,4 +55,11 @@ for streams in $STREAMS; do
     --max-tokens "$MAX_TOKENS" --repeats "$REPEATS" --seed 1 --quiet \
     --guidance-scale "$SCALE" --unconditional "$UNCONDITIONAL" \
     --json "$OUT/streams$streams.json"
+done
+for streams in $SAMPLED_STREAMS; do
+  echo "guidance: $streams stream(s), temperature 1" >&2
+  "$SPECD" bench --server "$address" --compare --k "$K" --streams "$streams" \
+    --max-tokens "$MAX_TOKENS" --repeats "$REPEATS" --seed 1 --quiet --temperature 1 \
+    --guidance-scale "$SCALE" --unconditional "$UNCONDITIONAL" \
+    --json "$OUT/streams${streams}_t1.json"
 done
