@@ -25,6 +25,7 @@ enum class DraftSampling { kProbabilistic, kGreedy };
 // Whole-call limits: a request over them is malformed, not merely expensive.
 inline constexpr int32_t kMaxSpeculativeTokens = 64;  // K
 inline constexpr int32_t kMaxCandidates = 64;         // M
+inline constexpr int32_t kMaxLogprobs = 20;           // top-N alternatives (OpenAI's cap)
 
 // Classifier-free guidance: a guided sequence owns a companion, a sequence of the same worker
 // whose text is the unconditional prompt followed by the same generated tokens. Both are fed in
@@ -58,6 +59,9 @@ struct SequenceRequest {
   // Feed catch-up only (within max_prefill_tokens, and never its last token) and come back
   // `prefilling`: the coordinator's round for this sequence is not ready to draw anything yet.
   bool prefill_only = false;
+  // The completion number of a request that asks for several: the `sample` field of every
+  // Philox counter the sequence draws from, so completions of one seed are independent.
+  uint32_t sample = 0;
   // Set for a guided sequence on this worker (always the target's; the draft's only when the
   // request guides its draft too). drop_tail drops the companion's tail as well.
   std::optional<CompanionRequest> companion;
@@ -98,10 +102,41 @@ struct DraftStep {
   int64_t forward_ns = 0;                     // this step's forward pass
 };
 
+// Which log-probabilities a Verify reports, always of the target's distribution.
+enum class LogprobsMode {
+  kOff,
+  // vLLM's default: the log-softmax of the penalised logits, before temperature and truncation
+  // (LogprobsArgs in kernels/backend.h). A greedy request gets real values, not a one-hot row's.
+  kRaw,
+  // The log of the processed distribution the token is drawn from, fl32(log(fp64 p)): -inf for
+  // every token that temperature 0, top-k, top-p or min-p removed.
+  kProcessed,
+};
+
+struct LogprobsRequest {
+  LogprobsMode mode = LogprobsMode::kOff;
+  int32_t top_n = 0;  // [0, kMaxLogprobs]
+  bool operator==(const LogprobsRequest&) const = default;
+};
+
 struct VerifySequenceRequest : SequenceRequest {
   std::vector<int32_t> drafts;  // t_1..t_K; K = 0 is plain decoding
   int32_t num_candidates = 0;   // M in [0, kMaxCandidates]
+  LogprobsRequest logprobs;
   bool operator==(const VerifySequenceRequest&) const = default;
+};
+
+// One verified position's log-probabilities. The worker cannot know which positions the
+// coordinator will emit, so it reports every position 1..K+1, each with its top-N and every token
+// the coordinator could emit there: t_i, the argmax, the residual candidates (i <= K) and the
+// bonus (i = K+1). A token the residual fallback picks is none of these; the coordinator then
+// asks with QueryLogprobs.
+struct PositionLogprobs {
+  std::vector<int32_t> top_ids;  // by (logprob desc, id asc) of the raw logprobs
+  std::vector<float> top_logprobs;
+  std::vector<int32_t> token_ids;  // distinct
+  std::vector<float> token_logprobs;
+  bool operator==(const PositionLogprobs&) const = default;
 };
 
 struct VerifySequenceResult {
@@ -117,6 +152,7 @@ struct VerifySequenceResult {
   int64_t forward_ns = 0;   // the batch's forward pass; 0 when the sequence failed before it
   bool prefilling = false;  // only part of the catch-up was fed; nothing was verified
   int64_t companion_cached_len = 0;  // a guided sequence's companion (0 without one)
+  std::vector<PositionLogprobs> logprobs;  // [K+1] when asked
   bool operator==(const VerifySequenceResult&) const = default;
 };
 
@@ -155,8 +191,18 @@ struct RowQuery {
   bool operator==(const RowQuery&) const = default;
 };
 
-// One sequence's answer in a batched call (Truncate, ReadRows): a failed sequence does not fail
-// the others.
+// The log-probabilities of `tokens` at verify position `step` (1-based) of a sequence's last
+// Verify, in the LogprobsMode it asked for: the residual fallback's token, which that Verify
+// could not know.
+struct LogprobQuery {
+  SeqId seq = 0;
+  int32_t step = 0;
+  std::vector<int32_t> tokens;
+  bool operator==(const LogprobQuery&) const = default;
+};
+
+// One sequence's answer in a batched call (Truncate, ReadRows, QueryLogprobs): a failed sequence
+// does not fail the others.
 template <typename T>
 struct SequenceAnswer {
   SeqId seq = 0;

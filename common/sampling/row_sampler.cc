@@ -5,50 +5,24 @@
 
 #include "base/math.h"
 #include "base/status_macros.h"
+#include "common/sampling/staging.h"
 
 namespace specd {
 namespace {
+
+using sampling_internal::Ensure;
+using sampling_internal::Get;
+using sampling_internal::Layout;
+using sampling_internal::Put;
 
 bool ReadsHistory(const SamplingParams& p) {
   return p.repetition_penalty != 1.0f || p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f;
 }
 
-// Lays arrays out one after another, each 16-byte aligned.
-class Layout {
- public:
-  template <typename T>
-  int64_t Take(size_t count) {
-    const int64_t at = bytes_;
-    bytes_ = RoundUpTo(bytes_ + static_cast<int64_t>(count * sizeof(T)), 16);
-    return at;
-  }
-  int64_t bytes() const { return bytes_; }
-
- private:
-  int64_t bytes_ = 0;
-};
-
-absl::Status Ensure(kernels::Backend& backend, kernels::Buffer& buffer, int64_t bytes,
-                    kernels::MemoryKind kind) {
-  if (buffer.bytes() >= bytes) return absl::OkStatus();
-  buffer = kernels::Buffer();
-  SPECD_ASSIGN_OR_RETURN(buffer, backend.Allocate(RoundUpTo(bytes, 4096), kind, "sampling inputs"));
-  return absl::OkStatus();
-}
-
-template <typename T>
-void Put(char* base, int64_t at, const std::vector<T>& v) {
-  if (!v.empty()) std::memcpy(base + at, v.data(), v.size() * sizeof(T));
-}
-
-template <typename T>
-void Get(const char* base, int64_t at, std::vector<T>& v) {
-  if (!v.empty()) std::memcpy(v.data(), base + at, v.size() * sizeof(T));
-}
-
 }  // namespace
 
 void RowSampler::Clear() {
+  keep_penalized_ = false;
   rows_.clear();
   history_.clear();
   draws_.clear();
@@ -126,8 +100,10 @@ absl::Status RowSampler::Run(float* logits, int64_t logit_rows, RowPool& pool) {
   const int64_t at_draw_error = layout.Take<int32_t>(n_draws);
   const int64_t at_lookups = layout.Take<float>(n_lookups);
   const int64_t total = layout.bytes();
-  SPECD_RETURN_IF_ERROR(Ensure(*backend_, staging_, total, kernels::MemoryKind::kStaging));
-  SPECD_RETURN_IF_ERROR(Ensure(*backend_, device_, total, kernels::MemoryKind::kScratch));
+  SPECD_RETURN_IF_ERROR(
+      Ensure(*backend_, staging_, total, kernels::MemoryKind::kStaging, "sampling inputs"));
+  SPECD_RETURN_IF_ERROR(
+      Ensure(*backend_, device_, total, kernels::MemoryKind::kScratch, "sampling inputs"));
 
   char* host = staging_.as<char>();
   Put(host, at_rows, rows_);
@@ -169,6 +145,13 @@ absl::Status RowSampler::Run(float* logits, int64_t logit_rows, RowPool& pool) {
     p.prob_capacity = pool.capacity();
     p.argmax = i32(at_argmax);
     p.error = i32(at_row_error);
+    if (keep_penalized_) {
+      SPECD_RETURN_IF_ERROR(Ensure(*backend_, penalized_,
+                                   static_cast<int64_t>(n_rows) * pool.vocab() * 4,
+                                   kernels::MemoryKind::kScratch, "penalised logits"));
+      p.penalized = penalized_.as<float>();
+      vocab_ = pool.vocab();
+    }
     SPECD_RETURN_IF_ERROR(backend_->ProcessRows(p));
   }
   if (n_draws > 0) {

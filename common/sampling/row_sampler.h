@@ -39,6 +39,9 @@ class RowSampler {
   // u + scale * (c - u) with u = logit row `uncond_row` (Backend::CombineLogits, in place). A
   // companion's rows sit after every row that AddRow processes.
   void AddGuidance(int32_t cond_row, int32_t uncond_row, float scale);
+  // Makes this pass's Run also write every row's penalised logits to back-end memory, where
+  // penalized(row) finds them until the next Run (the logprobs are computed from them).
+  void KeepPenalized() { keep_penalized_ = true; }
 
   // Enqueues CombineLogits over `logits` ([logit_rows, pool.vocab()] in back-end memory; may be
   // null when no row was added), ProcessRows over its first rows (one per AddRow), SampleRows and
@@ -52,6 +55,10 @@ class RowSampler {
   float token_prob(int32_t draw) const { return out_token_probs_[static_cast<size_t>(draw)]; }
   int32_t draw_error(int32_t draw) const { return out_draw_error_[static_cast<size_t>(draw)]; }
   float lookup(int32_t i) const { return out_lookups_[static_cast<size_t>(i)]; }
+  // Row `row`'s penalised logits ([vocab], back-end memory) after a Run with KeepPenalized.
+  const float* penalized(int32_t row) const {
+    return penalized_.as<float>() + static_cast<int64_t>(row) * vocab_;
+  }
 
  private:
   kernels::Backend* backend_;
@@ -63,11 +70,14 @@ class RowSampler {
   std::vector<int32_t> lookup_tokens_;
   std::vector<int32_t> cond_rows_, uncond_rows_;
   std::vector<float> scales_;
+  bool keep_penalized_ = false;
   // Results, as they come back.
   std::vector<int32_t> out_argmax_, out_row_error_, out_tokens_, out_draw_error_;
   std::vector<float> out_token_probs_, out_lookups_;
   kernels::Buffer staging_;
   kernels::Buffer device_;
+  kernels::Buffer penalized_;  // [rows, vocab_] when kept
+  int64_t vocab_ = 0;
 };
 
 }  // namespace specd

@@ -79,6 +79,20 @@ absl::StatusOr<std::string> IncrementalDetokenizer::Push(std::span<const int32_t
   return emitted;
 }
 
+absl::Status IncrementalDetokenizer::Skip(std::span<const int32_t> ids) {
+  // A byte-fallback run at the end stays out: it is the reader's text already, and decoded
+  // together with the first bytes that follow it, it could change (an invalid run turns every
+  // one of its bytes into U+FFFD) or be emitted again. The tokens before it are the context.
+  size_t keep = ids.size();
+  while (keep > 0) {
+    absl::StatusOr<std::string> piece = tokenizer_.IdToPiece(ids[keep - 1]);
+    if (!piece.ok()) return piece.status();
+    if (!tokenizer::ParseByteToken(*piece).has_value()) break;
+    --keep;
+  }
+  return Push(ids.first(keep)).status();
+}
+
 absl::StatusOr<std::string> IncrementalDetokenizer::Flush() {
   if (read_offset_ == ids_.size()) return std::string();
   SPECD_ASSIGN_OR_RETURN(std::string text, DecodeRange(prefix_offset_, ids_.size()));

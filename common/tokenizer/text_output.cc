@@ -9,8 +9,10 @@ TextOutput::TextOutput(const Tokenizer* tokenizer, std::vector<std::string> stop
     : stops_(std::move(stop_strings)) {
   if (tokenizer != nullptr) {
     detok_ = std::make_unique<IncrementalDetokenizer>(*tokenizer, /*skip_special_tokens=*/true);
-    // The prompt's own text is the client's; only what follows it is streamed.
-    (void)detok_->Push(prompt);
+    // The prompt's own text is the client's; only what follows it is streamed (a chat prompt
+    // often ends in a byte token, "\n" under SentencePiece, which Push alone would hold back
+    // and then stream with the first reply token).
+    (void)detok_->Skip(prompt);
   }
   stops_.erase(std::remove(stops_.begin(), stops_.end(), std::string()), stops_.end());
 }

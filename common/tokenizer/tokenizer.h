@@ -66,6 +66,10 @@ class IncrementalDetokenizer {
  public:
   explicit IncrementalDetokenizer(const Tokenizer& tokenizer, bool skip_special_tokens = false);
   absl::StatusOr<std::string> Push(std::span<const int32_t> ids);
+  // Takes `ids` as text the reader already has (a prompt): later pieces continue it (keeping,
+  // e.g., SentencePiece's leading space) and never repeat any of it, even when it ends in a
+  // byte-fallback run that Push would hold back (that run is left out of the context).
+  absl::Status Skip(std::span<const int32_t> ids);
   // Whatever is still held back (e.g. an incomplete UTF-8 tail, emitted as U+FFFD as Decode would).
   // Call it once, at the end of the stream.
   absl::StatusOr<std::string> Flush();

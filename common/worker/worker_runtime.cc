@@ -17,6 +17,9 @@
 namespace specd {
 namespace {
 
+static_assert(kMaxLogprobs == kernels::kMaxTopLogprobs,
+              "the worker protocol's top-N cap is the Logprobs op's");
+
 absl::Status RowError(SeqId seq, int32_t code) {
   return absl::InvalidArgumentError(
       absl::StrCat("sequence ", seq, ": ", ToAbsl(kernels::RowErrorMessage(code))));
@@ -56,7 +59,8 @@ WorkerRuntime::WorkerRuntime(std::unique_ptr<LlamaEngine> engine,
     : engine_(std::move(engine)),
       options_(options),
       pool_(engine_->backend(), engine_->config().vocab_size),
-      sampler_(engine_->backend()) {}
+      sampler_(engine_->backend()),
+      logprob_rows_(engine_->backend()) {}
 
 absl::Status WorkerRuntime::CheckCatchUp(SeqId seq, const char* what,
                                          std::span<const int32_t> catch_up) const {
@@ -361,6 +365,9 @@ void WorkerRuntime::RollBack(std::span<const SequenceInput> inputs) {
 void WorkerRuntime::ReleaseRows(Sequence& s) {
   pool_.Release(s.rows);
   s.rows.clear();
+  pool_.Release(s.logit_rows);
+  s.logit_rows.clear();
+  s.logprobs_mode = LogprobsMode::kOff;
 }
 
 void WorkerRuntime::ReportKv() {
@@ -573,6 +580,7 @@ std::vector<SequenceOutcome> WorkerRuntime::Draft(
             d.seed = req.seed;
             d.position = static_cast<uint32_t>(s.tokens.size());
             d.purpose = Purpose::kDraftSample;
+            d.sample = req.sample;
             draw_of[b] = sampler_.AddDraw(d);
           }
           return absl::OkStatus();
@@ -666,6 +674,11 @@ std::vector<VerifySequenceResult> WorkerRuntime::Verify(
                                                    ": num_candidates must be in [0, ",
                                                    kMaxCandidates, "], got ", req.num_candidates));
     }
+    if (st.ok() && (req.logprobs.top_n < 0 || req.logprobs.top_n > kMaxLogprobs)) {
+      st = absl::InvalidArgumentError(absl::StrCat("sequence ", req.seq,
+                                                   ": logprobs top_n must be in [0, ", kMaxLogprobs,
+                                                   "], got ", req.logprobs.top_n));
+    }
     if (st.ok() && req.drafts.size() > static_cast<size_t>(kMaxSpeculativeTokens)) {
       st = absl::InvalidArgumentError(absl::StrCat("sequence ", req.seq, ": ", req.drafts.size(),
                                                    " draft tokens, at most ", kMaxSpeculativeTokens,
@@ -739,6 +752,9 @@ std::vector<VerifySequenceResult> WorkerRuntime::Verify(
     st = ForwardAndSample(
         ForwardKind::kVerify, inputs,
         [&]() -> absl::Status {
+          for (const size_t i : active) {
+            if (batch[i].logprobs.mode != LogprobsMode::kOff) sampler_.KeepPenalized();
+          }
           int64_t rows = 0;
           for (const size_t i : active) rows += static_cast<int64_t>(batch[i].drafts.size()) + 1;
           SPECD_ASSIGN_OR_RETURN(const std::vector<int32_t> slots, pool_.Acquire(rows));
@@ -773,6 +789,7 @@ std::vector<VerifySequenceResult> WorkerRuntime::Verify(
             if (req.sampling.greedy()) continue;
             kernels::Draw d;
             d.seed = req.seed;
+            d.sample = req.sample;
             d.prob_slot = s.rows[K];
             d.position = static_cast<uint32_t>(x_len + K);
             d.purpose = K > 0 ? Purpose::kBonus : Purpose::kTargetSample;
@@ -853,14 +870,127 @@ std::vector<VerifySequenceResult> WorkerRuntime::Verify(
       r.seq = req.seq;
       r.status = RowError(req.seq, error);
     }
-    finish(i);
   }
+  std::vector<LogprobPlan> logprob_plans;
+  for (const size_t i : active) {
+    if (batch[i].logprobs.mode == LogprobsMode::kOff || !results[i].status.ok()) continue;
+    logprob_plans.push_back({&batch[i], &results[i], plan[i].first_row});
+  }
+  if (absl::Status lp = AddLogprobs(logprob_plans); !lp.ok()) {
+    for (const LogprobPlan& l : logprob_plans) {
+      ReleaseRows(seqs_[l.req->seq]);
+      *l.result = VerifySequenceResult();
+      l.result->seq = l.req->seq;
+      l.result->status = lp;
+    }
+  }
+  for (const size_t i : active) finish(i);
   for (const size_t i : chunked) {
     results[i].prefilling = true;
     results[i].forward_ns = forward_ns;
     finish(i);
   }
   return results;
+}
+
+absl::Status WorkerRuntime::AddLogprobs(std::span<const LogprobPlan> plans) {
+  if (plans.empty()) return absl::OkStatus();
+  const int64_t vocab = engine_->config().vocab_size;
+  logprob_rows_.Clear();
+  // Per plan, the index of its first LogprobRows row; queries are added in the same order.
+  std::vector<std::vector<std::vector<int32_t>>> queried(plans.size());
+  std::vector<int32_t> first_lp_row(plans.size());
+  for (size_t p = 0; p < plans.size(); ++p) {
+    const VerifySequenceRequest& req = *plans[p].req;
+    const VerifySequenceResult& r = *plans[p].result;
+    Sequence& s = seqs_[req.seq];
+    const size_t K = req.drafts.size();
+    const bool processed = req.logprobs.mode == LogprobsMode::kProcessed;
+    s.logprobs_mode = req.logprobs.mode;
+    // The residual fallback emits a token that is none of those below; it asks QueryLogprobs
+    // later, which for raw logprobs needs the penalised rows of positions 1..K.
+    if (!processed && !req.sampling.greedy() && K > 0) {
+      SPECD_ASSIGN_OR_RETURN(s.logit_rows, pool_.Acquire(static_cast<int64_t>(K)));
+      for (size_t j = 0; j < K; ++j) {
+        SPECD_RETURN_IF_ERROR(engine_->backend().CopyDeviceToDevice(
+            pool_.rows() + int64_t{s.logit_rows[j]} * vocab,
+            sampler_.penalized(plans[p].first_row + static_cast<int32_t>(j)), vocab * 4));
+      }
+    }
+    queried[p].resize(K + 1);
+    for (size_t j = 0; j <= K; ++j) {
+      const int32_t row = logprob_rows_.AddRow(
+          {sampler_.penalized(plans[p].first_row + static_cast<int32_t>(j)), -1},
+          req.logprobs.top_n, processed ? s.rows[j] : -1);
+      if (j == 0) first_lp_row[p] = row;
+      // Every token the coordinator may emit at this position.
+      std::vector<int32_t>& tokens = queried[p][j];
+      auto add = [&tokens](int32_t t) {
+        if (std::find(tokens.begin(), tokens.end(), t) == tokens.end()) tokens.push_back(t);
+      };
+      if (j < K) add(req.drafts[j]);
+      add(r.argmax[j]);
+      if (j < r.candidate_tokens.size()) {
+        for (const int32_t y : r.candidate_tokens[j]) add(y);
+      }
+      if (j == K) add(r.bonus_token);
+      for (const int32_t t : tokens) logprob_rows_.AddQuery(row, t);
+    }
+  }
+  SPECD_RETURN_IF_ERROR(logprob_rows_.Run(pool_));
+  int32_t query = 0;
+  for (size_t p = 0; p < plans.size(); ++p) {
+    VerifySequenceResult& r = *plans[p].result;
+    r.logprobs.resize(queried[p].size());
+    for (size_t j = 0; j < queried[p].size(); ++j) {
+      PositionLogprobs& out = r.logprobs[j];
+      const int32_t row = first_lp_row[p] + static_cast<int32_t>(j);
+      const std::span<const int32_t> ids = logprob_rows_.top_ids(row);
+      const std::span<const float> lps = logprob_rows_.top_logprobs(row);
+      out.top_ids.assign(ids.begin(), ids.end());
+      out.top_logprobs.assign(lps.begin(), lps.end());
+      out.token_ids = queried[p][j];
+      for (size_t t = 0; t < out.token_ids.size(); ++t) {
+        out.token_logprobs.push_back(logprob_rows_.query(query++));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<float>> WorkerRuntime::QueryLogprobs(SeqId seq, int32_t step,
+                                                                std::span<const int32_t> tokens) {
+  const auto it = seqs_.find(seq);
+  if (it == seqs_.end()) return absl::NotFoundError(absl::StrCat("unknown sequence ", seq));
+  const Sequence& s = it->second;
+  const bool processed = s.logprobs_mode == LogprobsMode::kProcessed;
+  const std::vector<int32_t>& kept = processed ? s.rows : s.logit_rows;
+  if (s.logprobs_mode == LogprobsMode::kOff || step < 1 ||
+      step > static_cast<int32_t>(kept.size())) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("sequence ", seq, ": no kept logprobs for step ", step,
+                     " (the last Verify must have asked for logprobs and kept its rows; ",
+                     kept.size(), " kept)"));
+  }
+  const int64_t vocab = engine_->config().vocab_size;
+  for (const int32_t t : tokens) {
+    if (t < 0 || t >= vocab) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("sequence ", seq, ": query token ", t, " is outside [0, ", vocab, ")"));
+    }
+  }
+  const int32_t slot = kept[static_cast<size_t>(step - 1)];
+  logprob_rows_.Clear();
+  // A processed row's values come from the row itself (the pool slot is also read as logits by
+  // the op, whose raw values are then replaced).
+  const int32_t row = logprob_rows_.AddRow({nullptr, slot}, 0, processed ? slot : -1);
+  for (const int32_t t : tokens) logprob_rows_.AddQuery(row, t);
+  SPECD_RETURN_IF_ERROR(logprob_rows_.Run(pool_));
+  std::vector<float> out;
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    out.push_back(logprob_rows_.query(static_cast<int32_t>(i)));
+  }
+  return out;
 }
 
 absl::StatusOr<TruncateResult> WorkerRuntime::Truncate(const TruncateSequenceRequest& req) {

@@ -28,6 +28,7 @@
 #include "base/sampling_params.h"
 #include "common/engine/llama_engine.h"
 #include "common/protocol/worker_protocol.h"
+#include "common/sampling/logprob_rows.h"
 #include "common/sampling/row_pool.h"
 #include "common/sampling/row_sampler.h"
 
@@ -86,6 +87,13 @@ class WorkerRuntime {
   // that copies a whole row out of back-end memory.
   absl::StatusOr<ProbRow> ReadRow(SeqId seq, int32_t step);
 
+  // The log-probabilities of `tokens` at verify position `step` (1-based) of the sequence's last
+  // Verify, in the LogprobsMode it asked for: what the residual fallback's token needs, since it
+  // is none of the tokens Verify reported. FAILED_PRECONDITION when that Verify kept no such row
+  // (raw logprobs keep the penalised rows of positions 1..K of sampled requests only).
+  absl::StatusOr<std::vector<float>> QueryLogprobs(SeqId seq, int32_t step,
+                                                   std::span<const int32_t> tokens);
+
   // Forgets a sequence, and a guided one's companion with it. A companion is never released on
   // its own (INVALID_ARGUMENT).
   absl::Status Release(SeqId seq);
@@ -110,6 +118,17 @@ class WorkerRuntime {
     // entry of its own, fed but never sampled) its owner.
     std::optional<SeqId> companion;
     std::optional<SeqId> owner;
+    // The last Verify's logprobs: its mode, and for raw logprobs of a sampled request the
+    // penalised logits of positions 1..K (pool slots), kept as long as `rows`.
+    LogprobsMode logprobs_mode = LogprobsMode::kOff;
+    std::vector<int32_t> logit_rows;
+  };
+  // A verified sequence that asked for logprobs: its request, its result and its first row in
+  // the pass's sampler.
+  struct LogprobPlan {
+    const VerifySequenceRequest* req = nullptr;
+    VerifySequenceResult* result = nullptr;
+    int32_t first_row = 0;
   };
 
   // What one call does for one admitted sequence: catch_up[cached, cached + feed) is fed; with
@@ -166,6 +185,8 @@ class WorkerRuntime {
   void AddKeptRow(Sequence& s, size_t len, const SamplingParams& params, kernels::RowMode mode,
                   int32_t slot);
   void ReleaseRows(Sequence& s);
+  // Fills the logprobs of `plans` from the pass just sampled (its penalised rows).
+  absl::Status AddLogprobs(std::span<const LogprobPlan> plans);
   // Undoes a pass that failed after its forward: each input's sequence goes back to start_pos,
   // with no kept rows.
   void RollBack(std::span<const SequenceInput> inputs);
@@ -177,6 +198,7 @@ class WorkerRuntime {
   absl::flat_hash_map<SeqId, Sequence> seqs_;
   RowPool pool_;
   RowSampler sampler_;
+  LogprobRows logprob_rows_;
 };
 
 }  // namespace specd

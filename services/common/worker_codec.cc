@@ -19,6 +19,7 @@ void EncodeSequence(const SequenceRequest& r, ProtoSequence* out) {
   out->set_prompt_len(r.prompt_len);
   out->set_drop_tail(r.drop_tail);
   out->set_max_prefill_tokens(r.max_prefill_tokens);
+  out->set_sample(r.sample);
   if (r.companion.has_value()) {
     pb::Companion* c = out->mutable_companion();
     c->set_seq_id(r.companion->seq);
@@ -38,6 +39,7 @@ void DecodeSequence(const ProtoSequence& proto, SequenceRequest* out) {
   out->prompt_len = proto.prompt_len();
   out->drop_tail = proto.drop_tail();
   out->max_prefill_tokens = proto.max_prefill_tokens();
+  out->sample = proto.sample();
   if (proto.has_companion()) {
     const pb::Companion& c = proto.companion();
     out->companion = CompanionRequest{
@@ -147,6 +149,12 @@ void Encode(const VerifySequenceRequest& request, pb::VerifySequence* out) {
   out->mutable_draft_tokens()->Add(request.drafts.begin(), request.drafts.end());
   out->set_num_candidates(request.num_candidates);
   out->set_prefill_only(request.prefill_only);
+  if (request.logprobs.mode != LogprobsMode::kOff) {
+    out->mutable_logprobs()->set_mode(request.logprobs.mode == LogprobsMode::kRaw
+                                          ? pb::LOGPROBS_MODE_RAW
+                                          : pb::LOGPROBS_MODE_PROCESSED);
+    out->mutable_logprobs()->set_top_n(request.logprobs.top_n);
+  }
 }
 
 VerifySequenceRequest Decode(const pb::VerifySequence& proto) {
@@ -155,6 +163,11 @@ VerifySequenceRequest Decode(const pb::VerifySequence& proto) {
   r.drafts.assign(proto.draft_tokens().begin(), proto.draft_tokens().end());
   r.num_candidates = proto.num_candidates();
   r.prefill_only = proto.prefill_only();
+  r.logprobs.mode = proto.logprobs().mode() == pb::LOGPROBS_MODE_RAW ? LogprobsMode::kRaw
+                    : proto.logprobs().mode() == pb::LOGPROBS_MODE_PROCESSED
+                        ? LogprobsMode::kProcessed
+                        : LogprobsMode::kOff;
+  r.logprobs.top_n = proto.logprobs().top_n();
   return r;
 }
 
@@ -196,6 +209,25 @@ std::vector<RowQuery> Decode(const pb::ReadRowsRequest& proto) {
   return out;
 }
 
+void Encode(std::span<const LogprobQuery> batch, pb::QueryLogprobsRequest* out) {
+  for (const LogprobQuery& q : batch) {
+    pb::LogprobQuery* query = out->add_queries();
+    query->set_seq_id(q.seq);
+    query->set_step(q.step);
+    query->mutable_tokens()->Add(q.tokens.begin(), q.tokens.end());
+  }
+}
+
+std::vector<LogprobQuery> Decode(const pb::QueryLogprobsRequest& proto) {
+  std::vector<LogprobQuery> out;
+  out.reserve(static_cast<size_t>(proto.queries_size()));
+  for (const pb::LogprobQuery& q : proto.queries()) {
+    out.push_back(
+        {q.seq_id(), q.step(), std::vector<int32_t>(q.tokens().begin(), q.tokens().end())});
+  }
+  return out;
+}
+
 absl::Status Validate(const pb::DraftRequest& request) {
   if (absl::Status st = CheckBatchWithCompanions(request.sequences(), "Draft"); !st.ok()) {
     return st;
@@ -230,6 +262,16 @@ absl::Status Validate(const pb::VerifyRequest& request) {
           absl::StrCat("Verify: seq_id ", s.seq_id(), " asks for num_candidates ",
                        s.num_candidates(), ", at most ", kMaxCandidates, " are allowed"));
     }
+    if (!pb::LogprobsMode_IsValid(s.logprobs().mode())) {
+      return absl::InvalidArgumentError(absl::StrCat("Verify: seq_id ", s.seq_id(),
+                                                     " has logprobs.mode ", s.logprobs().mode(),
+                                                     ", which is not a LogprobsMode value"));
+    }
+    if (s.logprobs().top_n() < 0 || s.logprobs().top_n() > kMaxLogprobs) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("Verify: seq_id ", s.seq_id(), " asks for logprobs.top_n ",
+                       s.logprobs().top_n(), ", allowed are 0 to ", kMaxLogprobs));
+    }
   }
   return absl::OkStatus();
 }
@@ -241,6 +283,13 @@ absl::Status Validate(const pb::TruncateRequest& request) {
 absl::Status Validate(const pb::ReadRowsRequest& request) {
   if (request.rows().empty()) {
     return absl::InvalidArgumentError("ReadRows: the request has no rows");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Validate(const pb::QueryLogprobsRequest& request) {
+  if (request.queries().empty()) {
+    return absl::InvalidArgumentError("QueryLogprobs: the request has no queries");
   }
   return absl::OkStatus();
 }
@@ -263,6 +312,13 @@ void Encode(const VerifySequenceResult& result, const KvFree& free, pb::VerifyRe
                                  result.candidate_probs[i].end());
   }
   out->set_position(result.position);
+  for (const PositionLogprobs& p : result.logprobs) {
+    pb::PositionLogprobs* lp = out->add_logprobs();
+    lp->mutable_top_ids()->Assign(p.top_ids.begin(), p.top_ids.end());
+    lp->mutable_top_logprobs()->Assign(p.top_logprobs.begin(), p.top_logprobs.end());
+    lp->mutable_token_ids()->Assign(p.token_ids.begin(), p.token_ids.end());
+    lp->mutable_token_logprobs()->Assign(p.token_logprobs.begin(), p.token_logprobs.end());
+  }
 }
 
 VerifySequenceResult Decode(const pb::VerifyResult& proto, int64_t forward_ns) {
@@ -282,6 +338,13 @@ VerifySequenceResult Decode(const pb::VerifyResult& proto, int64_t forward_ns) {
   for (const pb::Candidates& c : proto.candidates()) {
     r.candidate_tokens.emplace_back(c.tokens().begin(), c.tokens().end());
     r.candidate_probs.emplace_back(c.p_probs().begin(), c.p_probs().end());
+  }
+  for (const pb::PositionLogprobs& p : proto.logprobs()) {
+    PositionLogprobs& lp = r.logprobs.emplace_back();
+    lp.top_ids.assign(p.top_ids().begin(), p.top_ids().end());
+    lp.top_logprobs.assign(p.top_logprobs().begin(), p.top_logprobs().end());
+    lp.token_ids.assign(p.token_ids().begin(), p.token_ids().end());
+    lp.token_logprobs.assign(p.token_logprobs().begin(), p.token_logprobs().end());
   }
   return r;
 }
@@ -374,6 +437,19 @@ SequenceAnswer<ProbRow> Decode(const pb::KeptRow& proto) {
   if (!proto.dense()) row.ids.assign(proto.ids().begin(), proto.ids().end());
   row.probs.assign(proto.probs().begin(), proto.probs().end());
   return {proto.seq_id(), std::move(row)};
+}
+
+void Encode(const SequenceAnswer<std::vector<float>>& answer, pb::LogprobAnswer* out) {
+  out->set_seq_id(answer.seq);
+  Encode(answer.value.status(), out->mutable_status());
+  if (!answer.value.ok()) return;
+  out->mutable_logprobs()->Assign(answer.value->begin(), answer.value->end());
+}
+
+SequenceAnswer<std::vector<float>> Decode(const pb::LogprobAnswer& proto) {
+  absl::Status status = Decode(proto.status());
+  if (!status.ok()) return {proto.seq_id(), std::move(status)};
+  return {proto.seq_id(), std::vector<float>(proto.logprobs().begin(), proto.logprobs().end())};
 }
 
 }  // namespace specd::codec

@@ -37,14 +37,17 @@ void Encode(std::span<const TruncateSequenceRequest> batch, pb::TruncateRequest*
 std::vector<TruncateSequenceRequest> Decode(const pb::TruncateRequest& proto);
 void Encode(std::span<const RowQuery> batch, pb::ReadRowsRequest* out);
 std::vector<RowQuery> Decode(const pb::ReadRowsRequest& proto);
+void Encode(std::span<const LogprobQuery> batch, pb::QueryLogprobsRequest* out);
+std::vector<LogprobQuery> Decode(const pb::QueryLogprobsRequest& proto);
 
-// INVALID_ARGUMENT for an empty request, a repeated seq_id, K or M over the limits, or an enum
-// value the protocol does not define; these fail the whole call. Everything else is judged per
-// sequence by the worker runtime.
+// INVALID_ARGUMENT for an empty request, a repeated seq_id, K, M or the top-N of logprobs over
+// the limits, or an enum value the protocol does not define; these fail the whole call. Everything
+// else is judged per sequence by the worker runtime.
 absl::Status Validate(const pb::DraftRequest& request);
 absl::Status Validate(const pb::VerifyRequest& request);
 absl::Status Validate(const pb::TruncateRequest& request);
 absl::Status Validate(const pb::ReadRowsRequest& request);
+absl::Status Validate(const pb::QueryLogprobsRequest& request);
 
 // Replies (worker -> coordinator). Each carries the worker's free KV as of the reply.
 void Encode(const VerifySequenceResult& result, const KvFree& free, pb::VerifyResult* out);
@@ -74,6 +77,8 @@ SequenceAnswer<TruncateResult> Decode(const pb::TruncateResult& proto);
 void Encode(const SequenceAnswer<ProbRow>& answer, int64_t cached_len, const KvFree& free,
             pb::KeptRow* out);
 SequenceAnswer<ProbRow> Decode(const pb::KeptRow& proto);
+void Encode(const SequenceAnswer<std::vector<float>>& answer, pb::LogprobAnswer* out);
+SequenceAnswer<std::vector<float>> Decode(const pb::LogprobAnswer& proto);
 
 }  // namespace specd::codec
 

@@ -55,6 +55,24 @@ grpc::ServerUnaryReactor* WorkerRpcs::ReadRows(grpc::CallbackServerContext* cont
   return reactor;
 }
 
+grpc::ServerUnaryReactor* WorkerRpcs::QueryLogprobs(grpc::CallbackServerContext* context,
+                                                    const worker::v1::QueryLogprobsRequest* request,
+                                                    worker::v1::QueryLogprobsResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  if (const absl::Status st = codec::Validate(*request); !st.ok()) {
+    reactor->Finish(ToGrpcStatus(st));
+    return reactor;
+  }
+  engine_->Post([reactor, request, response](WorkerRuntime& runtime) {
+    for (const LogprobQuery& q : codec::Decode(*request)) {
+      codec::Encode({q.seq, runtime.QueryLogprobs(q.seq, q.step, q.tokens)},
+                    response->add_answers());
+    }
+    reactor->Finish(grpc::Status::OK);
+  });
+  return reactor;
+}
+
 grpc::ServerUnaryReactor* WorkerRpcs::Release(grpc::CallbackServerContext* context,
                                               const worker::v1::ReleaseRequest* request,
                                               worker::v1::ReleaseResponse* response) {

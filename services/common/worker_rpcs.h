@@ -1,7 +1,7 @@
-// The unary RPCs both workers share (Info, Truncate, ReadRows, Release): each hands its work to
-// the engine thread and returns at once; the job finishes the call. WorkerServiceBase serves
-// them for either worker's gRPC service, which adds only its own streaming call (Draft or
-// Verify).
+// The unary RPCs both workers share (Info, Truncate, ReadRows, Release), and the target's
+// QueryLogprobs: each hands its work to the engine thread and returns at once; the job finishes
+// the call. WorkerServiceBase serves the shared ones for either worker's gRPC service, which adds
+// only its own calls (Draft, or Verify and QueryLogprobs).
 #ifndef SPECD_SERVICES_COMMON_WORKER_RPCS_H_
 #define SPECD_SERVICES_COMMON_WORKER_RPCS_H_
 
@@ -26,6 +26,9 @@ class WorkerRpcs {
   grpc::ServerUnaryReactor* ReadRows(grpc::CallbackServerContext* context,
                                      const worker::v1::ReadRowsRequest* request,
                                      worker::v1::ReadRowsResponse* response);
+  grpc::ServerUnaryReactor* QueryLogprobs(grpc::CallbackServerContext* context,
+                                          const worker::v1::QueryLogprobsRequest* request,
+                                          worker::v1::QueryLogprobsResponse* response);
   grpc::ServerUnaryReactor* Release(grpc::CallbackServerContext* context,
                                     const worker::v1::ReleaseRequest* request,
                                     worker::v1::ReleaseResponse* response);

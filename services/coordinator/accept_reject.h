@@ -31,6 +31,7 @@ namespace specd {
 // What the draft and target workers returned for one sequence's round.
 struct RoundEvidence {
   uint64_t seed = 0;
+  uint32_t sample = 0;                 // the completion number (Philox counter's `sample`)
   uint32_t position = 0;               // absolute position of t_1 in x
   std::vector<int32_t> draft_tokens;   // t_1..t_K
   std::vector<float> q_draft;          // q_i(t_i)
@@ -44,7 +45,7 @@ int32_t CountAccepted(const RoundEvidence& round, bool greedy);
 
 // Candidate-based correction at rejection step r (1-based, r = n + 1): the first candidate y_j
 // with w_j · p(y_j) < p(y_j) − min(p(y_j), q(y_j)), or nullopt if none passes.
-std::optional<int32_t> ChooseCandidate(uint64_t seed, uint32_t position_r,
+std::optional<int32_t> ChooseCandidate(uint64_t seed, uint32_t sample, uint32_t position_r,
                                        std::span<const int32_t> candidates,
                                        std::span<const float> p_candidates,
                                        std::span<const float> q_candidates);
@@ -52,8 +53,8 @@ std::optional<int32_t> ChooseCandidate(uint64_t seed, uint32_t position_r,
 // The exact fallback: sample norm(max(0, p − q)) in token-id order with the RESIDUAL_FALLBACK
 // uniform at `position_r`; if that residual sums to 0 in fp32, sample p. Residual entries are fp32
 // `p − min(p, q)`, summed in fp64 (DESIGN.md, "Randomness").
-absl::StatusOr<int32_t> SampleResidual(uint64_t seed, uint32_t position_r, const ProbRow& p,
-                                       const ProbRow& q, int64_t vocab_size);
+absl::StatusOr<int32_t> SampleResidual(uint64_t seed, uint32_t sample, uint32_t position_r,
+                                       const ProbRow& p, const ProbRow& q, int64_t vocab_size);
 
 }  // namespace specd
 

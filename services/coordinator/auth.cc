@@ -62,26 +62,34 @@ absl::StatusOr<BearerTokenAuth> BearerTokenAuth::Load(const std::string& token_f
   return auth;
 }
 
+absl::Status BearerTokenAuth::CheckAuthorization(
+    std::optional<absl::string_view> authorization) const {
+  if (!enabled()) return absl::OkStatus();
+  if (!authorization.has_value()) {
+    return absl::UnauthenticatedError(
+        "this server requires a bearer token: send 'authorization: Bearer <token>'");
+  }
+  const absl::string_view value = *authorization;
+  constexpr absl::string_view kScheme = "bearer ";
+  if (value.size() <= kScheme.size() ||
+      !absl::EqualsIgnoreCase(value.substr(0, kScheme.size()), kScheme)) {
+    return absl::UnauthenticatedError("the 'authorization' value must be 'Bearer <token>'");
+  }
+  if (!ConstantTimeEquals(absl::StripAsciiWhitespace(value.substr(kScheme.size())), token_)) {
+    return absl::UnauthenticatedError("the bearer token is not valid");
+  }
+  return absl::OkStatus();
+}
+
 grpc::Status BearerTokenAuth::Check(const grpc::ServerContextBase& context) const {
   if (!enabled()) return grpc::Status::OK;
   const auto& metadata = context.client_metadata();
   const auto it = metadata.find("authorization");
-  if (it == metadata.end()) {
-    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
-                        "this server requires a bearer token: send the metadata "
-                        "'authorization: Bearer <token>'");
-  }
-  const absl::string_view value(it->second.data(), it->second.size());
-  constexpr absl::string_view kScheme = "bearer ";
-  if (value.size() <= kScheme.size() ||
-      !absl::EqualsIgnoreCase(value.substr(0, kScheme.size()), kScheme)) {
-    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
-                        "the 'authorization' metadata must be 'Bearer <token>'");
-  }
-  if (!ConstantTimeEquals(absl::StripAsciiWhitespace(value.substr(kScheme.size())), token_)) {
-    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "the bearer token is not valid");
-  }
-  return grpc::Status::OK;
+  std::optional<absl::string_view> value;
+  if (it != metadata.end()) value = absl::string_view(it->second.data(), it->second.size());
+  const absl::Status st = CheckAuthorization(value);
+  if (st.ok()) return grpc::Status::OK;
+  return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, std::string(st.message()));
 }
 
 }  // namespace specd

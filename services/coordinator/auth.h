@@ -1,15 +1,17 @@
-// Bearer-token authentication of the public Generation API: one shared secret, read from a file
-// (so it never shows in `ps`) or from $SPECD_AUTH_TOKEN, which every Generation call sends as
-// the metadata "authorization: Bearer <token>". Checked in the handlers rather than in a gRPC
-// AuthMetadataProcessor because that only runs over TLS, and the health and reflection services
-// stay open: load balancers and container health checks probe health without credentials, and
-// reflection only describes the public proto.
+// Bearer-token authentication of the public APIs (gRPC Generation and the HTTP API): one shared
+// secret, read from a file (so it never shows in `ps`) or from $SPECD_AUTH_TOKEN, which every
+// Generation call sends as the metadata "authorization: Bearer <token>". Checked in the handlers
+// rather than in a gRPC AuthMetadataProcessor because that only runs over TLS, and the health and
+// reflection services stay open: load balancers and container health checks probe health without
+// credentials, and reflection only describes the public proto.
 #ifndef SPECD_SERVICES_COORDINATOR_AUTH_H_
 #define SPECD_SERVICES_COORDINATOR_AUTH_H_
 
 #include <cstddef>
+#include <optional>
 #include <string>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "grpcpp/server_context.h"
@@ -40,6 +42,9 @@ class BearerTokenAuth {
   // OK, or UNAUTHENTICATED saying what is wrong with the call's credentials (never what the
   // token is).
   grpc::Status Check(const grpc::ServerContextBase& context) const;
+  // The same for the value of an "authorization" header or metadata entry (null: none sent);
+  // the HTTP API checks its requests with it.
+  absl::Status CheckAuthorization(std::optional<absl::string_view> authorization) const;
 
  private:
   std::string token_;

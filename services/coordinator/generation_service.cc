@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "services/common/grpc_status.h"
 #include "services/common/stream_reactor.h"
+#include "services/coordinator/request_metrics.h"
 
 namespace specd {
 namespace {
@@ -52,61 +53,6 @@ void UsageToProto(const GenerationUsage& u, v1::Usage* out) {
   t->set_round_ns(static_cast<uint64_t>(absl::ToInt64Nanoseconds(u.round_time)));
 }
 
-const char* FinishReasonName(FinishReason r) {
-  switch (r) {
-    case FinishReason::kLength:
-      return "length";
-    case FinishReason::kEosToken:
-      return "eos_token";
-    case FinishReason::kStopToken:
-      return "stop_token";
-    case FinishReason::kStopString:
-      return "stop_string";
-    case FinishReason::kNone:
-      break;
-  }
-  return "none";
-}
-
-// A streamed request's clock: latencies are measured where the events leave the scheduler.
-struct RequestTiming {
-  absl::Time arrival = absl::Now();
-  absl::Time last_tokens = absl::InfinitePast();
-};
-
-GuidanceKind GuidanceOf(const GenerationRequest& r) {
-  if (!r.guidance.has_value()) return GuidanceKind::kOff;
-  return r.guidance->draft ? GuidanceKind::kTargetAndDraft : GuidanceKind::kTarget;
-}
-
-void RecordEvent(CoordinatorMetrics& metrics, RequestTiming& timing, GuidanceKind guidance,
-                 const GenerationEvent& e) {
-  const absl::Time now = absl::Now();
-  if (!e.tokens.empty()) {
-    if (timing.last_tokens == absl::InfinitePast()) {
-      metrics.OnFirstToken(now - timing.arrival);
-    } else {
-      metrics.OnTokens(static_cast<int64_t>(e.tokens.size()), now - timing.last_tokens);
-    }
-    timing.last_tokens = now;
-  }
-  if (!e.error.ok()) {
-    metrics.OnRequestError(e.error.code());
-  } else if (e.finish != FinishReason::kNone) {
-    RequestMetrics r;
-    r.guidance = guidance;
-    r.finish_reason = FinishReasonName(e.finish);
-    r.prompt_tokens = e.usage.prompt_tokens;
-    r.completion_tokens = e.usage.completion_tokens;
-    r.drafting_rounds = e.usage.drafting_rounds;
-    r.draft_tokens = e.usage.draft_tokens;
-    r.accepted_tokens = e.usage.accepted_tokens;
-    r.accepted_per_position = e.usage.accepted_per_position;
-    r.duration = now - timing.arrival;
-    metrics.OnRequestFinished(r);
-  }
-}
-
 grpc::ServerUnaryReactor* Reply(grpc::CallbackServerContext* context, grpc::Status status) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   reactor->Finish(std::move(status));
@@ -121,6 +67,17 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* Refuse(grpc::Status status) {
 }
 
 }  // namespace
+
+PromptEncoders ServingState::Encoders() const {
+  PromptEncoders e;
+  e.tokenizer = tokenizer;
+  if (tokenizer != nullptr && chat != nullptr) {
+    e.chat = [chat = chat, tokenizer = tokenizer](const nlohmann::ordered_json& messages) {
+      return chat->Encode(messages, *tokenizer);
+    };
+  }
+  return e;
+}
 
 // A counted Generate stream: its bookkeeping is undone when gRPC deletes it (OnDone), the one
 // point every stream passes however it ended (finished, failed, cancelled or ended by a drain).
@@ -293,7 +250,7 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* GenerationService::Generate(
     return reactor;
   }
   absl::StatusOr<GenerationRequest> req =
-      BuildGenerationRequest(*request, state->tokenizer, state->limits, RandomSeed());
+      BuildGenerationRequest(*request, state->Encoders(), state->limits, RandomSeed());
   if (!req.ok()) {
     if (metrics != nullptr) metrics->OnRequestError(req.status().code());
     call->Close(ToGrpcStatus(req.status()));
@@ -322,6 +279,12 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* GenerationService::Generate(
     }
     v1::GenerateResponse msg;
     msg.mutable_token_ids()->Add(event.tokens.begin(), event.tokens.end());
+    for (const TokenLogprobs& lp : event.logprobs) {
+      v1::TokenLogprob* out = msg.add_logprobs();
+      out->set_logprob(lp.logprob);
+      out->mutable_top_token_ids()->Add(lp.top_ids.begin(), lp.top_ids.end());
+      out->mutable_top_logprobs()->Add(lp.top_logprobs.begin(), lp.top_logprobs.end());
+    }
     msg.set_text(std::move(event.text));
     msg.set_request_id(request_id);
     if (*first) {

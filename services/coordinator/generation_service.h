@@ -17,6 +17,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/tokenizer/tokenizer.h"
 #include "services/coordinator/auth.h"
+#include "services/coordinator/chat_prompt.h"
 #include "services/coordinator/coordinator_metrics.h"
 #include "services/coordinator/request_validation.h"
 #include "services/coordinator/scheduler.h"
@@ -27,10 +28,14 @@ namespace specd {
 // What the service needs once the workers are up; owned by the coordinator's main.
 struct ServingState {
   Scheduler* scheduler = nullptr;
-  const Tokenizer* tokenizer = nullptr;   // null for token-id-only models
+  const Tokenizer* tokenizer = nullptr;  // null for token-id-only models
+  const ChatPrompt* chat = nullptr;      // null: no chat input
+
+  // The prompt encoders of both APIs' requests (chat needs the tokenizer and the template).
+  PromptEncoders Encoders() const;
   CoordinatorMetrics* metrics = nullptr;  // null when /metrics is off
   ServerLimits limits;
-  v1::GetServerInfoResponse info;
+  v1::GetServerInfoResponse info;  // also names the served model (served_model_name)
 };
 
 // What the service enforces on every call, fixed at start-up.

@@ -236,6 +236,29 @@ absl::StatusOr<std::vector<SequenceAnswer<ProbRow>>> GrpcWorker::ReadRows(
   return out;
 }
 
+absl::StatusOr<std::vector<SequenceAnswer<std::vector<float>>>> GrpcWorker::QueryLogprobs(
+    std::span<const LogprobQuery> batch) {
+  if (target_stub_ == nullptr) {
+    return absl::FailedPreconditionError(name_ + " has no logprobs (only the target has)");
+  }
+  pb::QueryLogprobsRequest req;
+  codec::Encode(batch, &req);
+  pb::QueryLogprobsResponse resp;
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx);
+  const absl::Time start = absl::Now();
+  const grpc::Status st = target_stub_->QueryLogprobs(&ctx, req, &resp);
+  RecordRpc(start, req.ByteSizeLong(), resp.ByteSizeLong());
+  if (absl::Status s = Check(st, "QueryLogprobs"); !s.ok()) return s;
+  if (resp.answers_size() != static_cast<int>(batch.size())) {
+    return absl::UnavailableError(absl::StrCat(
+        name_, ": QueryLogprobs answered ", resp.answers_size(), " of ", batch.size(), " queries"));
+  }
+  std::vector<SequenceAnswer<std::vector<float>>> out;
+  for (const pb::LogprobAnswer& a : resp.answers()) out.push_back(codec::Decode(a));
+  return out;
+}
+
 absl::Status GrpcWorker::Release(SeqId seq) {
   pb::ReleaseRequest req;
   req.set_seq_id(seq);

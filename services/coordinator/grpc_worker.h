@@ -38,6 +38,8 @@ class GrpcWorker final : public WorkerApi {
       std::span<const TruncateSequenceRequest> batch) override;
   absl::StatusOr<std::vector<SequenceAnswer<ProbRow>>> ReadRows(
       std::span<const RowQuery> batch) override;
+  absl::StatusOr<std::vector<SequenceAnswer<std::vector<float>>>> QueryLogprobs(
+      std::span<const LogprobQuery> batch) override;
   absl::Status Release(SeqId seq) override;
   int64_t FreeKvTokens() const override { return free_kv_tokens_.load(); }
   // Info, waiting for the channel to (re)connect within `timeout`.

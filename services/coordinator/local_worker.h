@@ -40,6 +40,14 @@ class LocalWorker final : public WorkerApi {
     for (const RowQuery& q : batch) out.push_back({q.seq, runtime_->ReadRow(q.seq, q.step)});
     return out;
   }
+  absl::StatusOr<std::vector<SequenceAnswer<std::vector<float>>>> QueryLogprobs(
+      std::span<const LogprobQuery> batch) override {
+    std::vector<SequenceAnswer<std::vector<float>>> out;
+    for (const LogprobQuery& q : batch) {
+      out.push_back({q.seq, runtime_->QueryLogprobs(q.seq, q.step, q.tokens)});
+    }
+    return out;
+  }
   absl::Status Release(SeqId seq) override { return runtime_->Release(seq); }
   int64_t FreeKvTokens() const override { return runtime_->kv_free().tokens; }
 

@@ -4,12 +4,18 @@
 #include <pthread.h>
 #include <signal.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
 #include <ctime>
+#include <fstream>
 #include <iostream>
 #include <memory>
+#include <optional>
+#include <sstream>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -23,9 +29,12 @@
 #include "grpcpp/health_check_service_interface.h"
 #include "services/common/tls.h"
 #include "services/coordinator/auth.h"
+#include "services/coordinator/chat_prompt.h"
 #include "services/coordinator/coordinator_metrics.h"
 #include "services/coordinator/generation_service.h"
 #include "services/coordinator/grpc_worker.h"
+#include "services/coordinator/http/http_server.h"
+#include "services/coordinator/http/openai_api.h"
 
 namespace specd {
 namespace {
@@ -73,6 +82,18 @@ std::vector<FlagSpec> CoordinatorFlags() {
        "largest max_new_tokens a request may ask for; 0 = up to the model's max_seq_len", "0"},
       {"max-streams-per-connection",
        "Generate streams one client connection may hold open at once; 0 = no limit", "128"},
+      {"http-listen",
+       "also serve the OpenAI-compatible HTTP API on host:port (same TLS, token and limits as "
+       "the gRPC API); port 0 picks a free one; unset = off",
+       ""},
+      {"served-model-name",
+       "the model name of the HTTP API (requests naming another get 404); unset = the target "
+       "model directory's name",
+       ""},
+      {"chat-template",
+       "Jinja chat template file for chat requests, instead of the model's tokenizer_config.json "
+       "chat_template",
+       ""},
   };
 }
 
@@ -120,17 +141,21 @@ bool IsLoopback(const std::string& host) {
   return host == "localhost" || host == "[::1]" || host.rfind("127.", 0) == 0;
 }
 
-// Graceful shutdown: health turns NOT_SERVING and new Generate calls UNAVAILABLE while the open
-// streams get `drain_seconds` to finish; then the rest end with a status that says why. A second
-// SIGTERM or SIGINT ends the drain period at once.
-void Drain(GenerationService& service, grpc::Server& server, const sigset_t& stop_signals,
-           int64_t drain_seconds) {
+// Graceful shutdown: health turns NOT_SERVING and new requests UNAVAILABLE (HTTP 503) on both
+// APIs while the open ones get `drain_seconds` to finish; then the rest end with a status that
+// says why. A second SIGTERM or SIGINT ends the drain period at once.
+void Drain(GenerationService& service, grpc::Server& server, http::OpenAiApi* http_api,
+           http::HttpServer* http_server, const sigset_t& stop_signals, int64_t drain_seconds) {
   // Admission stops first, so a client that sees NOT_SERVING also gets UNAVAILABLE.
   service.StopAdmitting();
+  if (http_api != nullptr) http_api->StopAdmitting();
   server.GetHealthCheckService()->SetServingStatus(false);
+  auto open = [&] {
+    return service.open_streams() + (http_api != nullptr ? http_api->open_requests() : 0);
+  };
   const absl::Time deadline = absl::Now() + absl::Seconds(static_cast<double>(drain_seconds));
   bool interrupted = false;
-  while (service.open_streams() > 0 && absl::Now() < deadline) {
+  while (open() > 0 && absl::Now() < deadline) {
     const timespec poll = {0, 50'000'000};
     if (sigtimedwait(&stop_signals, nullptr, &poll) > 0) {
       interrupted = true;
@@ -138,20 +163,33 @@ void Drain(GenerationService& service, grpc::Server& server, const sigset_t& sto
     }
     service.CancelAbandoned();
   }
-  if (service.open_streams() > 0) {
+  if (open() > 0) {
     const std::string why =
         interrupted ? std::string("the coordinator was stopped by a second signal")
                     : absl::StrCat("the coordinator shut down after its drain period of ",
                                    drain_seconds, " s (--drain-seconds)");
-    const int64_t ended = service.EndOpenStreams(grpc::Status(
-        grpc::StatusCode::UNAVAILABLE,
-        absl::StrCat(why, " before this request finished; retry it on another replica")));
+    const std::string message =
+        absl::StrCat(why, " before this request finished; retry it on another replica");
+    int64_t ended = service.EndOpenStreams(grpc::Status(grpc::StatusCode::UNAVAILABLE, message));
+    if (http_api != nullptr) ended += http_api->EndOpenRequests(absl::UnavailableError(message));
     std::cerr << kProgram << ": " << (interrupted ? "second signal" : "drain period over")
-              << "; ended " << ended << " unfinished stream(s)" << std::endl;
+              << "; ended " << ended << " unfinished request(s)" << std::endl;
   }
   // The streams just ended get a moment to deliver their last messages.
   server.Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   server.Wait();
+  if (http_server != nullptr) http_server->Stop();
+}
+
+absl::StatusOr<std::string> ReadTextFile(const std::string& flag, const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    return absl::NotFoundError(
+        absl::StrCat("--", flag, ": cannot read ", path, ": ", std::strerror(errno)));
+  }
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
 }
 
 v1::ModelInfo ModelInfoOf(const worker::v1::InfoResponse& info) {
@@ -219,6 +257,22 @@ int Run(int argc, char** argv) {
     std::cerr << kProgram << ": " << api.status().message() << "\n";
     return 2;
   }
+  // Read now, so that a wrong path fails before anything starts.
+  std::optional<std::string> chat_template;
+  if (!flags->Get("chat-template").empty()) {
+    absl::StatusOr<std::string> source = ReadTextFile("chat-template", flags->Get("chat-template"));
+    if (!source.ok()) {
+      std::cerr << kProgram << ": " << source.status().message() << "\n";
+      return 2;
+    }
+    // Its syntax too; the special tokens come with the target's tokenizer_config.json later.
+    if (absl::StatusOr<chat::ChatTemplate> t = chat::ChatTemplate::FromSource(*source, "");
+        !t.ok()) {
+      std::cerr << kProgram << ": --chat-template: " << t.status().message() << "\n";
+      return 2;
+    }
+    chat_template = *std::move(source);
+  }
   if (api->max_new_tokens_limit > 0 && default_max_new > api->max_new_tokens_limit) {
     std::cerr << kProgram << ": --default-max-new-tokens (" << default_max_new
               << ") exceeds --max-new-tokens-limit (" << api->max_new_tokens_limit << ")\n";
@@ -235,6 +289,28 @@ int Run(int argc, char** argv) {
     absl::StatusOr<int> mport = metrics.Serve(host, static_cast<int>(*metrics_port));
     if (!mport.ok()) return Fail(mport.status());
     std::cout << "metrics on " << host << ":" << *mport << std::endl;
+  }
+  // The HTTP API, when asked for, answers 503 until the workers are up, as gRPC health does.
+  std::unique_ptr<http::OpenAiApi> http_api;
+  std::unique_ptr<http::HttpServer> http_server;
+  if (!flags->Get("http-listen").empty()) {
+    http::OpenAiApiOptions options;
+    options.auth = api->options.auth;
+    http_api = std::make_unique<http::OpenAiApi>(std::move(options));
+    http::HttpServerOptions server_options;
+    server_options.listen = flags->Get("http-listen");
+    server_options.tls_cert = flags->Get("tls-cert");
+    server_options.tls_key = flags->Get("tls-key");
+    server_options.max_body_bytes = api->max_request_bytes;
+    absl::StatusOr<std::unique_ptr<http::HttpServer>> started = http::HttpServer::Start(
+        server_options, [api = http_api.get()](std::shared_ptr<http::HttpExchange> exchange) {
+          api->Handle(std::move(exchange));
+        });
+    if (!started.ok()) return Fail(started.status());
+    http_server = *std::move(started);
+    const std::string http_listen = flags->Get("http-listen");
+    std::cout << "http on " << http_listen.substr(0, http_listen.rfind(':')) << ":"
+              << http_server->port() << std::endl;
   }
   // Serve first (NOT_SERVING), so health checks answer while the workers load.
   GenerationService service(api->options);
@@ -308,6 +384,25 @@ int Run(int argc, char** argv) {
     if (!tok.ok()) return Fail(tok.status());
     tokenizer = *std::move(tok);
   }
+  // Chat input needs a tokenizer and a template; the model's own template that cannot be
+  // loaded only refuses chat requests (with the reason), an unloadable --chat-template is fatal.
+  std::unique_ptr<ChatPrompt> chat;
+  if (tokenizer != nullptr) {
+    const auto config = files.find("tokenizer_config.json");
+    absl::StatusOr<ChatPrompt> loaded = ChatPrompt::Load(
+        config == files.end() ? std::string_view() : std::string_view(config->second),
+        chat_template);
+    if (!loaded.ok()) return Fail(loaded.status());
+    chat = std::make_unique<ChatPrompt>(*std::move(loaded));
+    if (!chat->available()) {
+      std::cerr << kProgram
+                << ": chat requests will be refused: " << chat->unavailable_reason().message()
+                << std::endl;
+    }
+  } else if (chat_template.has_value()) {
+    return Fail(absl::FailedPreconditionError(
+        "--chat-template: the target model has no tokenizer.json to encode a conversation with"));
+  }
   std::vector<int32_t> eos;
   if (tokenizer != nullptr) {
     eos = tokenizer->eos_ids();
@@ -317,6 +412,7 @@ int Run(int argc, char** argv) {
 
   ServingState state;
   state.tokenizer = tokenizer.get();
+  state.chat = chat.get();
   state.limits.vocab_size = ti.vocab_size();
   state.limits.max_seq_len =
       draft ? std::min(ti.max_seq_len(), draft->info().max_seq_len()) : ti.max_seq_len();
@@ -368,14 +464,24 @@ int Run(int argc, char** argv) {
   state.info.set_max_queued_requests(static_cast<uint32_t>(max_queued));
   state.info.mutable_eos_token_ids()->Add(eos.begin(), eos.end());
   state.info.set_version("0.1.0");
+  // The target directory's name, as the worker reports it, unless the operator names it.
+  std::string served_name = flags->Get("served-model-name");
+  if (served_name.empty()) served_name = ti.model_name().empty() ? "model" : ti.model_name();
+  state.info.set_served_model_name(served_name);
+  state.info.set_has_chat_template(chat != nullptr && chat->available());
   service.SetServing(&state);
+  if (http_api != nullptr) http_api->SetServing(&state);
   health->SetServingStatus(true);
   std::cerr << kProgram << ": serving on " << host << ":" << port << " (target "
             << flags->Get("target")
             << (draft ? absl::StrCat(", draft ", flags->Get("draft")) : std::string(", no draft"))
             << "; " << (api->tls ? "TLS" : "plaintext") << ", "
-            << (api->options.auth.enabled() ? "bearer token required" : "no token") << ")"
-            << std::endl;
+            << (api->options.auth.enabled() ? "bearer token required" : "no token")
+            << (http_server != nullptr
+                    ? absl::StrCat("; HTTP API on port ", http_server->port(), " as model '",
+                                   state.info.served_model_name(), "'")
+                    : std::string())
+            << ")" << std::endl;
   if (!api->tls && !api->options.auth.enabled() && !IsLoopback(host)) {
     std::cerr << kProgram << ": warning: " << host
               << " is not loopback and the API has neither TLS nor a token; anyone who can "
@@ -391,7 +497,7 @@ int Run(int argc, char** argv) {
   }
   std::cerr << kProgram << ": " << (signal_number == SIGTERM ? "SIGTERM" : "SIGINT")
             << ": draining (up to " << drain_seconds << " s)" << std::endl;
-  Drain(service, *server, stop_signals, drain_seconds);
+  Drain(service, *server, http_api.get(), http_server.get(), stop_signals, drain_seconds);
   std::cerr << kProgram << ": stopped" << std::endl;
   // A scrape after this point must not read the scheduler, which goes before the metrics do.
   metrics.SetQueueSource(nullptr, nullptr);

@@ -5,14 +5,20 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "base/sampling_params.h"
+#include "base/status_macros.h"
 #include "base/utf8.h"
 
 namespace specd {
 namespace {
 
-absl::Status Invalid(const std::string& message) { return absl::InvalidArgumentError(message); }
+constexpr char kFieldPayload[] = "type.specd/request.field";
+
+absl::Status Invalid(absl::string_view field, const std::string& message) {
+  return FieldError(field, message);
+}
 
 // Guidance scales up to this amplify the difference of two logit rows tenfold: beyond it the
 // guided distribution is a near point mass whatever the model says.
@@ -22,33 +28,39 @@ constexpr float kMaxGuidanceScale = 10.0f;
 // distribution itself, so no companion is run).
 absl::StatusOr<std::optional<Guidance>> BuildGuidance(const v1::GenerateRequest& request,
                                                       const Tokenizer* tokenizer,
-                                                      const ServerLimits& limits) {
+                                                      const ServerLimits& limits,
+                                                      const FieldNames& names) {
   if (!request.has_guidance()) return std::nullopt;
   const v1::Guidance& g = request.guidance();
   if (!(g.scale() > 0.0f && g.scale() <= kMaxGuidanceScale)) {
-    return Invalid(absl::StrCat("guidance.scale must be in (0, ", kMaxGuidanceScale, "], got ",
+    return Invalid("guidance.scale",
+                   absl::StrCat("guidance.scale must be in (0, ", kMaxGuidanceScale, "], got ",
                                 g.scale(), " (1 is no guidance)"));
   }
   Guidance out;
   out.scale = g.scale();
   out.draft = g.draft();
+  const absl::string_view text_field = names.guidance_text;
   switch (g.unconditional_case()) {
     case v1::Guidance::kUnconditionalText:
       if (!g.unconditional_text().empty()) {
         const std::string& text = g.unconditional_text();
         if (static_cast<int64_t>(text.size()) > limits.max_prompt_bytes) {
-          return Invalid(absl::StrCat("guidance.unconditional_text is ", text.size(),
-                                      " bytes, over the limit of ", limits.max_prompt_bytes));
+          return Invalid(text_field,
+                         absl::StrCat(text_field, " is ", text.size(), " bytes, over the limit of ",
+                                      limits.max_prompt_bytes));
         }
         if (tokenizer == nullptr) {
-          return Invalid(
-              "the served model has no tokenizer; send guidance.unconditional_token_ids instead "
-              "of guidance.unconditional_text");
+          return Invalid(text_field,
+                         absl::StrCat("the served model has no tokenizer; send ",
+                                      names.guidance_ids, " as token ids instead of text"));
         }
-        if (FindInvalidUtf8(text)) return Invalid("guidance.unconditional_text is not valid UTF-8");
+        if (FindInvalidUtf8(text)) {
+          return Invalid(text_field, absl::StrCat(text_field, " is not valid UTF-8"));
+        }
         absl::StatusOr<std::vector<int32_t>> ids = tokenizer->Encode(text);
         if (!ids.ok()) {
-          return Invalid(absl::StrCat("guidance.unconditional_text: ", ids.status().message()));
+          return Invalid(text_field, absl::StrCat(text_field, ": ", ids.status().message()));
         }
         out.uncond_prompt = *std::move(ids);
       }
@@ -65,23 +77,26 @@ absl::StatusOr<std::optional<Guidance>> BuildGuidance(const v1::GenerateRequest&
     const std::optional<int32_t> bos =
         tokenizer != nullptr ? tokenizer->bos_id() : std::optional<int32_t>();
     if (!bos.has_value()) {
-      return Invalid(
-          "guidance: the unconditional prompt is empty and the served model has no BOS token to "
-          "stand for it; send guidance.unconditional_token_ids");
+      return Invalid(names.guidance_ids,
+                     absl::StrCat("guidance: the unconditional prompt is empty and the served "
+                                  "model has no BOS token to stand for it; send ",
+                                  names.guidance_ids));
     }
     out.uncond_prompt = {*bos};
   }
   if (limits.max_prompt_tokens > 0 &&
       static_cast<int64_t>(out.uncond_prompt.size()) > limits.max_prompt_tokens) {
-    return Invalid(absl::StrCat("the guidance's unconditional prompt has ",
-                                out.uncond_prompt.size(), " tokens; this server accepts at most ",
-                                limits.max_prompt_tokens));
+    return Invalid(
+        names.guidance_ids,
+        absl::StrCat("the guidance's unconditional prompt has ", out.uncond_prompt.size(),
+                     " tokens; this server accepts at most ", limits.max_prompt_tokens));
   }
   for (size_t i = 0; i < out.uncond_prompt.size(); ++i) {
     const int32_t id = out.uncond_prompt[i];
     if (id < 0 || id >= limits.vocab_size) {
-      return Invalid(absl::StrCat("guidance.unconditional_token_ids: token id ", id, " at index ",
-                                  i, " is outside the vocabulary [0, ", limits.vocab_size, ")"));
+      return Invalid(names.guidance_ids,
+                     absl::StrCat(names.guidance_ids, ": token id ", id, " at index ", i,
+                                  " is outside the vocabulary [0, ", limits.vocab_size, ")"));
     }
   }
   if (out.scale == 1.0f) return std::nullopt;
@@ -90,38 +105,79 @@ absl::StatusOr<std::optional<Guidance>> BuildGuidance(const v1::GenerateRequest&
 
 }  // namespace
 
+absl::Status FieldError(absl::string_view field, absl::string_view message, absl::StatusCode code) {
+  absl::Status st(code, message);
+  st.SetPayload(kFieldPayload, absl::Cord(field));
+  return st;
+}
+
+std::string FieldOf(const absl::Status& status) {
+  const absl::optional<absl::Cord> field = status.GetPayload(kFieldPayload);
+  return field.has_value() ? std::string(*field) : std::string();
+}
+
 absl::StatusOr<GenerationRequest> BuildGenerationRequest(const v1::GenerateRequest& request,
-                                                         const Tokenizer* tokenizer,
+                                                         const PromptEncoders& encoders,
                                                          const ServerLimits& limits,
-                                                         uint64_t random_seed) {
+                                                         uint64_t random_seed,
+                                                         const FieldNames& names) {
+  const Tokenizer* const tokenizer = encoders.tokenizer;
   GenerationRequest out;
   // Prompt.
   switch (request.prompt_case()) {
     case v1::GenerateRequest::kText: {
       const std::string& text = request.text();
       if (static_cast<int64_t>(text.size()) > limits.max_prompt_bytes) {
-        return Invalid(absl::StrCat("prompt text is ", text.size(), " bytes, over the limit of ",
+        return Invalid(names.prompt,
+                       absl::StrCat("prompt text is ", text.size(), " bytes, over the limit of ",
                                     limits.max_prompt_bytes));
       }
       if (tokenizer == nullptr) {
-        return Invalid("the served model has no tokenizer; send prompt token_ids instead of text");
+        return Invalid(names.prompt,
+                       "the served model has no tokenizer; send prompt token_ids instead of text");
       }
-      if (FindInvalidUtf8(text)) return Invalid("prompt text is not valid UTF-8");
+      if (FindInvalidUtf8(text)) return Invalid(names.prompt, "prompt text is not valid UTF-8");
       absl::StatusOr<std::vector<int32_t>> ids = tokenizer->Encode(text);
-      if (!ids.ok()) return Invalid(absl::StrCat("prompt text: ", ids.status().message()));
+      if (!ids.ok()) {
+        return Invalid(names.prompt, absl::StrCat("prompt text: ", ids.status().message()));
+      }
       out.prompt = *std::move(ids);
       break;
     }
     case v1::GenerateRequest::kTokenIds:
       out.prompt.assign(request.token_ids().ids().begin(), request.token_ids().ids().end());
       break;
+    case v1::GenerateRequest::kChat: {
+      if (!encoders.chat) {
+        return absl::FailedPreconditionError(
+            "the served model has no tokenizer or chat template; send token_ids instead");
+      }
+      nlohmann::ordered_json messages = nlohmann::ordered_json::array();
+      int64_t bytes = 0;
+      for (int i = 0; i < request.chat().messages_size(); ++i) {
+        const v1::ChatMessage& m = request.chat().messages(i);
+        if (FindInvalidUtf8(m.role()) || FindInvalidUtf8(m.content())) {
+          return Invalid("messages", absl::StrCat("messages[", i, "] is not valid UTF-8"));
+        }
+        bytes += static_cast<int64_t>(m.content().size() + m.role().size());
+        messages.push_back({{"role", m.role()}, {"content", m.content()}});
+      }
+      if (bytes > limits.max_prompt_bytes) {
+        return Invalid("messages",
+                       absl::StrCat("the conversation is ", bytes, " bytes, over the limit of ",
+                                    limits.max_prompt_bytes));
+      }
+      SPECD_ASSIGN_OR_RETURN(out.prompt, encoders.chat(messages));
+      break;
+    }
     case v1::GenerateRequest::PROMPT_NOT_SET:
-      return Invalid("the request has no prompt: set text or token_ids");
+      return Invalid(names.prompt, "the request has no prompt: set text, token_ids or chat");
   }
   // Empty text is a prompt of BOS alone (as in vLLM and llama.cpp); with no BOS to add, or an
   // empty list of ids, there is nothing to continue from.
   if (out.prompt.empty()) {
     return Invalid(
+        names.prompt,
         request.prompt_case() == v1::GenerateRequest::kText
             ? "the prompt text is empty and the tokenizer adds no BOS token to start from"
             : "token_ids is empty: send at least one token (or empty text, which "
@@ -129,17 +185,20 @@ absl::StatusOr<GenerationRequest> BuildGenerationRequest(const v1::GenerateReque
   }
   if (limits.max_prompt_tokens > 0 &&
       static_cast<int64_t>(out.prompt.size()) > limits.max_prompt_tokens) {
-    return Invalid(absl::StrCat("the prompt has ", out.prompt.size(),
+    return Invalid(names.prompt,
+                   absl::StrCat("the prompt has ", out.prompt.size(),
                                 " tokens; this server accepts at most ", limits.max_prompt_tokens));
   }
   for (size_t i = 0; i < out.prompt.size(); ++i) {
     if (out.prompt[i] < 0 || out.prompt[i] >= limits.vocab_size) {
-      return Invalid(absl::StrCat("prompt token id ", out.prompt[i], " at index ", i,
+      return Invalid(names.prompt,
+                     absl::StrCat("prompt token id ", out.prompt[i], " at index ", i,
                                   " is outside the vocabulary [0, ", limits.vocab_size, ")"));
     }
   }
 
-  absl::StatusOr<std::optional<Guidance>> guidance = BuildGuidance(request, tokenizer, limits);
+  absl::StatusOr<std::optional<Guidance>> guidance =
+      BuildGuidance(request, tokenizer, limits, names);
   if (!guidance.ok()) return guidance.status();
   out.guidance = *std::move(guidance);
   // A guided request's companion holds the unconditional prompt and the same output: both must
@@ -158,55 +217,84 @@ absl::StatusOr<GenerationRequest> BuildGenerationRequest(const v1::GenerateReque
   out.sampling.presence_penalty = s.presence_penalty();
   out.sampling.frequency_penalty = s.frequency_penalty();
   if (absl::Status st = ValidateSamplingParams(out.sampling, limits.vocab_size); !st.ok()) {
-    return st;
+    // Its messages read "sampling parameter NAME must ...".
+    const absl::string_view m = st.message();
+    constexpr absl::string_view kPrefix = "sampling parameter ";
+    const size_t at = m.find(kPrefix);
+    if (at == absl::string_view::npos) return st;
+    const size_t begin = at + kPrefix.size();
+    return FieldError(m.substr(begin, m.find(' ', begin) - begin), m);
   }
   out.seed = s.has_seed() ? s.seed() : random_seed;
+  out.sample = s.sample();
+
+  // Logprobs: always the target's (the draft's distribution never reaches the client).
+  const v1::LogprobsParameters& lp = request.logprobs();
+  if (lp.enabled()) {
+    if (lp.top_logprobs() > static_cast<uint32_t>(kMaxLogprobs)) {
+      return Invalid(names.top_logprobs, absl::StrCat(names.top_logprobs, " must be in [0, ",
+                                                      kMaxLogprobs, "], got ", lp.top_logprobs()));
+    }
+    if (!v1::LogprobsMode_IsValid(lp.mode())) {
+      return Invalid("logprobs.mode",
+                     absl::StrCat("logprobs.mode ", lp.mode(), " is not a LogprobsMode"));
+    }
+    out.logprobs.mode =
+        lp.mode() == v1::LOGPROBS_MODE_PROCESSED ? LogprobsMode::kProcessed : LogprobsMode::kRaw;
+    out.logprobs.top_n = static_cast<int32_t>(lp.top_logprobs());
+  }
 
   // Stopping.
   const v1::StoppingCriteria& stop = request.stopping();
   if (limits.max_new_tokens_limit > 0 && stop.max_new_tokens() > limits.max_new_tokens_limit) {
-    return Invalid(absl::StrCat("max_new_tokens is ", stop.max_new_tokens(),
+    return Invalid(names.max_new_tokens,
+                   absl::StrCat(names.max_new_tokens, " is ", stop.max_new_tokens(),
                                 "; this server allows at most ", limits.max_new_tokens_limit));
   }
   out.max_new_tokens =
       stop.max_new_tokens() == 0 ? limits.default_max_new_tokens : stop.max_new_tokens();
   const int64_t room = limits.max_seq_len - longest_prompt;
-  const char* const longest = longest_prompt > static_cast<int64_t>(out.prompt.size())
-                                  ? "the guidance's unconditional "
-                                    "prompt"
-                                  : "the prompt";
+  const bool uncond_longest = longest_prompt > static_cast<int64_t>(out.prompt.size());
+  const char* const longest = uncond_longest ? "the guidance's unconditional prompt" : "the prompt";
   if (room < 1) {
-    return Invalid(absl::StrCat(longest, " has ", longest_prompt, " tokens; the model's limit is ",
+    return Invalid(uncond_longest ? names.guidance_ids : names.prompt,
+                   absl::StrCat(longest, " has ", longest_prompt, " tokens; the model's limit is ",
                                 limits.max_seq_len, " tokens including the output"));
   }
   if (out.max_new_tokens > room) {
     if (stop.max_new_tokens() != 0) {
-      return Invalid(absl::StrCat(longest, " (", longest_prompt, " tokens) + max_new_tokens (",
-                                  out.max_new_tokens, ") exceeds the model's limit of ",
-                                  limits.max_seq_len, " tokens"));
+      return Invalid(
+          names.max_new_tokens,
+          absl::StrCat(longest, " (", longest_prompt, " tokens) + ", names.max_new_tokens, " (",
+                       out.max_new_tokens, ") exceeds the model's limit of ", limits.max_seq_len,
+                       " tokens"));
     }
     out.max_new_tokens = room;  // the default shrinks to fit; an explicit value does not
   }
   if (stop.stop_size() > limits.max_stop_strings) {
-    return Invalid(absl::StrCat(stop.stop_size(), " stop strings; at most ",
-                                limits.max_stop_strings, " are allowed"));
+    return Invalid(names.stop, absl::StrCat(stop.stop_size(), " stop strings in ", names.stop,
+                                            "; at most ", limits.max_stop_strings, " are allowed"));
   }
   for (int i = 0; i < stop.stop_size(); ++i) {
     const std::string& st = stop.stop(i);
-    if (st.empty()) return Invalid(absl::StrCat("stop string ", i, " is empty"));
+    if (st.empty()) return Invalid(names.stop, absl::StrCat(names.stop, "[", i, "] is empty"));
     if (static_cast<int64_t>(st.size()) > limits.max_stop_string_bytes) {
-      return Invalid(absl::StrCat("stop string ", i, " is ", st.size(), " bytes; at most ",
+      return Invalid(names.stop,
+                     absl::StrCat(names.stop, "[", i, "] is ", st.size(), " bytes; at most ",
                                   limits.max_stop_string_bytes, " are allowed"));
     }
-    if (FindInvalidUtf8(st)) return Invalid(absl::StrCat("stop string ", i, " is not valid UTF-8"));
+    if (FindInvalidUtf8(st)) {
+      return Invalid(names.stop, absl::StrCat(names.stop, "[", i, "] is not valid UTF-8"));
+    }
     if (tokenizer == nullptr) {
-      return Invalid("stop strings need a tokenizer, and the served model has none");
+      return Invalid(names.stop, "stop strings need a tokenizer, and the served model has none");
     }
     out.stop_strings.push_back(st);
   }
   for (const int32_t id : stop.stop_token_ids()) {
     if (id < 0 || id >= limits.vocab_size) {
-      return Invalid(absl::StrCat("stop token id ", id, " is outside the vocabulary [0, ",
+      return Invalid("stop_token_ids",
+                     absl::StrCat("stop token id ", id, " is outside the vocabulary [0, ",
                                   limits.vocab_size, ")"));
     }
     out.stop_token_ids.push_back(id);
@@ -218,16 +306,19 @@ absl::StatusOr<GenerationRequest> BuildGenerationRequest(const v1::GenerateReque
   const int64_t k = spec.has_num_speculative_tokens() ? spec.num_speculative_tokens()
                                                       : limits.default_num_speculative_tokens;
   if (k > limits.max_num_speculative_tokens) {
-    return Invalid(absl::StrCat("num_speculative_tokens must be in [0, ",
+    return Invalid("num_speculative_tokens",
+                   absl::StrCat("num_speculative_tokens must be in [0, ",
                                 limits.max_num_speculative_tokens, "], got ", k));
   }
   out.num_speculative_tokens = limits.has_draft ? static_cast<int32_t>(k) : 0;
   if (!v1::DraftSampling_IsValid(spec.draft_sampling())) {
-    return Invalid(absl::StrCat("speculation.draft_sampling ", spec.draft_sampling(),
+    return Invalid("speculation.draft_sampling",
+                   absl::StrCat("speculation.draft_sampling ", spec.draft_sampling(),
                                 " is not a DraftSampling"));
   }
   if (!v1::KPolicy_IsValid(spec.k_policy())) {
-    return Invalid(absl::StrCat("speculation.k_policy ", spec.k_policy(), " is not a KPolicy"));
+    return Invalid("speculation.k_policy",
+                   absl::StrCat("speculation.k_policy ", spec.k_policy(), " is not a KPolicy"));
   }
   // Greedy output is the same for every K, and so is a sampled request's distribution, but a
   // sampled request's tokens for a given seed depend on the K of each round (DESIGN.md,
@@ -248,8 +339,8 @@ absl::StatusOr<GenerationRequest> BuildGenerationRequest(const v1::GenerateReque
                            ? DraftSampling::kGreedy
                            : DraftSampling::kProbabilistic;
   if (request.request_id().size() > 256) {
-    return Invalid(absl::StrCat("request_id is ", request.request_id().size(),
-                                " bytes; at most 256 are allowed"));
+    return Invalid("request_id", absl::StrCat("request_id is ", request.request_id().size(),
+                                              " bytes; at most 256 are allowed"));
   }
   return out;
 }

@@ -4,9 +4,14 @@
 #define SPECD_SERVICES_COORDINATOR_REQUEST_VALIDATION_H_
 
 #include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "common/tokenizer/tokenizer.h"
+#include "nlohmann/json.hpp"
 #include "services/coordinator/scheduler.h"
 #include "specd/v1/generation.pb.h"
 
@@ -27,12 +32,38 @@ struct ServerLimits {
   bool has_draft = true;  // without a draft worker K is always 0
 };
 
-// `tokenizer` may be null for token-id-only models; then a text prompt is INVALID_ARGUMENT.
-// `random_seed` is used when the request has no seed.
+// How error messages name the fields whose names differ between the two public APIs: the gRPC
+// API's by default; the HTTP API builds its requests through here with OpenAI's names.
+struct FieldNames {
+  absl::string_view prompt = "prompt";
+  absl::string_view max_new_tokens = "max_new_tokens";
+  absl::string_view stop = "stop";
+  absl::string_view top_logprobs = "logprobs.top_logprobs";
+  absl::string_view guidance_text = "guidance.unconditional_text";
+  absl::string_view guidance_ids = "guidance.unconditional_token_ids";
+};
+
+// An error that names the request field it is about (the OpenAI error's "param").
+absl::Status FieldError(absl::string_view field, absl::string_view message,
+                        absl::StatusCode code = absl::StatusCode::kInvalidArgument);
+// The field an error names, or "" when it names none.
+std::string FieldOf(const absl::Status& status);
+
+// What turns a request's prompt into tokens. `tokenizer` may be null for token-id-only models
+// (then text prompts are refused); `chat` renders and encodes a conversation (an OpenAI-style
+// messages array; see ChatPrompt::Encode), and may be empty (then chat prompts are refused).
+struct PromptEncoders {
+  const Tokenizer* tokenizer = nullptr;
+  std::function<absl::StatusOr<std::vector<int32_t>>(const nlohmann::ordered_json& messages)> chat;
+};
+
+// `random_seed` is used when the request has no seed. Errors are INVALID_ARGUMENT naming their
+// field (FieldOf), or FAILED_PRECONDITION for chat input the server cannot render.
 absl::StatusOr<GenerationRequest> BuildGenerationRequest(const v1::GenerateRequest& request,
-                                                         const Tokenizer* tokenizer,
+                                                         const PromptEncoders& encoders,
                                                          const ServerLimits& limits,
-                                                         uint64_t random_seed);
+                                                         uint64_t random_seed,
+                                                         const FieldNames& names = {});
 
 }  // namespace specd
 

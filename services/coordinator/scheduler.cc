@@ -128,9 +128,11 @@ bool Scheduler::Commit(Active& a, const RoundStats& stats, const RoundPhaseTimes
   GenerationEvent event;
   FinishReason reason = FinishReason::kNone;
   const GenerationRequest& r = a.request;
-  for (const int32_t t : stats.appended) {
+  for (size_t j = 0; j < stats.appended.size(); ++j) {
+    const int32_t t = stats.appended[j];
     if (u.completion_tokens >= r.max_new_tokens) break;
     event.tokens.push_back(t);
+    if (j < stats.logprobs.size()) event.logprobs.push_back(stats.logprobs[j]);
     ++u.completion_tokens;
     if (!r.ignore_eos && std::find(options_.eos_token_ids.begin(), options_.eos_token_ids.end(),
                                    t) != options_.eos_token_ids.end()) {
@@ -152,6 +154,7 @@ bool Scheduler::Commit(Active& a, const RoundStats& stats, const RoundPhaseTimes
   if (chunk->stopped) {
     u.completion_tokens -= static_cast<int64_t>(event.tokens.size() - chunk->tokens_used);
     event.tokens.resize(chunk->tokens_used);
+    if (event.logprobs.size() > chunk->tokens_used) event.logprobs.resize(chunk->tokens_used);
     reason = FinishReason::kStopString;
   }
   // Only drafts that reach the client count as accepted: a stop inside the round drops the rest,
@@ -196,6 +199,8 @@ void Scheduler::StartSequence(Active& a) {
   a.seq.done_len = a.seq.prompt_len + a.request.max_new_tokens;
   a.seq.draft_sampling = a.request.draft_sampling;
   a.seq.num_candidates = options_.num_candidates;
+  a.seq.sample = a.request.sample;
+  a.seq.logprobs = a.request.logprobs;
   a.seq.guidance = a.request.guidance;
   if (a.seq.guidance.has_value()) a.seq.guidance->companion = a.seq.id | kCompanionIdBit;
   a.usage.prompt_tokens = a.seq.prompt_len;

@@ -48,6 +48,10 @@ struct GenerationRequest {
   // it as asked (see v1::KPolicy for who gets which).
   bool adaptive_k = false;
   DraftSampling draft_sampling = DraftSampling::kProbabilistic;
+  // The completion number: requests with one seed and different numbers are independent (the
+  // `sample` of every Philox counter); n completions of one prompt are numbered 0..n-1.
+  uint32_t sample = 0;
+  LogprobsRequest logprobs;
   // Classifier-free guidance (scale, unconditional prompt, whether the draft is guided too); the
   // scheduler names the companion when the request starts.
   std::optional<Guidance> guidance;
@@ -76,6 +80,7 @@ struct GenerationUsage {
 // One streamed update: the tokens committed by a round (after stop trimming) and their text.
 struct GenerationEvent {
   std::vector<int32_t> tokens;
+  std::vector<TokenLogprobs> logprobs;  // aligned with tokens when the request asked
   std::string text;
   FinishReason finish = FinishReason::kNone;  // set on the last event
   GenerationUsage usage;                      // on the last event

@@ -115,8 +115,8 @@ void ResolveByReadRows(WorkerApi& draft, WorkerApi& target,
         for (const int32_t id : q.ids) vocab = std::max<int64_t>(vocab, id + 1);
       }
       const SpeculativeSequence& s = *batch[res.i];
-      absl::StatusOr<int32_t> t =
-          SampleResidual(s.seed, res.ev.position + static_cast<uint32_t>(res.n), p, q, vocab);
+      absl::StatusOr<int32_t> t = SampleResidual(
+          s.seed, s.sample, res.ev.position + static_cast<uint32_t>(res.n), p, q, vocab);
       if (t.ok()) {
         res.next = *t;
         continue;
@@ -125,6 +125,64 @@ void ResolveByReadRows(WorkerApi& draft, WorkerApi& target,
     }
     stats[res.i].status = std::move(status);
     res.failed = true;
+  }
+}
+
+// The target's logprobs of the tokens each sequence emits: the values Verify reported for each
+// position, and for the residual fallback's tokens (none of those) one QueryLogprobs call for the
+// whole batch. The draft's numbers never enter.
+void AddEmittedLogprobs(WorkerApi& target, std::span<SpeculativeSequence* const> batch,
+                        std::span<Resolution> resolutions, std::vector<RoundStats>& stats) {
+  std::vector<LogprobQuery> queries;
+  std::vector<std::pair<Resolution*, size_t>> asked;  // (sequence, emitted index) per query
+  for (Resolution& res : resolutions) {
+    const SpeculativeSequence& s = *batch[res.i];
+    if (res.failed || s.logprobs.mode == LogprobsMode::kOff) continue;
+    RoundStats& st = stats[res.i];
+    const VerifySequenceResult& v = *res.v;
+    if (v.logprobs.size() < st.appended.size()) {
+      st.status = absl::InternalError(absl::StrCat(
+          "the target worker returned logprobs for ", v.logprobs.size(), " positions of sequence ",
+          s.id, ", which emits ", st.appended.size(), " tokens"));
+      res.failed = true;
+      continue;
+    }
+    st.logprobs.resize(st.appended.size());
+    for (size_t j = 0; j < st.appended.size(); ++j) {
+      const PositionLogprobs& p = v.logprobs[j];
+      TokenLogprobs& t = st.logprobs[j];
+      t.top_ids = p.top_ids;
+      t.top_logprobs = p.top_logprobs;
+      const auto it = std::find(p.token_ids.begin(), p.token_ids.end(), st.appended[j]);
+      if (it != p.token_ids.end() && p.token_logprobs.size() == p.token_ids.size()) {
+        t.logprob = p.token_logprobs[static_cast<size_t>(it - p.token_ids.begin())];
+      } else {
+        queries.push_back({s.id, static_cast<int32_t>(j) + 1, {st.appended[j]}});
+        asked.emplace_back(&res, j);
+      }
+    }
+  }
+  if (queries.empty()) return;
+  absl::StatusOr<std::vector<SequenceAnswer<std::vector<float>>>> answers =
+      target.QueryLogprobs(queries);
+  for (size_t q = 0; q < queries.size(); ++q) {
+    auto [res, j] = asked[q];
+    RoundStats& st = stats[res->i];
+    absl::Status status = answers.status();
+    if (answers.ok()) {
+      const absl::StatusOr<std::vector<float>>& lp = (*answers)[q].value;
+      if (lp.ok() && lp->size() == 1) {
+        st.logprobs[j].logprob = lp->front();
+        continue;
+      }
+      status = lp.ok() ? absl::InternalError(absl::StrCat("the target worker answered ", lp->size(),
+                                                          " logprobs for one token"))
+                       : lp.status();
+    }
+    if (!res->failed) {
+      st.status = std::move(status);
+      res->failed = true;
+    }
   }
 }
 
@@ -163,6 +221,7 @@ std::vector<RoundStats> RunSpeculationRound(WorkerApi& draft, WorkerApi& target,
     r.sampling = s.sampling;
     r.seed = s.seed;
     r.prompt_len = s.prompt_len;
+    r.sample = s.sample;
     r.num_speculative_tokens = k[i];
     r.draft_sampling = s.draft_sampling;
     r.max_prefill_tokens = options.prefill_chunk;
@@ -224,6 +283,7 @@ std::vector<RoundStats> RunSpeculationRound(WorkerApi& draft, WorkerApi& target,
     r.sampling = s.sampling;
     r.seed = s.seed;
     r.prompt_len = s.prompt_len;
+    r.sample = s.sample;
     r.max_prefill_tokens = options.prefill_chunk;
     // The draft is still prefilling: the target may prefill too, but this round's K has no
     // drafts, so nothing may be drawn for the sequence yet.
@@ -231,6 +291,7 @@ std::vector<RoundStats> RunSpeculationRound(WorkerApi& draft, WorkerApi& target,
     if (!r.prefill_only) {
       r.drafts = drafts[i];
       r.num_candidates = s.sampling.greedy() ? 0 : s.num_candidates;
+      r.logprobs = s.logprobs;
     }
     if (s.guidance.has_value()) {
       r.companion = CompanionRequest{s.guidance->companion, s.guidance->scale,
@@ -288,6 +349,7 @@ std::vector<RoundStats> RunSpeculationRound(WorkerApi& draft, WorkerApi& target,
     res.i = i;
     res.v = &v;
     res.ev.seed = s.seed;
+    res.ev.sample = s.sample;
     res.ev.position = static_cast<uint32_t>(v.position);
     res.ev.draft_tokens = drafts[i];
     res.ev.q_draft = q_draft[i];
@@ -361,7 +423,7 @@ std::vector<RoundStats> RunSpeculationRound(WorkerApi& draft, WorkerApi& target,
     if (s.sampling.greedy()) {
       res.next = res.v->argmax[static_cast<size_t>(n)];
     } else if (std::optional<int32_t> c =
-                   ChooseCandidate(s.seed, res.ev.position + static_cast<uint32_t>(n),
+                   ChooseCandidate(s.seed, s.sample, res.ev.position + static_cast<uint32_t>(n),
                                    res.v->candidate_tokens[static_cast<size_t>(n)],
                                    res.v->candidate_probs[static_cast<size_t>(n)], res.q_ys)) {
       res.next = *c;
@@ -371,15 +433,22 @@ std::vector<RoundStats> RunSpeculationRound(WorkerApi& draft, WorkerApi& target,
   }
   if (!fallback.empty()) ResolveByReadRows(draft, target, batch, fallback, stats);
 
-  // 6. Append: the accepted drafts and the correction or bonus token.
-  for (const Resolution& res : resolutions) {
+  // 6. The emitted tokens, and their logprobs where asked.
+  for (Resolution& res : resolutions) {
     if (res.failed) continue;
-    SpeculativeSequence& s = *batch[res.i];
     RoundStats& st = stats[res.i];
     st.accepted = res.n;
     st.appended.assign(drafts[res.i].begin(), drafts[res.i].begin() + res.n);
     st.appended.push_back(res.next);
     st.used_read_rows = res.used_read_rows;
+  }
+  AddEmittedLogprobs(target, batch, resolutions, stats);
+
+  // 7. Append.
+  for (const Resolution& res : resolutions) {
+    if (res.failed) continue;
+    SpeculativeSequence& s = *batch[res.i];
+    const RoundStats& st = stats[res.i];
     s.tokens.insert(s.tokens.end(), st.appended.begin(), st.appended.end());
   }
   times.accept = absl::Now() - accept_start - times.truncate;

@@ -49,6 +49,8 @@ struct SpeculativeSequence {
   int64_t done_len = std::numeric_limits<int64_t>::max();
   DraftSampling draft_sampling = DraftSampling::kProbabilistic;
   int32_t num_candidates = 4;  // M
+  uint32_t sample = 0;         // the completion number (DESIGN.md, "Randomness")
+  LogprobsRequest logprobs;    // what the emitted tokens report
   int64_t draft_cached = 0;
   int64_t target_cached = 0;
   // The worker may still hold rejected drafts past *_cached: a Truncate that needed no answer
@@ -66,10 +68,19 @@ struct SpeculativeSequence {
   int64_t LongestLen() const;
 };
 
+// An emitted token's log-probability under the target (never the draft), and its position's
+// top alternatives, as LogprobsMode defines them.
+struct TokenLogprobs {
+  float logprob = 0.0f;
+  std::vector<int32_t> top_ids;  // by (logprob desc, id asc)
+  std::vector<float> top_logprobs;
+};
+
 struct RoundStats {
-  int32_t drafted = 0;            // K used this round
-  int32_t accepted = 0;           // n
-  std::vector<int32_t> appended;  // tokens committed this round (n accepted + 1)
+  int32_t drafted = 0;                  // K used this round
+  int32_t accepted = 0;                 // n
+  std::vector<int32_t> appended;        // tokens committed this round (n accepted + 1)
+  std::vector<TokenLogprobs> logprobs;  // aligned with appended, when the sequence asks
   bool used_read_rows = false;
   // Only prefill chunks were fed: nothing was drawn, drafted counts 0, appended is empty.
   bool prefilling = false;

@@ -46,6 +46,10 @@ class WorkerApi {
   // Kept rows of several sequences in one call, answers in request order.
   virtual absl::StatusOr<std::vector<SequenceAnswer<ProbRow>>> ReadRows(
       std::span<const RowQuery> batch) = 0;
+  // Target worker: the logprobs of tokens at positions of each sequence's last Verify (the
+  // residual fallback's tokens, which Verify could not know), answers in request order.
+  virtual absl::StatusOr<std::vector<SequenceAnswer<std::vector<float>>>> QueryLogprobs(
+      std::span<const LogprobQuery> batch) = 0;
   virtual absl::Status Release(SeqId seq) = 0;
 
   // Free KV capacity in tokens as of the worker's latest reply; the scheduler admits new requests

@@ -73,6 +73,13 @@ absl::StatusOr<std::vector<SequenceAnswer<ProbRow>>> SupervisedWorker::ReadRows(
   return out;
 }
 
+absl::StatusOr<std::vector<SequenceAnswer<std::vector<float>>>> SupervisedWorker::QueryLogprobs(
+    std::span<const LogprobQuery> batch) {
+  absl::StatusOr<std::vector<SequenceAnswer<std::vector<float>>>> out = inner_.QueryLogprobs(batch);
+  if (!out.ok()) return Observe(out.status());
+  return out;
+}
+
 absl::Status SupervisedWorker::Release(SeqId seq) { return Observe(inner_.Release(seq)); }
 
 absl::StatusOr<WorkerProbe> SupervisedWorker::Probe(absl::Duration timeout) {

@@ -56,6 +56,8 @@ class SupervisedWorker final : public WorkerApi {
       std::span<const TruncateSequenceRequest> batch) override;
   absl::StatusOr<std::vector<SequenceAnswer<ProbRow>>> ReadRows(
       std::span<const RowQuery> batch) override;
+  absl::StatusOr<std::vector<SequenceAnswer<std::vector<float>>>> QueryLogprobs(
+      std::span<const LogprobQuery> batch) override;
   absl::Status Release(SeqId seq) override;
   int64_t FreeKvTokens() const override { return inner_.FreeKvTokens(); }
   absl::StatusOr<WorkerProbe> Probe(absl::Duration timeout) override;

@@ -1,6 +1,7 @@
 // specd.worker.v1.TargetWorker: step 2 of "One speculation round" (Verify, and K = 0 plain
-// decoding) over the shared Truncate, ReadRows, Release and Info of WorkerServiceBase. A thin
-// layer: the model work is WorkerRuntime's, run on the engine thread.
+// decoding) and the logprobs of the residual fallback's tokens (QueryLogprobs), over the shared
+// Truncate, ReadRows, Release and Info of WorkerServiceBase. A thin layer: the model work is
+// WorkerRuntime's, run on the engine thread.
 #ifndef SPECD_SERVICES_TARGET_WORKER_TARGET_SERVICE_H_
 #define SPECD_SERVICES_TARGET_WORKER_TARGET_SERVICE_H_
 
@@ -17,6 +18,11 @@ class TargetWorkerService final : public WorkerServiceBase<worker::v1::TargetWor
   grpc::ServerUnaryReactor* Verify(grpc::CallbackServerContext* context,
                                    const worker::v1::VerifyRequest* request,
                                    worker::v1::VerifyResponse* response) override;
+  grpc::ServerUnaryReactor* QueryLogprobs(grpc::CallbackServerContext* context,
+                                          const worker::v1::QueryLogprobsRequest* request,
+                                          worker::v1::QueryLogprobsResponse* response) override {
+    return rpcs().QueryLogprobs(context, request, response);
+  }
 };
 
 }  // namespace specd

@@ -8,12 +8,14 @@ stories15M-shaped target and its 2-layer early-exit draft), made here:
 
  1. every service's health check turns healthy, and the coordinator answers health SERVING on
     its published port;
- 2. only the coordinator's API and /metrics and Prometheus are published, only on 127.0.0.1, in
+ 2. only the coordinator's APIs (gRPC and HTTP) and /metrics and Prometheus are published, only
+    on 127.0.0.1, in
     the compose file and in `docker port`; the workers publish nothing and sit only on the
     internal network;
  3. Prometheus scrapes all three processes;
  4. a stream from tests/clients/python_client.py through the published port gives the greedy
-    tokens `specd serve` gives on the host;
+    tokens `specd serve` gives on the host, and so does an OpenAI completion through the published
+    HTTP port;
  5. the target worker's main process (host pid from `docker inspect`), SIGKILLed mid-stream,
     comes back by the restart policy (RestartCount goes up) and the stream completes with the
     same tokens;
@@ -102,7 +104,7 @@ class Stack:
         deploy = os.path.join(source_dir, "deploy")
         self.compose_file = os.path.join(deploy, "docker-compose.yml")
         self.env = dict(os.environ, SPECD_IMAGE=IMAGE, SPECD_MODELS_DIR=models_dir,
-                        SPECD_KV_TOKENS="4096", SPECD_PUBLIC_PORT="",
+                        SPECD_KV_TOKENS="4096", SPECD_PUBLIC_PORT="", SPECD_HTTP_PORT="",
                         SPECD_COORDINATOR_METRICS_PORT="", PROMETHEUS_PORT="", GRAFANA_PORT="")
         self.base = ["docker-compose", "--env-file", os.path.join(deploy, ".env"),
                      "-f", self.compose_file, "-p", PROJECT]
@@ -232,6 +234,28 @@ def same_stream(got, want, what):
     check(got["text"] == want["text"], f"{what}: text differs from specd serve on the host")
 
 
+def http_completion(port, want):
+    """A greedy OpenAI completion of PROMPT through the published HTTP port: the same text as the
+    gRPC stream of specd serve on the host."""
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    base = f"http://127.0.0.1:{port}"
+    with opener.open(f"{base}/v1/models", timeout=30) as r:
+        model = json.load(r)["data"][0]["id"]
+    body = json.dumps({"model": model, "prompt": PROMPT, "max_tokens": SHORT, "temperature": 0,
+                       "ignore_eos": True, "num_speculative_tokens": 3}).encode()
+    request = urllib.request.Request(f"{base}/v1/completions", data=body,
+                                     headers={"Content-Type": "application/json"})
+    with opener.open(request, timeout=60) as r:
+        got = json.load(r)
+    choice = got["choices"][0]
+    check(choice["finish_reason"] == "length", f"HTTP completion finished with {choice}")
+    check(got["usage"]["completion_tokens"] == SHORT, f"HTTP completion usage {got['usage']}")
+    check(choice["text"] == want["text"],
+          f"HTTP completion text differs from specd serve on the host:\n{choice['text']!r}\n"
+          f"{want['text']!r}")
+    log(f"an OpenAI completion through the published HTTP port {port} ({model}): the same text")
+
+
 def check_publishing(stack, containers):
     config = stack.config()
     services = config["services"]
@@ -250,7 +274,7 @@ def check_publishing(stack, containers):
           "the compose file's internal network must be internal")
 
     ports = {name: published(cid) for name, cid in containers.items()}
-    check(set(ports["coordinator"]) == {"50051/tcp", "9400/tcp"},
+    check(set(ports["coordinator"]) == {"50051/tcp", "8000/tcp", "9400/tcp"},
           f"coordinator publishes {ports['coordinator']}")
     check(set(ports["prometheus"]) == {"9090/tcp"}, f"prometheus publishes {ports['prometheus']}")
     for name in ("target-worker", "draft-worker"):
@@ -264,7 +288,7 @@ def check_publishing(stack, containers):
     for name in ("target-worker", "draft-worker"):
         networks = json.loads(inspect(containers[name], "{{json .NetworkSettings.Networks}}"))
         check(set(networks) == {internal}, f"{name} is on {sorted(networks)}")
-    log("published: coordinator 50051 and 9400, prometheus 9090, all on 127.0.0.1; "
+    log("published: coordinator 50051, 8000 and 9400, prometheus 9090, all on 127.0.0.1; "
         "workers none, on the internal network only")
 
 
@@ -384,6 +408,7 @@ def scenario(source_dir, build_dir, workdir, stack):
              lambda: {r["metric"]["instance"] for r in prometheus.query("up == 1")} >= instances,
              timeout=60)
     log("Prometheus scrapes the coordinator and both workers")
+    http_completion(host_port(containers["coordinator"], "8000/tcp"), expected[SHORT])
     before = prometheus.counters(after=time.time())
 
     plain = client.generate(api, PROMPT, SHORT)

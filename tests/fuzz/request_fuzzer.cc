@@ -146,6 +146,7 @@ void CheckAccepted(const specd::v1::GenerateRequest& r, const specd::GenerationR
   if (r.has_token_ids()) {
     Check(g.prompt == std::vector<int32_t>(r.token_ids().ids().begin(), r.token_ids().ids().end()));
   } else {
+    Check(!r.has_chat());  // this server has no chat template
     // Empty text is accepted: the tokenizer's BOS is the prompt.
     Check(has_tokenizer && r.has_text());
     Check(static_cast<int64_t>(r.text().size()) <= limits.max_prompt_bytes);
@@ -201,9 +202,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     return 0;  // the transport rejects what does not parse
   }
   const absl::StatusOr<specd::GenerationRequest> built = specd::BuildGenerationRequest(
-      request, has_tokenizer ? &MiniTokenizer() : nullptr, limits, /*random_seed=*/12345);
+      request, specd::PromptEncoders{has_tokenizer ? &MiniTokenizer() : nullptr, {}}, limits,
+      /*random_seed=*/12345);
   if (!built.ok()) {
-    Check(built.status().code() == absl::StatusCode::kInvalidArgument);
+    // FAILED_PRECONDITION: chat input, which this server (no chat template) cannot render.
+    Check(built.status().code() == absl::StatusCode::kInvalidArgument ||
+          (built.status().code() == absl::StatusCode::kFailedPrecondition && request.has_chat()));
     Check(!built.status().message().empty());
     return 0;
   }

@@ -103,6 +103,7 @@ absl::StatusOr<std::unique_ptr<ChildProcess>> ChildProcess::Start(
       child->startup_lines_.push_back(line);
       int* port = absl::StartsWith(line, "listening on ") ? &child->port_
                   : absl::StartsWith(line, "metrics on ") ? &child->metrics_port_
+                  : absl::StartsWith(line, "http on ")    ? &child->http_port_
                                                           : nullptr;
       if (port == nullptr) continue;
       if (!absl::SimpleAtoi(line.substr(line.rfind(':') + 1), port)) {

@@ -21,7 +21,8 @@ std::filesystem::path BuiltBinary(const std::string& relative);
 class ChildProcess {
  public:
   // Starts `binary args...` with stdout on a pipe and stderr in a temporary file, and waits until
-  // it prints "listening on HOST:PORT" (after "metrics on HOST:PORT" unless metrics are off).
+  // it prints "listening on HOST:PORT" (after "metrics on HOST:PORT" unless metrics are off, and
+  // "http on HOST:PORT" when it serves the HTTP API).
   // An error carries the child's stderr.
   static absl::StatusOr<std::unique_ptr<ChildProcess>> Start(const std::filesystem::path& binary,
                                                              const std::vector<std::string>& args);
@@ -36,6 +37,7 @@ class ChildProcess {
 
   int port() const { return port_; }
   int metrics_port() const { return metrics_port_; }  // 0 when metrics are off
+  int http_port() const { return http_port_; }        // 0 without an HTTP API ("http on ...")
   // What it printed on stdout up to its "listening on" line, one entry a line.
   const std::vector<std::string>& startup_lines() const { return startup_lines_; }
   std::string address() const { return "127.0.0.1:" + std::to_string(port_); }
@@ -56,6 +58,7 @@ class ChildProcess {
   std::filesystem::path stderr_path_;
   int port_ = 0;
   int metrics_port_ = 0;
+  int http_port_ = 0;
   std::vector<std::string> startup_lines_;
 };
 

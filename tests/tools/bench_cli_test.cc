@@ -64,7 +64,7 @@ class BenchCliTest : public ::testing::Test {
     auto serve = ChildProcess::Start(
         testing::BuiltBinary("tools/specd"),
         {"serve", "--target", (tmp_->path() / "m").string(), "--draft-exit-layer", "2", "--listen",
-         "127.0.0.1:0", "--threads", "1", "--kv-tokens", "4096"});
+         "127.0.0.1:0", "--threads", "1", "--kv-tokens", "4096", "--http-listen", "127.0.0.1:0"});
     ASSERT_TRUE(serve.ok()) << serve.status();
     serve_ = serve->release();
   }
@@ -318,6 +318,50 @@ TEST_F(BenchCliTest, ScenariosWriteConsistentJson) {
   const nlohmann::json longp = ReadJson(tmp_->path() / "long-prompts.json");
   EXPECT_GT(longp["arms"][0]["long_prompt_ttft_ms"]["count"].get<int64_t>(), 0);
   EXPECT_GT(longp["arms"][0]["itl_ms"]["count"].get<int64_t>(), 0);
+}
+
+// --http: every arm also over the HTTP API, alternating, with the HTTP-against-gRPC rows.
+TEST_F(BenchCliTest, HttpModeMeasuresBothApisInOneRun) {
+  ASSERT_GT(serve_->http_port(), 0);
+  const std::filesystem::path json = tmp_->path() / "http.json";
+  const RunResult r = RunSpecd(
+      absl::StrCat("bench --server ", serve_->address(), " --http 127.0.0.1:", serve_->http_port(),
+                   " --k 0,2 --streams 4 --requests 8 --max-tokens 12 --repeats 2 --quiet --json ",
+                   json.string()));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("K=2 http"));
+  EXPECT_THAT(r.output, HasSubstr("added ms/tok"));
+  const nlohmann::json j = ReadJson(json);
+  ASSERT_FALSE(j.is_discarded());
+  EXPECT_EQ(j["failed_requests"], 0);
+  const nlohmann::json& arms = j["arms"];
+  ASSERT_EQ(arms.size(), 4u);
+  for (size_t a = 0; a < 4; ++a) {
+    EXPECT_EQ(arms[a]["api"], a % 2 == 0 ? "grpc" : "http");
+    EXPECT_EQ(arms[a]["k"], a < 2 ? 0 : 2);
+    // Both APIs deliver every token and the usage (greedy: the same output).
+    EXPECT_EQ(arms[a]["output_tokens"], 2 * 8 * 12) << arms[a]["label"];
+    EXPECT_EQ(arms[a]["requests"], 16);
+  }
+  // The same requests, greedy with a fixed K: the same drafting work over either API.
+  EXPECT_EQ(arms[3]["usage"]["draft_tokens"], arms[2]["usage"]["draft_tokens"]);
+  EXPECT_GT(arms[3]["usage"]["draft_tokens"].get<int64_t>(), 0);
+  const nlohmann::json& rows = j["http_vs_grpc"];
+  ASSERT_EQ(rows.size(), 2u);
+  for (const nlohmann::json& row : rows) {
+    EXPECT_EQ(row["streams"], 4);
+    EXPECT_GT(row["grpc_tpot_mean_ms"].get<double>(), 0.0);
+    EXPECT_GT(row["http_tpot_mean_ms"].get<double>(), 0.0);
+    EXPECT_DOUBLE_EQ(
+        row["http_added_ms_per_token"].get<double>(),
+        row["http_tpot_mean_ms"].get<double>() - row["grpc_tpot_mean_ms"].get<double>());
+    EXPECT_GT(row["http_to_grpc_throughput"].get<double>(), 0.0);
+  }
+  // Only a loopback address is taken.
+  const RunResult bad = RunSpecd(
+      absl::StrCat("bench --server ", serve_->address(), " --http example.com:80 --quiet"));
+  EXPECT_EQ(bad.exit_code, 2) << bad.output;
+  EXPECT_THAT(bad.output, HasSubstr("--http takes the loopback address"));
 }
 
 TEST(BenchCliFlagsTest, BadInputIsAClearError) {

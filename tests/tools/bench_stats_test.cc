@@ -335,7 +335,7 @@ TEST(BenchReportTest, CompareUsesTheMediansAndTheWorkersTimes) {
   // The report names every arm and the JSON carries the same numbers.
   const std::vector<ArmSummary> arms = {base, k4};
   const std::vector<CompareRow> rows = {r};
-  const std::string text = FormatReport(arms, rows, {}, 3);
+  const std::string text = FormatReport(arms, rows, 3);
   EXPECT_NE(text.find("K=0"), std::string::npos);
   EXPECT_NE(text.find("K=4"), std::string::npos);
   EXPECT_NE(text.find("1.500"), std::string::npos);

@@ -19,6 +19,7 @@
 #include "specd/v1/generation.grpc.pb.h"
 #include "tools/specd/bench/bench_report.h"
 #include "tools/specd/bench/bench_stats.h"
+#include "tools/specd/bench/http_load.h"
 #include "tools/specd/bench/load_generator.h"
 #include "tools/specd/bench/scenarios.h"
 #include "tools/specd/command.h"
@@ -37,6 +38,13 @@ constexpr char kHelp[] =
     "against plain decoding (K = 0) on the same server.\n"
     "  specd bench --server 127.0.0.1:50051 --streams 8 --max-tokens 128 --json out.json\n"
     "  specd bench --server 127.0.0.1:50051 --compare --k 1,2,4,8 --repeats 3\n"
+    "  specd bench --server 127.0.0.1:50051 --http 127.0.0.1:8000 --streams 16 --k 0,4\n"
+    "\n"
+    "With --http (the same server's OpenAI-compatible API, `specd serve --http-listen`), every\n"
+    "arm also runs over HTTP as streamed /v1/completions requests (one connection each), the\n"
+    "gRPC and HTTP runs of an arm alternating within each repeat, and the report adds what HTTP\n"
+    "costs: the difference of mean TPOT (added ms per output token) and the ratio of median\n"
+    "output tok/s at --streams streams.\n"
     "\n"
     "Each arm (one K, one policy) sends --requests requests over --streams concurrent streams,\n"
     "in a closed loop or at --rate requests/s; request i uses prompt i mod P and seed --seed + i\n"
@@ -203,6 +211,7 @@ absl::StatusOr<std::vector<int32_t>> ParseKList(const std::string& text) {
 
 struct BenchConfig {
   std::string server;
+  int http_port = 0;  // --http: also run every arm over the HTTP API; 0 = not
   int64_t streams = 1, requests = 0, repeats = 1, warmup = 0, max_tokens = 0;
   double rate = 0, temperature = 0, top_p = 1, timeout = 0;
   int64_t top_k = 0;
@@ -268,11 +277,28 @@ absl::StatusOr<BenchConfig> ParseConfig(const Flags& args) {
   c.ignore_eos = args.GetBool("ignore-eos");
   c.quiet = args.GetBool("quiet");
   c.json_path = args.Get("json");
+  if (args.Has("http")) {
+    // The load generator's HTTP client speaks plain HTTP to loopback, where `specd serve` runs.
+    const std::string http = args.Get("http");
+    const size_t colon = http.rfind(':');
+    const std::string host = colon == std::string::npos ? "" : http.substr(0, colon);
+    if ((host != "127.0.0.1" && host != "localhost") ||
+        !absl::SimpleAtoi(http.substr(colon + 1), &c.http_port) || c.http_port < 1 ||
+        c.http_port > 65535) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--http takes the loopback address of the server's HTTP API, 127.0.0.1:PORT; got '", http,
+          "'"));
+    }
+  }
   SPECD_ASSIGN_OR_RETURN(c.guidance_scale, args.GetDouble("guidance-scale"));
   if (!(c.guidance_scale >= 0 && c.guidance_scale <= 10)) {
     return absl::InvalidArgumentError("--guidance-scale must be in [0, 10] (0 = no guided arms)");
   }
   c.unconditional = args.Get("unconditional");
+  if (c.http_port > 0 && c.guidance_scale > 0) {
+    return absl::InvalidArgumentError(
+        "--guidance-scale and --http are separate comparisons: run them one at a time");
+  }
   if (args.Has("k")) {
     SPECD_ASSIGN_OR_RETURN(c.ks, ParseKList(args.Get("k")));
     if (c.compare && *std::max_element(c.ks.begin(), c.ks.end()) == 0) {
@@ -305,13 +331,22 @@ absl::Status ResolveArms(const v1::GetServerInfoResponse& info, BenchConfig& c) 
   } else {
     for (const int32_t k : ks) c.arms.push_back({k, c.adaptive && k > 0});
   }
+  if (c.http_port > 0) {
+    // Each arm's HTTP twin right after it, so the two alternate within every repeat.
+    std::vector<bench::ArmSpec> both;
+    for (const bench::ArmSpec& a : c.arms) {
+      both.push_back(a);
+      both.push_back({a.k, a.adaptive, /*http=*/true});
+    }
+    c.arms = std::move(both);
+  }
   if (c.guidance_scale > 0) {
     // Each unguided arm, then its guided twins, so every repeat runs them side by side.
     std::vector<bench::ArmSpec> arms;
     for (const bench::ArmSpec& a : c.arms) {
       arms.push_back(a);
-      arms.push_back({a.k, a.adaptive, bench::ArmGuidance::kTarget});
-      if (a.k > 0) arms.push_back({a.k, a.adaptive, bench::ArmGuidance::kTargetAndDraft});
+      arms.push_back({a.k, a.adaptive, a.http, bench::ArmGuidance::kTarget});
+      if (a.k > 0) arms.push_back({a.k, a.adaptive, a.http, bench::ArmGuidance::kTargetAndDraft});
     }
     c.arms = std::move(arms);
   }
@@ -379,9 +414,12 @@ nlohmann::ordered_json MachineJson(const v1::GetServerInfoResponse& info) {
 nlohmann::ordered_json ConfigJson(const BenchConfig& c, int64_t num_prompts) {
   std::vector<nlohmann::ordered_json> arms;
   for (const bench::ArmSpec& a : c.arms) {
-    arms.push_back({{"k", a.k}, {"k_policy", a.adaptive ? "K_POLICY_ADAPTIVE" : "K_POLICY_FIXED"}});
+    arms.push_back({{"k", a.k},
+                    {"k_policy", a.adaptive ? "K_POLICY_ADAPTIVE" : "K_POLICY_FIXED"},
+                    {"api", a.http ? "http" : "grpc"}});
   }
   return {{"server", c.server},
+          {"http_port", c.http_port},
           {"streams", c.streams},
           {"requests_per_arm_per_repeat", c.requests},
           {"repeats", c.repeats},
@@ -540,6 +578,10 @@ int RunBench(const std::vector<std::string>& argv) {
       {"adaptive", "K > 0 arms ask for K_POLICY_ADAPTIVE instead of FIXED", "", true},
       {"repeats", "rounds over all arms (default: 3 with --compare, else 1)", ""},
       {"warmup", "unrecorded requests per arm before the first round (default: --streams)", ""},
+      {"http",
+       "127.0.0.1:PORT of the same server's HTTP API: run every arm over it too and report the "
+       "added latency per token and the throughput of HTTP against gRPC",
+       ""},
       {"json", "write every number, the configuration and the machine to this file", ""},
       {"timeout", "seconds a request may take", "600"},
       {"quiet", "no progress display", "", true},
@@ -618,6 +660,16 @@ int RunBench(const std::vector<std::string>& argv) {
     if (progress) progress->Update(done, total, "requests");
   };
 
+  const bench::SendOne send_http = [port = c.http_port](const v1::GenerateRequest& request,
+                                                        int64_t index, double timeout,
+                                                        std::chrono::steady_clock::time_point t0) {
+    return bench::RunOneHttp(port, request, index, timeout, t0);
+  };
+  auto run_load = [&](const bench::ArmSpec& arm, const std::vector<v1::GenerateRequest>& reqs,
+                      const bench::LoadOptions& options) {
+    return arm.http ? bench::RunLoad(send_http, reqs, options, tick)
+                    : bench::RunLoad(*stub, reqs, options, tick);
+  };
   std::vector<std::vector<v1::GenerateRequest>> requests;
   for (const bench::ArmSpec& arm : c.arms) {
     requests.push_back(BuildRequests(c, arm, prompts, c.requests));
@@ -625,8 +677,7 @@ int RunBench(const std::vector<std::string>& argv) {
       // Warm-up pays for first-touch page faults and connection set-up in every arm alike.
       bench::LoadOptions warm = load;
       warm.rate = 0;
-      const bench::LoadRun run =
-          bench::RunLoad(*stub, BuildRequests(c, arm, prompts, c.warmup), warm, tick);
+      const bench::LoadRun run = run_load(arm, BuildRequests(c, arm, prompts, c.warmup), warm);
       for (const bench::RequestOutcome& o : run.outcomes) {
         if (!o.status.ok()) {
           if (progress) progress->Done();
@@ -639,7 +690,7 @@ int RunBench(const std::vector<std::string>& argv) {
   std::vector<std::vector<bench::LoadRun>> runs(c.arms.size());
   for (int64_t r = 0; r < c.repeats; ++r) {
     for (size_t a = 0; a < c.arms.size(); ++a) {
-      runs[a].push_back(bench::RunLoad(*stub, requests[a], load, tick));
+      runs[a].push_back(run_load(c.arms[a], requests[a], load));
     }
   }
   if (progress) progress->Done();
@@ -649,21 +700,26 @@ int RunBench(const std::vector<std::string>& argv) {
     arms.push_back(bench::SummarizeArm(c.arms[a], runs[a]));
   std::vector<bench::CompareRow> compare;
   if (c.compare) {
-    // Each K arm against K = 0 with the same target work: unguided arms against K=0, guided ones
-    // (whatever guides the draft) against K=0 cfg.
-    for (size_t a = 0; a < arms.size(); ++a) {
-      if (arms[a].arm.k == 0) continue;
+    // Speed-ups within one API and one target: each K arm against K = 0 over the same transport,
+    // a guided one (whatever guides its draft) against K=0 cfg.
+    for (size_t a = 1; a < arms.size(); ++a) {
       const bool guided = arms[a].arm.guidance != bench::ArmGuidance::kOff;
-      for (size_t b = 0; b < arms.size(); ++b) {
-        if (arms[b].arm.k == 0 && (arms[b].arm.guidance != bench::ArmGuidance::kOff) == guided) {
+      for (size_t b = 0; b < a; ++b) {
+        if (arms[b].arm.k == 0 && arms[b].arm.http == arms[a].arm.http && arms[a].arm.k > 0 &&
+            (arms[b].arm.guidance != bench::ArmGuidance::kOff) == guided) {
           compare.push_back(bench::CompareArm(arms[b], arms[a]));
-          break;
         }
       }
     }
   }
+  std::vector<bench::TransportRow> transport;
+  for (size_t a = 0; a + 1 < arms.size(); ++a) {
+    if (!arms[a].arm.http && arms[a + 1].arm.http) {
+      transport.push_back(bench::CompareTransport(arms[a], arms[a + 1]));
+    }
+  }
   const std::vector<bench::GuidanceRow> guidance = bench::CompareGuidance(arms);
-  std::cout << bench::FormatReport(arms, compare, guidance, c.repeats) << std::flush;
+  std::cout << bench::FormatReport(arms, compare, c.repeats, transport, guidance) << std::flush;
 
   int64_t failed = 0;
   for (const bench::ArmSummary& a : arms) failed += a.failed;
@@ -675,6 +731,10 @@ int RunBench(const std::vector<std::string>& argv) {
     for (const bench::ArmSummary& a : arms) j["arms"].push_back(bench::ArmToJson(a));
     j["compare"] = nlohmann::ordered_json::array();
     for (const bench::CompareRow& r : compare) j["compare"].push_back(bench::CompareToJson(r));
+    j["http_vs_grpc"] = nlohmann::ordered_json::array();
+    for (const bench::TransportRow& r : transport) {
+      j["http_vs_grpc"].push_back(bench::TransportToJson(r, c.streams));
+    }
     j["guidance"] = nlohmann::ordered_json::array();
     for (const bench::GuidanceRow& r : guidance) j["guidance"].push_back(bench::GuidanceToJson(r));
     j["failed_requests"] = failed;

@@ -48,7 +48,9 @@ constexpr char kSummary[] =
     "A child that exits unexpectedly is restarted on the same address (backoff 0.5 s doubling\n"
     "to 10 s); stderr gets one line per restart and one `NAME pid N on ADDR` line per start.\n"
     "  specd serve --target DIR --draft DIR\n"
-    "  specd serve --target DIR --draft-exit-layer 2";
+    "  specd serve --target DIR --draft-exit-layer 2\n"
+    "  specd serve --target DIR --draft DIR --http-listen 127.0.0.1:8000  (OpenAI API too; prints\n"
+    "    `http on HOST:PORT` first)";
 
 constexpr absl::Duration kFirstBackoff = absl::Milliseconds(500);
 constexpr absl::Duration kMaxBackoff = absl::Seconds(10);
@@ -65,6 +67,7 @@ struct Child {
   std::string listen;
   std::string metrics_port;     // "-1" = off
   std::string metrics_address;  // HOST:PORT, once the child has said it
+  std::string http_listen;      // the coordinator's HTTP API; "" = off
   pid_t pid = -1;
   int out_fd = -1;  // its stdout, read until it says where it listens
   absl::Time started;
@@ -107,6 +110,7 @@ absl::Status Spawn(Child& child) {
   posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK);
   std::vector<std::string> argv_s = {child.binary.string(), "--listen", child.listen,
                                      "--metrics-port", child.metrics_port};
+  if (!child.http_listen.empty()) argv_s.insert(argv_s.end(), {"--http-listen", child.http_listen});
   argv_s.insert(argv_s.end(), child.args.begin(), child.args.end());
   std::vector<char*> argv;
   for (std::string& a : argv_s) argv.push_back(a.data());
@@ -144,8 +148,9 @@ bool StopRequested(const sigset_t& stop_signals) {
 }
 
 // Reads the child's stdout until "listening on ADDR" (after "metrics on HOST:PORT" when metrics
-// are on) and remembers both addresses; the child's stderr (load progress) goes straight to ours.
-// CANCELLED when a stop signal arrives first (it stays pending for the caller).
+// are on, and "http on ADDR" when it serves HTTP) and remembers the addresses; the child's stderr
+// (load progress) goes straight to ours. CANCELLED when a stop signal arrives first (it stays
+// pending for the caller).
 absl::Status WaitForAddress(Child& child, const sigset_t& stop_signals) {
   std::string buffer;
   while (true) {
@@ -157,6 +162,8 @@ absl::Status WaitForAddress(Child& child, const sigset_t& stop_signals) {
       if (absl::StartsWith(line, "metrics on ")) {
         child.metrics_address = line.substr(11);
         child.metrics_port = line.substr(line.rfind(':') + 1);
+      } else if (absl::StartsWith(line, "http on ")) {
+        child.http_listen = line.substr(8);
       } else if (absl::StartsWith(line, "listening on ")) {
         child.listen = line.substr(13);
         return absl::OkStatus();
@@ -304,6 +311,13 @@ int RunServe(const std::vector<std::string>& argv) {
        "512"},
       {"default-k", "num_speculative_tokens when a request does not say", "4"},
       {"max-running", "sequences in the running batch", "32"},
+      {"max-queued", "requests waiting beyond the running batch (more are refused)", "256"},
+      {"http-listen",
+       "also serve the OpenAI-compatible HTTP API on this address (port 0: a free one); unset = "
+       "off",
+       ""},
+      {"served-model-name", "the HTTP API's model name (default: the target directory's name)", ""},
+      {"chat-template", "Jinja chat template file overriding the model's", ""},
       {"worker-call-timeout-seconds",
        "deadline of each coordinator call to a worker (a hung worker is detected after it)", "30"},
       {"worker-unavailable-seconds",
@@ -423,11 +437,19 @@ int RunServe(const std::vector<std::string>& argv) {
                 args->Get("max-running"),
                 "--prefill-chunk",
                 args->Get("prefill-chunk"),
+                "--max-queued",
+                args->Get("max-queued"),
                 "--worker-call-timeout-seconds",
                 args->Get("worker-call-timeout-seconds"),
                 "--worker-unavailable-seconds",
                 args->Get("worker-unavailable-seconds")};
   if (!draft_addr.empty()) coord.args.insert(coord.args.end(), {"--draft", draft_addr});
+  for (const char* flag : {"served-model-name", "chat-template"}) {
+    if (args->Has(flag))
+      coord.args.insert(coord.args.end(), {absl::StrCat("--", flag), args->Get(flag)});
+  }
+  // Asked for once; a restart reuses the address the coordinator got (see WaitForAddress).
+  coord.http_listen = args->Get("http-listen");
   coord.listen = args->Get("listen");
   coord.metrics_port = metrics_ports[0];
   if (absl::Status st = Start(coord, signals, pid_dir); !st.ok()) return fail(st);
@@ -453,6 +475,7 @@ int RunServe(const std::vector<std::string>& argv) {
       std::cout << child.name << " metrics on http://" << child.metrics_address << "/metrics\n";
     }
   }
+  if (!coord.http_listen.empty()) std::cout << "http on " << coord.http_listen << std::endl;
   std::cout << "listening on " << coord.listen << std::endl;
 
   while (true) {

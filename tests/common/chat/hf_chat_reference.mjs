@@ -113,11 +113,20 @@ async function main() {
       cases: { type: "string" },
       "chatml-config": { type: "string" },
       out: { type: "string" },
+      // Prints one published template (e.g. library/llama2:7b) and exits, for tests that load
+      // it like --chat-template.
+      "print-template": { type: "string" },
     },
   });
+  const ollama = await ollamaTemplates();
+  if (values["print-template"]) {
+    const source = ollama.get(values["print-template"]);
+    if (typeof source !== "string") throw new Error(`no template ${values["print-template"]}`);
+    process.stdout.write(source);
+    return;
+  }
   const conversations = readJsonl(values.conversations);
   const lenml = (name) => join(packageDir(`@lenml/tokenizer-${name}`), "models", "tokenizer_config.json");
-  const ollama = await ollamaTemplates();
 
   // name, where specd loads it from, the template and the tokenizer_config.json it pairs with.
   const specs = [

@@ -87,6 +87,39 @@ TEST(IncrementalDetokenizerTest, SpmLeadingSpaceAndByteRuns) {
               ::testing::ElementsAre("the", "", "", R + R));
 }
 
+TEST(IncrementalDetokenizerTest, SkippedPromptIsNeverRepeated) {
+  const auto tok = Load(testing::MiniSpmTokenizerJson());
+  ASSERT_NE(tok, nullptr);
+  // A prompt ending in a byte token ("\n" under byte fallback), as chat prompts often do: the
+  // reply continues after it and keeps its leading space.
+  IncrementalDetokenizer detok(*tok);
+  const std::vector<int32_t> prompt = {267, 3 + '\n'};
+  ASSERT_TRUE(detok.Skip(prompt).ok());
+  const std::vector<int32_t> reply = {269, 260};
+  absl::StatusOr<std::string> first = detok.Push(std::span<const int32_t>(reply).subspan(0, 1));
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(*first, " ca");
+  absl::StatusOr<std::string> second = detok.Push(std::span<const int32_t>(reply).subspan(1));
+  ASSERT_TRUE(second.ok());
+  EXPECT_EQ(*second, "t");
+  std::vector<int32_t> all = prompt;
+  all.insert(all.end(), reply.begin(), reply.end());
+  EXPECT_EQ(*tok->Decode(all), "the\n cat");
+
+  // The reply's first bytes do not join the prompt's run: decoded together, "/" and an invalid
+  // byte would both become U+FFFD, and the text would stall behind a changed prefix.
+  IncrementalDetokenizer next(*tok);
+  ASSERT_TRUE(next.Skip(std::vector<int32_t>{267, 3 + '/'}).ok());
+  std::string text;
+  for (const int32_t id : {3 + 0xC3, 267}) {
+    absl::StatusOr<std::string> piece = next.Push(std::span<const int32_t>(&id, 1));
+    ASSERT_TRUE(piece.ok()) << piece.status();
+    text += *piece;
+  }
+  text += *next.Flush();
+  EXPECT_EQ(text, R + " the");
+}
+
 TEST(IncrementalDetokenizerTest, ByteLevelCharacterSplitAcrossTokens) {
   const auto tok = Load(testing::MiniByteLevelTokenizerJson());
   ASSERT_NE(tok, nullptr);

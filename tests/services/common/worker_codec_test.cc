@@ -3,6 +3,7 @@
 // fields directly, so the codec is not its own reference).
 #include "services/common/worker_codec.h"
 
+#include <cmath>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -34,6 +35,7 @@ void FillCommon(Request& r) {
   r.prompt_len = 9;
   r.drop_tail = true;
   r.max_prefill_tokens = 512;
+  r.sample = 3;
 }
 
 TEST(WorkerCodecTest, SamplingParamsCrossAsTheyAre) {
@@ -76,6 +78,8 @@ TEST(WorkerCodecTest, VerifyRequestRoundTrip) {
   EXPECT_EQ(wire.draft_tokens_size(), 3);
   EXPECT_EQ(wire.max_prefill_tokens(), 512);
   EXPECT_FALSE(wire.prefill_only());
+  EXPECT_EQ(wire.sample(), 3u);
+  EXPECT_EQ(wire.logprobs().mode(), pb::LOGPROBS_MODE_UNSPECIFIED);
   EXPECT_EQ(codec::Decode(wire), r);
   // A round whose draft is still prefilling: catch-up only.
   r.drafts.clear();
@@ -85,6 +89,35 @@ TEST(WorkerCodecTest, VerifyRequestRoundTrip) {
   codec::Encode(r, &wire);
   EXPECT_TRUE(wire.prefill_only());
   EXPECT_EQ(codec::Decode(wire), r);
+  for (const LogprobsMode mode : {LogprobsMode::kRaw, LogprobsMode::kProcessed}) {
+    r.logprobs = {mode, 5};
+    wire.Clear();
+    codec::Encode(r, &wire);
+    EXPECT_EQ(wire.logprobs().mode(),
+              mode == LogprobsMode::kRaw ? pb::LOGPROBS_MODE_RAW : pb::LOGPROBS_MODE_PROCESSED);
+    EXPECT_EQ(wire.logprobs().top_n(), 5);
+    EXPECT_EQ(codec::Decode(wire), r);
+  }
+}
+
+TEST(WorkerCodecTest, LogprobQueriesAndAnswersRoundTrip) {
+  const std::vector<LogprobQuery> queries = {{1, 2, {7}}, {5, 1, {8, 9}}};
+  pb::QueryLogprobsRequest wire;
+  codec::Encode(queries, &wire);
+  ASSERT_EQ(wire.queries_size(), 2);
+  EXPECT_EQ(wire.queries(1).tokens_size(), 2);
+  EXPECT_EQ(codec::Decode(wire), queries);
+  EXPECT_TRUE(codec::Validate(wire).ok());
+  EXPECT_FALSE(codec::Validate(pb::QueryLogprobsRequest()).ok());
+  const SequenceAnswer<std::vector<float>> answer{1, std::vector<float>{-0.5f, -INFINITY}};
+  pb::LogprobAnswer answer_wire;
+  codec::Encode(answer, &answer_wire);
+  EXPECT_EQ(answer_wire.logprobs(1), -INFINITY);
+  EXPECT_EQ(codec::Decode(answer_wire), answer);
+  const SequenceAnswer<std::vector<float>> failed{2, absl::FailedPreconditionError("no row")};
+  pb::LogprobAnswer failed_wire;
+  codec::Encode(failed, &failed_wire);
+  EXPECT_EQ(codec::Decode(failed_wire), failed);
 }
 
 TEST(WorkerCodecTest, TruncateAndReadRowsRequestsRoundTrip) {
@@ -111,10 +144,15 @@ TEST(WorkerCodecTest, VerifyResultRoundTrip) {
   r.candidate_probs = {{0.1f, 0.2f}, {0.3f, 0.4f}};
   r.cached_len = 36;
   r.forward_ns = 123456;
+  r.logprobs = {{{3, 1}, {-0.1f, -2.0f}, {5, 3}, {-4.0f, -0.1f}},
+                {{2}, {-0.3f}, {2, 9}, {-0.3f, -INFINITY}},
+                {{}, {}, {42}, {-1.5f}}};
   pb::VerifyResult wire;
   codec::Encode(r, KvFree{11, 176}, &wire);
   EXPECT_EQ(wire.cache().free_kv_blocks(), 11);
   EXPECT_EQ(wire.cache().free_kv_tokens(), 176);
+  ASSERT_EQ(wire.logprobs_size(), 3);
+  EXPECT_EQ(wire.logprobs(1).token_logprobs(1), -INFINITY);
   EXPECT_EQ(codec::Decode(wire, r.forward_ns), r);
   EXPECT_EQ(codec::DecodeKvFree(wire.cache()), (KvFree{11, 176}));
 

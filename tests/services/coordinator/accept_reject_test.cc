@@ -49,11 +49,11 @@ TEST(AcceptRejectTest, CandidateIsTakenWithProbabilityOfTheResidualRatio) {
   // q >= p: the residual is 0 there, never taken.
   const std::vector<int32_t> ys = {3, 4};
   EXPECT_EQ(
-      ChooseCandidate(1, 9, ys, std::vector<float>{0.2f, 0.2f}, std::vector<float>{0.5f, 0.2f}),
+      ChooseCandidate(1, 0, 9, ys, std::vector<float>{0.2f, 0.2f}, std::vector<float>{0.5f, 0.2f}),
       std::nullopt);
   // q = 0: the residual equals p, always taken (the first one).
   EXPECT_EQ(
-      ChooseCandidate(1, 9, ys, std::vector<float>{0.2f, 0.3f}, std::vector<float>{0.0f, 0.0f}),
+      ChooseCandidate(1, 0, 9, ys, std::vector<float>{0.2f, 0.3f}, std::vector<float>{0.0f, 0.0f}),
       std::optional<int32_t>(3));
 }
 
@@ -63,7 +63,7 @@ TEST(AcceptRejectTest, ResidualSamplingIsExactOnAHandRow) {
   const ProbRow q{{0, 1, 2}, {0.5f, 0.25f, 0.25f}};
   int counts[4] = {0, 0, 0, 0};
   for (uint32_t pos = 0; pos < 4000; ++pos) {
-    absl::StatusOr<int32_t> t = SampleResidual(5, pos, p, q, 4);
+    absl::StatusOr<int32_t> t = SampleResidual(5, 0, pos, p, q, 4);
     ASSERT_TRUE(t.ok()) << t.status();
     ++counts[*t];
   }
@@ -72,12 +72,12 @@ TEST(AcceptRejectTest, ResidualSamplingIsExactOnAHandRow) {
   EXPECT_NEAR(counts[1], 2000, 200);
   EXPECT_NEAR(counts[3], 2000, 200);
   // Equal rows leave no residual: sample p.
-  absl::StatusOr<int32_t> t = SampleResidual(5, 1, p, p, 4);
+  absl::StatusOr<int32_t> t = SampleResidual(5, 0, 1, p, p, 4);
   ASSERT_TRUE(t.ok());
   EXPECT_NE(*t, 2);
   // Malformed rows are errors, not crashes.
-  EXPECT_FALSE(SampleResidual(5, 1, ProbRow{{}, {1.0f}}, q, 4).ok());
-  EXPECT_FALSE(SampleResidual(5, 1, p, ProbRow{{9}, {1.0f}}, 4).ok());
+  EXPECT_FALSE(SampleResidual(5, 0, 1, ProbRow{{}, {1.0f}}, q, 4).ok());
+  EXPECT_FALSE(SampleResidual(5, 0, 1, p, ProbRow{{9}, {1.0f}}, 4).ok());
 }
 
 // One K = 1 round at `position` as the two workers and the coordinator would play it, with the
@@ -102,8 +102,8 @@ int32_t PlayRound(uint64_t seed, uint32_t position, const std::vector<float>& p,
     qy.push_back(q[static_cast<size_t>(y)]);
   }
   if (broken_residual) return ys[0];  // the classic bug: correction ~ p, not norm(max(0, p - q))
-  if (std::optional<int32_t> c = ChooseCandidate(seed, position, ys, py, qy)) return *c;
-  return *SampleResidual(seed, position, ProbRow{{}, p}, ProbRow{{}, q},
+  if (std::optional<int32_t> c = ChooseCandidate(seed, 0, position, ys, py, qy)) return *c;
+  return *SampleResidual(seed, 0, position, ProbRow{{}, p}, ProbRow{{}, q},
                          static_cast<int64_t>(p.size()));
 }
 

@@ -30,6 +30,7 @@
 #include "specd/v1/generation.grpc.pb.h"
 #include "specd/worker/v1/worker.grpc.pb.h"
 #include "tests/common/engine/engine_test_util.h"
+#include "tests/services/serve_process.h"
 #include "tests/services/worker_process.h"
 #include "tests/test_util.h"
 
@@ -115,6 +116,16 @@ class FaultyWorker final : public WorkerApi {
     SPECD_RETURN_IF_ERROR(CheckUp());
     std::vector<SequenceAnswer<ProbRow>> out;
     for (const RowQuery& q : batch) out.push_back({q.seq, runtime_->ReadRow(q.seq, q.step)});
+    return out;
+  }
+  absl::StatusOr<std::vector<SequenceAnswer<std::vector<float>>>> QueryLogprobs(
+      std::span<const LogprobQuery> batch) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    SPECD_RETURN_IF_ERROR(CheckUp());
+    std::vector<SequenceAnswer<std::vector<float>>> out;
+    for (const LogprobQuery& q : batch) {
+      out.push_back({q.seq, runtime_->QueryLogprobs(q.seq, q.step, q.tokens)});
+    }
     return out;
   }
   absl::Status Release(SeqId seq) override {
@@ -411,136 +422,18 @@ TEST_F(InProcessFaultTest, PlainDecodingGoesOnWhileTheDraftWorkerIsAway) {
 // ---------------------------------------------------------------------------------------------
 // Over processes: `specd serve` supervises the three processes and restarts a killed one.
 
-struct Stream {
-  grpc::Status status;
-  std::vector<int32_t> tokens;
-};
+using Stream = testing::ServeProcess::Stream;
 
 // `specd serve` over the tiny synthetic pair, with short fault timeouts.
-class Serve {
- public:
-  static std::unique_ptr<Serve> Start(const std::filesystem::path& model,
-                                      const std::filesystem::path& pid_dir, int unavailable_s,
-                                      int64_t kv_tokens = 16384) {
-    auto s = std::unique_ptr<Serve>(new Serve());
-    s->pid_dir_ = pid_dir;
-    auto serve = ChildProcess::Start(
-        testing::BuiltBinary("tools/specd"),
-        {"serve", "--target", model.string(), "--draft-exit-layer", "1", "--listen", "127.0.0.1:0",
-         "--threads", "1", "--kv-tokens", std::to_string(kv_tokens), "--max-running", "16",
-         "--worker-call-timeout-seconds", "1", "--worker-unavailable-seconds",
-         std::to_string(unavailable_s), "--pid-dir", pid_dir.string()});
-    EXPECT_TRUE(serve.ok()) << serve.status();
-    if (!serve.ok()) return nullptr;
-    s->process_ = *std::move(serve);
-    s->Reconnect();
-    return s;
-  }
-  // A new client connection, as a client that retries after the coordinator went away makes.
-  void Reconnect() {
-    grpc::ChannelArguments args;
-    args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);  // not the old connection's backoff
-    stub_ = v1::Generation::NewStub(
-        grpc::CreateCustomChannel(process_->address(), grpc::InsecureChannelCredentials(), args));
-  }
-  ~Serve() {
-    // The client goes first: an open connection would hold up the coordinator's drain.
-    stub_.reset();
-    // SIGTERM, not the destructor's SIGKILL: `specd serve` then stops its three children.
-    if (process_ != nullptr) {
-      EXPECT_EQ(process_->Terminate(), 0) << process_->StderrText();
-    }
-  }
-
-  pid_t Pid(const std::string& child) const {
-    std::ifstream in(pid_dir_ / (child + ".pid"));
-    pid_t pid = -1;
-    in >> pid;
-    return pid;
-  }
-  // Where `name` ("target worker") listens, from serve's "NAME pid N on ADDR" lines.
-  std::string Address(const std::string& name) const {
-    const std::string text = process_->StderrText();
-    const std::string key = "specd serve: " + name + " pid ";
-    const size_t at = text.rfind(key);
-    if (at == std::string::npos) return "";
-    const size_t on = text.find(" on ", at);
-    return text.substr(on + 4, text.find('\n', on) - on - 4);
-  }
-  std::string StderrText() const { return process_->StderrText(); }
-
-  // Runs `reqs` as concurrent streams. `on_first_tokens` runs once, as soon as `after` streams
-  // have received tokens; it gets how many streams had finished by then.
-  std::vector<Stream> Generate(const std::vector<v1::GenerateRequest>& reqs, int after = 0,
-                               const std::function<void(int finished)>& on_first_tokens = {}) {
-    std::mutex mu;
-    std::condition_variable cv;
-    int started = 0, finished = 0;
-    std::vector<Stream> out(reqs.size());
-    std::vector<std::thread> threads;
-    for (size_t i = 0; i < reqs.size(); ++i) {
-      threads.emplace_back([&, i] {
-        grpc::ClientContext ctx;
-        ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
-        auto reader = stub_->Generate(&ctx, reqs[i]);
-        v1::GenerateResponse msg;
-        bool first = true;
-        while (reader->Read(&msg)) {
-          out[i].tokens.insert(out[i].tokens.end(), msg.token_ids().begin(), msg.token_ids().end());
-          if (first && msg.token_ids_size() > 0) {
-            first = false;
-            std::lock_guard<std::mutex> lock(mu);
-            ++started;
-            cv.notify_all();
-          }
-        }
-        out[i].status = reader->Finish();
-        std::lock_guard<std::mutex> lock(mu);
-        ++finished;
-        cv.notify_all();
-      });
-    }
-    if (on_first_tokens) {
-      int finished_then = 0;
-      {
-        std::unique_lock<std::mutex> lock(mu);
-        cv.wait(lock,
-                [&] { return started >= after || finished == static_cast<int>(reqs.size()); });
-        finished_then = finished;
-      }
-      on_first_tokens(finished_then);
-    }
-    for (std::thread& t : threads) t.join();
-    return out;
-  }
-
-  // Both workers report every KV block free (the last Releases may still be landing).
-  void ExpectNoBlocksUsed() {
-    for (const char* name : {"target worker", "draft worker"}) {
-      auto channel = grpc::CreateChannel(Address(name), grpc::InsecureChannelCredentials());
-      auto stub = worker::v1::TargetWorker::NewStub(channel);
-      auto dstub = worker::v1::DraftWorker::NewStub(channel);
-      worker::v1::InfoResponse info;
-      for (int i = 0; i < 100; ++i) {
-        grpc::ClientContext ctx;
-        ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
-        const grpc::Status st = std::string(name) == "target worker"
-                                    ? stub->Info(&ctx, worker::v1::InfoRequest(), &info)
-                                    : dstub->Info(&ctx, worker::v1::InfoRequest(), &info);
-        ASSERT_TRUE(st.ok()) << name << ": " << st.error_message();
-        if (info.kv_free_blocks() == info.kv_total_blocks()) break;
-        std::this_thread::sleep_for(std::chrono::milliseconds(50));
-      }
-      EXPECT_EQ(info.kv_free_blocks(), info.kv_total_blocks()) << name;
-    }
-  }
-
- private:
-  Serve() = default;
-  std::filesystem::path pid_dir_;
-  std::unique_ptr<ChildProcess> process_;
-  std::unique_ptr<v1::Generation::Stub> stub_;
-};
+std::unique_ptr<testing::ServeProcess> StartServe(const std::filesystem::path& model,
+                                                  const std::filesystem::path& pid_dir,
+                                                  int unavailable_s, int64_t kv_tokens = 16384) {
+  return testing::ServeProcess::Start(
+      {"--target", model.string(), "--draft-exit-layer", "1", "--threads", "1", "--kv-tokens",
+       std::to_string(kv_tokens), "--max-running", "16", "--worker-call-timeout-seconds", "1",
+       "--worker-unavailable-seconds", std::to_string(unavailable_s)},
+      pid_dir);
+}
 
 // 16 requests of 40 tokens: even ones greedy, odd ones sampled at temperature 1 with a seed.
 // `guided`: every other one with classifier-free guidance, half of those with a guided draft.
@@ -597,7 +490,7 @@ class ServeCrashTest : public ServeFaultTest, public ::testing::WithParamInterfa
 
 TEST_P(ServeCrashTest, SigkilledWorkerIsRestartedAndEveryStreamIsUnchanged) {
   const std::string victim = GetParam().victim;
-  auto serve = Serve::Start(model_, pids_, /*unavailable_s=*/30);
+  auto serve = StartServe(model_, pids_, /*unavailable_s=*/30);
   ASSERT_NE(serve, nullptr);
   const std::vector<v1::GenerateRequest> reqs = SixteenStreams(40, GetParam().guided);
   const std::vector<Stream> reference = serve->Generate(reqs);
@@ -630,7 +523,7 @@ INSTANTIATE_TEST_SUITE_P(Workers, ServeCrashTest,
                          });
 
 TEST_F(ServeFaultTest, HungTargetThatResumesInTimeCostsNothing) {
-  auto serve = Serve::Start(model_, pids_, /*unavailable_s=*/20);
+  auto serve = StartServe(model_, pids_, /*unavailable_s=*/20);
   ASSERT_NE(serve, nullptr);
   const std::vector<v1::GenerateRequest> reqs = SixteenStreams();
   const std::vector<Stream> reference = serve->Generate(reqs);
@@ -650,7 +543,7 @@ TEST_F(ServeFaultTest, HungTargetThatResumesInTimeCostsNothing) {
 }
 
 TEST_F(ServeFaultTest, HungTargetFailsItsRequestsAfterTheAllowedTime) {
-  auto serve = Serve::Start(model_, pids_, /*unavailable_s=*/2);
+  auto serve = StartServe(model_, pids_, /*unavailable_s=*/2);
   ASSERT_NE(serve, nullptr);
   const std::string target = serve->Address("target worker");
   const pid_t pid = serve->Pid("target-worker");
@@ -676,7 +569,7 @@ TEST_F(ServeFaultTest, HungTargetFailsItsRequestsAfterTheAllowedTime) {
 }
 
 TEST_F(ServeFaultTest, KilledCoordinatorIsRestartedOnTheSameAddress) {
-  auto serve = Serve::Start(model_, pids_, 30);
+  auto serve = StartServe(model_, pids_, 30);
   ASSERT_NE(serve, nullptr);
   const v1::GenerateRequest req = SixteenStreams(8)[1];
   const std::vector<Stream> before = serve->Generate({req});
@@ -702,7 +595,7 @@ TEST_F(ServeFaultTest, KilledCoordinatorIsRestartedOnTheSameAddress) {
 
 TEST_F(ServeFaultTest, KvPoolForThreeSequencesServesTwelveStreamsUnchanged) {
   // Each stream grows to about 5 blocks of 16 tokens; 240 tokens hold 15 blocks, three streams.
-  auto serve = Serve::Start(model_, pids_, 30, /*kv_tokens=*/240);
+  auto serve = StartServe(model_, pids_, 30, /*kv_tokens=*/240);
   ASSERT_NE(serve, nullptr);
   std::vector<v1::GenerateRequest> reqs = SixteenStreams(64);
   reqs.resize(12);

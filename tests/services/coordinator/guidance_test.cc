@@ -104,6 +104,10 @@ class MismatchCounter final : public WorkerApi {
       std::span<const RowQuery> batch) override {
     return inner_.ReadRows(batch);
   }
+  absl::StatusOr<std::vector<SequenceAnswer<std::vector<float>>>> QueryLogprobs(
+      std::span<const LogprobQuery> batch) override {
+    return inner_.QueryLogprobs(batch);
+  }
   // A preempted request whose pair was never admitted there is NOT_FOUND: nothing to free.
   absl::Status Release(SeqId seq) override {
     absl::Status st = inner_.Release(seq);

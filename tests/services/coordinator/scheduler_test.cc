@@ -466,6 +466,10 @@ class RecordingTarget final : public WorkerApi {
       std::span<const RowQuery> batch) override {
     return inner_.ReadRows(batch);
   }
+  absl::StatusOr<std::vector<SequenceAnswer<std::vector<float>>>> QueryLogprobs(
+      std::span<const LogprobQuery> batch) override {
+    return inner_.QueryLogprobs(batch);
+  }
   absl::Status Release(SeqId seq) override { return inner_.Release(seq); }
   int64_t FreeKvTokens() const override { return inner_.FreeKvTokens(); }
 

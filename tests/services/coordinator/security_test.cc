@@ -181,6 +181,7 @@ TEST(SecurityFlagsTest, BadValuesFailClearlyAndNeverEchoTheToken) {
   WriteText(tmp.path() / "spaced-token", "0123456789 abcdef0123456789\n");
   WriteText(tmp.path() / "good-token", absl::StrCat(kToken, "\n"));
   WriteText(tmp.path() / "not-pem", "hello\n");
+  WriteText(tmp.path() / "broken.jinja", "{% for m in %}{{ m }}");
   const std::string cert = pki->cert.string();
   const std::string key = pki->key.string();
   struct Case {
@@ -216,6 +217,9 @@ TEST(SecurityFlagsTest, BadValuesFailClearlyAndNeverEchoTheToken) {
       {{"--max-prompt-tokens", "many"}, "--max-prompt-tokens must be an integer, got 'many'"},
       {{"--max-new-tokens-limit", "100"},
        "--default-max-new-tokens (256) exceeds --max-new-tokens-limit (100)"},
+      {{"--http-listen", "nowhere"}, "--http-listen: 'nowhere' is not HOST:PORT", nullptr, 1},
+      {{"--chat-template", (tmp.path() / "nope.jinja").string()}, "--chat-template: cannot read"},
+      {{"--chat-template", (tmp.path() / "broken.jinja").string()}, "--chat-template: "},
   };
   for (const Case& c : cases) {
     std::vector<std::string> args = {
@@ -257,7 +261,7 @@ class TlsTokenTest : public ::testing::Test {
         testing::BuiltBinary("services/coordinator/specd-coordinator"),
         {"--listen", "127.0.0.1:0", "--target", target_->address(), "--metrics-port", "-1",
          "--tls-cert", pki_->cert.string(), "--tls-key", pki_->key.string(), "--auth-token-file",
-         (tmp_->path() / "token").string()});
+         (tmp_->path() / "token").string(), "--http-listen", "127.0.0.1:0"});
     ASSERT_TRUE(coordinator.ok()) << coordinator.status();
     coordinator_ = coordinator->release();
     ASSERT_TRUE(WaitServing(TlsChannel(coordinator_->port(), pki_->ca)))
@@ -462,6 +466,52 @@ TEST_F(TlsTokenTest, SpecdCliWithTlsCaAndToken) {
       << out;
   EXPECT_THAT(out, HasSubstr("SERVING"));
   EXPECT_EQ(Shell(absl::StrCat(specd, " health --timeout 2 --server ", server), &out), 1) << out;
+}
+
+// The HTTP API (issue 15) takes the same certificate, key and token as the gRPC port.
+TEST_F(TlsTokenTest, HttpApiTakesTheSameTlsAndToken) {
+  ASSERT_GT(coordinator_->http_port(), 0);
+  const std::string url = absl::StrCat("https://localhost:", coordinator_->http_port());
+  const std::string curl =
+      absl::StrCat("curl -sS --max-time 30 -w '\nHTTP %{http_code}' --cacert ", pki_->ca.string());
+  const std::string auth = absl::StrCat(" -H 'Authorization: Bearer ", kToken, "'");
+  std::string out;
+  EXPECT_EQ(Shell(absl::StrCat(curl, auth, " ", url, "/v1/models"), &out), 0) << out;
+  EXPECT_THAT(out, HasSubstr("\"object\":\"list\""));
+  EXPECT_THAT(out, HasSubstr("HTTP 200"));
+  // A streamed completion over TLS.
+  EXPECT_EQ(Shell(absl::StrCat(curl, auth,
+                               " -N -d '{\"prompt\": [1, 50, 60], \"max_tokens\": 4, "
+                               "\"stream\": true}' ",
+                               url, "/v1/completions"),
+                  &out),
+            0)
+      << out;
+  EXPECT_THAT(out, HasSubstr("data: [DONE]"));
+  // No token, or a wrong one: 401 in OpenAI's error shape.
+  EXPECT_EQ(Shell(absl::StrCat(curl, " -d '{\"prompt\": [1, 2]}' ", url, "/v1/completions"), &out),
+            0);
+  EXPECT_THAT(out, HasSubstr("HTTP 401"));
+  EXPECT_THAT(out, HasSubstr("this server requires a bearer token"));
+  EXPECT_EQ(Shell(absl::StrCat(curl, " -H 'Authorization: Bearer ", std::string(40, 'x'), "' ", url,
+                               "/v1/models"),
+                  &out),
+            0);
+  EXPECT_THAT(out, HasSubstr("HTTP 401"));
+  EXPECT_THAT(out, Not(HasSubstr(kToken)));
+  // Health needs TLS but no token, as gRPC health does.
+  EXPECT_EQ(Shell(absl::StrCat(curl, " ", url, "/health"), &out), 0);
+  EXPECT_THAT(out, HasSubstr("HTTP 200"));
+  // A client trusting another CA, and plaintext HTTP to the TLS port, get nothing.
+  EXPECT_NE(Shell(absl::StrCat("curl -sS --max-time 10 --cacert ", pki_->other_ca.string(), auth,
+                               " ", url, "/v1/models"),
+                  &out),
+            0);
+  EXPECT_NE(Shell(absl::StrCat("curl -sS --max-time 10", auth,
+                               " http://127.0.0.1:", coordinator_->http_port(), "/v1/models"),
+                  &out),
+            0)
+      << out;
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -201,7 +201,7 @@ TEST_F(GracefulShutdownTest, SigtermFinishesShortStreamsRefusesNewOnesAndEndsThe
   EXPECT_LT(long_->tokens, kLongTokens);
 
   EXPECT_EQ(ExitCodeWithin(*coordinator_, std::chrono::seconds(30)), 0);
-  EXPECT_THAT(coordinator_->StderrText(), HasSubstr("ended 1 unfinished stream(s)"));
+  EXPECT_THAT(coordinator_->StderrText(), HasSubstr("ended 1 unfinished request(s)"));
   // The unfinished request was released on both workers too.
   EXPECT_TRUE(WaitUntil([&] {
     return UsedBlocks<worker::v1::TargetWorker>(*target_) == 0 &&

@@ -35,7 +35,7 @@ nlohmann::ordered_json DistributionJson(const Distribution& d) {
 }  // namespace
 
 std::string ArmSpec::Label() const {
-  return absl::StrCat("K=", k, adaptive && k > 0 ? " adaptive" : "",
+  return absl::StrCat("K=", k, adaptive && k > 0 ? " adaptive" : "", http ? " http" : "",
                       guidance == ArmGuidance::kTarget           ? " cfg"
                       : guidance == ArmGuidance::kTargetAndDraft ? " cfg+draft"
                                                                  : "");
@@ -63,7 +63,7 @@ std::vector<GuidanceRow> CompareGuidance(std::span<const ArmSummary> arms) {
     if (a.arm.guidance == ArmGuidance::kOff) continue;
     for (const ArmSummary& b : arms) {
       if (b.arm.guidance != ArmGuidance::kOff || b.arm.k != a.arm.k ||
-          b.arm.adaptive != a.arm.adaptive) {
+          b.arm.adaptive != a.arm.adaptive || b.arm.http != a.arm.http) {
         continue;
       }
       GuidanceRow r;
@@ -174,8 +174,27 @@ CompareRow CompareArm(const ArmSummary& baseline, const ArmSummary& arm) {
   return r;
 }
 
+TransportRow CompareTransport(const ArmSummary& grpc, const ArmSummary& http) {
+  TransportRow r;
+  r.arm = grpc.arm;
+  r.grpc_tpot_ms = grpc.tpot_ms.mean;
+  r.http_tpot_ms = http.tpot_ms.mean;
+  if (r.grpc_tpot_ms && r.http_tpot_ms) r.added_ms_per_token = *r.http_tpot_ms - *r.grpc_tpot_ms;
+  r.grpc_itl_ms = grpc.itl_ms.mean;
+  r.http_itl_ms = http.itl_ms.mean;
+  r.grpc_ttft_ms = grpc.ttft_ms.p50;
+  r.http_ttft_ms = http.ttft_ms.p50;
+  r.grpc_tokens_per_s = grpc.output_tokens_per_s;
+  r.http_tokens_per_s = http.output_tokens_per_s;
+  if (r.grpc_tokens_per_s && r.http_tokens_per_s && *r.grpc_tokens_per_s > 0) {
+    r.throughput_ratio = *r.http_tokens_per_s / *r.grpc_tokens_per_s;
+  }
+  return r;
+}
+
 std::string FormatReport(std::span<const ArmSummary> arms, std::span<const CompareRow> compare,
-                         std::span<const GuidanceRow> guidance, int64_t repeats) {
+                         int64_t repeats, std::span<const TransportRow> transport,
+                         std::span<const GuidanceRow> guidance) {
   std::string out;
   absl::StrAppendFormat(&out, "%-13s %6s %5s %10s %7s %20s %20s %20s %7s %7s %9s\n", "arm", "reqs",
                         "fail", "out tok/s", "req/s", "TTFT ms p50/90/99", "ITL ms p50/90/99",
@@ -224,6 +243,21 @@ std::string FormatReport(std::span<const ArmSummary> arms, std::span<const Compa
                             Fmt(r.measured, 3), Fmt(r.efficiency, 3));
     }
   }
+  if (!transport.empty()) {
+    absl::StrAppend(&out,
+                    "\nHTTP (OpenAI /v1/completions, streamed) against gRPC, the same requests "
+                    "alternating in one run\n");
+    absl::StrAppendFormat(&out, "%-13s %13s %13s %12s %13s %13s %10s %10s %8s\n", "arm",
+                          "gRPC TPOT ms", "HTTP TPOT ms", "added ms/tok", "gRPC TTFT p50",
+                          "HTTP TTFT p50", "gRPC tok/s", "HTTP tok/s", "HTTP/gRPC");
+    for (const TransportRow& r : transport) {
+      absl::StrAppendFormat(&out, "%-13s %13s %13s %12s %13s %13s %10s %10s %8s\n", r.arm.Label(),
+                            Fmt(r.grpc_tpot_ms, 3), Fmt(r.http_tpot_ms, 3),
+                            Fmt(r.added_ms_per_token, 3), Fmt(r.grpc_ttft_ms, 2),
+                            Fmt(r.http_ttft_ms, 2), Fmt(r.grpc_tokens_per_s, 1),
+                            Fmt(r.http_tokens_per_s, 1), Fmt(r.throughput_ratio, 3));
+    }
+  }
   if (!guidance.empty()) {
     absl::StrAppendFormat(&out,
                           "\nclassifier-free guidance against the unguided arm of the same K "
@@ -251,6 +285,7 @@ nlohmann::ordered_json ArmToJson(const ArmSummary& a) {
   j["label"] = a.arm.Label();
   j["k"] = a.arm.k;
   j["k_policy"] = a.arm.adaptive ? "K_POLICY_ADAPTIVE" : "K_POLICY_FIXED";
+  j["api"] = a.arm.http ? "http" : "grpc";
   j["guidance"] = GuidanceName(a.arm.guidance);
   j["requests"] = a.requests;
   j["failed"] = a.failed;
@@ -308,6 +343,24 @@ nlohmann::ordered_json CompareToJson(const CompareRow& r) {
           {"engine_limited_speedup", Opt(r.engine_limited)},
           {"measured_speedup", Opt(r.measured)},
           {"efficiency", Opt(r.efficiency)}};
+}
+
+nlohmann::ordered_json TransportToJson(const TransportRow& r, int64_t streams) {
+  auto opt = [](const std::optional<double>& v) {
+    return v ? nlohmann::ordered_json(*v) : nlohmann::ordered_json(nullptr);
+  };
+  return {{"k", r.arm.k},
+          {"streams", streams},
+          {"grpc_tpot_mean_ms", opt(r.grpc_tpot_ms)},
+          {"http_tpot_mean_ms", opt(r.http_tpot_ms)},
+          {"http_added_ms_per_token", opt(r.added_ms_per_token)},
+          {"grpc_itl_mean_ms", opt(r.grpc_itl_ms)},
+          {"http_itl_mean_ms", opt(r.http_itl_ms)},
+          {"grpc_ttft_p50_ms", opt(r.grpc_ttft_ms)},
+          {"http_ttft_p50_ms", opt(r.http_ttft_ms)},
+          {"grpc_output_tokens_per_s", opt(r.grpc_tokens_per_s)},
+          {"http_output_tokens_per_s", opt(r.http_tokens_per_s)},
+          {"http_to_grpc_throughput", opt(r.throughput_ratio)}};
 }
 
 nlohmann::ordered_json GuidanceToJson(const GuidanceRow& r) {

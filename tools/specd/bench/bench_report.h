@@ -25,9 +25,10 @@ enum class ArmGuidance { kOff, kTarget, kTargetAndDraft };
 struct ArmSpec {
   int32_t k = 0;
   bool adaptive = false;  // K_POLICY_ADAPTIVE (the server may lower K) instead of FIXED
+  bool http = false;      // over the OpenAI-compatible HTTP API instead of gRPC
   ArmGuidance guidance = ArmGuidance::kOff;
 
-  std::string Label() const;  // "K=4", "K=4 adaptive", "K=4 cfg", "K=4 cfg+draft"
+  std::string Label() const;  // "K=4", "K=4 adaptive", "K=4 http", "K=4 cfg", "K=4 cfg+draft"
 };
 
 struct ArmSummary {
@@ -82,7 +83,21 @@ struct CompareRow {
 
 CompareRow CompareArm(const ArmSummary& baseline, const ArmSummary& arm);
 
-// A guided arm against the unguided arm of the same K and policy in the same run.
+// One arm over HTTP against the same arm over gRPC, run alternately in one benchmark: what the
+// HTTP API adds per output token, and its throughput at the run's stream count.
+struct TransportRow {
+  ArmSpec arm;                                                 // the gRPC arm
+  std::optional<double> grpc_tpot_ms, http_tpot_ms;            // mean TPOT
+  std::optional<double> added_ms_per_token;                    // http_tpot_ms - grpc_tpot_ms
+  std::optional<double> grpc_itl_ms, http_itl_ms;              // mean ITL
+  std::optional<double> grpc_ttft_ms, http_ttft_ms;            // median TTFT
+  std::optional<double> grpc_tokens_per_s, http_tokens_per_s;  // median output tok/s
+  std::optional<double> throughput_ratio;                      // http / grpc
+};
+
+TransportRow CompareTransport(const ArmSummary& grpc, const ArmSummary& http);
+
+// A guided arm against the unguided arm of the same K, policy and API in the same run.
 struct GuidanceRow {
   ArmSpec arm;
   std::optional<double> tokens_per_s, unguided_tokens_per_s;
@@ -93,12 +108,14 @@ struct GuidanceRow {
 // One row per guided arm that has an unguided counterpart in `arms`.
 std::vector<GuidanceRow> CompareGuidance(std::span<const ArmSummary> arms);
 
-// The human-readable report (stdout). `compare` and `guidance` may be empty.
+// The human-readable report (stdout). `compare`, `transport` and `guidance` may be empty.
 std::string FormatReport(std::span<const ArmSummary> arms, std::span<const CompareRow> compare,
-                         std::span<const GuidanceRow> guidance, int64_t repeats);
+                         int64_t repeats, std::span<const TransportRow> transport = {},
+                         std::span<const GuidanceRow> guidance = {});
 
 nlohmann::ordered_json ArmToJson(const ArmSummary& arm);
 nlohmann::ordered_json CompareToJson(const CompareRow& row);
+nlohmann::ordered_json TransportToJson(const TransportRow& row, int64_t streams);
 nlohmann::ordered_json GuidanceToJson(const GuidanceRow& row);
 
 }  // namespace specd::bench

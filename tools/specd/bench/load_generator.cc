@@ -79,6 +79,16 @@ std::vector<double> ArrivalOffsets(int64_t n, double rate, Arrival arrival, uint
 LoadRun RunLoad(v1::Generation::StubInterface& stub,
                 const std::vector<v1::GenerateRequest>& requests, const LoadOptions& options,
                 const std::function<void()>& on_done) {
+  return RunLoad(
+      [&stub](const v1::GenerateRequest& request, int64_t index, double timeout_seconds,
+              Clock::time_point run_start) {
+        return RunRequest(stub, request, index, timeout_seconds, run_start);
+      },
+      requests, options, on_done);
+}
+
+LoadRun RunLoad(const SendOne& send, const std::vector<v1::GenerateRequest>& requests,
+                const LoadOptions& options, const std::function<void()>& on_done) {
   const int64_t n = static_cast<int64_t>(requests.size());
   const std::vector<double> offsets =
       ArrivalOffsets(n, options.rate, options.arrival, options.arrival_seed);
@@ -92,7 +102,7 @@ LoadRun RunLoad(v1::Generation::StubInterface& stub,
       const size_t at = static_cast<size_t>(i);
       std::this_thread::sleep_until(start + std::chrono::duration_cast<Clock::duration>(
                                                 std::chrono::duration<double>(offsets[at])));
-      run.outcomes[at] = RunRequest(stub, requests[at], i, options.timeout_seconds, start);
+      run.outcomes[at] = send(requests[at], i, options.timeout_seconds, start);
       const std::lock_guard<std::mutex> lock(done_mu);
       if (on_done) on_done();
     }

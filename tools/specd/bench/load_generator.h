@@ -56,15 +56,25 @@ struct LoadRun {
   std::vector<RequestOutcome> outcomes;  // in request-list order
 };
 
-// Sends one request and waits for its stream to end; times are seconds since `run_start`.
-// `on_first_tokens` (optional) runs when the first message with tokens arrives.
+// Sends one request over the gRPC API and waits for its stream to end; times are seconds since
+// `run_start`. `on_first_tokens` (optional) runs when the first message with tokens arrives.
 RequestOutcome RunRequest(v1::Generation::StubInterface& stub, const v1::GenerateRequest& request,
                           int64_t index, double timeout_seconds,
                           std::chrono::steady_clock::time_point run_start,
                           const std::function<void()>& on_first_tokens = {});
 
-// Runs `requests` against `stub` and returns every outcome (failed requests included, with their
-// status). `on_done` is called, serialised, after each request ends.
+// Sends request number `index` and records it, with times in seconds since `run_start`.
+using SendOne = std::function<RequestOutcome(const v1::GenerateRequest& request, int64_t index,
+                                             double timeout_seconds,
+                                             std::chrono::steady_clock::time_point run_start)>;
+
+// Runs `requests` with `send` (called from up to options.streams threads at once) and returns
+// every outcome (failed requests included, with their status). `on_done` is called, serialised,
+// after each request ends.
+LoadRun RunLoad(const SendOne& send, const std::vector<v1::GenerateRequest>& requests,
+                const LoadOptions& options, const std::function<void()>& on_done);
+
+// The same over the gRPC API.
 LoadRun RunLoad(v1::Generation::StubInterface& stub,
                 const std::vector<v1::GenerateRequest>& requests, const LoadOptions& options,
                 const std::function<void()>& on_done);

@@ -1,0 +1,60 @@
+// Chat input for both public APIs (issue 15): a conversation rendered with the served model's
+// chat template and tokenized as Hugging Face's apply_chat_template(tokenize=True) does, with the
+// special tokens the template writes recognised, and BOS added by the tokenizer only when the
+// template did not write it (Llama 3's writes {{ bos_token }}; a second BOS would change the
+// model's input).
+#ifndef SPECD_SERVICES_COORDINATOR_CHAT_PROMPT_H_
+#define SPECD_SERVICES_COORDINATOR_CHAT_PROMPT_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "common/chat/chat_template.h"
+#include "common/tokenizer/tokenizer.h"
+#include "nlohmann/json.hpp"
+
+namespace specd {
+
+class ChatPrompt {
+ public:
+  // No chat template: every conversation is refused with `why`.
+  explicit ChatPrompt(absl::Status why) : unavailable_(std::move(why)) {}
+
+  // The template of `--chat-template` (`override_source`) when given, else tokenizer_config.json's.
+  // An override that does not load is an error (the operator asked for it). The model's own
+  // template that does not load (unsupported syntax, or none) is not: the server still serves
+  // text and token prompts, and a conversation gets the reason.
+  static absl::StatusOr<ChatPrompt> Load(std::string_view tokenizer_config_json,
+                                         const std::optional<std::string>& override_source);
+
+  bool available() const { return tmpl_.has_value(); }
+  // Why there is no template (OK when there is one).
+  const absl::Status& unavailable_reason() const { return unavailable_; }
+
+  // `messages`: an OpenAI-style array of {"role", "content"} objects (content may be a list of
+  // text parts). Rendered with the assistant's generation prompt, then encoded. Errors are
+  // INVALID_ARGUMENT naming the message or quoting the template's own raise_exception, or
+  // FAILED_PRECONDITION when there is no template.
+  absl::StatusOr<std::vector<int32_t>> Encode(const nlohmann::ordered_json& messages,
+                                              const Tokenizer& tokenizer) const;
+
+ private:
+  explicit ChatPrompt(chat::ChatTemplate tmpl) : tmpl_(std::move(tmpl)) {}
+
+  std::optional<chat::ChatTemplate> tmpl_;
+  absl::Status unavailable_;
+};
+
+// Encodes a rendered prompt: special tokens parsed; BOS as the tokenizer declares unless the
+// text already starts with it.
+absl::StatusOr<std::vector<int32_t>> EncodeRenderedPrompt(const chat::RenderedPrompt& prompt,
+                                                          const Tokenizer& tokenizer);
+
+}  // namespace specd
+
+#endif  // SPECD_SERVICES_COORDINATOR_CHAT_PROMPT_H_

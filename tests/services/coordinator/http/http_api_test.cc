@@ -1,0 +1,792 @@
+// The OpenAI-compatible HTTP API (issue 15) over `specd serve --http-listen`, three real processes
+// on loopback:
+//  * greedy text over HTTP equals the gRPC API's, token for token, for K = 0 and K = 4, for
+//    completions and chat, streamed and not;
+//  * 128 concurrent event streams each equal the same request run alone;
+//  * n = 4 with a seed gives the same 4 completions every time, under load too, and completion j
+//    is the gRPC request with sample number j;
+//  * logprobs over HTTP are the gRPC API's numbers, the same for every K, sorted, and -9999 for
+//    tokens outside the processed distribution's support;
+//  * a client that drops its event stream has its request cancelled and its KV freed;
+//  * real clients: the `openai` npm package, curl and Python's standard library;
+//  * every error status (400, 401, 404, 405, 413, 429, 503), after which the server still serves
+//    and every KV block is free.
+#include <signal.h>
+#include <sys/wait.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "common/synth/synth.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "specd/v1/generation.grpc.pb.h"
+#include "tests/services/serve_process.h"
+#include "tests/services/worker_process.h"
+#include "tests/test_util.h"
+#include "tools/specd/bench/http_client.h"
+
+namespace specd {
+namespace {
+
+using Json = nlohmann::json;
+using bench::HttpCall;
+using bench::HttpConnection;
+using bench::HttpReply;
+using bench::HttpStream;
+using bench::SseReply;
+using ::testing::HasSubstr;
+using testing::ScopedTempDir;
+using testing::ServeProcess;
+
+// A ChatML template that writes BOS itself (as Llama 3's does): the prompt must hold one BOS.
+constexpr char kTemplate[] =
+    "{{ bos_token }}{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + "
+    "message['content'] + '<|im_end|>\\n' }}{% endfor %}{% if add_generation_prompt %}"
+    "{{ '<|im_start|>assistant\\n' }}{% endif %}";
+
+void WriteText(const std::filesystem::path& path, const std::string& text) {
+  std::ofstream(path) << text;
+}
+
+// Runs a shell command; its exit code, with stdout in `*output` (stderr is the test's).
+int Shell(const std::string& command, std::string* output) {
+  FILE* pipe = popen(command.c_str(), "r");
+  if (pipe == nullptr) return -1;
+  output->clear();
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, pipe)) > 0) output->append(buf, n);
+  const int status = pclose(pipe);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+// The tiny synthetic pair: a 4-layer target and its first layer as the draft, with the
+// synthetic SentencePiece tokenizer.
+void WriteModel(const std::filesystem::path& dir) {
+  SynthSpec spec;
+  absl::StatusOr<ModelConfig> c = ShapePreset("tiny");
+  ASSERT_TRUE(c.ok());
+  spec.config = *c;
+  spec.residual_scale = 0.1;
+  ASSERT_TRUE(WriteSyntheticModel(spec, dir).ok());
+}
+
+// One choice's text, token ids and logprobs, from a whole response or a stream's chunks.
+struct Choice {
+  std::string text;
+  std::vector<int32_t> tokens;
+  std::vector<int32_t> prompt_tokens;
+  Json logprobs = Json::array();  // chat: the content items; completions: the logprobs object
+  std::string finish_reason;
+  Json usage;
+};
+
+std::vector<Choice> ChoicesOf(const Json& response, bool chat) {
+  std::vector<Choice> out;
+  for (const Json& c : response["choices"]) {
+    Choice choice;
+    choice.text = chat ? c["message"]["content"].get<std::string>() : c["text"].get<std::string>();
+    if (c.contains("token_ids")) choice.tokens = c["token_ids"].get<std::vector<int32_t>>();
+    if (c.contains("prompt_token_ids")) {
+      choice.prompt_tokens = c["prompt_token_ids"].get<std::vector<int32_t>>();
+    }
+    if (!c["logprobs"].is_null()) choice.logprobs = chat ? c["logprobs"]["content"] : c["logprobs"];
+    choice.finish_reason = c["finish_reason"].get<std::string>();
+    choice.usage = c["usage"];
+    out.push_back(std::move(choice));
+  }
+  return out;
+}
+
+std::vector<Choice> ChoicesOf(const SseReply& reply, bool chat) {
+  std::vector<Choice> out;
+  for (const Json& event : reply.events) {
+    for (const Json& c : event["choices"]) {
+      const size_t i = c["index"].get<size_t>();
+      if (out.size() <= i) out.resize(i + 1);
+      Choice& choice = out[i];
+      choice.text += chat ? c["delta"].value("content", "") : c["text"].get<std::string>();
+      if (c.contains("token_ids")) {
+        for (const Json& t : c["token_ids"]) choice.tokens.push_back(t.get<int32_t>());
+      }
+      if (chat && !c["logprobs"].is_null()) {
+        for (const Json& item : c["logprobs"]["content"]) choice.logprobs.push_back(item);
+      }
+      if (!c["finish_reason"].is_null()) {
+        choice.finish_reason = c["finish_reason"].get<std::string>();
+        choice.usage = c["usage"];
+      }
+    }
+  }
+  return out;
+}
+
+class HttpApiTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new ScopedTempDir();
+    WriteModel(dir_->path() / "tinymodel");
+    WriteText(dir_->path() / "chatml.jinja", kTemplate);
+    serve_ = ServeProcess::Start({"--target", (dir_->path() / "tinymodel").string(),
+                                  "--draft-exit-layer", "1", "--threads", "1", "--http-listen",
+                                  "127.0.0.1:0", "--chat-template",
+                                  (dir_->path() / "chatml.jinja").string(), "--metrics"})
+                 .release();
+    ASSERT_NE(serve_, nullptr);
+    ASSERT_GT(serve_->http_port(), 0) << "serve printed no `http on` line";
+  }
+  static void TearDownTestSuite() {
+    delete serve_;
+    serve_ = nullptr;
+    delete dir_;
+  }
+
+  static int port() { return serve_->http_port(); }
+
+  static Json Post(const std::string& path, const Json& body) {
+    absl::StatusOr<HttpReply> r = HttpCall(port(), "POST", path, body.dump());
+    EXPECT_TRUE(r.ok()) << r.status();
+    if (!r.ok()) return nullptr;
+    EXPECT_EQ(r->status, 200) << r->body;
+    return r->Json();
+  }
+
+  static SseReply Stream(const std::string& path, const Json& body) {
+    absl::StatusOr<SseReply> r = HttpStream(port(), path, body);
+    EXPECT_TRUE(r.ok()) << r.status();
+    if (!r.ok()) return {};
+    EXPECT_EQ(r->status, 200) << r->body;
+    EXPECT_TRUE(r->done) << "no [DONE] at the end of the stream";
+    return *r;
+  }
+
+  static ServeProcess::Stream Grpc(const v1::GenerateRequest& r) {
+    std::vector<ServeProcess::Stream> out = serve_->Generate({r});
+    EXPECT_TRUE(out[0].status.ok()) << out[0].status.error_message();
+    return out[0];
+  }
+
+  static v1::GenerateRequest GrpcRequest(uint32_t max_new, uint32_t k) {
+    v1::GenerateRequest r;
+    r.mutable_stopping()->set_max_new_tokens(max_new);
+    r.mutable_stopping()->set_ignore_eos(true);
+    r.mutable_speculation()->set_num_speculative_tokens(k);
+    return r;
+  }
+
+  static inline ScopedTempDir* dir_ = nullptr;
+  static inline ServeProcess* serve_ = nullptr;
+};
+
+TEST_F(HttpApiTest, ModelsAndHealthAnswer) {
+  absl::StatusOr<HttpReply> health = HttpCall(port(), "GET", "/health");
+  ASSERT_TRUE(health.ok());
+  EXPECT_EQ(health->status, 200);
+  absl::StatusOr<HttpReply> models = HttpCall(port(), "GET", "/v1/models");
+  ASSERT_TRUE(models.ok());
+  EXPECT_EQ(models->status, 200);
+  const Json j = models->Json();
+  EXPECT_EQ(j["object"], "list");
+  ASSERT_EQ(j["data"].size(), 1u);
+  EXPECT_EQ(j["data"][0]["id"], "tinymodel");  // the target directory's name
+  EXPECT_EQ(j["data"][0]["max_model_len"], 512);
+  // The gRPC API describes the same server.
+  grpc::ClientContext ctx;
+  v1::GetServerInfoResponse info;
+  ASSERT_TRUE(serve_->stub().GetServerInfo(&ctx, {}, &info).ok());
+  EXPECT_EQ(info.served_model_name(), "tinymodel");
+  EXPECT_TRUE(info.has_chat_template());
+}
+
+TEST_F(HttpApiTest, GreedyTextEqualsTheGrpcApiTokenForToken) {
+  const std::vector<std::string> prompts = {"Once upon a time", "The cat sat", "A"};
+  for (const uint32_t k : {0u, 4u}) {
+    for (const std::string& prompt : prompts) {
+      v1::GenerateRequest g = GrpcRequest(24, k);
+      g.set_text(prompt);
+      const ServeProcess::Stream want = Grpc(g);
+      const Json body = {{"model", "tinymodel"},       {"prompt", prompt},
+                         {"max_tokens", 24},           {"temperature", 0},
+                         {"ignore_eos", true},         {"return_token_ids", true},
+                         {"num_speculative_tokens", k}};
+      const std::vector<Choice> whole = ChoicesOf(Post("/v1/completions", body), false);
+      Json streamed = body;
+      streamed["stream"] = true;
+      const std::vector<Choice> parts = ChoicesOf(Stream("/v1/completions", streamed), false);
+      for (const std::vector<Choice>* got : {&whole, &parts}) {
+        ASSERT_EQ(got->size(), 1u);
+        EXPECT_EQ(got->front().tokens, want.tokens) << "K = " << k << ", '" << prompt << "'";
+        EXPECT_EQ(got->front().text, want.text) << "K = " << k << ", '" << prompt << "'";
+        EXPECT_EQ(got->front().finish_reason, "length");
+      }
+    }
+    // Token-id prompts, and chat against the gRPC API's chat input.
+    v1::GenerateRequest g = GrpcRequest(20, k);
+    for (const int32_t id : {1, 300, 301, 302}) g.mutable_token_ids()->add_ids(id);
+    const ServeProcess::Stream want_ids = Grpc(g);
+    const std::vector<Choice> ids =
+        ChoicesOf(Post("/v1/completions", {{"prompt", {1, 300, 301, 302}},
+                                           {"max_tokens", 20},
+                                           {"temperature", 0},
+                                           {"ignore_eos", true},
+                                           {"return_token_ids", true},
+                                           {"num_speculative_tokens", k}}),
+                  false);
+    EXPECT_EQ(ids.at(0).tokens, want_ids.tokens);
+
+    v1::GenerateRequest chat = GrpcRequest(20, k);
+    v1::ChatMessage* system = chat.mutable_chat()->add_messages();
+    system->set_role("system");
+    system->set_content("Be brief.");
+    v1::ChatMessage* user = chat.mutable_chat()->add_messages();
+    user->set_role("user");
+    user->set_content("Tell me a story.");
+    const ServeProcess::Stream want_chat = Grpc(chat);
+    const Json messages = {{{"role", "system"}, {"content", "Be brief."}},
+                           {{"role", "user"}, {"content", "Tell me a story."}}};
+    const Json body = {{"messages", messages},     {"max_tokens", 20},
+                       {"temperature", 0},         {"ignore_eos", true},
+                       {"return_token_ids", true}, {"num_speculative_tokens", k}};
+    const std::vector<Choice> whole = ChoicesOf(Post("/v1/chat/completions", body), true);
+    Json streamed = body;
+    streamed["stream"] = true;
+    const std::vector<Choice> parts = ChoicesOf(Stream("/v1/chat/completions", streamed), true);
+    for (const std::vector<Choice>* got : {&whole, &parts}) {
+      EXPECT_EQ(got->at(0).tokens, want_chat.tokens) << "chat, K = " << k;
+      EXPECT_EQ(got->at(0).text, want_chat.text) << "chat, K = " << k;
+    }
+    EXPECT_EQ(want_chat.messages.back().usage().prompt_tokens(),
+              whole.at(0).usage["prompt_tokens"].get<uint32_t>());
+  }
+}
+
+TEST_F(HttpApiTest, EchoStopStringsAndUsageBehaveAsOpenAis) {
+  const Json base = {{"prompt", "The cat sat"},
+                     {"max_tokens", 20},
+                     {"temperature", 0},
+                     {"ignore_eos", true},
+                     {"return_token_ids", true}};
+  const Choice plain = ChoicesOf(Post("/v1/completions", base), false).at(0);
+  ASSERT_GE(plain.text.size(), 8u);
+  // echo puts the prompt before the completion, streamed or not.
+  Json echo = base;
+  echo["echo"] = true;
+  EXPECT_EQ(ChoicesOf(Post("/v1/completions", echo), false).at(0).text, "The cat sat" + plain.text);
+  echo["stream"] = true;
+  EXPECT_EQ(ChoicesOf(Stream("/v1/completions", echo), false).at(0).text,
+            "The cat sat" + plain.text);
+  // A stop string ends the text right before it, with finish_reason "stop".
+  // Three ASCII characters past the start (the synthetic model also writes byte tokens).
+  std::string stop;
+  for (size_t i = 2; i + 3 <= plain.text.size() && stop.empty(); ++i) {
+    const std::string candidate = plain.text.substr(i, 3);
+    if (std::all_of(candidate.begin(), candidate.end(),
+                    [](char c) { return c > ' ' && c < 127; })) {
+      stop = candidate;
+    }
+  }
+  ASSERT_FALSE(stop.empty()) << plain.text;
+  Json stopped = base;
+  stopped["stop"] = {stop, "never appears"};
+  const Choice cut = ChoicesOf(Post("/v1/completions", stopped), false).at(0);
+  EXPECT_EQ(cut.text, plain.text.substr(0, plain.text.find(stop)));
+  EXPECT_EQ(cut.finish_reason, "stop");
+  EXPECT_LT(cut.tokens.size(), plain.tokens.size());
+  // Usage: prompt + completion = total, and the speculative extension.
+  const Json& u = plain.usage;
+  EXPECT_EQ(u["completion_tokens"], 20);
+  EXPECT_EQ(u["prompt_tokens"].get<int>() + 20, u["total_tokens"].get<int>());
+  EXPECT_GT(u["speculative"]["rounds"].get<int>(), 0);
+  EXPECT_TRUE(u["speculative"]["acceptance_rate"].is_number());
+}
+
+TEST_F(HttpApiTest, ChatTemplateThatWritesBosGetsNoSecondBos) {
+  const Json body = {{"messages", {{{"role", "user"}, {"content", "hi"}}}},
+                     {"max_tokens", 2},
+                     {"return_token_ids", true}};
+  const std::vector<Choice> got = ChoicesOf(Post("/v1/chat/completions", body), true);
+  ASSERT_EQ(got.size(), 1u);
+  const std::vector<int32_t>& ids = got[0].prompt_tokens;
+  // The rendered text, tokenized with special tokens parsed and no BOS added: one BOS, the one
+  // the template wrote.
+  grpc::ClientContext ctx;
+  v1::TokenizeRequest tr;
+  tr.set_text("<s><|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n");
+  tr.set_parse_special(true);
+  v1::TokenizeResponse tokenized;
+  ASSERT_TRUE(serve_->stub().Tokenize(&ctx, tr, &tokenized).ok());
+  EXPECT_EQ(ids, std::vector<int32_t>(tokenized.token_ids().begin(), tokenized.token_ids().end()));
+  ASSERT_GE(ids.size(), 2u);
+  EXPECT_EQ(ids[0], 1);  // BOS
+  EXPECT_EQ(std::count(ids.begin(), ids.end(), 1), 1) << "a second BOS";
+  // The reply is only what follows the prompt.
+  EXPECT_THAT(got[0].text, ::testing::Not(HasSubstr("im_start")));
+}
+
+TEST_F(HttpApiTest, HundredTwentyEightConcurrentStreamsEachEqualItsSoloRun) {
+  constexpr int kStreams = 128;
+  std::vector<Json> bodies;
+  for (int i = 0; i < kStreams; ++i) {
+    Json b = {{"prompt", absl::StrCat("Story ", i, ":")},
+              {"max_tokens", 12},
+              {"ignore_eos", true},
+              {"stream", true},
+              {"return_token_ids", true},
+              {"num_speculative_tokens", i % 5}};
+    // Even streams greedy, odd ones sampled with a seed.
+    b["temperature"] = i % 2 == 0 ? 0.0 : 1.0;
+    if (i % 2 == 1) b["seed"] = 1000 + i;
+    bodies.push_back(std::move(b));
+  }
+  std::vector<Choice> solo(kStreams);
+  for (int i = 0; i < kStreams; ++i)
+    solo[i] = ChoicesOf(Stream("/v1/completions", bodies[i]), false).at(0);
+  std::vector<Choice> together(kStreams);
+  std::vector<std::thread> threads;
+  std::atomic<int> failures{0};
+  for (int i = 0; i < kStreams; ++i) {
+    threads.emplace_back([&, i] {
+      absl::StatusOr<SseReply> r = HttpStream(port(), "/v1/completions", bodies[i]);
+      if (!r.ok() || r->status != 200 || !r->done) {
+        ++failures;
+        return;
+      }
+      together[i] = ChoicesOf(*r, false).at(0);
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  ASSERT_EQ(failures.load(), 0);
+  for (int i = 0; i < kStreams; ++i) {
+    EXPECT_EQ(together[i].tokens, solo[i].tokens) << "stream " << i;
+    EXPECT_EQ(together[i].text, solo[i].text) << "stream " << i;
+    EXPECT_EQ(together[i].tokens.size(), 12u);
+  }
+  serve_->ExpectNoBlocksUsed();
+}
+
+TEST_F(HttpApiTest, NCompletionsWithASeedReproduceUnderLoadAndAreTheGrpcSamples) {
+  const Json body = {{"prompt", "In a land far away"},
+                     {"n", 4},
+                     {"seed", 99},
+                     {"temperature", 1.0},
+                     {"max_tokens", 12},
+                     {"ignore_eos", true},
+                     {"logprobs", 1},
+                     {"num_speculative_tokens", 3},
+                     {"return_token_ids", true}};
+  const std::vector<Choice> first = ChoicesOf(Post("/v1/completions", body), false);
+  ASSERT_EQ(first.size(), 4u);
+  const std::vector<Choice> second = ChoicesOf(Post("/v1/completions", body), false);
+  // Under load: the same request while 16 other streams run.
+  std::vector<std::thread> load;
+  for (int i = 0; i < 16; ++i) {
+    load.emplace_back([i] {
+      (void)HttpStream(port(), "/v1/completions",
+                       {{"prompt", absl::StrCat("load ", i)},
+                        {"max_tokens", 40},
+                        {"ignore_eos", true},
+                        {"stream", true},
+                        {"seed", i}});
+    });
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  const std::vector<Choice> loaded = ChoicesOf(Stream("/v1/completions",
+                                                      [&] {
+                                                        Json b = body;
+                                                        b["stream"] = true;
+                                                        return b;
+                                                      }()),
+                                               false);
+  for (std::thread& t : load) t.join();
+  ASSERT_EQ(loaded.size(), 4u);
+  int distinct_pairs = 0;
+  for (size_t j = 0; j < 4; ++j) {
+    EXPECT_EQ(second[j].tokens, first[j].tokens) << "choice " << j;
+    EXPECT_EQ(loaded[j].tokens, first[j].tokens) << "choice " << j << " under load";
+    EXPECT_EQ(loaded[j].text, first[j].text);
+    for (size_t i = 0; i < j; ++i) distinct_pairs += first[i].tokens != first[j].tokens;
+    // Choice j is the gRPC request with sample number j.
+    v1::GenerateRequest g = GrpcRequest(12, 3);
+    g.set_text("In a land far away");
+    g.mutable_sampling()->set_temperature(1.0f);
+    g.mutable_sampling()->set_seed(99);
+    g.mutable_sampling()->set_sample(static_cast<uint32_t>(j));
+    EXPECT_EQ(Grpc(g).tokens, first[j].tokens) << "choice " << j;
+    // Per-choice logprobs and usage.
+    EXPECT_EQ(first[j].logprobs["token_logprobs"].size(), 12u);
+    EXPECT_EQ(first[j].usage["completion_tokens"], 12);
+  }
+  EXPECT_EQ(distinct_pairs, 6) << "completions of one seed must differ";
+}
+
+TEST_F(HttpApiTest, LogprobsAreTheGrpcNumbersTheSameForEveryKAndSorted) {
+  const Json messages = {{{"role", "user"}, {"content", "Count with me."}}};
+  std::vector<Json> by_k;
+  for (const int k : {0, 4}) {
+    const Json body = {{"messages", messages},       {"max_tokens", 16}, {"temperature", 0},
+                       {"ignore_eos", true},         {"logprobs", true}, {"top_logprobs", 3},
+                       {"num_speculative_tokens", k}};
+    const std::vector<Choice> got = ChoicesOf(Post("/v1/chat/completions", body), true);
+    ASSERT_EQ(got.at(0).logprobs.size(), 16u);
+    by_k.push_back(got[0].logprobs);
+    for (const Json& item : got[0].logprobs) {
+      const Json& top = item["top_logprobs"];
+      ASSERT_EQ(top.size(), 3u);
+      // Greedy: the emitted token is the most likely one, first in the list.
+      EXPECT_EQ(top[0]["token"], item["token"]);
+      EXPECT_EQ(top[0]["logprob"], item["logprob"]);
+      EXPECT_LT(item["logprob"].get<double>(), 0.0);  // a real value, not a one-hot row's 0
+      for (size_t r = 1; r < top.size(); ++r) {
+        EXPECT_GE(top[r - 1]["logprob"].get<double>(), top[r]["logprob"].get<double>());
+      }
+    }
+    // The gRPC API reports the same floats.
+    v1::GenerateRequest g = GrpcRequest(16, static_cast<uint32_t>(k));
+    v1::ChatMessage* m = g.mutable_chat()->add_messages();
+    m->set_role("user");
+    m->set_content("Count with me.");
+    g.mutable_logprobs()->set_enabled(true);
+    g.mutable_logprobs()->set_top_logprobs(3);
+    std::vector<float> grpc_logprobs;
+    for (const v1::GenerateResponse& msg : Grpc(g).messages) {
+      for (const v1::TokenLogprob& lp : msg.logprobs()) grpc_logprobs.push_back(lp.logprob());
+    }
+    ASSERT_EQ(grpc_logprobs.size(), 16u);
+    for (size_t i = 0; i < 16; ++i) {
+      EXPECT_EQ(got[0].logprobs[i]["logprob"].get<double>(), static_cast<double>(grpc_logprobs[i]));
+    }
+  }
+  EXPECT_EQ(by_k[0], by_k[1]) << "greedy logprobs differ between K = 0 and K = 4";
+}
+
+TEST_F(HttpApiTest, ProcessedLogprobsOutsideTheSupportAreMinus9999) {
+  const Json body = {{"messages", {{{"role", "user"}, {"content", "hi"}}}},
+                     {"max_tokens", 10},
+                     {"temperature", 0.8},
+                     {"top_k", 2},
+                     {"seed", 5},
+                     {"logprobs", true},
+                     {"top_logprobs", 5},
+                     {"logprobs_mode", "processed_logprobs"}};
+  const std::vector<Choice> got = ChoicesOf(Post("/v1/chat/completions", body), true);
+  ASSERT_EQ(got.at(0).logprobs.size(), 10u);
+  for (const Json& item : got[0].logprobs) {
+    EXPECT_GT(item["logprob"].get<double>(), -9999.0);  // the emitted token is in the support
+    const Json& top = item["top_logprobs"];
+    ASSERT_EQ(top.size(), 5u);  // top_k = 2 keeps the first two; the rest are outside
+    double mass = 0.0;
+    for (size_t r = 0; r < 2; ++r) mass += std::exp(top[r]["logprob"].get<double>());
+    EXPECT_NEAR(mass, 1.0, 1e-5);  // processed values: the two kept tokens carry all the mass
+    for (size_t r = 2; r < 5; ++r) EXPECT_EQ(top[r]["logprob"].get<double>(), -9999.0);
+  }
+}
+
+TEST_F(HttpApiTest, DroppedStreamIsCancelledAndFreesItsKv) {
+  const int metrics = serve_->MetricsPort("coordinator");
+  ASSERT_GT(metrics, 0);
+  auto count = [&](const std::string& series) {
+    absl::StatusOr<std::string> text = testing::HttpGet(metrics, "/metrics");
+    EXPECT_TRUE(text.ok());
+    double total = 0.0;
+    for (absl::string_view line : absl::StrSplit(text.ok() ? *text : "", '\n')) {
+      if (absl::StartsWith(line, series))
+        total += std::stod(std::string(line.substr(line.rfind(' ') + 1)));
+    }
+    return total;
+  };
+  const double cancelled = count("specd_request_errors_total{code=\"CANCELLED\"}");
+  const double succeeded = count("specd_request_success_total");
+  // Plain decoding of 480 tokens takes many rounds: the disconnect comes long before the end.
+  absl::StatusOr<std::unique_ptr<HttpConnection>> c = HttpConnection::Connect(port());
+  ASSERT_TRUE(c.ok());
+  ASSERT_TRUE((*c)->Send("POST", "/v1/completions",
+                         Json({{"prompt", "Long"},
+                               {"max_tokens", 480},
+                               {"ignore_eos", true},
+                               {"temperature", 0},
+                               {"num_speculative_tokens", 0},
+                               {"stream", true}})
+                             .dump())
+                  .ok());
+  absl::StatusOr<HttpReply> head = (*c)->ReadHead();
+  ASSERT_TRUE(head.ok());
+  ASSERT_EQ(head->status, 200);
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE((*c)->NextEvent().ok());
+  EXPECT_GT(serve_->UsedKvBlocks("target worker"), 0);
+  (*c)->Close();
+  serve_->ExpectNoBlocksUsed();
+  EXPECT_EQ(count("specd_request_errors_total{code=\"CANCELLED\"}"), cancelled + 1);
+  EXPECT_EQ(count("specd_request_success_total"), succeeded) << "the request ran to its end";
+}
+
+TEST_F(HttpApiTest, RealClientsAgreeWithTheGrpcApi) {
+  const std::string prompt = "The little robot";
+  v1::GenerateRequest g = GrpcRequest(16, 4);
+  g.set_text(prompt);
+  const std::string want = Grpc(g).text;
+  v1::GenerateRequest gc = GrpcRequest(16, 4);
+  v1::ChatMessage* m = gc.mutable_chat()->add_messages();
+  m->set_role("user");
+  m->set_content(prompt);
+  const std::string want_chat = Grpc(gc).text;
+  const std::string src = testing::SourceDir().string();
+  const std::string base = absl::StrCat("http://127.0.0.1:", port(), "/v1");
+
+  // The official openai package (Node).
+  std::string out;
+  ASSERT_EQ(Shell(absl::StrCat("node ", src, "/tests/clients/openai_client.mjs ", src, " ", base,
+                               " tinymodel '", prompt, "'"),
+                  &out),
+            0)
+      << out;
+  const Json node = Json::parse(out);
+  EXPECT_EQ(node["completion"]["text"], want);
+  EXPECT_EQ(node["completion"]["finish_reason"], "length");
+  EXPECT_EQ(node["completion"]["usage"]["completion_tokens"], 16);
+  EXPECT_EQ(node["completion_stream"]["text"], want);
+  EXPECT_EQ(node["completion_stream"]["usage"]["completion_tokens"], 16);
+  EXPECT_EQ(node["chat"]["text"], want_chat);
+  EXPECT_EQ(node["chat"]["role"], "assistant");
+  EXPECT_EQ(node["chat"]["logprobs"].size(), 16u);
+  EXPECT_EQ(node["chat_stream"]["text"], want_chat);
+  EXPECT_EQ(node["chat_stream"]["role"], "assistant");
+  EXPECT_EQ(node["chat_stream"]["usage"]["total_tokens"], node["chat"]["usage"]["total_tokens"]);
+  EXPECT_EQ(node["models"], Json::array({"tinymodel"}));
+
+  // Python's standard library.
+  ASSERT_EQ(Shell(absl::StrCat("/usr/bin/python3 ", src, "/tests/clients/http_client.py ", port(),
+                               " tinymodel '", prompt, "'"),
+                  &out),
+            0)
+      << out;
+  const Json py = Json::parse(out);
+  EXPECT_EQ(py["completion"], want);
+  EXPECT_EQ(py["chat"], want_chat);
+  EXPECT_EQ(py["stream"], want);
+  EXPECT_TRUE(py["done"].get<bool>());
+  EXPECT_GE(py["events"].get<int>(), 2);
+  EXPECT_EQ(py["stream_usage"]["completion_tokens"], 16);
+  EXPECT_EQ(py["error_status"], 400);
+  EXPECT_EQ(py["error"]["param"], "temperature");
+
+  // curl, reading the event stream as it comes (-N).
+  const Json body = {{"prompt", prompt},   {"max_tokens", 16}, {"temperature", 0},
+                     {"ignore_eos", true}, {"stream", true},   {"num_speculative_tokens", 4}};
+  ASSERT_EQ(Shell(absl::StrCat("curl -sSN --max-time 60 -H 'Content-Type: application/json' "
+                               "-d '",
+                               body.dump(), "' ", base, "/completions"),
+                  &out),
+            0)
+      << out;
+  std::string text;
+  bool done = false;
+  for (absl::string_view line : absl::StrSplit(out, '\n')) {
+    if (!absl::StartsWith(line, "data: ")) continue;
+    line.remove_prefix(6);
+    if (line == "[DONE]") {
+      done = true;
+      continue;
+    }
+    text += Json::parse(line)["choices"][0]["text"].get<std::string>();
+  }
+  EXPECT_TRUE(done);
+  EXPECT_EQ(text, want);
+}
+
+// Every error, on a server with a token, one running and one queued request: the right status
+// and OpenAI's error shape, and the server serves normally afterwards with every KV block free.
+class HttpErrorsTest : public ::testing::Test {
+ protected:
+  static constexpr char kToken[] = "0123456789abcdef-http-test-token";
+
+  void SetUp() override {
+    WriteModel(tmp_.path() / "tinymodel");
+    pids_ = tmp_.path() / "pids";
+    std::filesystem::create_directories(pids_);
+    // The coordinator reads the token from the environment it inherits through serve.
+    setenv("SPECD_AUTH_TOKEN", kToken, 1);
+    serve_ = ServeProcess::Start(
+        {"--target", (tmp_.path() / "tinymodel").string(), "--draft-exit-layer", "1", "--threads",
+         "1", "--http-listen", "127.0.0.1:0", "--max-running", "1", "--max-queued", "1",
+         "--worker-call-timeout-seconds", "1", "--worker-unavailable-seconds", "2"},
+        pids_);
+    unsetenv("SPECD_AUTH_TOKEN");
+    ASSERT_NE(serve_, nullptr);
+  }
+
+  HttpReply Call(const std::string& method, const std::string& path, const std::string& body,
+                 bool with_token = true) {
+    std::vector<std::string> headers;
+    if (with_token) headers.push_back(absl::StrCat("Authorization: Bearer ", kToken));
+    absl::StatusOr<HttpReply> r = HttpCall(serve_->http_port(), method, path, body, headers);
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r.ok() ? *r : HttpReply();
+  }
+
+  // The status, and the error object's shape.
+  void ExpectError(const HttpReply& r, int status, const std::string& param = "") {
+    EXPECT_EQ(r.status, status) << r.body;
+    const Json j = r.Json();
+    ASSERT_TRUE(j.contains("error")) << r.body;
+    EXPECT_TRUE(j["error"]["message"].is_string());
+    EXPECT_TRUE(j["error"]["type"].is_string());
+    if (!param.empty()) {
+      EXPECT_EQ(j["error"]["param"], param) << r.body;
+    }
+  }
+
+  void ExpectServing() {
+    const HttpReply ok =
+        Call("POST", "/v1/completions", R"({"prompt": "ok", "max_tokens": 4, "temperature": 0})");
+    EXPECT_EQ(ok.status, 200) << ok.body;
+  }
+
+  ScopedTempDir tmp_;
+  std::filesystem::path pids_;
+  std::unique_ptr<ServeProcess> serve_;
+};
+
+TEST_F(HttpErrorsTest, EveryErrorHasItsStatusAndHarmsNothing) {
+  const std::string ok_body = R"({"prompt": "hi", "max_tokens": 4})";
+  // 401.
+  ExpectError(Call("POST", "/v1/completions", ok_body, /*with_token=*/false), 401);
+  {
+    absl::StatusOr<HttpReply> r = HttpCall(serve_->http_port(), "POST", "/v1/completions", ok_body,
+                                           {"Authorization: Bearer not-the-token-at-all-0000"});
+    ASSERT_TRUE(r.ok());
+    ExpectError(*r, 401);
+  }
+  ExpectError(Call("GET", "/v1/models", "", false), 401);
+  EXPECT_EQ(Call("GET", "/health", "", false).status, 200);  // open, like gRPC health
+  // 400: bad JSON, a wrong type, out of range, and limits only the model knows.
+  ExpectError(Call("POST", "/v1/completions", "{\"prompt\": "), 400);
+  ExpectError(Call("POST", "/v1/completions", R"({"prompt": "hi", "temperature": "hot"})"), 400,
+              "temperature");
+  ExpectError(Call("POST", "/v1/completions", R"({"prompt": "hi", "top_p": 7})"), 400, "top_p");
+  ExpectError(Call("POST", "/v1/completions", R"({"prompt": "hi", "max_tokens": 100000})"), 400,
+              "max_tokens");
+  ExpectError(Call("POST", "/v1/completions", R"({"prompt": [1, 99999]})"), 400, "prompt");
+  ExpectError(Call("POST", "/v1/completions", R"({"prompt": "hi", "stop": ["", "x"]})"), 400,
+              "stop");
+  ExpectError(Call("POST", "/v1/completions", R"({"prompt": "hi", "num_speculative_tokens": 40})"),
+              400, "num_speculative_tokens");
+  ExpectError(
+      Call("POST", "/v1/chat/completions", R"({"messages": [{"role": "user", "content": "hi"}]})"),
+      400, "messages");  // this model has no chat template
+  ExpectError(Call("POST", "/v1/chat/completions", R"({"messages": [{"content": "no role"}]})"),
+              400, "messages");
+  // 404 and 405.
+  ExpectError(Call("GET", "/v2/nothing", ""), 404);
+  ExpectError(Call("POST", "/v1/completions", R"({"prompt": "hi", "model": "gpt-4"})"), 404,
+              "model");
+  ExpectError(Call("GET", "/v1/completions", ""), 405);
+  // 413: over --max-request-bytes (4 MiB by default).
+  const std::string huge = absl::StrCat(R"({"prompt": ")", std::string(5 << 20, 'a'), R"("})");
+  ExpectError(Call("POST", "/v1/completions", huge), 413);
+  ExpectServing();
+
+  // 429: one running, one queued, the third is refused.
+  auto connect_stream = [&](int max_tokens) {
+    absl::StatusOr<std::unique_ptr<HttpConnection>> c =
+        HttpConnection::Connect(serve_->http_port());
+    EXPECT_TRUE(c.ok());
+    EXPECT_TRUE((*c)->Send("POST", "/v1/completions",
+                           Json({{"prompt", "busy"},
+                                 {"max_tokens", max_tokens},
+                                 {"ignore_eos", true},
+                                 {"num_speculative_tokens", 0},
+                                 {"stream", true}})
+                               .dump(),
+                           {absl::StrCat("Authorization: Bearer ", kToken)})
+                    .ok());
+    return *std::move(c);
+  };
+  std::unique_ptr<HttpConnection> running = connect_stream(480);
+  ASSERT_EQ((*running->ReadHead()).status, 200);
+  ASSERT_TRUE(running->NextEvent().ok());
+  std::unique_ptr<HttpConnection> queued = connect_stream(4);
+  // The queued request is admitted once the running one goes; until then the queue is full.
+  HttpReply refused;
+  for (int i = 0; i < 100; ++i) {
+    refused = Call("POST", "/v1/completions", ok_body);
+    if (refused.status == 429) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ExpectError(refused, 429);
+  EXPECT_THAT(refused.body, HasSubstr("queue is full"));
+  running->Close();  // cancelled, which admits the queued one
+  absl::StatusOr<HttpReply> queued_head = queued->ReadHead();
+  ASSERT_TRUE(queued_head.ok());
+  EXPECT_EQ(queued_head->status, 200);
+  while (true) {
+    absl::StatusOr<std::optional<std::string>> e = queued->NextEvent();
+    ASSERT_TRUE(e.ok());
+    if (!e->has_value()) break;
+  }
+  ExpectServing();
+
+  // 503 while a worker is unavailable (stopped), for longer than --worker-unavailable-seconds.
+  const pid_t target = serve_->Pid("target-worker");
+  ASSERT_GT(target, 0);
+  ASSERT_EQ(kill(target, SIGSTOP), 0);
+  const HttpReply unavailable = Call("POST", "/v1/completions", ok_body);
+  ASSERT_EQ(kill(target, SIGCONT), 0);
+  ExpectError(unavailable, 503);
+  EXPECT_THAT(unavailable.body, HasSubstr("target worker"));
+  for (int i = 0; i < 100; ++i) {
+    if (Call("POST", "/v1/completions", ok_body).status == 200) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  ExpectServing();
+
+  // 503 while the coordinator drains: an open stream still finishes, new requests are refused.
+  std::unique_ptr<HttpConnection> draining = connect_stream(200);
+  ASSERT_EQ((*draining->ReadHead()).status, 200);
+  ASSERT_TRUE(draining->NextEvent().ok());
+  const pid_t coordinator = serve_->Pid("coordinator");
+  ASSERT_EQ(kill(coordinator, SIGTERM), 0);
+  HttpReply refused_drain;
+  for (int i = 0; i < 100; ++i) {
+    refused_drain = Call("POST", "/v1/completions", ok_body);
+    if (refused_drain.status == 503) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ExpectError(refused_drain, 503);
+  EXPECT_THAT(refused_drain.body, HasSubstr("shutting down"));
+  int events = 0;
+  bool done = false;
+  while (true) {
+    absl::StatusOr<std::optional<std::string>> e = draining->NextEvent();
+    ASSERT_TRUE(e.ok()) << e.status();
+    if (!e->has_value()) break;
+    if (**e == "[DONE]") done = true;
+    ++events;
+  }
+  EXPECT_TRUE(done) << "the stream open when the drain began did not finish";
+  EXPECT_GT(events, 2);
+  // serve restarts the coordinator on the same address.
+  for (int i = 0; i < 200; ++i) {
+    absl::StatusOr<HttpReply> h = HttpCall(serve_->http_port(), "GET", "/health");
+    if (h.ok() && h->status == 200 && serve_->Pid("coordinator") != coordinator) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  ExpectServing();
+  serve_->ExpectNoBlocksUsed();
+}
+
+}  // namespace
+}  // namespace specd

@@ -1,0 +1,265 @@
+// The OpenAI request parser and response encoders of the HTTP API, without a server: every bad
+// field is refused naming that field, accepted fields land where the scheduler reads them, and
+// the response shapes (logprobs of both endpoints, -inf, usage, errors, SSE) are OpenAI's.
+#include <cmath>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "services/coordinator/http/openai_request.h"
+#include "services/coordinator/http/openai_response.h"
+
+namespace specd::http {
+namespace {
+
+using ::testing::HasSubstr;
+
+struct BadCase {
+  Endpoint endpoint;
+  std::string body;
+  std::string field;  // "" when the error names none (the body itself is wrong)
+};
+
+class BadRequestTest : public ::testing::TestWithParam<BadCase> {};
+
+TEST_P(BadRequestTest, IsRefusedNamingTheField) {
+  const BadCase& c = GetParam();
+  absl::StatusOr<OpenAiRequest> r = ParseOpenAiRequest(c.endpoint, c.body);
+  ASSERT_FALSE(r.ok()) << c.body;
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(FieldOf(r.status()), c.field) << r.status();
+  if (!c.field.empty()) EXPECT_THAT(std::string(r.status().message()), HasSubstr(c.field));
+  EXPECT_EQ(HttpStatusOf(r.status().code()), 400);
+}
+
+constexpr Endpoint kC = Endpoint::kCompletions;
+constexpr Endpoint kChat = Endpoint::kChatCompletions;
+
+INSTANTIATE_TEST_SUITE_P(
+    Fields, BadRequestTest,
+    ::testing::Values(
+        BadCase{kC, "{not json", ""}, BadCase{kC, "[1, 2]", ""},
+        BadCase{kC, R"({"model": "m"})", "prompt"}, BadCase{kC, R"({"prompt": 5})", "prompt"},
+        BadCase{kC, R"({"prompt": []})", "prompt"},
+        BadCase{kC, R"({"prompt": ["a", [1, 2]]})", "prompt"},
+        BadCase{kC, R"({"prompt": [1, "a"]})", "prompt"},
+        BadCase{kC, R"({"prompt": [1, 4294967296]})", "prompt"},
+        BadCase{kC, R"({"prompt": "a", "model": 3})", "model"},
+        BadCase{kC, R"({"prompt": "a", "temperature": "hot"})", "temperature"},
+        BadCase{kC, R"({"prompt": "a", "temperature": 2.5})", "temperature"},
+        BadCase{kC, R"({"prompt": "a", "temperature": -0.1})", "temperature"},
+        BadCase{kC, R"({"prompt": "a", "top_p": 0})", "top_p"},
+        BadCase{kC, R"({"prompt": "a", "top_p": 1.5})", "top_p"},
+        BadCase{kC, R"({"prompt": "a", "top_k": -2})", "top_k"},
+        BadCase{kC, R"({"prompt": "a", "top_k": 1.5})", "top_k"},
+        BadCase{kC, R"({"prompt": "a", "min_p": 2})", "min_p"},
+        BadCase{kC, R"({"prompt": "a", "repetition_penalty": 0})", "repetition_penalty"},
+        BadCase{kC, R"({"prompt": "a", "presence_penalty": 2.5})", "presence_penalty"},
+        BadCase{kC, R"({"prompt": "a", "frequency_penalty": -3})", "frequency_penalty"},
+        BadCase{kC, R"({"prompt": "a", "n": 0})", "n"},
+        BadCase{kC, R"({"prompt": "a", "n": 129})", "n"},
+        BadCase{kC, R"({"prompt": ["a", "b", "c"], "n": 100})", "n"},
+        BadCase{kC, R"({"prompt": "a", "best_of": 3})", "best_of"},
+        BadCase{kC, R"({"prompt": "a", "max_tokens": 0})", "max_tokens"},
+        BadCase{kC, R"({"prompt": "a", "max_tokens": "10"})", "max_tokens"},
+        BadCase{kC, R"({"prompt": "a", "seed": 1.5})", "seed"},
+        BadCase{kC, R"({"prompt": "a", "stop": 5})", "stop"},
+        BadCase{kC, R"({"prompt": "a", "stop": ["x", 1]})", "stop"},
+        BadCase{kC, R"({"prompt": "a", "stop_token_ids": [-1]})", "stop_token_ids"},
+        BadCase{kC, R"({"prompt": "a", "stream": "yes"})", "stream"},
+        BadCase{kC, R"({"prompt": "a", "stream_options": {"include_usage": true}})",
+                "stream_options"},
+        BadCase{kC, R"({"prompt": "a", "stream": true, "stream_options": 1})", "stream_options"},
+        BadCase{kC, R"({"prompt": "a", "echo": 1})", "echo"},
+        BadCase{kC, R"({"prompt": "a", "logprobs": 21})", "logprobs"},
+        BadCase{kC, R"({"prompt": "a", "logprobs": true})", "logprobs"},
+        BadCase{kC, R"({"prompt": "a", "logprobs": 2, "echo": true})", "echo"},
+        BadCase{kC, R"({"prompt": "a", "logprobs": 2, "logprobs_mode": "final"})", "logprobs_mode"},
+        BadCase{kC, R"({"prompt": "a", "ignore_eos": "no"})", "ignore_eos"},
+        BadCase{kC, R"({"prompt": "a", "num_speculative_tokens": 65})", "num_speculative_tokens"},
+        BadCase{kC, R"({"prompt": "a", "logit_bias": {"5": 1}})", "logit_bias"},
+        BadCase{kC, R"({"prompt": "a", "suffix": "z"})", "suffix"},
+        BadCase{kChat, R"({"model": "m"})", "messages"},
+        BadCase{kChat, R"({"messages": []})", "messages"},
+        BadCase{kChat, R"({"messages": "hi"})", "messages"},
+        BadCase{kChat, R"({"messages": [{"role": "user", "content": "hi"}], "logprobs": 1})",
+                "logprobs"},
+        BadCase{kChat, R"({"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 2})",
+                "top_logprobs"},
+        BadCase{kChat,
+                R"({"messages": [{"role": "user", "content": "hi"}], "logprobs": true,
+                    "top_logprobs": 21})",
+                "top_logprobs"},
+        BadCase{kChat, R"({"messages": [{"role": "user", "content": "hi"}], "echo": true})",
+                "echo"},
+        BadCase{kChat,
+                R"({"messages": [{"role": "user", "content": "hi"}],
+                    "tools": [{"type": "function"}]})",
+                "tools"},
+        BadCase{kChat,
+                R"({"messages": [{"role": "user", "content": "hi"}],
+                    "response_format": {"type": "json_object"}})",
+                "response_format"},
+        BadCase{kChat,
+                R"({"messages": [{"role": "user", "content": "hi"}],
+                    "max_completion_tokens": -5})",
+                "max_completion_tokens"}));
+
+TEST(OpenAiRequestTest, CompletionFieldsLandInTheGenerateRequest) {
+  absl::StatusOr<OpenAiRequest> r = ParseOpenAiRequest(kC, R"({
+      "model": "m", "prompt": [[1, 2], [3]], "max_tokens": 9, "temperature": 0.5,
+      "top_p": 0.9, "top_k": -1, "min_p": 0.1, "repetition_penalty": 1.1,
+      "presence_penalty": 0.2, "frequency_penalty": -0.3, "seed": -1, "n": 2,
+      "stop": "END", "stop_token_ids": [7], "ignore_eos": true, "num_speculative_tokens": 3,
+      "logprobs": 4, "logprobs_mode": "processed_logprobs", "stream": true,
+      "stream_options": {"include_usage": true}, "user": "u", "return_token_ids": true})");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->model, "m");
+  ASSERT_EQ(r->prompts.size(), 2u);
+  EXPECT_FALSE(r->prompts[0].is_text);
+  EXPECT_EQ(r->prompts[0].ids, (std::vector<int32_t>{1, 2}));
+  EXPECT_EQ(r->prompts[1].ids, (std::vector<int32_t>{3}));
+  EXPECT_EQ(r->n, 2);
+  EXPECT_TRUE(r->stream);
+  EXPECT_TRUE(r->include_usage);
+  EXPECT_TRUE(r->return_token_ids);
+  const v1::GenerateRequest& g = r->base;
+  EXPECT_EQ(g.stopping().max_new_tokens(), 9u);
+  EXPECT_FLOAT_EQ(g.sampling().temperature(), 0.5f);
+  EXPECT_FLOAT_EQ(g.sampling().top_p(), 0.9f);
+  EXPECT_EQ(g.sampling().top_k(), 0);  // -1 = off
+  EXPECT_FLOAT_EQ(g.sampling().min_p(), 0.1f);
+  EXPECT_FLOAT_EQ(g.sampling().repetition_penalty(), 1.1f);
+  EXPECT_FLOAT_EQ(g.sampling().presence_penalty(), 0.2f);
+  EXPECT_FLOAT_EQ(g.sampling().frequency_penalty(), -0.3f);
+  EXPECT_EQ(g.sampling().seed(), std::numeric_limits<uint64_t>::max());  // -1, two's complement
+  ASSERT_EQ(g.stopping().stop_size(), 1);
+  EXPECT_EQ(g.stopping().stop(0), "END");
+  EXPECT_EQ(g.stopping().stop_token_ids(0), 7);
+  EXPECT_TRUE(g.stopping().ignore_eos());
+  EXPECT_EQ(g.speculation().num_speculative_tokens(), 3u);
+  EXPECT_TRUE(g.logprobs().enabled());
+  EXPECT_EQ(g.logprobs().top_logprobs(), 4u);
+  EXPECT_EQ(g.logprobs().mode(), v1::LOGPROBS_MODE_PROCESSED);
+}
+
+TEST(OpenAiRequestTest, DefaultsAreOpenAis) {
+  absl::StatusOr<OpenAiRequest> r = ParseOpenAiRequest(kC, R"({"prompt": "hi"})");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->prompts[0].is_text);
+  EXPECT_EQ(r->prompts[0].text, "hi");
+  EXPECT_FLOAT_EQ(r->base.sampling().temperature(), 1.0f);  // OpenAI samples by default
+  EXPECT_FALSE(r->base.sampling().has_seed());
+  EXPECT_EQ(r->base.stopping().max_new_tokens(), 0u);  // the server's default
+  EXPECT_FALSE(r->base.has_speculation());             // the server's default K
+  EXPECT_FALSE(r->base.logprobs().enabled());
+  EXPECT_EQ(r->n, 1);
+}
+
+TEST(OpenAiRequestTest, ChatTakesMaxCompletionTokensAndBooleanLogprobs) {
+  absl::StatusOr<OpenAiRequest> r = ParseOpenAiRequest(kChat, R"({
+      "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5,
+      "max_completion_tokens": 7, "logprobs": true, "top_logprobs": 3, "temperature": null})");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->messages.size(), 1u);
+  EXPECT_EQ(r->base.stopping().max_new_tokens(), 7u);
+  EXPECT_TRUE(r->logprobs);
+  EXPECT_EQ(r->top_logprobs, 3);
+  EXPECT_EQ(r->base.logprobs().mode(), v1::LOGPROBS_MODE_RAW);
+  EXPECT_FLOAT_EQ(r->base.sampling().temperature(), 1.0f);  // null = not given
+}
+
+TEST(OpenAiResponseTest, MinusInfinityIsWrittenAsMinus9999) {
+  EXPECT_EQ(LogprobValue(-std::numeric_limits<float>::infinity()), -9999.0);
+  EXPECT_EQ(LogprobValue(-12345.0f), -9999.0);
+  EXPECT_EQ(LogprobValue(std::nanf("")), -9999.0);
+  EXPECT_EQ(LogprobValue(-0.5f), -0.5);
+  // It stays a JSON number (JSON has no infinity).
+  const Json j = {{"logprob", LogprobValue(-std::numeric_limits<float>::infinity())}};
+  EXPECT_EQ(j.dump(), R"({"logprob":-9999.0})");
+}
+
+TokenText Names() {
+  return
+      [](int32_t /*previous*/, int32_t id) { return std::string(1, static_cast<char>('a' + id)); };
+}
+
+TEST(OpenAiResponseTest, CompletionLogprobsAddTheEmittedTokenWhenNotInTheTop) {
+  TokenLogprobs in_top{-0.1f, {0, 1}, {-0.1f, -2.5f}};
+  TokenLogprobs below{-7.0f, {0, 1}, {-0.2f, -3.0f}};
+  const std::vector<int32_t> tokens = {0, 3};
+  const std::vector<TokenLogprobs> lps = {in_top, below};
+  const Json j = CompletionLogprobs(tokens, lps, Names(), -1, 10, 2);
+  EXPECT_EQ(j["tokens"], Json::array({"a", "d"}));
+  EXPECT_EQ(j["token_logprobs"][0], static_cast<double>(-0.1f));
+  EXPECT_EQ(j["text_offset"], Json::array({10, 11}));
+  EXPECT_EQ(j["top_logprobs"][0].size(), 2u);
+  ASSERT_EQ(j["top_logprobs"][1].size(), 3u);  // N + the emitted token, last: it is lowest
+  EXPECT_EQ(j["top_logprobs"][1].items().begin().key(), "a");
+  EXPECT_EQ(j["top_logprobs"][1]["d"], -7.0);
+}
+
+TEST(OpenAiResponseTest, ChatLogprobsCarryBytesAndSortedAlternatives) {
+  TokenLogprobs lp{-1.0f, {2, 0, 1}, {-0.5f, -1.0f, -2.0f}};
+  const std::vector<int32_t> tokens = {0};
+  const std::vector<TokenLogprobs> lps = {lp};
+  const Json j = ChatLogprobs(tokens, lps, Names(), -1, 3);
+  const Json& c = j["content"][0];
+  EXPECT_EQ(c["token"], "a");
+  EXPECT_EQ(c["bytes"], Json::array({97}));
+  ASSERT_EQ(c["top_logprobs"].size(), 3u);
+  EXPECT_EQ(c["top_logprobs"][0]["token"], "c");
+  EXPECT_EQ(c["top_logprobs"][1]["logprob"], -1.0);
+  // top_logprobs 0: no alternatives, as OpenAI answers.
+  EXPECT_TRUE(ChatLogprobs(tokens, lps, Names(), -1, 0)["content"][0]["top_logprobs"].empty());
+}
+
+TEST(OpenAiResponseTest, UsageCountsEachPromptOnceAndReportsSpeculation) {
+  GenerationUsage a;
+  a.prompt_tokens = 5;
+  a.completion_tokens = 10;
+  a.rounds = 4;
+  a.draft_tokens = 12;
+  a.accepted_tokens = 6;
+  a.accepted_per_position = {3, 2, 1};
+  GenerationUsage b = a;
+  b.completion_tokens = 8;
+  b.accepted_per_position = {4};
+  const std::vector<GenerationUsage> both = {a, b};
+  const Json total = TotalUsage(both, /*n=*/2);
+  EXPECT_EQ(total["prompt_tokens"], 5);
+  EXPECT_EQ(total["completion_tokens"], 18);
+  EXPECT_EQ(total["total_tokens"], 23);
+  EXPECT_EQ(total["speculative"]["drafted_tokens"], 24);
+  EXPECT_EQ(total["speculative"]["accepted_tokens"], 12);
+  EXPECT_DOUBLE_EQ(total["speculative"]["acceptance_rate"].get<double>(), 0.5);
+  EXPECT_EQ(total["speculative"]["accepted_per_position"], Json::array({7, 2, 1}));
+  EXPECT_EQ(TotalUsage(both, 1)["prompt_tokens"], 10);  // two prompts
+}
+
+TEST(OpenAiResponseTest, ErrorsHaveOpenAisShapeAndStatus) {
+  const Json e = ErrorJson(FieldError("temperature", "temperature must be in [0, 2]"));
+  EXPECT_EQ(e["error"]["message"], "temperature must be in [0, 2]");
+  EXPECT_EQ(e["error"]["type"], "invalid_request_error");
+  EXPECT_EQ(e["error"]["param"], "temperature");
+  EXPECT_EQ(e["error"]["code"], 400);
+  EXPECT_TRUE(ErrorJson(absl::UnavailableError("x"))["error"]["param"].is_null());
+  EXPECT_EQ(HttpStatusOf(absl::StatusCode::kUnauthenticated), 401);
+  EXPECT_EQ(HttpStatusOf(absl::StatusCode::kNotFound), 404);
+  EXPECT_EQ(HttpStatusOf(absl::StatusCode::kResourceExhausted), 429);
+  EXPECT_EQ(HttpStatusOf(absl::StatusCode::kUnavailable), 503);
+  EXPECT_EQ(HttpStatusOf(absl::StatusCode::kInternal), 500);
+}
+
+TEST(OpenAiResponseTest, ServerSentEventsAreOneDataLineEach) {
+  EXPECT_EQ(SseEvent({{"a", "x\ny"}}), "data: {\"a\":\"x\\ny\"}\n\n");
+  EXPECT_EQ(std::string(kSseDone), "data: [DONE]\n\n");
+  EXPECT_STREQ(FinishReasonJson(FinishReason::kLength), "length");
+  EXPECT_STREQ(FinishReasonJson(FinishReason::kEosToken), "stop");
+  EXPECT_STREQ(FinishReasonJson(FinishReason::kStopString), "stop");
+}
+
+}  // namespace
+}  // namespace specd::http
