@@ -287,6 +287,49 @@ TEST_F(GuidanceTest, KeptRowsAreTheProcessedGuidedDistribution) {
   EXPECT_EQ(rt->engine().kv().used_blocks(), 0);
 }
 
+// Logprobs, where asked, are those of the guided distribution: the raw ones are the log-softmax
+// of the penalised guided logits of the reference, to 1e-4 (the worst error here is 2.5e-6; the
+// logit bound above would allow twice 1e-4 max|b| + 1e-5, and unguided logprobs miss by O(1)).
+TEST_F(GuidanceTest, LogprobsAreThoseOfTheGuidedDistribution) {
+  auto rt = Runtime();
+  const Tokens cond = Prompt(19, 9);
+  const Tokens uncond = Prompt(7, 10);
+  const Tokens drafts = {cond[2], 41};
+  VerifySequenceRequest req = VerifyReq(1, cond, 0, drafts, 19, Companion(101, 2.5f, uncond));
+  req.num_candidates = 2;
+  req.logprobs = {LogprobsMode::kRaw, 5};
+  const VerifySequenceResult r = rt->Verify(std::vector{req})[0];
+  ASSERT_TRUE(r.status.ok()) << r.status;
+  ASSERT_EQ(r.logprobs.size(), drafts.size() + 1);
+  const SamplingParams p = Penalized();
+  const std::vector<double> ref =
+      Reference("tests/common/worker/guided_rows_reference.py",
+                absl::StrCat(2.5f, " ", p.temperature, " ", p.repetition_penalty, " ",
+                             p.presence_penalty, " ", p.frequency_penalty, " ", Ids(cond), " ",
+                             Ids(uncond), " ", Ids(drafts), " raw"),
+                (drafts.size() + 1) * kVocab);
+  double worst = 0.0;
+  for (size_t j = 0; j <= drafts.size(); ++j) {
+    const PositionLogprobs& lp = r.logprobs[j];
+    const double* row = &ref[j * kVocab];
+    std::vector<int32_t> order(kVocab);
+    for (int32_t v = 0; v < kVocab; ++v) order[static_cast<size_t>(v)] = v;
+    std::stable_sort(order.begin(), order.end(),
+                     [&](int32_t a, int32_t b) { return row[a] > row[b]; });
+    ASSERT_EQ(lp.top_ids.size(), 5u);
+    for (size_t t = 0; t < 5; ++t) {
+      EXPECT_EQ(lp.top_ids[t], order[t]) << "position " << j + 1 << ", rank " << t;
+      worst = std::max(worst, std::fabs(lp.top_logprobs[t] - row[lp.top_ids[t]]));
+      EXPECT_NEAR(lp.top_logprobs[t], row[lp.top_ids[t]], 1e-4) << "position " << j + 1;
+    }
+    for (size_t t = 0; t < lp.token_ids.size(); ++t) {
+      worst = std::max(worst, std::fabs(lp.token_logprobs[t] - row[lp.token_ids[t]]));
+      EXPECT_NEAR(lp.token_logprobs[t], row[lp.token_ids[t]], 1e-4) << "position " << j + 1;
+    }
+  }
+  std::printf("worst |logprob - reference| = %.3g\n", worst);
+}
+
 TEST_F(GuidanceTest, ThePairIsFedInOnePassAndTruncatedDroppedAndReleasedAsOne) {
   Observer observer;
   auto rt = Runtime(4096, &observer, /*prefix_caching=*/false);

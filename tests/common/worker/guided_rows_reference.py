@@ -6,8 +6,11 @@ logits u + s * (c - u) (tests/reference/cfg_ref.py: llama_ref on both texts, com
 of the token after COND + GEN[:j], with the penalties over the conditional text alone: COND is
 the prompt, GEN[:j] the output. Nothing here comes from specd's C++.
 
+With a last argument "raw", row j is instead the log-softmax of the penalised guided logits
+(before temperature): the raw logprobs a guided Verify reports.
+
 usage: guided_rows_reference.py MODEL_DIR OUT.f64 SCALE TEMPERATURE REPETITION PRESENCE FREQUENCY
-           COND_IDS UNCOND_IDS GEN_IDS      (ids comma-separated; GEN_IDS may be "")
+           COND_IDS UNCOND_IDS GEN_IDS [raw]      (ids comma-separated; GEN_IDS may be "")
 writes [len(GEN) + 1, vocab] float64 little endian.
 """
 import os
@@ -25,7 +28,7 @@ import processed_reference  # noqa: E402
 
 
 def main():
-    if len(sys.argv) != 11:
+    if len(sys.argv) not in (11, 12):
         print(__doc__, file=sys.stderr)
         sys.exit(2)
     model = llama_ref.Model(sys.argv[1])
@@ -38,9 +41,19 @@ def main():
     )
     cond, uncond = cfg_ref.parse_ids(sys.argv[8]), cfg_ref.parse_ids(sys.argv[9])
     gen = cfg_ref.parse_ids(sys.argv[10])
+    raw = len(sys.argv) == 12 and sys.argv[11] == "raw"
     guided = cfg_ref.guided_logits(model, cond, uncond, gen, scale)
     rows = []
     for j in range(len(gen) + 1):
+        if raw:
+            w = processed_reference.penalized(
+                guided[j].astype(np.float32),
+                params,
+                np.array(cond, dtype=np.int64),
+                np.array(gen[:j], dtype=np.int64),
+            ).astype(np.float64)
+            rows.append(w - w.max() - np.log(np.exp(w - w.max()).sum()))
+            continue
         probs, _, _ = processed_reference.processed(
             guided[j].astype(np.float32),
             params,
