@@ -39,6 +39,8 @@ struct FieldNames {
   absl::string_view max_new_tokens = "max_new_tokens";
   absl::string_view stop = "stop";
   absl::string_view top_logprobs = "logprobs.top_logprobs";
+  absl::string_view guidance_text = "guidance.unconditional_text";
+  absl::string_view guidance_ids = "guidance.unconditional_token_ids";
 };
 
 // An error that names the request field it is about (the OpenAI error's "param").

@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <limits>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -20,6 +21,19 @@
 #include "services/coordinator/worker_api.h"
 
 namespace specd {
+
+// Classifier-free guidance for one sequence: its companion on the target (and, when the draft is
+// guided too, on the draft) holds u = the unconditional prompt followed by x's generated tokens.
+// The companion is fed, truncated, released and replayed with its sequence; its tokens are never
+// stored, since x determines them.
+struct Guidance {
+  float scale = 1.0f;  // s: the target's p (and a guided draft's q) is softmax-of u + s (c - u)
+  std::vector<int32_t> uncond_prompt;
+  SeqId companion = 0;       // the companion's id, on both workers
+  bool draft = false;        // the draft is guided too, with its own companion
+  int64_t draft_cached = 0;  // the companion's cached lengths, as for the sequence
+  int64_t target_cached = 0;
+};
 
 // The coordinator's record of one running sequence: the committed tokens x are the truth;
 // the workers' cached lengths are what the coordinator believes each worker holds.
@@ -43,6 +57,15 @@ struct SpeculativeSequence {
   // is folded into the worker's next Draft or Verify call (drop_tail), saving an RPC per round.
   bool draft_tail = false;
   bool target_tail = false;
+  std::optional<Guidance> guidance;  // classifier-free guidance, when asked for
+
+  // The companion's length when x has `len` tokens (the same generated tokens after another
+  // prompt); `len` is at least prompt_len - 1. 0 without guidance.
+  int64_t CompanionLen(int64_t len) const;
+  // u[from:], the companion's catch-up from `from`.
+  std::vector<int32_t> CompanionCatchUp(int64_t from) const;
+  // The longer of x and u: what max_seq_len bounds.
+  int64_t LongestLen() const;
 };
 
 // An emitted token's log-probability under the target (never the draft), and its position's
@@ -94,8 +117,8 @@ std::vector<RoundStats> RunSpeculationRound(WorkerApi& draft, WorkerApi& target,
                                             const RoundOptions& options);
 
 // The K a sequence can use this round. A round appends up to K + 1 tokens, so near the end (of
-// max_seq_len, or of the tokens the request still needs) K shrinks to what can still be used, and
-// for the last token decoding falls back to K = 0.
+// max_seq_len for x or a guided sequence's companion, or of the tokens the request still needs) K
+// shrinks to what can still be used, and for the last token decoding falls back to K = 0.
 int32_t EffectiveK(const SpeculativeSequence& s, int64_t max_seq_len);
 
 }  // namespace specd
