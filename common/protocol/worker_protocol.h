@@ -151,7 +151,7 @@ struct VerifySequenceResult {
   int64_t cached_len = 0;
   int64_t forward_ns = 0;   // the batch's forward pass; 0 when the sequence failed before it
   bool prefilling = false;  // only part of the catch-up was fed; nothing was verified
-  int64_t companion_cached_len = 0;  // a guided sequence's companion (0 without one)
+  int64_t companion_cached_len = 0;        // a guided sequence's companion (0 without one)
   std::vector<PositionLogprobs> logprobs;  // [K+1] when asked
   bool operator==(const VerifySequenceResult&) const = default;
 };
