@@ -58,7 +58,7 @@ absl::StatusOr<DecodeResult> Run(LlamaEngine& engine, KvPool::SeqId seq, const D
       d.purpose = Purpose::kTargetSample;
       draw = sampler.AddDraw(d);
     }
-    SPECD_RETURN_IF_ERROR(sampler.Run(logits.data, pool));
+    SPECD_RETURN_IF_ERROR(sampler.Run(logits.data, logits.rows, pool));
     if (sampler.row_error(row) != kernels::kRowOk) {
       return absl::InvalidArgumentError(ToAbsl(kernels::RowErrorMessage(sampler.row_error(row))));
     }

@@ -434,7 +434,7 @@ absl::StatusOr<Logits> LlamaEngine::Enqueue(std::span<const SequenceInput> batch
   }
   Logits logits{nullptr, 0, logits_width()};
   if (n_logits == 0) return logits;
-  logits.data = s_.logits.as<const float>();
+  logits.data = s_.logits.as<float>();
   logits.rows = n_logits;
   return logits;
 }

@@ -97,9 +97,10 @@ struct SequenceInput {
 };
 
 // Logit rows in back-end memory: rows in batch order, then in `logit_indices` order. Valid until
-// the next Forward. `vocab` is the classifier's width (LlamaEngine::logits_width()).
+// the next Forward, and the caller's to overwrite until then (classifier-free guidance combines
+// rows in place). `vocab` is the classifier's width (LlamaEngine::logits_width()).
 struct Logits {
-  const float* data = nullptr;  // [rows, vocab]
+  float* data = nullptr;  // [rows, vocab]
   int64_t rows = 0;
   int64_t vocab = 0;
 };

@@ -6,6 +6,7 @@
 #define SPECD_COMMON_PROTOCOL_WORKER_PROTOCOL_H_
 
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -38,6 +39,20 @@ struct KvCompaction {
   bool operator==(const KvCompaction&) const = default;
 };
 
+// Classifier-free guidance: a guided sequence owns a companion, a sequence of the same worker
+// whose text is the unconditional prompt followed by the same generated tokens. Both are fed in
+// the same forward pass, and every logit row of the guided sequence becomes u + scale * (c - u)
+// (Backend::CombineLogits, fp32) before its processed distribution, whose penalties read the
+// guided sequence's own history. The pair is one unit: created, dropped (drop_tail), truncated,
+// released and prefilled together; the companion draws nothing and keeps no rows.
+struct CompanionRequest {
+  SeqId seq = 0;                    // the companion's own id, unique among the worker's sequences
+  float scale = 1.0f;               // s, finite
+  std::vector<int32_t> catch_up;    // u[len_c:], at least its last committed token
+  int64_t expected_cached_len = 0;  // len_c as the coordinator believes it; 0 creates it
+  bool operator==(const CompanionRequest&) const = default;
+};
+
 // What every per-sequence request carries.
 struct SequenceRequest {
   SeqId seq = 0;
@@ -61,6 +76,9 @@ struct SequenceRequest {
   // Philox counter the sequence draws from, so completions of one seed are independent.
   uint32_t sample = 0;
   KvCompaction compact;  // applied before drop_tail
+  // Set for a guided sequence on this worker (always the target's; the draft's only when the
+  // request guides its draft too). drop_tail drops the companion's tail as well.
+  std::optional<CompanionRequest> companion;
   bool operator==(const SequenceRequest&) const = default;
 };
 
@@ -96,7 +114,8 @@ struct SequenceOutcome {
   SeqId seq = 0;
   absl::Status status;
   int64_t cached_len = 0;
-  bool prefilling = false;  // only part of the catch-up was fed; nothing was drafted
+  bool prefilling = false;           // only part of the catch-up was fed; nothing was drafted
+  int64_t companion_cached_len = 0;  // a guided sequence's companion (0 without one)
   bool operator==(const SequenceOutcome&) const = default;
 };
 
@@ -170,6 +189,7 @@ struct VerifySequenceResult {
   int64_t cached_len = 0;
   int64_t forward_ns = 0;   // the batch's forward pass; 0 when the sequence failed before it
   bool prefilling = false;  // only part of the catch-up was fed; nothing was verified
+  int64_t companion_cached_len = 0;        // a guided sequence's companion (0 without one)
   std::vector<PositionLogprobs> logprobs;  // per row (a chain: [K+1]) when asked
   bool operator==(const VerifySequenceResult&) const = default;
 };
@@ -189,12 +209,16 @@ struct TruncateSequenceRequest {
   // truncating (q_r(y) for the residual candidates); 0 asks nothing.
   int32_t query_step = 0;
   std::vector<int32_t> query_tokens;
+  // Required for a guided sequence, refused for any other: its companion keeps
+  // min(companion cached_len, companion_new_len) tokens, in the same call.
+  std::optional<int64_t> companion_new_len;
   bool operator==(const TruncateSequenceRequest&) const = default;
 };
 
 struct TruncateResult {
   int64_t cached_len = 0;
   std::vector<float> q_probs;  // answers to the query tokens
+  int64_t companion_cached_len = 0;
   bool operator==(const TruncateResult&) const = default;
 };
 

@@ -31,6 +31,9 @@ void RowSampler::Clear() {
   lookup_tokens_.clear();
   top_n_ = 0;
   want_entropy_ = false;
+  cond_rows_.clear();
+  uncond_rows_.clear();
+  scales_.clear();
 }
 
 void RowSampler::RequestTopTokens(int32_t n) { top_n_ = std::max(top_n_, n); }
@@ -65,10 +68,17 @@ int32_t RowSampler::AddLookup(int32_t slot, int32_t token) {
   return static_cast<int32_t>(lookup_slots_.size() - 1);
 }
 
-absl::Status RowSampler::Run(const float* logits, RowPool& pool) {
+void RowSampler::AddGuidance(int32_t cond_row, int32_t uncond_row, float scale) {
+  cond_rows_.push_back(cond_row);
+  uncond_rows_.push_back(uncond_row);
+  scales_.push_back(scale);
+}
+
+absl::Status RowSampler::Run(float* logits, int64_t logit_rows, RowPool& pool) {
   const size_t n_rows = rows_.size();
   const size_t n_draws = draws_.size();
   const size_t n_lookups = lookup_slots_.size();
+  const size_t n_pairs = cond_rows_.size();
   out_argmax_.assign(n_rows, 0);
   out_row_error_.assign(n_rows, 0);
   out_tokens_.assign(n_draws, 0);
@@ -77,7 +87,7 @@ absl::Status RowSampler::Run(const float* logits, RowPool& pool) {
   out_lookups_.assign(n_lookups, 0.0f);
   out_top_.assign(n_rows * static_cast<size_t>(top_n_), 0);
   out_entropy_.assign(want_entropy_ ? n_rows : 0, 0.0f);
-  if (n_rows + n_draws + n_lookups == 0) return absl::OkStatus();
+  if (n_rows + n_draws + n_lookups + n_pairs == 0) return absl::OkStatus();
 
   // Inputs first, then outputs, so each crosses in one copy.
   Layout layout;
@@ -86,6 +96,9 @@ absl::Status RowSampler::Run(const float* logits, RowPool& pool) {
   const int64_t at_draws = layout.Take<kernels::Draw>(n_draws);
   const int64_t at_slots = layout.Take<int32_t>(n_lookups);
   const int64_t at_tokens = layout.Take<int32_t>(n_lookups);
+  const int64_t at_cond = layout.Take<int32_t>(n_pairs);
+  const int64_t at_uncond = layout.Take<int32_t>(n_pairs);
+  const int64_t at_scales = layout.Take<float>(n_pairs);
   const int64_t inputs_end = layout.bytes();
   const int64_t at_argmax = layout.Take<int32_t>(n_rows);
   const int64_t at_row_error = layout.Take<int32_t>(n_rows);
@@ -107,11 +120,28 @@ absl::Status RowSampler::Run(const float* logits, RowPool& pool) {
   Put(host, at_draws, draws_);
   Put(host, at_slots, lookup_slots_);
   Put(host, at_tokens, lookup_tokens_);
+  Put(host, at_cond, cond_rows_);
+  Put(host, at_uncond, uncond_rows_);
+  Put(host, at_scales, scales_);
   char* dev = device_.as<char>();
   SPECD_RETURN_IF_ERROR(backend_->Upload(dev, host, inputs_end));
 
   const auto i32 = [dev](int64_t at) { return reinterpret_cast<int32_t*>(dev + at); };
   const auto f32 = [dev](int64_t at) { return reinterpret_cast<float*>(dev + at); };
+  if (n_pairs > 0) {
+    // The guided logits are formed before anything reads them: penalties, temperature and the
+    // rest of the processed distribution then apply to the combined row (DESIGN.md, "The
+    // processed distribution").
+    kernels::CombineLogitsArgs c;
+    c.logits = logits;
+    c.n_rows = logit_rows;
+    c.vocab = pool.vocab();
+    c.cond_rows = i32(at_cond);
+    c.uncond_rows = i32(at_uncond);
+    c.scale = f32(at_scales);
+    c.n_pairs = static_cast<int64_t>(n_pairs);
+    SPECD_RETURN_IF_ERROR(backend_->CombineLogits(c));
+  }
   if (n_rows > 0) {
     kernels::ProcessRowsArgs p;
     p.logits = logits;

@@ -40,15 +40,19 @@ class RowSampler {
   void RequestTopTokens(int32_t n);
   // Every row of the pass also gets the normalized entropy of its raw logits (entropy()).
   void RequestEntropy() { want_entropy_ = true; }
+  // Classifier-free guidance: before anything is processed, logit row `cond_row` becomes
+  // u + scale * (c - u) with u = logit row `uncond_row` (Backend::CombineLogits, in place). A
+  // companion's rows sit after every row that AddRow processes.
+  void AddGuidance(int32_t cond_row, int32_t uncond_row, float scale);
   // Makes this pass's Run also write every row's penalised logits to back-end memory, where
   // penalized(row) finds them until the next Run (the logprobs are computed from them).
   void KeepPenalized() { keep_penalized_ = true; }
 
-  // Enqueues ProcessRows over the first rows of `logits` ([rows added, pool.vocab()] in back-end
-  // memory; may be null when no row was added), SampleRows and GatherProbs, downloads the results
-  // and synchronizes the back end. An error here is an argument error or a back-end failure; a bad
-  // row shows in row_error()/draw_error() instead.
-  absl::Status Run(const float* logits, RowPool& pool);
+  // Enqueues CombineLogits over `logits` ([logit_rows, pool.vocab()] in back-end memory; may be
+  // null when no row was added), ProcessRows over its first rows (one per AddRow), SampleRows and
+  // GatherProbs, downloads the results and synchronizes the back end. An error here is an
+  // argument error or a back-end failure; a bad row shows in row_error()/draw_error() instead.
+  absl::Status Run(float* logits, int64_t logit_rows, RowPool& pool);
 
   int32_t argmax(int32_t row) const { return out_argmax_[static_cast<size_t>(row)]; }
   int32_t row_error(int32_t row) const { return out_row_error_[static_cast<size_t>(row)]; }
@@ -75,6 +79,8 @@ class RowSampler {
   std::vector<int32_t> lookup_tokens_;
   int32_t top_n_ = 0;
   bool want_entropy_ = false;
+  std::vector<int32_t> cond_rows_, uncond_rows_;
+  std::vector<float> scales_;
   bool keep_penalized_ = false;
   // Results, as they come back.
   std::vector<int32_t> out_argmax_, out_row_error_, out_tokens_, out_draw_error_, out_top_;

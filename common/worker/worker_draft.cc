@@ -43,6 +43,10 @@ absl::Status CheckDraftRequest(const DraftSequenceRequest& req) {
     absl::Status st = ValidateTreeShape(req.tree, req.num_speculative_tokens, "tree");
     if (!st.ok())
       return absl::InvalidArgumentError(absl::StrCat("sequence ", req.seq, ": ", st.message()));
+    if (req.companion.has_value()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "sequence ", req.seq, ": a draft tree cannot be guided (guided requests draft chains)"));
+    }
   }
   const EntropyStop& e = req.entropy_stop;
   if (e.enabled && (e.min_tokens < 1 || !(e.threshold >= 0.0f && e.threshold <= 1.0f))) {
@@ -84,7 +88,7 @@ std::vector<SequenceOutcome> WorkerRuntime::Draft(
   for (size_t i = 0; i < batch.size(); ++i) {
     const DraftSequenceRequest& req = batch[i];
     outcomes[i].seq = req.seq;
-    absl::Status st = CheckUnique(req.seq, &seen);
+    absl::Status st = CheckUnique(req, &seen);
     if (st.ok()) st = CheckDraftRequest(req);
     if (st.ok()) {
       // The last level (a chain's last token) is drafted but never fed.
@@ -105,7 +109,7 @@ std::vector<SequenceOutcome> WorkerRuntime::Draft(
       active.push_back(i);
     } else {
       outcomes[i].prefilling = true;
-      if (plan[i].feed > 0) chunked.push_back(i);
+      if (plan[i].feed + plan[i].companion_feed > 0) chunked.push_back(i);
     }
   }
   auto fail_active = [&](const absl::Status& st) {
@@ -121,27 +125,12 @@ std::vector<SequenceOutcome> WorkerRuntime::Draft(
   };
   // Prefill chunks ride in the first pass, after the drafting sequences (which own its logits).
   std::vector<SequenceInput> chunk_inputs;
-  for (const size_t i : chunked) {
-    SequenceInput in;
-    in.seq = batch[i].seq;
-    in.start_pos = static_cast<int64_t>(seqs_[in.seq].tokens.size());
-    in.tokens =
-        std::span<const int32_t>(batch[i].catch_up)
-            .subspan(static_cast<size_t>(plan[i].cached), static_cast<size_t>(plan[i].feed));
-    chunk_inputs.push_back(in);
-  }
-  auto chunks_fed = [&] {
-    for (const SequenceInput& in : chunk_inputs) {
-      Sequence& s = seqs_[in.seq];
-      s.tokens.insert(s.tokens.end(), in.tokens.begin(), in.tokens.end());
-      CacheCommitted(in.seq, static_cast<int64_t>(s.tokens.size()));
-    }
-  };
+  for (const size_t i : chunked) AddChunkInputs(batch[i], plan[i], &chunk_inputs);
   int64_t forward_ns = 0;
   if (active.empty() && !chunk_inputs.empty()) {
     const absl::Time start = absl::Now();
     if (absl::Status st = FeedOnly(chunk_inputs); st.ok()) {
-      chunks_fed();
+      ChunksFed(chunk_inputs);
       forward_ns = absl::ToInt64Nanoseconds(absl::Now() - start);
     } else {
       RollBack(chunk_inputs);
@@ -193,6 +182,25 @@ std::vector<SequenceOutcome> WorkerRuntime::Draft(
     }
     const size_t drafting_inputs = inputs.size();  // inputs[b] is active[b]'s
     if (k == 1) inputs.insert(inputs.end(), chunk_inputs.begin(), chunk_inputs.end());
+    // The companions of guided chains, fed the same tokens in the same pass; their logit rows
+    // come after every drafting row (chunks have none). Trees are never guided.
+    std::vector<int32_t> companion_input(drafting_inputs, -1);
+    for (size_t b = 0; b < drafting_inputs; ++b) {
+      const DraftSequenceRequest& req = batch[active[b]];
+      if (!req.companion.has_value()) continue;
+      SequenceInput in;
+      in.seq = req.companion->seq;
+      in.start_pos = LengthOrZero(in.seq);
+      if (k == 1) {
+        in.tokens = std::span<const int32_t>(req.companion->catch_up)
+                        .subspan(static_cast<size_t>(plan[active[b]].companion_cached));
+      } else {
+        in.tokens = std::span<const int32_t>(&drafting[active[b]].last, 1);
+      }
+      in.logit_indices = {static_cast<int32_t>(in.tokens.size() - 1)};
+      companion_input[b] = static_cast<int32_t>(inputs.size());
+      inputs.push_back(in);
+    }
     std::vector<int32_t> draw_of(drafting_inputs, -1);
     std::vector<int32_t> temp_slots;  // tree rows: needed only within this pass
     const absl::Status pass = ForwardAndSample(
@@ -204,11 +212,20 @@ std::vector<SequenceOutcome> WorkerRuntime::Draft(
           }
           SPECD_ASSIGN_OR_RETURN(const std::vector<int32_t> slots, pool_.Acquire(rows));
           size_t next_slot = 0;
+          int32_t companion_row = static_cast<int32_t>(rows);
           for (size_t b = 0; b < drafting_inputs; ++b) {
             const DraftSequenceRequest& req = batch[active[b]];
             Sequence& s = seqs_[req.seq];
             Drafting& d = drafting[active[b]];
             s.tokens.insert(s.tokens.end(), inputs[b].tokens.begin(), inputs[b].tokens.end());
+            if (companion_input[b] >= 0) {
+              // A chain's one row is the next one AddKeptRow adds.
+              const SequenceInput& in = inputs[static_cast<size_t>(companion_input[b])];
+              std::vector<int32_t>& u = seqs_[in.seq].tokens;
+              u.insert(u.end(), in.tokens.begin(), in.tokens.end());
+              sampler_.AddGuidance(static_cast<int32_t>(next_slot), companion_row++,
+                                   req.companion->scale);
+            }
             if (req.entropy_stop.enabled) sampler_.RequestEntropy();
             d.rows.clear();
             if (req.tree.is_tree()) {
@@ -262,12 +279,10 @@ std::vector<SequenceOutcome> WorkerRuntime::Draft(
       break;
     }
     if (k == 1) {
-      // x is all in the cache now; the drafts (or tree nodes) that follow it are not committed.
-      for (const size_t i : active) {
-        const SeqId seq = batch[i].seq;
-        CacheCommitted(seq, static_cast<int64_t>(seqs_[seq].tokens.size()));
-      }
-      chunks_fed();
+      // x (and u) are all in the cache now; the drafts (or tree nodes) that follow are not
+      // committed.
+      for (const size_t i : active) CacheCommittedPair(batch[i], 0);
+      ChunksFed(chunk_inputs);
     }
     for (size_t b = 0; b < drafting_inputs; ++b) {
       const size_t i = active[b];
@@ -333,7 +348,10 @@ std::vector<SequenceOutcome> WorkerRuntime::Draft(
     }
     failed.clear();
   }
-  for (size_t i = 0; i < batch.size(); ++i) outcomes[i].cached_len = LengthOrZero(batch[i].seq);
+  for (size_t i = 0; i < batch.size(); ++i) {
+    outcomes[i].cached_len = LengthOrZero(batch[i].seq);
+    outcomes[i].companion_cached_len = CompanionLengthOrZero(batch[i]);
+  }
   if (on_step) {
     DraftStep step;
     step.step = k;

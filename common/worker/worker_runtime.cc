@@ -1,7 +1,10 @@
 #include "common/worker/worker_runtime.h"
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
+#include <optional>
+#include <string>
 #include <utility>
 
 #include "absl/container/flat_hash_set.h"
@@ -23,10 +26,15 @@ absl::Status RowError(SeqId seq, int32_t code) {
       absl::StrCat("sequence ", seq, ": ", ToAbsl(kernels::RowErrorMessage(code))));
 }
 
-absl::Status CheckUnique(SeqId seq, absl::flat_hash_set<SeqId>* seen) {
-  if (!seen->insert(seq).second) {
+absl::Status CheckUnique(const SequenceRequest& req, absl::flat_hash_set<SeqId>* seen) {
+  if (!seen->insert(req.seq).second) {
     return absl::InvalidArgumentError(
-        absl::StrCat("sequence ", seq, " appears more than once in one call"));
+        absl::StrCat("sequence ", req.seq, " appears more than once in one call"));
+  }
+  if (req.companion.has_value() && !seen->insert(req.companion->seq).second) {
+    return absl::InvalidArgumentError(absl::StrCat("sequence ", req.seq, ": companion ",
+                                                   req.companion->seq,
+                                                   " appears more than once in one call"));
   }
   return absl::OkStatus();
 }
@@ -54,11 +62,76 @@ WorkerRuntime::WorkerRuntime(std::unique_ptr<LlamaEngine> engine,
       sampler_(engine_->backend()),
       logprob_rows_(engine_->backend()) {}
 
+absl::Status WorkerRuntime::CheckCatchUp(SeqId seq, const char* what,
+                                         std::span<const int32_t> catch_up) const {
+  const int64_t vocab = engine_->config().vocab_size;
+  if (catch_up.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("sequence ", seq, ": ", what, " must hold at least the last committed token"));
+  }
+  for (size_t i = 0; i < catch_up.size(); ++i) {
+    if (catch_up[i] < 0 || catch_up[i] >= vocab) {
+      return absl::InvalidArgumentError(absl::StrCat("sequence ", seq, ": token id ", catch_up[i],
+                                                     " at ", what, " index ", i, " is outside [0, ",
+                                                     vocab, ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status WorkerRuntime::CheckCompanion(const SequenceRequest& req) const {
+  const auto it = seqs_.find(req.seq);
+  if (it != seqs_.end() && it->second.owner.has_value()) {
+    return absl::InvalidArgumentError(absl::StrCat("sequence ", req.seq, " is the companion of ",
+                                                   *it->second.owner, ", which feeds it"));
+  }
+  const std::optional<SeqId> named =
+      req.companion.has_value() ? std::optional<SeqId>(req.companion->seq) : std::nullopt;
+  if (it != seqs_.end() && it->second.companion != named) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "sequence ", req.seq, " was created ",
+        it->second.companion.has_value() ? absl::StrCat("with companion ", *it->second.companion)
+                                         : std::string("without a companion"),
+        ", and this request names ",
+        named.has_value() ? absl::StrCat("companion ", *named) : std::string("none")));
+  }
+  if (!req.companion.has_value()) return absl::OkStatus();
+  const CompanionRequest& c = *req.companion;
+  if (c.seq == req.seq) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("sequence ", req.seq, ": companion.seq_id must differ from the seq_id"));
+  }
+  if (const auto cit = seqs_.find(c.seq);
+      cit != seqs_.end() && cit->second.owner != std::optional<SeqId>(req.seq)) {
+    return absl::InvalidArgumentError(absl::StrCat("sequence ", req.seq, ": companion.seq_id ",
+                                                   c.seq, " is another sequence of this worker"));
+  }
+  if (!std::isfinite(c.scale)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("sequence ", req.seq, ": companion.scale must be finite, got ", c.scale));
+  }
+  if (c.expected_cached_len < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("sequence ", req.seq, ": companion.expected_cached_len must be >= 0, got ",
+                     c.expected_cached_len));
+  }
+  return CheckCatchUp(req.seq, "companion catch-up", c.catch_up);
+}
+
+int64_t WorkerRuntime::ChunkFeed(int64_t len, int64_t left, int64_t limit) const {
+  int64_t feed = std::min(left - 1, limit);
+  // A chunk of a block or more ends on a block boundary, so that the next chunk's blocks can
+  // still be found in the cache (another sequence may be caching the same prompt meanwhile).
+  const int64_t block = engine_->kv().block_size();
+  const int64_t aligned = (len + feed) / block * block;
+  if (feed == limit && limit >= block && aligned > len) feed = aligned - len;
+  return feed;
+}
+
 absl::StatusOr<WorkerRuntime::Feed> WorkerRuntime::Admit(const SequenceRequest& req,
                                                          int64_t draft_tokens,
                                                          int64_t* reserved_blocks) {
-  const int64_t vocab = engine_->config().vocab_size;
-  SPECD_RETURN_IF_ERROR(ValidateSamplingParams(req.sampling, vocab));
+  SPECD_RETURN_IF_ERROR(ValidateSamplingParams(req.sampling, engine_->config().vocab_size));
   if (req.prompt_len < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("sequence ", req.seq, ": prompt_len must be >= 0, got ", req.prompt_len));
@@ -71,19 +144,18 @@ absl::StatusOr<WorkerRuntime::Feed> WorkerRuntime::Admit(const SequenceRequest& 
     return absl::InvalidArgumentError(absl::StrCat(
         "sequence ", req.seq, ": max_prefill_tokens must be >= 0, got ", req.max_prefill_tokens));
   }
-  if (req.catch_up.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "sequence ", req.seq, ": catch-up must hold at least the last committed token"));
-  }
-  for (size_t i = 0; i < req.catch_up.size(); ++i) {
-    if (req.catch_up[i] < 0 || req.catch_up[i] >= vocab) {
-      return absl::InvalidArgumentError(absl::StrCat("sequence ", req.seq, ": token id ",
-                                                     req.catch_up[i], " at catch-up index ", i,
-                                                     " is outside [0, ", vocab, ")"));
-    }
-  }
+  SPECD_RETURN_IF_ERROR(CheckCatchUp(req.seq, "catch-up", req.catch_up));
+  SPECD_RETURN_IF_ERROR(CheckCompanion(req));
+  const CompanionRequest* comp = req.companion.has_value() ? &*req.companion : nullptr;
+
   const auto it = seqs_.find(req.seq);
   if (it != seqs_.end() && !req.compact.empty()) {
+    if (comp != nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("sequence ", req.seq,
+                       ": a draft tree's compaction cannot carry a companion (guided "
+                       "requests draft chains)"));
+    }
     if (req.compact.tree_start + static_cast<int64_t>(req.compact.kept_nodes.size()) !=
         req.expected_cached_len) {
       return absl::InvalidArgumentError(
@@ -93,11 +165,23 @@ absl::StatusOr<WorkerRuntime::Feed> WorkerRuntime::Admit(const SequenceRequest& 
     }
     SPECD_RETURN_IF_ERROR(
         CompactAndTruncate(req.seq, it->second, req.compact, req.expected_cached_len));
-  } else if (it != seqs_.end() && req.drop_tail &&
-             static_cast<int64_t>(it->second.tokens.size()) > req.expected_cached_len) {
-    SPECD_RETURN_IF_ERROR(engine_->Truncate(req.seq, req.expected_cached_len));
-    it->second.tokens.resize(static_cast<size_t>(req.expected_cached_len));
-    ReportKv();
+  } else if (it != seqs_.end() && req.drop_tail) {
+    // The pair drops its tails together: the companion was fed the same drafts.
+    bool dropped = false;
+    if (static_cast<int64_t>(it->second.tokens.size()) > req.expected_cached_len) {
+      SPECD_RETURN_IF_ERROR(engine_->Truncate(req.seq, req.expected_cached_len));
+      it->second.tokens.resize(static_cast<size_t>(req.expected_cached_len));
+      dropped = true;
+    }
+    if (comp != nullptr) {
+      Sequence& c = seqs_[comp->seq];
+      if (static_cast<int64_t>(c.tokens.size()) > comp->expected_cached_len) {
+        SPECD_RETURN_IF_ERROR(engine_->Truncate(comp->seq, comp->expected_cached_len));
+        c.tokens.resize(static_cast<size_t>(comp->expected_cached_len));
+        dropped = true;
+      }
+    }
+    if (dropped) ReportKv();
   }
   if (it == seqs_.end() && req.expected_cached_len != 0) {
     return absl::NotFoundError(
@@ -110,71 +194,131 @@ absl::StatusOr<WorkerRuntime::Feed> WorkerRuntime::Admit(const SequenceRequest& 
         absl::StrCat("sequence ", req.seq, ": coordinator expects ", req.expected_cached_len,
                      " cached tokens, worker holds ", it->second.tokens.size()));
   }
-  const int64_t catch_up = static_cast<int64_t>(req.catch_up.size());
+  if (comp != nullptr) {
+    // A new sequence's companion is new too; a known one's is known (they come and go together).
+    const int64_t held = it == seqs_.end() ? 0 : LengthOrZero(comp->seq);
+    if (it == seqs_.end() && comp->expected_cached_len != 0) {
+      return absl::NotFoundError(absl::StrCat("unknown companion ", comp->seq, " of sequence ",
+                                              req.seq, " (expected ", comp->expected_cached_len,
+                                              " cached tokens; replay the pair from position 0)"));
+    }
+    if (held != comp->expected_cached_len) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "sequence ", req.seq, ": coordinator expects its companion ", comp->seq, " to hold ",
+          comp->expected_cached_len, " cached tokens, worker holds ", held));
+    }
+  }
+  const int64_t grown_by_drafts = req.prefill_only ? 0 : draft_tokens;
   const int64_t max_len = engine_->max_seq_len();
-  if (req.expected_cached_len + catch_up + (req.prefill_only ? 0 : draft_tokens) > max_len) {
-    return absl::OutOfRangeError(
-        absl::StrCat("sequence ", req.seq, " would reach ",
-                     req.expected_cached_len + catch_up + (req.prefill_only ? 0 : draft_tokens),
-                     " tokens, over max_seq_len ", max_len));
+  const int64_t reach =
+      req.expected_cached_len + static_cast<int64_t>(req.catch_up.size()) + grown_by_drafts;
+  if (reach > max_len) {
+    return absl::OutOfRangeError(absl::StrCat("sequence ", req.seq, " would reach ", reach,
+                                              " tokens, over max_seq_len ", max_len));
+  }
+  if (comp != nullptr) {
+    const int64_t comp_reach =
+        comp->expected_cached_len + static_cast<int64_t>(comp->catch_up.size()) + grown_by_drafts;
+    if (comp_reach > max_len) {
+      return absl::OutOfRangeError(absl::StrCat("sequence ", req.seq,
+                                                ": its companion would reach ", comp_reach,
+                                                " tokens, over max_seq_len ", max_len));
+    }
   }
   const bool created = it == seqs_.end();
   if (created) {
     SPECD_RETURN_IF_ERROR(engine_->AddSequence(req.seq));
-    seqs_.try_emplace(req.seq);
+    if (comp != nullptr) {
+      if (absl::Status st = engine_->AddSequence(comp->seq); !st.ok()) {
+        (void)engine_->Release(req.seq);
+        return st;
+      }
+      seqs_[comp->seq].owner = req.seq;
+    }
+    seqs_[req.seq].companion = comp != nullptr ? std::optional<SeqId>(comp->seq) : std::nullopt;
   }
   Sequence& s = seqs_[req.seq];
+  Sequence* c = comp != nullptr ? &seqs_[comp->seq] : nullptr;
   const auto undo = [&] {
     if (created) {
       (void)engine_->Release(req.seq);
       seqs_.erase(req.seq);
+      if (comp != nullptr) {
+        (void)engine_->Release(comp->seq);
+        seqs_.erase(comp->seq);
+      }
     } else {
       (void)engine_->Truncate(req.seq, req.expected_cached_len);
       s.tokens.resize(static_cast<size_t>(req.expected_cached_len));
+      if (comp != nullptr) {
+        (void)engine_->Truncate(comp->seq, comp->expected_cached_len);
+        c->tokens.resize(static_cast<size_t>(comp->expected_cached_len));
+      }
     }
     ReportKv();
   };
 
   // The longest cached prefix, never the last token: it is fed, so that there are logits.
   Feed f;
-  absl::StatusOr<int64_t> attached = engine_->AttachCached(req.seq, req.catch_up, catch_up - 1);
+  absl::StatusOr<int64_t> attached =
+      engine_->AttachCached(req.seq, req.catch_up, static_cast<int64_t>(req.catch_up.size()) - 1);
+  if (attached.ok() && comp != nullptr) {
+    absl::StatusOr<int64_t> comp_attached = engine_->AttachCached(
+        comp->seq, comp->catch_up, static_cast<int64_t>(comp->catch_up.size()) - 1);
+    if (comp_attached.ok()) {
+      f.companion_cached = *comp_attached;
+      c->tokens.insert(c->tokens.end(), comp->catch_up.begin(),
+                       comp->catch_up.begin() + f.companion_cached);
+    } else {
+      attached = comp_attached.status();
+    }
+  }
   if (!attached.ok()) {
     undo();
     return attached.status();
   }
   f.cached = *attached;
   s.tokens.insert(s.tokens.end(), req.catch_up.begin(), req.catch_up.begin() + f.cached);
-  const int64_t left = catch_up - f.cached;
+  const int64_t left = static_cast<int64_t>(req.catch_up.size()) - f.cached;
+  const int64_t comp_left =
+      comp != nullptr ? static_cast<int64_t>(comp->catch_up.size()) - f.companion_cached : 0;
   const int64_t limit =
       req.max_prefill_tokens > 0 ? req.max_prefill_tokens : std::numeric_limits<int64_t>::max();
-  f.complete = !req.prefill_only && left <= limit;
+  // A pair drafts or verifies only once both halves have their whole catch-up; until then each
+  // feeds its own chunk, never its last token.
+  f.complete = !req.prefill_only && left <= limit && comp_left <= limit;
   if (f.complete) {
     f.feed = left;
+    f.companion_feed = comp_left;
   } else {
-    f.feed = std::min(left - 1, limit);
-    // A chunk of a block or more ends on a block boundary, so that the next chunk's blocks can
-    // still be found in the cache (another sequence may be caching the same prompt meanwhile).
-    const int64_t block = engine_->kv().block_size();
-    const int64_t len = static_cast<int64_t>(s.tokens.size());
-    const int64_t aligned = (len + f.feed) / block * block;
-    if (f.feed == limit && limit >= block && aligned > len) f.feed = aligned - len;
+    f.feed = ChunkFeed(static_cast<int64_t>(s.tokens.size()), left, limit);
+    if (comp != nullptr) {
+      f.companion_feed = ChunkFeed(static_cast<int64_t>(c->tokens.size()), comp_left, limit);
+    }
   }
-  const int64_t grow = f.feed + (f.complete ? draft_tokens : 0);
-  const int64_t need = *engine_->kv().BlocksNeeded(req.seq, grow);
+  const int64_t drafts = f.complete ? draft_tokens : 0;
+  int64_t need = *engine_->kv().BlocksNeeded(req.seq, f.feed + drafts);
+  if (comp != nullptr) need += *engine_->kv().BlocksNeeded(comp->seq, f.companion_feed + drafts);
   const int64_t available = engine_->kv().free_blocks() - *reserved_blocks;
   if (need > available) {
+    const int64_t tokens = static_cast<int64_t>(s.tokens.size()) + f.feed + drafts;
     undo();
     return absl::ResourceExhaustedError(absl::StrCat(
-        "sequence ", req.seq, " needs ", need, " more KV blocks for ",
-        static_cast<int64_t>(s.tokens.size()) + grow, " tokens but only ", available, " are free"));
+        "sequence ", req.seq, " needs ", need, " more KV blocks for ", tokens, " tokens",
+        comp != nullptr ? " (with its companion)" : "", " but only ", available, " are free"));
   }
   *reserved_blocks += need;
   s.prompt_len = req.prompt_len;
   ReleaseRows(s);  // rows live until the sequence's next Draft or Verify
   if (engine_->kv().prefix_caching() && options_.observer != nullptr) {
-    options_.observer->OnPrefixCache(f.cached + f.feed - (f.complete ? 1 : 0), f.cached);
+    const int64_t last = f.complete ? 1 : 0;
+    options_.observer->OnPrefixCache(f.cached + f.feed - last, f.cached);
+    if (comp != nullptr) {
+      options_.observer->OnPrefixCache(f.companion_cached + f.companion_feed - last,
+                                       f.companion_cached);
+    }
   }
-  if (f.cached > 0) ReportKv();
+  if (f.cached + f.companion_cached > 0) ReportKv();
   return f;
 }
 
@@ -198,7 +342,7 @@ void WorkerRuntime::ReportForward(ForwardKind kind, std::span<const SequenceInpu
   int64_t tokens = 0;
   for (const SequenceInput& in : batch) tokens += static_cast<int64_t>(in.tokens.size());
   options_.observer->OnForward(kind, static_cast<int64_t>(batch.size()), tokens, elapsed);
-  options_.observer->OnKvChanged(engine_->kv());
+  ReportKv();
 }
 
 absl::Status WorkerRuntime::ForwardAndSample(ForwardKind kind, std::span<const SequenceInput> batch,
@@ -208,7 +352,7 @@ absl::Status WorkerRuntime::ForwardAndSample(ForwardKind kind, std::span<const S
   SPECD_ASSIGN_OR_RETURN(const Logits logits, engine_->Forward(batch));
   sampler_.Clear();
   SPECD_RETURN_IF_ERROR(add_work());
-  SPECD_RETURN_IF_ERROR(sampler_.Run(logits.data, pool_));
+  SPECD_RETURN_IF_ERROR(sampler_.Run(logits.data, logits.rows, pool_));
   const absl::Duration elapsed = absl::Now() - start;
   if (forward_ns != nullptr) *forward_ns = absl::ToInt64Nanoseconds(elapsed);
   ReportForward(kind, batch, elapsed);
@@ -266,7 +410,62 @@ void WorkerRuntime::ReleaseRows(Sequence& s) {
 }
 
 void WorkerRuntime::ReportKv() {
-  if (options_.observer != nullptr) options_.observer->OnKvChanged(engine_->kv());
+  if (options_.observer == nullptr) return;
+  options_.observer->OnKvChanged(engine_->kv());
+  // Blocks that companions hold, each counted once (prefix-cached ones may be shared).
+  absl::flat_hash_set<int32_t> blocks;
+  for (const auto& [id, s] : seqs_) {
+    if (!s.owner.has_value()) continue;
+    const absl::StatusOr<const std::vector<int32_t>*> table = engine_->kv().BlockTable(id);
+    if (table.ok()) blocks.insert((*table)->begin(), (*table)->end());
+  }
+  options_.observer->OnCompanionKv(static_cast<int64_t>(blocks.size()));
+}
+
+int64_t WorkerRuntime::CompanionLengthOrZero(const SequenceRequest& req) const {
+  return req.companion.has_value() ? LengthOrZero(req.companion->seq) : 0;
+}
+
+void WorkerRuntime::AddChunkInputs(const SequenceRequest& req, const Feed& f,
+                                   std::vector<SequenceInput>* inputs) const {
+  const auto add = [&](SeqId seq, std::span<const int32_t> catch_up, int64_t cached, int64_t feed) {
+    if (feed == 0) return;
+    SequenceInput in;
+    in.seq = seq;
+    in.start_pos = LengthOrZero(seq);
+    in.tokens = catch_up.subspan(static_cast<size_t>(cached), static_cast<size_t>(feed));
+    inputs->push_back(in);
+  };
+  add(req.seq, req.catch_up, f.cached, f.feed);
+  if (req.companion.has_value()) {
+    add(req.companion->seq, req.companion->catch_up, f.companion_cached, f.companion_feed);
+  }
+}
+
+void WorkerRuntime::ChunksFed(std::span<const SequenceInput> chunks) {
+  for (const SequenceInput& in : chunks) {
+    Sequence& s = seqs_[in.seq];
+    s.tokens.insert(s.tokens.end(), in.tokens.begin(), in.tokens.end());
+    CacheCommitted(in.seq, static_cast<int64_t>(s.tokens.size()));
+  }
+}
+
+void WorkerRuntime::CacheCommittedPair(const SequenceRequest& req, int64_t drafts) {
+  CacheCommitted(req.seq, LengthOrZero(req.seq) - drafts);
+  if (req.companion.has_value()) {
+    CacheCommitted(req.companion->seq, LengthOrZero(req.companion->seq) - drafts);
+  }
+}
+
+SequenceInput WorkerRuntime::VerifyInput(SeqId seq, std::span<const int32_t> feed,
+                                         size_t drafts) const {
+  SequenceInput in;
+  in.seq = seq;
+  in.tokens = feed;
+  in.start_pos = LengthOrZero(seq);
+  const int32_t n = static_cast<int32_t>(feed.size());
+  for (int32_t j = n - static_cast<int32_t>(drafts) - 1; j < n; ++j) in.logit_indices.push_back(j);
+  return in;
 }
 
 int64_t WorkerRuntime::LengthOrZero(SeqId seq) const {
@@ -389,30 +588,45 @@ absl::StatusOr<std::vector<float>> WorkerRuntime::QueryLogprobs(SeqId seq, int32
   return out;
 }
 
-absl::StatusOr<TruncateResult> WorkerRuntime::Truncate(SeqId seq, int64_t new_len,
-                                                       int32_t query_step,
-                                                       std::span<const int32_t> query_tokens) {
+absl::StatusOr<TruncateResult> WorkerRuntime::Truncate(const TruncateSequenceRequest& req) {
+  const SeqId seq = req.seq;
   const auto it = seqs_.find(seq);
   if (it == seqs_.end()) {
     return absl::NotFoundError(absl::StrCat("unknown sequence ", seq));
   }
-  if (new_len < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("sequence ", seq, ": new_len must be >= 0, got ", new_len));
-  }
   Sequence& s = it->second;
+  if (s.owner.has_value()) {
+    return absl::InvalidArgumentError(absl::StrCat("sequence ", seq, " is the companion of ",
+                                                   *s.owner, "; truncate that sequence with ",
+                                                   "companion_new_len instead"));
+  }
+  if (req.new_len < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("sequence ", seq, ": new_len must be >= 0, got ", req.new_len));
+  }
+  if (s.companion.has_value() != req.companion_new_len.has_value()) {
+    return absl::InvalidArgumentError(
+        s.companion.has_value()
+            ? absl::StrCat("sequence ", seq, " is guided (companion ", *s.companion,
+                           "): companion_new_len is required, the pair is truncated together")
+            : absl::StrCat("sequence ", seq, " has no companion; companion_new_len must be unset"));
+  }
+  if (req.companion_new_len.has_value() && *req.companion_new_len < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "sequence ", seq, ": companion_new_len must be >= 0, got ", *req.companion_new_len));
+  }
   TruncateResult result;
-  if (query_step != 0 || !query_tokens.empty()) {
-    if (query_step < 1 || query_step > static_cast<int32_t>(s.rows.size())) {
+  if (req.query_step != 0 || !req.query_tokens.empty()) {
+    if (req.query_step < 1 || req.query_step > static_cast<int32_t>(s.rows.size())) {
       return absl::FailedPreconditionError(
-          absl::StrCat("sequence ", seq, ": no kept row for query_step ", query_step, " (",
+          absl::StrCat("sequence ", seq, ": no kept row for query_step ", req.query_step, " (",
                        s.rows.size(), " rows are kept from the last Draft/Verify)"));
     }
-    const int32_t slot = s.rows[static_cast<size_t>(query_step - 1)];
+    const int32_t slot = s.rows[static_cast<size_t>(req.query_step - 1)];
     const int64_t vocab = engine_->config().vocab_size;
     sampler_.Clear();
     std::vector<int32_t> lookup_of;  // -1: outside a reduced head, probability 0
-    for (const int32_t y : query_tokens) {
+    for (const int32_t y : req.query_tokens) {
       if (y < 0 || y >= vocab) {
         return absl::InvalidArgumentError(
             absl::StrCat("sequence ", seq, ": query token ", y, " is outside [0, ", vocab, ")"));
@@ -420,14 +634,23 @@ absl::StatusOr<TruncateResult> WorkerRuntime::Truncate(SeqId seq, int64_t new_le
       const int32_t index = vocab_.ToIndex(y);
       lookup_of.push_back(index < 0 ? -1 : sampler_.AddLookup(slot, index));
     }
-    SPECD_RETURN_IF_ERROR(sampler_.Run(nullptr, pool_));
+    SPECD_RETURN_IF_ERROR(sampler_.Run(nullptr, 0, pool_));
     for (const int32_t lookup : lookup_of) {
       result.q_probs.push_back(lookup < 0 ? 0.0f : sampler_.lookup(lookup));
     }
   }
-  SPECD_RETURN_IF_ERROR(engine_->Truncate(seq, new_len));
-  if (new_len < static_cast<int64_t>(s.tokens.size())) {
-    s.tokens.resize(static_cast<size_t>(new_len));
+  // Both halves or neither: the only failure past the checks above is an unknown sequence.
+  SPECD_RETURN_IF_ERROR(engine_->Truncate(seq, req.new_len));
+  if (req.new_len < static_cast<int64_t>(s.tokens.size())) {
+    s.tokens.resize(static_cast<size_t>(req.new_len));
+  }
+  if (s.companion.has_value()) {
+    Sequence& c = seqs_[*s.companion];
+    SPECD_RETURN_IF_ERROR(engine_->Truncate(*s.companion, *req.companion_new_len));
+    if (*req.companion_new_len < static_cast<int64_t>(c.tokens.size())) {
+      c.tokens.resize(static_cast<size_t>(*req.companion_new_len));
+    }
+    result.companion_cached_len = static_cast<int64_t>(c.tokens.size());
   }
   ReportKv();
   result.cached_len = static_cast<int64_t>(s.tokens.size());
@@ -459,9 +682,19 @@ absl::StatusOr<ProbRow> WorkerRuntime::ReadRow(SeqId seq, int32_t step) {
 absl::Status WorkerRuntime::Release(SeqId seq) {
   const auto it = seqs_.find(seq);
   if (it == seqs_.end()) return absl::NotFoundError(absl::StrCat("unknown sequence ", seq));
+  if (it->second.owner.has_value()) {
+    return absl::InvalidArgumentError(absl::StrCat("sequence ", seq, " is the companion of ",
+                                                   *it->second.owner,
+                                                   "; releasing that sequence releases both"));
+  }
+  const std::optional<SeqId> companion = it->second.companion;
   SPECD_RETURN_IF_ERROR(engine_->Release(seq));
   ReleaseRows(it->second);
   seqs_.erase(it);
+  if (companion.has_value()) {
+    (void)engine_->Release(*companion);  // created and released with its sequence: known
+    seqs_.erase(*companion);
+  }
   ReportKv();
   return absl::OkStatus();
 }

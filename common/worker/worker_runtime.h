@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string_view>
 #include <vector>
@@ -50,6 +51,8 @@ class RuntimeObserver {
   // A catch-up met the prefix cache: of `queried` tokens that needed KV (the catch-up tokens this
   // call covers, less the last one, which is always fed), `hit` were found cached.
   virtual void OnPrefixCache(int64_t queried, int64_t hit) = 0;
+  // With every KV change: the blocks companion sequences hold, each counted once.
+  virtual void OnCompanionKv(int64_t /*blocks*/) {}
 };
 
 struct WorkerRuntimeOptions {
@@ -80,11 +83,11 @@ class WorkerRuntime {
       std::span<const VerifySequenceRequest> batch,
       const std::function<void(const VerifySequenceResult&)>& on_result = {});
 
-  // Keeps min(cached, new_len) tokens; idempotent. `query_step` >= 1 asks for the probabilities
-  // of `query_tokens` in the kept row of that step (q on the draft, p on the target). A bad
-  // query is reported before anything is truncated.
-  absl::StatusOr<TruncateResult> Truncate(SeqId seq, int64_t new_len, int32_t query_step,
-                                          std::span<const int32_t> query_tokens);
+  // Keeps min(cached, new_len) tokens (and a guided sequence's companion min(its cached,
+  // companion_new_len)); idempotent. `query_step` >= 1 asks for the probabilities of
+  // `query_tokens` in the kept row of that step (q on the draft, p on the target). A bad request
+  // is reported before anything is truncated.
+  absl::StatusOr<TruncateResult> Truncate(const TruncateSequenceRequest& req);
 
   // One kept processed row (1-based step), sparse when that is smaller on the wire. The only call
   // that copies a whole row out of back-end memory.
@@ -97,6 +100,8 @@ class WorkerRuntime {
   absl::StatusOr<std::vector<float>> QueryLogprobs(SeqId seq, int32_t step,
                                                    std::span<const int32_t> tokens);
 
+  // Forgets a sequence, and a guided one's companion with it. A companion is never released on
+  // its own (INVALID_ARGUMENT).
   absl::Status Release(SeqId seq);
 
   // NOT_FOUND for an unknown sequence.
@@ -117,6 +122,10 @@ class WorkerRuntime {
     // Row-pool slots of the last round's processed rows, 1-based step - 1. They stay in back-end
     // memory until the sequence's next Draft or Verify, or its Release.
     std::vector<int32_t> rows;
+    // Classifier-free guidance: a guided sequence names its companion, and the companion (an
+    // entry of its own, fed but never sampled) its owner.
+    std::optional<SeqId> companion;
+    std::optional<SeqId> owner;
     // The last Verify's logprobs: its mode, and for raw logprobs of a sampled request the
     // penalised logits of positions 1..K (pool slots), kept as long as `rows`.
     LogprobsMode logprobs_mode = LogprobsMode::kOff;
@@ -131,11 +140,15 @@ class WorkerRuntime {
   };
 
   // What one call does for one admitted sequence: catch_up[cached, cached + feed) is fed; with
-  // `complete` that is the whole rest of the catch-up and the call drafts or verifies.
+  // `complete` that is the whole rest of the catch-up and the call drafts or verifies. A guided
+  // sequence's companion feeds its own catch-up alike, in the same pass; `complete` is the
+  // pair's.
   struct Feed {
     int64_t cached = 0;  // leading catch-up tokens found in the prefix cache (already attached)
     int64_t feed = 0;
     bool complete = false;
+    int64_t companion_cached = 0;
+    int64_t companion_feed = 0;
   };
 
   // Checks a request against the table, creating the sequence when expected_cached_len is 0 and
@@ -144,6 +157,26 @@ class WorkerRuntime {
   // added to `*reserved_blocks`. On error the sequence is as it was (gone if it was new).
   absl::StatusOr<Feed> Admit(const SequenceRequest& req, int64_t draft_tokens,
                              int64_t* reserved_blocks);
+  // INVALID_ARGUMENT unless `catch_up` is non-empty and every id is in the vocabulary.
+  absl::Status CheckCatchUp(SeqId seq, const char* what, std::span<const int32_t> catch_up) const;
+  // INVALID_ARGUMENT for a companion that does not fit the table: a request for a companion
+  // itself, another companion than the sequence was created with (or none), an id another
+  // sequence holds, a non-finite scale.
+  absl::Status CheckCompanion(const SequenceRequest& req) const;
+  // How much of `left` catch-up tokens a sequence of `len` tokens feeds in a chunk of `limit`:
+  // never the last one, and ending on a block boundary when the chunk is a block or more.
+  int64_t ChunkFeed(int64_t len, int64_t left, int64_t limit) const;
+  // The prefill chunks of a sequence that is not complete (and of its companion), as inputs.
+  void AddChunkInputs(const SequenceRequest& req, const Feed& f,
+                      std::vector<SequenceInput>* inputs) const;
+  // After a successful pass: the chunks are in the table and their committed blocks cached.
+  void ChunksFed(std::span<const SequenceInput> chunks);
+  // After a successful pass: a sequence's (and its companion's) tokens but the last `drafts` are
+  // committed text.
+  void CacheCommittedPair(const SequenceRequest& req, int64_t drafts);
+  // `feed` (the rest of the catch-up and `drafts` drafts) with logits at the last drafts + 1.
+  SequenceInput VerifyInput(SeqId seq, std::span<const int32_t> feed, size_t drafts) const;
+  int64_t CompanionLengthOrZero(const SequenceRequest& req) const;
   // A forward pass without logits (only prefill chunks), timed to its synchronization.
   absl::Status FeedOnly(std::span<const SequenceInput> batch);
   // After a successful pass: `seq`'s first `committed` tokens are text the coordinator committed,

@@ -14,9 +14,9 @@ namespace specd::worker_internal {
 // INVALID_ARGUMENT naming the sequence and what went wrong in its row (kernels::RowError).
 absl::Status RowError(SeqId seq, int32_t code);
 
-// INVALID_ARGUMENT for the second and later requests naming an id already seen in the call, so
-// one sequence is never fed twice in one forward pass.
-absl::Status CheckUnique(SeqId seq, absl::flat_hash_set<SeqId>* seen);
+// INVALID_ARGUMENT for the second and later requests naming an id already seen in the call (as
+// a sequence or a companion), so one sequence is never fed twice in one forward pass.
+absl::Status CheckUnique(const SequenceRequest& req, absl::flat_hash_set<SeqId>* seen);
 
 }  // namespace specd::worker_internal
 

@@ -43,6 +43,10 @@ absl::Status CheckVerifyRequest(const VerifySequenceRequest& req, int64_t vocab)
     if (!st.ok()) {
       return absl::InvalidArgumentError(absl::StrCat("sequence ", req.seq, ": ", st.message()));
     }
+    if (req.companion.has_value()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "sequence ", req.seq, ": a draft tree cannot be guided (guided requests draft chains)"));
+    }
   }
   for (size_t k = 0; k < req.drafts.size(); ++k) {
     if (req.drafts[k] < 0 || req.drafts[k] >= vocab) {
@@ -97,6 +101,7 @@ std::vector<VerifySequenceResult> WorkerRuntime::Verify(
   std::vector<VerifySequenceResult> results(batch.size());
   auto finish = [&](size_t i) {
     results[i].cached_len = LengthOrZero(batch[i].seq);
+    results[i].companion_cached_len = CompanionLengthOrZero(batch[i]);
     if (on_result) on_result(results[i]);
   };
 
@@ -108,7 +113,7 @@ std::vector<VerifySequenceResult> WorkerRuntime::Verify(
   for (size_t i = 0; i < batch.size(); ++i) {
     const VerifySequenceRequest& req = batch[i];
     results[i].seq = req.seq;
-    absl::Status st = CheckUnique(req.seq, &seen);
+    absl::Status st = CheckUnique(req, &seen);
     if (st.ok() && !vocab_.full()) {
       st = absl::FailedPreconditionError(absl::StrCat(
           "this worker's classifier keeps ", vocab_.width(), " of ", vocab,
@@ -136,8 +141,11 @@ std::vector<VerifySequenceResult> WorkerRuntime::Verify(
 
   // One pass: each verifying sequence feeds the rest of its catch-up plus the drafts, with logits
   // at the last catch-up token and at every draft (a tree's nodes sit at their depth's position
-  // and see only their ancestors); then the prefill chunks, without logits.
+  // and see only their ancestors); then the prefill chunks, without logits; then the companions
+  // of guided chains, fed their own catch-up and the same drafts, whose logit rows thus come
+  // after every row that is processed.
   std::vector<std::vector<int32_t>> feeds(batch.size());
+  std::vector<std::vector<int32_t>> companion_feeds(batch.size());
   std::vector<std::vector<int32_t>> positions(batch.size());
   std::vector<DraftShape> shapes;
   shapes.reserve(batch.size());
@@ -168,15 +176,16 @@ std::vector<VerifySequenceResult> WorkerRuntime::Verify(
     }
     inputs.push_back(in);
   }
-  for (const size_t i : chunked) {
-    if (feed_plan[i].feed == 0) continue;
-    SequenceInput in;
-    in.seq = batch[i].seq;
-    in.tokens = std::span<const int32_t>(batch[i].catch_up)
-                    .subspan(static_cast<size_t>(feed_plan[i].cached),
-                             static_cast<size_t>(feed_plan[i].feed));
-    in.start_pos = static_cast<int64_t>(seqs_[in.seq].tokens.size());
-    inputs.push_back(in);
+  std::vector<SequenceInput> chunk_inputs;
+  for (const size_t i : chunked) AddChunkInputs(batch[i], feed_plan[i], &chunk_inputs);
+  inputs.insert(inputs.end(), chunk_inputs.begin(), chunk_inputs.end());
+  for (const size_t i : active) {
+    const VerifySequenceRequest& req = batch[i];
+    if (!req.companion.has_value()) continue;
+    const std::vector<int32_t>& catch_up = req.companion->catch_up;
+    companion_feeds[i].assign(catch_up.begin() + feed_plan[i].companion_cached, catch_up.end());
+    companion_feeds[i].insert(companion_feeds[i].end(), req.drafts.begin(), req.drafts.end());
+    inputs.push_back(VerifyInput(req.companion->seq, companion_feeds[i], req.drafts.size()));
   }
   // Per active sequence: where its rows, lookups and draws sit in the sampler.
   struct Planned {
@@ -203,12 +212,22 @@ std::vector<VerifySequenceResult> WorkerRuntime::Verify(
           for (const size_t i : active) rows += static_cast<int64_t>(batch[i].drafts.size()) + 1;
           SPECD_ASSIGN_OR_RETURN(const std::vector<int32_t> slots, pool_.Acquire(rows));
           size_t next_slot = 0;
+          int32_t companion_row = static_cast<int32_t>(rows);
           for (const size_t i : active) {
             const VerifySequenceRequest& req = batch[i];
             const DraftShape& shape = shapes[i];
             Sequence& s = seqs_[req.seq];
             s.tokens.insert(s.tokens.end(), feeds[i].begin(), feeds[i].end());
             const size_t n = req.drafts.size();
+            if (req.companion.has_value()) {
+              // Its rows are the next n + 1 (a chain: trees are never guided).
+              std::vector<int32_t>& u = seqs_[req.companion->seq].tokens;
+              u.insert(u.end(), companion_feeds[i].begin(), companion_feeds[i].end());
+              for (size_t j = 0; j <= n; ++j) {
+                sampler_.AddGuidance(static_cast<int32_t>(next_slot + j), companion_row++,
+                                     req.companion->scale);
+              }
+            }
             const size_t x_len = s.tokens.size() - n;  // len(x): committed tokens
             const kernels::RowMode mode =
                 req.sampling.greedy() ? kernels::RowMode::kGreedy : kernels::RowMode::kSample;
@@ -275,19 +294,12 @@ std::vector<VerifySequenceResult> WorkerRuntime::Verify(
     }
     return results;
   }
-  // Committed text into the cache: x for the verified sequences (not their drafts or tree
-  // nodes), and the chunks.
+  // Committed text into the cache: x (and u) for the verified sequences (not their drafts or
+  // tree nodes), and the chunks.
   for (const size_t i : active) {
-    const SeqId seq = batch[i].seq;
-    CacheCommitted(seq, static_cast<int64_t>(seqs_[seq].tokens.size() - batch[i].drafts.size()));
+    CacheCommittedPair(batch[i], static_cast<int64_t>(batch[i].drafts.size()));
   }
-  for (const size_t i : chunked) {
-    const VerifySequenceRequest& req = batch[i];
-    Sequence& s = seqs_[req.seq];
-    const auto from = req.catch_up.begin() + feed_plan[i].cached;
-    s.tokens.insert(s.tokens.end(), from, from + feed_plan[i].feed);
-    CacheCommitted(req.seq, static_cast<int64_t>(s.tokens.size()));
-  }
+  ChunksFed(chunk_inputs);
 
   for (const size_t i : active) {
     const VerifySequenceRequest& req = batch[i];

@@ -25,6 +25,13 @@ void EncodeSequence(const SequenceRequest& r, ProtoSequence* out) {
     out->mutable_compact()->mutable_kept_nodes()->Add(r.compact.kept_nodes.begin(),
                                                       r.compact.kept_nodes.end());
   }
+  if (r.companion.has_value()) {
+    pb::Companion* c = out->mutable_companion();
+    c->set_seq_id(r.companion->seq);
+    c->set_scale(r.companion->scale);
+    c->mutable_catch_up_tokens()->Add(r.companion->catch_up.begin(), r.companion->catch_up.end());
+    c->set_expected_cached_len(r.companion->expected_cached_len);
+  }
 }
 
 template <typename ProtoSequence>
@@ -43,6 +50,13 @@ void DecodeSequence(const ProtoSequence& proto, SequenceRequest* out) {
     out->compact.kept_nodes.assign(proto.compact().kept_nodes().begin(),
                                    proto.compact().kept_nodes().end());
   }
+  if (proto.has_companion()) {
+    const pb::Companion& c = proto.companion();
+    out->companion = CompanionRequest{
+        c.seq_id(), c.scale(),
+        std::vector<int32_t>(c.catch_up_tokens().begin(), c.catch_up_tokens().end()),
+        c.expected_cached_len()};
+  }
 }
 
 // An empty batch or a repeated seq_id fails the whole call.
@@ -56,6 +70,24 @@ absl::Status CheckBatch(const Items& items, const char* rpc) {
     if (!seen.insert(item.seq_id()).second) {
       return absl::InvalidArgumentError(
           absl::StrCat(rpc, ": seq_id ", item.seq_id(), " appears more than once in the request"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// The same for the sequences and companions of a Draft or Verify together: one id is fed once
+// per pass, whatever it names.
+template <typename Items>
+absl::Status CheckBatchWithCompanions(const Items& items, const char* rpc) {
+  if (absl::Status st = CheckBatch(items, rpc); !st.ok()) return st;
+  absl::flat_hash_set<uint64_t> seen;
+  for (const auto& item : items) seen.insert(item.seq_id());
+  for (const auto& item : items) {
+    if (!item.has_companion()) continue;
+    if (!seen.insert(item.companion().seq_id()).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(rpc, ": seq_id ", item.seq_id(), " names companion.seq_id ",
+                       item.companion().seq_id(), ", which another sequence of the request uses"));
     }
   }
   return absl::OkStatus();
@@ -170,6 +202,7 @@ void Encode(std::span<const TruncateSequenceRequest> batch, pb::TruncateRequest*
     s->set_new_len(r.new_len);
     s->set_query_step(r.query_step);
     s->mutable_query_tokens()->Add(r.query_tokens.begin(), r.query_tokens.end());
+    if (r.companion_new_len.has_value()) s->set_companion_new_len(*r.companion_new_len);
   }
 }
 
@@ -177,8 +210,10 @@ std::vector<TruncateSequenceRequest> Decode(const pb::TruncateRequest& proto) {
   std::vector<TruncateSequenceRequest> out;
   out.reserve(static_cast<size_t>(proto.sequences_size()));
   for (const pb::TruncateSequence& s : proto.sequences()) {
-    out.push_back({s.seq_id(), s.new_len(), s.query_step(),
-                   std::vector<int32_t>(s.query_tokens().begin(), s.query_tokens().end())});
+    out.push_back(
+        {s.seq_id(), s.new_len(), s.query_step(),
+         std::vector<int32_t>(s.query_tokens().begin(), s.query_tokens().end()),
+         s.has_companion_new_len() ? std::optional<int64_t>(s.companion_new_len()) : std::nullopt});
   }
   return out;
 }
@@ -218,7 +253,9 @@ std::vector<LogprobQuery> Decode(const pb::QueryLogprobsRequest& proto) {
 }
 
 absl::Status Validate(const pb::DraftRequest& request) {
-  if (absl::Status st = CheckBatch(request.sequences(), "Draft"); !st.ok()) return st;
+  if (absl::Status st = CheckBatchWithCompanions(request.sequences(), "Draft"); !st.ok()) {
+    return st;
+  }
   for (const pb::DraftSequence& s : request.sequences()) {
     if (s.num_speculative_tokens() > kMaxSpeculativeTokens) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -235,7 +272,9 @@ absl::Status Validate(const pb::DraftRequest& request) {
 }
 
 absl::Status Validate(const pb::VerifyRequest& request) {
-  if (absl::Status st = CheckBatch(request.sequences(), "Verify"); !st.ok()) return st;
+  if (absl::Status st = CheckBatchWithCompanions(request.sequences(), "Verify"); !st.ok()) {
+    return st;
+  }
   for (const pb::VerifySequence& s : request.sequences()) {
     const int limit = s.tree_parents().empty() ? kMaxSpeculativeTokens : kMaxTreeNodes;
     if (s.draft_tokens_size() > limit) {
@@ -285,6 +324,7 @@ void Encode(const VerifySequenceResult& result, const KvFree& free, pb::VerifyRe
   Encode(result.status, out->mutable_status());
   Encode(result.cached_len, free, out->mutable_cache());
   out->mutable_cache()->set_prefilling(result.prefilling);
+  out->mutable_cache()->set_companion_cached_len(result.companion_cached_len);
   if (!result.status.ok() || result.prefilling) return;
   out->mutable_p_draft()->Assign(result.p_draft.begin(), result.p_draft.end());
   out->mutable_argmax()->Assign(result.argmax.begin(), result.argmax.end());
@@ -313,6 +353,7 @@ VerifySequenceResult Decode(const pb::VerifyResult& proto, int64_t forward_ns) {
   r.status = Decode(proto.status());
   r.cached_len = proto.cache().cached_len();
   r.prefilling = proto.cache().prefilling();
+  r.companion_cached_len = proto.cache().companion_cached_len();
   if (!r.status.ok()) return r;
   r.forward_ns = forward_ns;
   if (r.prefilling) return r;
@@ -356,6 +397,7 @@ void Encode(const DraftStep& step, const KvFree& free, pb::DraftResponse* out) {
     entry->set_seq_id(o.seq);
     Encode(o.cached_len, free, entry->mutable_state());
     entry->mutable_state()->set_prefilling(o.prefilling);
+    entry->mutable_state()->set_companion_cached_len(o.companion_cached_len);
   }
 }
 
@@ -377,8 +419,8 @@ std::vector<DecodedDraftStep> Decode(const pb::DraftResponse& proto) {
   if (!out.empty()) {
     DecodedDraftStep& last = out.back();
     for (const pb::CacheStateEntry& c : proto.cache()) {
-      last.outcomes.push_back(
-          {c.seq_id(), absl::OkStatus(), c.state().cached_len(), c.state().prefilling()});
+      last.outcomes.push_back({c.seq_id(), absl::OkStatus(), c.state().cached_len(),
+                               c.state().prefilling(), c.state().companion_cached_len()});
       last.free = DecodeKvFree(c.state());
       last.has_free = true;
     }
@@ -392,6 +434,7 @@ void Encode(const SequenceAnswer<TruncateResult>& answer, const KvFree& free,
   Encode(answer.value.status(), out->mutable_status());
   if (!answer.value.ok()) return;
   Encode(answer.value->cached_len, free, out->mutable_cache());
+  out->mutable_cache()->set_companion_cached_len(answer.value->companion_cached_len);
   out->mutable_q_probs()->Assign(answer.value->q_probs.begin(), answer.value->q_probs.end());
 }
 
@@ -400,7 +443,8 @@ SequenceAnswer<TruncateResult> Decode(const pb::TruncateResult& proto) {
   if (!status.ok()) return {proto.seq_id(), std::move(status)};
   return {proto.seq_id(),
           TruncateResult{proto.cache().cached_len(),
-                         std::vector<float>(proto.q_probs().begin(), proto.q_probs().end())}};
+                         std::vector<float>(proto.q_probs().begin(), proto.q_probs().end()),
+                         proto.cache().companion_cached_len()}};
 }
 
 void Encode(const SequenceAnswer<ProbRow>& answer, int64_t cached_len, const KvFree& free,

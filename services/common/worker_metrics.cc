@@ -55,6 +55,13 @@ WorkerMetrics::WorkerMetrics() : registry_(std::make_shared<prometheus::Registry
                        .Help("Prefix-cache blocks no sequence holds (evicted LRU when needed)")
                        .Register(*registry_)
                        .Add({});
+  companion_kv_ = &prometheus::BuildGauge()
+                       .Name("specd_worker_companion_kv_blocks")
+                       .Help(
+                           "KV blocks held by the companions of guided sequences (classifier-free "
+                           "guidance), each counted once")
+                       .Register(*registry_)
+                       .Add({});
   prefix_queried_ = &prometheus::BuildCounter()
                          .Name("specd_prefix_cache_queried_tokens_total")
                          .Help(
@@ -146,6 +153,10 @@ void WorkerMetrics::OnKvChanged(const KvPool& kv) {
   kv_evictable_->Set(static_cast<double>(kv.evictable_blocks()));
   // Scratch grows with the largest batch seen, so the figures are refreshed with the KV ones.
   UpdateMemory();
+}
+
+void WorkerMetrics::OnCompanionKv(int64_t blocks) {
+  companion_kv_->Set(static_cast<double>(blocks));
 }
 
 void WorkerMetrics::OnPrefixCache(int64_t queried, int64_t hit) {

@@ -1,7 +1,7 @@
 // A worker's Prometheus metrics on /metrics: the back end and KV dtype, memory by kind, KV blocks
-// and bytes used/free/cached/evictable, prefix-cache queries and hits, forward durations, batch
-// sizes and tokens processed by forward kind (catch_up, draft_step, verify). Labels never carry
-// request or sequence ids.
+// and bytes used/free/cached/evictable, blocks held by guidance companions, prefix-cache queries
+// and hits, forward durations, batch sizes and tokens processed by forward kind (catch_up,
+// draft_step, verify). Labels never carry request or sequence ids.
 #ifndef SPECD_SERVICES_COMMON_WORKER_METRICS_H_
 #define SPECD_SERVICES_COMMON_WORKER_METRICS_H_
 
@@ -39,6 +39,7 @@ class WorkerMetrics final : public RuntimeObserver {
                  absl::Duration elapsed) override;
   void OnKvChanged(const KvPool& kv) override;
   void OnPrefixCache(int64_t queried, int64_t hit) override;
+  void OnCompanionKv(int64_t blocks) override;
 
  private:
   static constexpr size_t kNumKinds = 3;
@@ -51,6 +52,7 @@ class WorkerMetrics final : public RuntimeObserver {
   prometheus::Gauge* kv_free_bytes_;
   prometheus::Gauge* kv_cached_;
   prometheus::Gauge* kv_evictable_;
+  prometheus::Gauge* companion_kv_;
   prometheus::Counter* prefix_queried_;
   prometheus::Counter* prefix_hit_;
   prometheus::Family<prometheus::Gauge>* backend_info_;

@@ -28,8 +28,7 @@ grpc::ServerUnaryReactor* WorkerRpcs::Truncate(grpc::CallbackServerContext* cont
   }
   engine_->Post([reactor, request, response](WorkerRuntime& runtime) {
     for (const TruncateSequenceRequest& r : codec::Decode(*request)) {
-      const SequenceAnswer<TruncateResult> answer{
-          r.seq, runtime.Truncate(r.seq, r.new_len, r.query_step, r.query_tokens)};
+      const SequenceAnswer<TruncateResult> answer{r.seq, runtime.Truncate(r)};
       codec::Encode(answer, runtime.kv_free(), response->add_results());
     }
     reactor->Finish(grpc::Status::OK);

@@ -15,6 +15,8 @@ namespace {
 constexpr std::array<const char*, 5> kPhaseNames = {"draft", "verify", "accept", "truncate",
                                                     "overhead"};
 constexpr std::array<const char*, 2> kWorkerNames = {"draft", "target"};
+constexpr std::array<const char*, kNumGuidanceKinds> kGuidanceNames = {"off", "target",
+                                                                       "target_and_draft"};
 
 // Factors of 2 from `first` up to past `last`.
 prometheus::Histogram::BucketBoundaries Exponential(double first, double last) {
@@ -87,6 +89,32 @@ CoordinatorMetrics::CoordinatorMetrics(int max_position)
                          .Name("specd_spec_decode_num_accepted_tokens_per_pos_total")
                          .Help("Rounds that accepted the draft token at position (0-based)")
                          .Register(*registry_);
+  auto& drafted_by_guidance =
+      prometheus::BuildCounter()
+          .Name("specd_spec_decode_num_draft_tokens_by_guidance_total")
+          .Help(
+              "Draft tokens proposed, by classifier-free guidance: off, target (the draft "
+              "unguided) or target_and_draft")
+          .Register(*registry_);
+  auto& accepted_by_guidance =
+      prometheus::BuildCounter()
+          .Name("specd_spec_decode_num_accepted_tokens_by_guidance_total")
+          .Help(
+              "Draft tokens the target accepted, by classifier-free guidance: off, target (the "
+              "draft unguided) or target_and_draft")
+          .Register(*registry_);
+  auto& guided = prometheus::BuildCounter()
+                     .Name("specd_guided_requests_total")
+                     .Help(
+                         "Requests queued with classifier-free guidance, by what is guided: "
+                         "target (the draft unguided) or target_and_draft")
+                     .Register(*registry_);
+  for (size_t i = 0; i < kNumGuidanceKinds; ++i) {
+    const prometheus::Labels labels = {{"guidance", kGuidanceNames[i]}};
+    draft_tokens_by_guidance_[i] = &drafted_by_guidance.Add(labels);
+    accepted_tokens_by_guidance_[i] = &accepted_by_guidance.Add(labels);
+    if (i > 0) guided_requests_[i] = &guided.Add(labels);
+  }
   acceptance_rate_ = &histogram("specd_request_acceptance_rate",
                                 "Accepted / drafted tokens of one finished request", RateBuckets());
   accepted_length_ = &histogram("specd_spec_decode_accepted_length",
@@ -206,6 +234,9 @@ void CoordinatorMetrics::OnRequestFinished(const RequestMetrics& r) {
   num_drafts_->Increment(static_cast<double>(r.drafting_rounds));
   num_draft_tokens_->Increment(static_cast<double>(r.draft_tokens));
   num_accepted_tokens_->Increment(static_cast<double>(r.accepted_tokens));
+  const size_t g = static_cast<size_t>(r.guidance);
+  draft_tokens_by_guidance_[g]->Increment(static_cast<double>(r.draft_tokens));
+  accepted_tokens_by_guidance_[g]->Increment(static_cast<double>(r.accepted_tokens));
   acceptance_rate_->Observe(static_cast<double>(r.accepted_tokens) /
                             static_cast<double>(r.draft_tokens));
   // A round that accepted draft k+1 accepted every draft before it, so the rounds that accepted
@@ -224,6 +255,10 @@ void CoordinatorMetrics::OnRequestFinished(const RequestMetrics& r) {
 
 void CoordinatorMetrics::OnRequestError(absl::StatusCode code) {
   errors_family_->Add({{"code", absl::StatusCodeToString(code)}}).Increment();
+}
+
+void CoordinatorMetrics::OnGuidedRequest(GuidanceKind kind) {
+  if (kind != GuidanceKind::kOff) guided_requests_[static_cast<size_t>(kind)]->Increment();
 }
 
 void CoordinatorMetrics::OnFirstToken(absl::Duration since_arrival) {

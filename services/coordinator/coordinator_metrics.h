@@ -28,8 +28,14 @@
 
 namespace specd {
 
+// Which distributions a request's rounds compared (classifier-free guidance): the acceptance rate
+// is counted per kind, since guiding the target but not the draft lowers it.
+enum class GuidanceKind { kOff, kTarget, kTargetAndDraft };
+inline constexpr size_t kNumGuidanceKinds = 3;
+
 // What one finished request reports; mirrors the usage fields of the public API.
 struct RequestMetrics {
+  GuidanceKind guidance = GuidanceKind::kOff;
   std::string finish_reason;  // "length", "eos_token", "stop_token", "stop_string"
   int64_t prompt_tokens = 0;
   int64_t completion_tokens = 0;
@@ -66,6 +72,8 @@ class CoordinatorMetrics final {
   void OnRequestFinished(const RequestMetrics& r);
   // A request failed with `code` (absl::StatusCodeToString, e.g. "RESOURCE_EXHAUSTED").
   void OnRequestError(absl::StatusCode code);
+  // A request with classifier-free guidance was queued (kTarget: its draft is unguided).
+  void OnGuidedRequest(GuidanceKind kind);
   void OnFirstToken(absl::Duration since_arrival);
   // `tokens` tokens arrived together `gap` after the previous ones: each counts gap / tokens.
   void OnTokens(int64_t tokens, absl::Duration gap);
@@ -92,6 +100,9 @@ class CoordinatorMetrics final {
   prometheus::Counter* num_draft_tokens_;
   prometheus::Counter* num_accepted_tokens_;
   prometheus::Family<prometheus::Counter>* per_pos_family_;
+  std::array<prometheus::Counter*, kNumGuidanceKinds> draft_tokens_by_guidance_{};
+  std::array<prometheus::Counter*, kNumGuidanceKinds> accepted_tokens_by_guidance_{};
+  std::array<prometheus::Counter*, kNumGuidanceKinds> guided_requests_{};
   prometheus::Histogram* acceptance_rate_;
   prometheus::Histogram* accepted_length_;
   prometheus::Histogram* draft_length_;

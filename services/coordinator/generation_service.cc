@@ -257,11 +257,13 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* GenerationService::Generate(
     return reactor;
   }
   const uint64_t seed = req->seed;
+  const GuidanceKind guidance = GuidanceOf(*req);
   const std::string request_id = request->request_id();
   Scheduler* scheduler = state->scheduler;
   auto first = std::make_shared<bool>(true);
   auto timing = std::make_shared<RequestTiming>();
-  auto sink = [call, scheduler, first, seed, request_id, metrics, timing](GenerationEvent event) {
+  auto sink = [call, scheduler, first, seed, guidance, request_id, metrics,
+               timing](GenerationEvent event) {
     const bool last = event.finish != FinishReason::kNone || !event.error.ok();
     if (!last && call->abandoned()) {
       // The client went away, its deadline passed or a drain ended the stream: free the
@@ -271,7 +273,7 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* GenerationService::Generate(
     }
     if (!event.error.ok()) {
       if (call->Close(ToGrpcStatus(event.error)) && metrics != nullptr) {
-        RecordEvent(*metrics, *timing, event);
+        RecordEvent(*metrics, *timing, guidance, event);
       }
       return;
     }
@@ -295,7 +297,7 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* GenerationService::Generate(
     }
     // A stream the drain already ended gets nothing more, and is not counted twice.
     if (!call->Send(std::move(msg))) return;
-    if (metrics != nullptr) RecordEvent(*metrics, *timing, event);
+    if (metrics != nullptr) RecordEvent(*metrics, *timing, guidance, event);
     if (last) call->Close(grpc::Status::OK);
   };
   absl::StatusOr<Scheduler::RequestHandle> h = scheduler->Submit(*std::move(req), sink);
@@ -305,6 +307,7 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* GenerationService::Generate(
     return reactor;
   }
   call->handle.store(*h);
+  if (metrics != nullptr) metrics->OnGuidedRequest(guidance);
   return reactor;
 }
 

@@ -143,6 +143,7 @@ absl::StatusOr<std::vector<SequenceOutcome>> GrpcWorker::Draft(
     for (const SequenceOutcome& o : decoded.outcomes) {
       outcomes[o.seq].cached_len = o.cached_len;
       outcomes[o.seq].prefilling = o.prefilling;
+      outcomes[o.seq].companion_cached_len = o.companion_cached_len;
     }
     if (decoded.has_free) free_kv_tokens_ = decoded.free.tokens;
     if (on_step) {

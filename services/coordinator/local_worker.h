@@ -30,7 +30,7 @@ class LocalWorker final : public WorkerApi {
       std::span<const TruncateSequenceRequest> batch) override {
     std::vector<SequenceAnswer<TruncateResult>> out;
     for (const TruncateSequenceRequest& r : batch) {
-      out.push_back({r.seq, runtime_->Truncate(r.seq, r.new_len, r.query_step, r.query_tokens)});
+      out.push_back({r.seq, runtime_->Truncate(r)});
     }
     return out;
   }

@@ -18,7 +18,13 @@ const char* FinishReasonName(FinishReason r) {
   return "none";
 }
 
-void RecordEvent(CoordinatorMetrics& metrics, RequestTiming& timing, const GenerationEvent& e) {
+GuidanceKind GuidanceOf(const GenerationRequest& r) {
+  if (!r.guidance.has_value()) return GuidanceKind::kOff;
+  return r.guidance->draft ? GuidanceKind::kTargetAndDraft : GuidanceKind::kTarget;
+}
+
+void RecordEvent(CoordinatorMetrics& metrics, RequestTiming& timing, GuidanceKind guidance,
+                 const GenerationEvent& e) {
   const absl::Time now = absl::Now();
   if (!e.tokens.empty()) {
     if (timing.last_tokens == absl::InfinitePast()) {
@@ -32,6 +38,7 @@ void RecordEvent(CoordinatorMetrics& metrics, RequestTiming& timing, const Gener
     metrics.OnRequestError(e.error.code());
   } else if (e.finish != FinishReason::kNone) {
     RequestMetrics r;
+    r.guidance = guidance;
     r.finish_reason = FinishReasonName(e.finish);
     r.prompt_tokens = e.usage.prompt_tokens;
     r.completion_tokens = e.usage.completion_tokens;

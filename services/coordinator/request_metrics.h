@@ -19,8 +19,12 @@ struct RequestTiming {
   absl::Time last_tokens = absl::InfinitePast();
 };
 
+// Which distributions the request's rounds compare (its acceptance is counted by this).
+GuidanceKind GuidanceOf(const GenerationRequest& r);
+
 // Records one event of a request that `timing` follows.
-void RecordEvent(CoordinatorMetrics& metrics, RequestTiming& timing, const GenerationEvent& e);
+void RecordEvent(CoordinatorMetrics& metrics, RequestTiming& timing, GuidanceKind guidance,
+                 const GenerationEvent& e);
 
 }  // namespace specd
 

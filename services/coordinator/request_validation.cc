@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <optional>
+#include <string>
+#include <vector>
 
 #include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
@@ -16,6 +18,89 @@ constexpr char kFieldPayload[] = "type.specd/request.field";
 
 absl::Status Invalid(absl::string_view field, const std::string& message) {
   return FieldError(field, message);
+}
+
+// Guidance scales up to this amplify the difference of two logit rows tenfold: beyond it the
+// guided distribution is a near point mass whatever the model says.
+constexpr float kMaxGuidanceScale = 10.0f;
+
+// The request's guidance, or nullopt when it has none or a scale of 1 (which is the conditional
+// distribution itself, so no companion is run).
+absl::StatusOr<std::optional<Guidance>> BuildGuidance(const v1::GenerateRequest& request,
+                                                      const Tokenizer* tokenizer,
+                                                      const ServerLimits& limits,
+                                                      const FieldNames& names) {
+  if (!request.has_guidance()) return std::nullopt;
+  const v1::Guidance& g = request.guidance();
+  if (!(g.scale() > 0.0f && g.scale() <= kMaxGuidanceScale)) {
+    return Invalid("guidance.scale",
+                   absl::StrCat("guidance.scale must be in (0, ", kMaxGuidanceScale, "], got ",
+                                g.scale(), " (1 is no guidance)"));
+  }
+  Guidance out;
+  out.scale = g.scale();
+  out.draft = g.draft();
+  const absl::string_view text_field = names.guidance_text;
+  switch (g.unconditional_case()) {
+    case v1::Guidance::kUnconditionalText:
+      if (!g.unconditional_text().empty()) {
+        const std::string& text = g.unconditional_text();
+        if (static_cast<int64_t>(text.size()) > limits.max_prompt_bytes) {
+          return Invalid(text_field,
+                         absl::StrCat(text_field, " is ", text.size(), " bytes, over the limit of ",
+                                      limits.max_prompt_bytes));
+        }
+        if (tokenizer == nullptr) {
+          return Invalid(text_field,
+                         absl::StrCat("the served model has no tokenizer; send ",
+                                      names.guidance_ids, " as token ids instead of text"));
+        }
+        if (FindInvalidUtf8(text)) {
+          return Invalid(text_field, absl::StrCat(text_field, " is not valid UTF-8"));
+        }
+        absl::StatusOr<std::vector<int32_t>> ids = tokenizer->Encode(text);
+        if (!ids.ok()) {
+          return Invalid(text_field, absl::StrCat(text_field, ": ", ids.status().message()));
+        }
+        out.uncond_prompt = *std::move(ids);
+      }
+      break;
+    case v1::Guidance::kUnconditionalTokenIds:
+      out.uncond_prompt.assign(g.unconditional_token_ids().ids().begin(),
+                               g.unconditional_token_ids().ids().end());
+      break;
+    case v1::Guidance::UNCONDITIONAL_NOT_SET:
+      break;
+  }
+  if (out.uncond_prompt.empty()) {
+    // Unset or empty: BOS alone.
+    const std::optional<int32_t> bos =
+        tokenizer != nullptr ? tokenizer->bos_id() : std::optional<int32_t>();
+    if (!bos.has_value()) {
+      return Invalid(names.guidance_ids,
+                     absl::StrCat("guidance: the unconditional prompt is empty and the served "
+                                  "model has no BOS token to stand for it; send ",
+                                  names.guidance_ids));
+    }
+    out.uncond_prompt = {*bos};
+  }
+  if (limits.max_prompt_tokens > 0 &&
+      static_cast<int64_t>(out.uncond_prompt.size()) > limits.max_prompt_tokens) {
+    return Invalid(
+        names.guidance_ids,
+        absl::StrCat("the guidance's unconditional prompt has ", out.uncond_prompt.size(),
+                     " tokens; this server accepts at most ", limits.max_prompt_tokens));
+  }
+  for (size_t i = 0; i < out.uncond_prompt.size(); ++i) {
+    const int32_t id = out.uncond_prompt[i];
+    if (id < 0 || id >= limits.vocab_size) {
+      return Invalid(names.guidance_ids,
+                     absl::StrCat(names.guidance_ids, ": token id ", id, " at index ", i,
+                                  " is outside the vocabulary [0, ", limits.vocab_size, ")"));
+    }
+  }
+  if (out.scale == 1.0f) return std::nullopt;
+  return out;
 }
 
 }  // namespace
@@ -112,6 +197,16 @@ absl::StatusOr<GenerationRequest> BuildGenerationRequest(const v1::GenerateReque
     }
   }
 
+  absl::StatusOr<std::optional<Guidance>> guidance =
+      BuildGuidance(request, tokenizer, limits, names);
+  if (!guidance.ok()) return guidance.status();
+  out.guidance = *std::move(guidance);
+  // A guided request's companion holds the unconditional prompt and the same output: both must
+  // fit in max_seq_len.
+  const int64_t longest_prompt = std::max<int64_t>(
+      static_cast<int64_t>(out.prompt.size()),
+      out.guidance.has_value() ? static_cast<int64_t>(out.guidance->uncond_prompt.size()) : 0);
+
   // Sampling. The fields whose neutral value is not zero are optional: unset means neutral.
   const v1::SamplingParameters& s = request.sampling();
   out.sampling.temperature = s.temperature();
@@ -158,17 +253,19 @@ absl::StatusOr<GenerationRequest> BuildGenerationRequest(const v1::GenerateReque
   }
   out.max_new_tokens =
       stop.max_new_tokens() == 0 ? limits.default_max_new_tokens : stop.max_new_tokens();
-  const int64_t room = limits.max_seq_len - static_cast<int64_t>(out.prompt.size());
+  const int64_t room = limits.max_seq_len - longest_prompt;
+  const bool uncond_longest = longest_prompt > static_cast<int64_t>(out.prompt.size());
+  const char* const longest = uncond_longest ? "the guidance's unconditional prompt" : "the prompt";
   if (room < 1) {
-    return Invalid(names.prompt, absl::StrCat("the prompt has ", out.prompt.size(),
-                                              " tokens; the model's limit is ", limits.max_seq_len,
-                                              " tokens including the output"));
+    return Invalid(uncond_longest ? names.guidance_ids : names.prompt,
+                   absl::StrCat(longest, " has ", longest_prompt, " tokens; the model's limit is ",
+                                limits.max_seq_len, " tokens including the output"));
   }
   if (out.max_new_tokens > room) {
     if (stop.max_new_tokens() != 0) {
       return Invalid(
           names.max_new_tokens,
-          absl::StrCat("prompt (", out.prompt.size(), " tokens) + ", names.max_new_tokens, " (",
+          absl::StrCat(longest, " (", longest_prompt, " tokens) + ", names.max_new_tokens, " (",
                        out.max_new_tokens, ") exceeds the model's limit of ", limits.max_seq_len,
                        " tokens"));
     }
@@ -242,6 +339,12 @@ absl::StatusOr<GenerationRequest> BuildGenerationRequest(const v1::GenerateReque
       return Invalid(names.tree, absl::StrCat(names.tree,
                                               " needs model drafting: prompt lookup (ngram) "
                                               "proposes one chain"));
+    }
+    if (out.guidance.has_value()) {
+      // A tree's nodes and their KV compaction have no companion counterpart yet.
+      return Invalid(names.tree, absl::StrCat(names.tree,
+                                              " cannot be combined with guidance: guided requests "
+                                              "draft one chain"));
     }
     out.tree = {static_cast<int32_t>(std::min<uint32_t>(spec.tree().branching(), 1u << 20)),
                 static_cast<int32_t>(std::min<uint32_t>(spec.tree().depth(), 1u << 20))};

@@ -82,6 +82,11 @@ void Scheduler::ReleaseOnWorkers(Active& a, bool gone) {
   ReleaseOn(*target_, a, gone);
   a.seq.ResetDraftCache(0);
   a.seq.ResetTargetCache(0);
+  if (a.seq.guidance.has_value()) {
+    // Release frees the companion with its sequence.
+    a.seq.guidance->draft_cached = 0;
+    a.seq.guidance->target_cached = 0;
+  }
 }
 
 void Scheduler::ReleaseOn(SupervisedWorker& w, Active& a, bool gone) {
@@ -160,7 +165,12 @@ bool Scheduler::Commit(Active& a, const RoundStats& stats, const RoundPhaseTimes
     u.accepted_per_position.resize(static_cast<size_t>(stats.drafted), 0);
   }
   for (int32_t k = 0; k < accepted; ++k) ++u.accepted_per_position[static_cast<size_t>(k)];
-  const int64_t len = static_cast<int64_t>(r.prompt.size()) + u.completion_tokens;
+  // A guided request's companion grows with it and is bounded by max_seq_len too.
+  const int64_t len =
+      std::max<int64_t>(
+          static_cast<int64_t>(r.prompt.size()),
+          r.guidance.has_value() ? static_cast<int64_t>(r.guidance->uncond_prompt.size()) : 0) +
+      u.completion_tokens;
   if (reason == FinishReason::kNone &&
       (u.completion_tokens >= r.max_new_tokens || len >= options_.max_seq_len)) {
     reason = FinishReason::kLength;
@@ -196,6 +206,8 @@ void Scheduler::StartSequence(Active& a) {
   a.seq.num_candidates = options_.num_candidates;
   a.seq.sample = a.request.sample;
   a.seq.logprobs = a.request.logprobs;
+  a.seq.guidance = a.request.guidance;
+  if (a.seq.guidance.has_value()) a.seq.guidance->companion = a.seq.id | kCompanionIdBit;
   a.usage.prompt_tokens = a.seq.prompt_len;
 }
 
@@ -203,6 +215,22 @@ bool Scheduler::Adapts(const Active& a) {
   // The cost model times chains of K model drafts; prompt lookup and trees keep their K.
   return a.request.adaptive_k && a.request.draft_method == DraftMethod::kModel &&
          !a.request.tree.is_tree();
+}
+
+int64_t Scheduler::KvTokensForNextRound(const Active& a, bool target) {
+  const GenerationRequest& r = a.request;
+  const int64_t prompt = static_cast<int64_t>(r.prompt.size());
+  const int64_t len = a.seq.tokens.empty() ? prompt : static_cast<int64_t>(a.seq.tokens.size());
+  // Prompt lookup never uses the draft worker; a tree verifies its nodes, not K drafts.
+  if (!target && r.draft_method == DraftMethod::kNgram) return 0;
+  const int64_t round = (r.tree.is_tree() ? TreeNodeCount(r.tree, r.num_speculative_tokens)
+                                          : r.num_speculative_tokens) +
+                        1;
+  int64_t need = len + round;
+  if (r.guidance.has_value() && (target || r.guidance->draft)) {
+    need += static_cast<int64_t>(r.guidance->uncond_prompt.size()) + (len - prompt) + round;
+  }
+  return need;
 }
 
 KChoice Scheduler::PlanK() {
@@ -267,6 +295,9 @@ void Scheduler::RecoverWorkers() {
         a.seq.ResetDraftCache(0);
         a.draft_in_doubt = false;
       }
+      if (a.seq.guidance.has_value()) {
+        (w == target_.get() ? a.seq.guidance->target_cached : a.seq.guidance->draft_cached) = 0;
+      }
     };
     for (auto& a : running_) forget(*a);
     std::lock_guard<std::mutex> lock(mu_);
@@ -284,22 +315,34 @@ bool Scheduler::Resync(Active& a, SupervisedWorker& w) {
   int64_t keep = std::clamp<int64_t>(cached, 0, static_cast<int64_t>(a.seq.tokens.size()) - 1);
   if (!compact.empty()) keep = std::min(keep, compact.tree_start);
   (target ? a.seq.target_compact : a.seq.draft_compact) = KvCompaction();
+  const int64_t len = static_cast<int64_t>(a.seq.tokens.size());
   TruncateSequenceRequest request;
   request.seq = a.seq.id;
   request.new_len = keep;
+  // A guided pair is resynced as one: the companion's copy is a prefix of u, as x's is of x.
+  std::optional<Guidance>& g = a.seq.guidance;
+  int64_t* companion_cached = nullptr;
+  if (g.has_value() && (target || g->draft)) {
+    companion_cached = target ? &g->target_cached : &g->draft_cached;
+    request.companion_new_len =
+        std::clamp<int64_t>(*companion_cached, 0, a.seq.CompanionLen(len) - 1);
+  }
   absl::StatusOr<std::vector<SequenceAnswer<TruncateResult>>> answers =
       w.Truncate(std::span(&request, 1));
   const absl::StatusOr<TruncateResult> t =
       answers.ok() ? std::move(answers->front().value) : answers.status();
   if (t.ok()) {
     cached = t->cached_len;
+    if (companion_cached != nullptr) *companion_cached = t->companion_cached_len;
   } else if (t.status().code() == absl::StatusCode::kNotFound) {
     cached = 0;
+    if (companion_cached != nullptr) *companion_cached = 0;
   } else {
     if (!w.up()) return false;
     // Anything else: start over there.
     if (w.Release(a.seq.id).code() == absl::StatusCode::kUnavailable) return false;
     cached = 0;
+    if (companion_cached != nullptr) *companion_cached = 0;
   }
   (target ? a.target_in_doubt : a.draft_in_doubt) = false;
   return true;
@@ -410,20 +453,21 @@ void Scheduler::Loop() {
         }
       }
       // Admission against the workers' free KV as of their latest replies: a request joins only
-      // if its tokens so far plus one full round fit in both pools. With nothing running the head
+      // if its tokens so far plus one full round fit in both pools, a guided request's companion
+      // included (on the draft only when the draft is guided too). With nothing running the head
       // is admitted anyway, so one that can never fit gets its error instead of waiting forever.
-      int64_t budget = std::min(draft().FreeKvTokens(), target_->FreeKvTokens());
+      int64_t target_budget = target_->FreeKvTokens();
+      int64_t draft_budget = draft_ != nullptr ? draft_->FreeKvTokens() : 0;
       while (!waiting_.empty() && static_cast<int64_t>(running_.size()) < options_.max_running) {
         const Active& next = *waiting_.front();
-        const int64_t need =
-            static_cast<int64_t>(next.seq.tokens.empty() ? next.request.prompt.size()
-                                                         : next.seq.tokens.size()) +
-            (next.request.tree.is_tree()
-                 ? TreeNodeCount(next.request.tree, next.request.num_speculative_tokens)
-                 : next.request.num_speculative_tokens) +
-            1;
-        if (need > budget && !running_.empty()) break;
-        budget -= need;
+        const int64_t target_need = KvTokensForNextRound(next, /*target=*/true);
+        const int64_t draft_need =
+            draft_ != nullptr ? KvTokensForNextRound(next, /*target=*/false) : 0;
+        if ((target_need > target_budget || draft_need > draft_budget) && !running_.empty()) {
+          break;
+        }
+        target_budget -= target_need;
+        draft_budget -= draft_need;
         running_.push_back(std::move(waiting_.front()));
         waiting_.pop_front();
       }

@@ -55,7 +55,14 @@ struct GenerationRequest {
   // `sample` of every Philox counter); n completions of one prompt are numbered 0..n-1.
   uint32_t sample = 0;
   LogprobsRequest logprobs;
+  // Classifier-free guidance (scale, unconditional prompt, whether the draft is guided too); the
+  // scheduler names the companion when the request starts.
+  std::optional<Guidance> guidance;
 };
+
+// The bit that makes a request's companion id from its sequence id: sequence ids are request
+// handles, which count up from 1 and never reach it.
+inline constexpr SeqId kCompanionIdBit = SeqId{1} << 63;
 
 struct GenerationUsage {
   int64_t prompt_tokens = 0;
@@ -158,6 +165,9 @@ class Scheduler {
   void Loop();
   // A newly admitted request's sequence: its prompt is the first catch-up on both workers.
   void StartSequence(Active& a);
+  // KV tokens `a` needs on the target (or the draft) to run its next round from what it has
+  // committed: its tokens so far plus a full round, and its companion's where it has one there.
+  static int64_t KvTokensForNextRound(const Active& a, bool target);
   // Applies one round's tokens to `a`; returns true when the request finished.
   bool Commit(Active& a, const RoundStats& stats, const RoundPhaseTimes& times);
   void Finish(Active& a, FinishReason reason, absl::Status error, GenerationEvent event);

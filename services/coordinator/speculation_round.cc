@@ -23,11 +23,34 @@ void SpeculativeSequence::ResetTargetCache(int64_t len) {
   target_compact = KvCompaction();
 }
 
+int64_t SpeculativeSequence::CompanionLen(int64_t len) const {
+  if (!guidance.has_value()) return 0;
+  return std::max<int64_t>(0,
+                           len - prompt_len + static_cast<int64_t>(guidance->uncond_prompt.size()));
+}
+
+std::vector<int32_t> SpeculativeSequence::CompanionCatchUp(int64_t from) const {
+  std::vector<int32_t> out;
+  if (!guidance.has_value()) return out;
+  const std::vector<int32_t>& prompt = guidance->uncond_prompt;
+  const int64_t n = static_cast<int64_t>(prompt.size());
+  if (from < n) out.assign(prompt.begin() + from, prompt.end());
+  out.insert(out.end(), tokens.begin() + prompt_len + std::max<int64_t>(0, from - n), tokens.end());
+  return out;
+}
+
+int64_t SpeculativeSequence::LongestLen() const {
+  const int64_t len = static_cast<int64_t>(tokens.size());
+  return guidance.has_value() ? std::max(len, CompanionLen(len)) : len;
+}
+
 int32_t EffectiveK(const SpeculativeSequence& s, int64_t max_seq_len) {
   // A round appends up to K + 1 tokens and x never exceeds max_seq_len (prompt + output, as in
-  // vLLM's max_model_len), so K <= max_seq_len - len(x) - 1; likewise for the request's own end.
+  // vLLM's max_model_len), so K <= max_seq_len - len(x) - 1; likewise for a guided sequence's
+  // companion, which grows with x, and for the request's own end.
   const int64_t room =
-      std::min(max_seq_len, s.done_len) - static_cast<int64_t>(s.tokens.size()) - 1;
+      std::min(max_seq_len - s.LongestLen(), s.done_len - static_cast<int64_t>(s.tokens.size())) -
+      1;
   const int32_t k = s.egag.DraftLength(s.num_speculative_tokens);
   return static_cast<int32_t>(std::clamp<int64_t>(room, 0, k));
 }
@@ -102,6 +125,20 @@ Judge JudgeFor(const SpeculativeSequence& s, int32_t k) {
 // Fails `stats[i]` unless it failed already.
 void Fail(RoundStats& stats, absl::Status status) {
   if (stats.status.ok()) stats.status = std::move(status);
+}
+
+// The draft keeps at most `keep` tokens of x (and a guided draft's companion the same generated
+// tokens); anything past that leaves its KV with its next call (drop_tail).
+void CutDraft(SpeculativeSequence& s, int64_t keep) {
+  if (s.draft_cached > keep) {
+    s.draft_cached = keep;
+    s.draft_tail = true;
+  }
+  if (s.guidance.has_value() && s.guidance->draft &&
+      s.guidance->draft_cached > s.CompanionLen(keep)) {
+    s.guidance->draft_cached = s.CompanionLen(keep);
+    s.draft_tail = true;
+  }
 }
 
 // The exact residual fallback for sampled chains none of whose candidates passed: both workers'
@@ -216,6 +253,11 @@ std::vector<Proposal> Propose(WorkerApi& draft, std::span<SpeculativeSequence* c
       r.tree = s.tree;
       r.tree.depth = std::min(s.tree.depth, prop.k);
     }
+    if (s.guidance.has_value() && s.guidance->draft) {
+      r.companion =
+          CompanionRequest{s.guidance->companion, s.guidance->scale,
+                           s.CompanionCatchUp(s.guidance->draft_cached), s.guidance->draft_cached};
+    }
     if (s.egag.enabled && !s.tree.is_tree()) {
       r.entropy_stop.enabled = true;
       r.entropy_stop.min_tokens = s.egag.options.min_tokens;
@@ -252,6 +294,7 @@ std::vector<Proposal> Propose(WorkerApi& draft, std::span<SpeculativeSequence* c
       if (o.seq != r.seq) continue;
       if (!o.status.ok()) Fail(stats[i], o.status);
       s.draft_cached = o.cached_len;
+      if (r.companion.has_value()) s.guidance->draft_cached = o.companion_cached_len;
       if (o.status.ok()) {
         s.draft_tail = false;
         s.draft_compact = KvCompaction();
@@ -360,7 +403,7 @@ std::vector<RoundStats> RunSpeculationRound(WorkerApi& draft, WorkerApi& target,
   times = RoundPhaseTimes();
   const AddElapsedOnExit round_time(&times.round);
   for (size_t i = 0; i < batch.size(); ++i) {
-    if (static_cast<int64_t>(batch[i]->tokens.size()) >= options.max_seq_len) {
+    if (batch[i]->LongestLen() >= options.max_seq_len) {
       stats[i].status = absl::OutOfRangeError(
           absl::StrCat("sequence ", batch[i]->id, " is at max_seq_len ", options.max_seq_len));
     }
@@ -400,6 +443,11 @@ std::vector<RoundStats> RunSpeculationRound(WorkerApi& draft, WorkerApi& target,
       r.tree_parents = proposals[i].parents;
       r.num_candidates = s.sampling.greedy() ? 0 : s.num_candidates;
       r.logprobs = s.logprobs;
+    }
+    if (s.guidance.has_value()) {
+      r.companion = CompanionRequest{s.guidance->companion, s.guidance->scale,
+                                     s.CompanionCatchUp(s.guidance->target_cached),
+                                     s.guidance->target_cached};
     }
     verify_reqs.push_back(std::move(r));
   }
@@ -442,6 +490,7 @@ std::vector<RoundStats> RunSpeculationRound(WorkerApi& draft, WorkerApi& target,
     s.target_cached = v.cached_len;
     s.target_tail = false;
     s.target_compact = KvCompaction();
+    if (s.guidance.has_value()) s.guidance->target_cached = v.companion_cached_len;
     if (v.prefilling) {
       stats[i].prefilling = true;
       stats[i].drafted = 0;
@@ -449,11 +498,7 @@ std::vector<RoundStats> RunSpeculationRound(WorkerApi& draft, WorkerApi& target,
       stats[i].entropy_stopped = false;
       // Drafts the target never judged: the draft keeps x but its last token, which its next
       // catch-up feeds again, and drops the rest (a tree's nodes included) with that call.
-      const int64_t keep = len - 1;
-      if (s.uses_draft_worker() && s.draft_cached > keep) {
-        s.draft_cached = keep;
-        s.draft_tail = true;
-      }
+      CutDraft(s, len - 1);
       continue;
     }
     Resolution& res = resolutions.emplace_back();
@@ -504,10 +549,11 @@ std::vector<RoundStats> RunSpeculationRound(WorkerApi& draft, WorkerApi& target,
       s.target_cached = keep;
       s.target_tail = true;
     }
-    if (s.uses_draft_worker() && !res.needs_residual && keep < s.draft_cached) {
-      s.draft_cached = keep;
-      s.draft_tail = true;
+    if (s.guidance.has_value() && s.CompanionLen(keep) < s.guidance->target_cached) {
+      s.guidance->target_cached = s.CompanionLen(keep);
+      s.target_tail = true;
     }
+    if (!res.needs_residual) CutDraft(s, keep);
   }
 
   // 4. The residual queries of every sequence that rejected a sampled draft, in one Truncate call.
@@ -517,9 +563,15 @@ std::vector<RoundStats> RunSpeculationRound(WorkerApi& draft, WorkerApi& target,
     if (!res.needs_residual) continue;
     const SpeculativeSequence& s = *batch[res.i];
     querying.push_back(&res);
-    queries.push_back({s.id,
-                       std::min(s.draft_cached, static_cast<int64_t>(s.tokens.size()) + res.n),
-                       res.n + 1, res.v->candidate_tokens[static_cast<size_t>(res.n)]});
+    const int64_t keep = static_cast<int64_t>(s.tokens.size()) + res.n;
+    TruncateSequenceRequest& q = queries.emplace_back();
+    q.seq = s.id;
+    q.new_len = std::min(s.draft_cached, keep);
+    q.query_step = res.n + 1;
+    q.query_tokens = res.v->candidate_tokens[static_cast<size_t>(res.n)];
+    if (s.guidance.has_value() && s.guidance->draft) {
+      q.companion_new_len = std::min(s.guidance->draft_cached, s.CompanionLen(keep));
+    }
   }
   if (!queries.empty()) {
     const AddElapsedOnExit truncate_time(&times.truncate);
@@ -530,6 +582,9 @@ std::vector<RoundStats> RunSpeculationRound(WorkerApi& draft, WorkerApi& target,
       absl::Status status = answers.status();
       if (answers.ok() && (*answers)[j].value.ok()) {
         s.draft_cached = (*answers)[j].value->cached_len;
+        if (queries[j].companion_new_len.has_value()) {
+          s.guidance->draft_cached = (*answers)[j].value->companion_cached_len;
+        }
         s.draft_tail = false;
         res.q_ys = std::move((*answers)[j].value->q_probs);
       } else if (answers.ok()) {

@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <limits>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -27,6 +28,19 @@ namespace specd {
 enum class DraftMethod {
   kModel,  // the draft worker: a chain of K sampled drafts, or a tree (SpeculativeSequence::tree)
   kNgram,  // prompt lookup by the coordinator itself (ngram_proposer.h); no draft worker
+};
+
+// Classifier-free guidance for one sequence: its companion on the target (and, when the draft is
+// guided too, on the draft) holds u = the unconditional prompt followed by x's generated tokens.
+// The companion is fed, truncated, released and replayed with its sequence; its tokens are never
+// stored, since x determines them.
+struct Guidance {
+  float scale = 1.0f;  // s: the target's p (and a guided draft's q) is softmax-of u + s (c - u)
+  std::vector<int32_t> uncond_prompt;
+  SeqId companion = 0;       // the companion's id, on both workers
+  bool draft = false;        // the draft is guided too, with its own companion
+  int64_t draft_cached = 0;  // the companion's cached lengths, as for the sequence
+  int64_t target_cached = 0;
 };
 
 // The coordinator's record of one running sequence: the committed tokens x are the truth;
@@ -60,12 +74,21 @@ struct SpeculativeSequence {
   // *_cached counts the branch as if it were in place.
   KvCompaction draft_compact;
   KvCompaction target_compact;
+  std::optional<Guidance> guidance;  // classifier-free guidance, when asked for
 
   bool uses_draft_worker() const { return draft_method == DraftMethod::kModel; }
   // What a worker holds is no longer known (it restarted, or the sequence was released there):
   // the sequence replays from `len` tokens, with no pending compaction.
   void ResetDraftCache(int64_t len);
   void ResetTargetCache(int64_t len);
+
+  // The companion's length when x has `len` tokens (the same generated tokens after another
+  // prompt); `len` is at least prompt_len - 1. 0 without guidance.
+  int64_t CompanionLen(int64_t len) const;
+  // u[from:], the companion's catch-up from `from`.
+  std::vector<int32_t> CompanionCatchUp(int64_t from) const;
+  // The longer of x and u: what max_seq_len bounds.
+  int64_t LongestLen() const;
 };
 
 // An emitted token's log-probability under the target (never the draft), and its position's
@@ -120,8 +143,9 @@ std::vector<RoundStats> RunSpeculationRound(WorkerApi& draft, WorkerApi& target,
                                             const RoundOptions& options);
 
 // The K a sequence can use this round. A round appends up to K + 1 tokens, so near the end (of
-// max_seq_len, or of the tokens the request still needs) K shrinks to what can still be used, and
-// for the last token decoding falls back to K = 0. With EGAG it is the request's γ.
+// max_seq_len for x or a guided sequence's companion, or of the tokens the request still needs) K
+// shrinks to what can still be used, and for the last token decoding falls back to K = 0. With
+// EGAG it is the request's γ.
 int32_t EffectiveK(const SpeculativeSequence& s, int64_t max_seq_len);
 
 // Target KV tokens a round with K may add to the sequence: K drafts, or a tree's nodes.

@@ -219,6 +219,42 @@ TEST_F(BenchCliTest, FixedRateWithPromptFileAndAdaptiveK) {
   EXPECT_TRUE(j["compare"].empty());
 }
 
+// --guidance-scale: every unguided arm gets its guided twins, and each guided arm is set against
+// the unguided arm of its K.
+TEST_F(BenchCliTest, GuidanceArmsSitBesideTheUnguidedOnes) {
+  const std::filesystem::path json = tmp_->path() / "guidance.json";
+  const RunResult r = RunSpecd(absl::StrCat(
+      "bench --server ", serve_->address(),
+      " --compare --k 2 --streams 2 --requests 4 --repeats 1 --warmup 0 --max-tokens 8 --quiet",
+      " --guidance-scale 3 --unconditional 'a dog' --json ", json.string()));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("classifier-free guidance against the unguided arm"));
+  const nlohmann::json j = ReadJson(json);
+  ASSERT_FALSE(j.is_discarded());
+  EXPECT_EQ(j["config"]["guidance_scale"], 3.0);
+  EXPECT_EQ(j["config"]["unconditional"], "a dog");
+  const std::vector<std::string> labels = {"K=0", "K=0 cfg", "K=2", "K=2 cfg", "K=2 cfg+draft"};
+  const std::vector<std::string> guidance = {"off", "target", "off", "target", "target_and_draft"};
+  ASSERT_EQ(j["arms"].size(), labels.size());
+  for (size_t i = 0; i < labels.size(); ++i) {
+    EXPECT_EQ(j["arms"][i]["label"], labels[i]);
+    EXPECT_EQ(j["arms"][i]["guidance"], guidance[i]);
+    EXPECT_EQ(j["arms"][i]["output_tokens"], 4 * 8) << labels[i];
+  }
+  // Three guided arms, each against the unguided arm of its K; three speed-up rows, K=2 against
+  // K=0 and both guided K=2 arms against K=0 cfg.
+  const nlohmann::json& g = j["guidance"];
+  ASSERT_EQ(g.size(), 3u);
+  EXPECT_EQ(g[0]["label"], "K=0 cfg");
+  EXPECT_EQ(g[2]["label"], "K=2 cfg+draft");
+  EXPECT_NEAR(g[1]["throughput_ratio"].get<double>(),
+              g[1]["output_tokens_per_s"].get<double>() /
+                  g[1]["unguided_output_tokens_per_s"].get<double>(),
+              1e-12);
+  EXPECT_EQ(g[2]["unguided_alpha"].get<double>(), j["arms"][2]["alpha"].get<double>());
+  EXPECT_EQ(j["compare"].size(), 3u);
+}
+
 // --scenario on two servers (here the same one twice: the test is about the bookkeeping, the
 // ratios are what the benchmark script measures). Every count follows from the flags.
 TEST_F(BenchCliTest, ScenariosWriteConsistentJson) {

@@ -82,6 +82,12 @@ constexpr char kHelp[] =
     "  efficiency   measured / engine: what the service adds beyond the forward passes\n"
     "Under --adaptive the predictions use the K the rounds really drafted on average.\n"
     "\n"
+    "--guidance-scale S adds classifier-free guidance arms beside every unguided one: 'cfg'\n"
+    "(the target guided, the draft drafting unguided) and, for K > 0, 'cfg+draft' (the draft\n"
+    "guided too), with --unconditional as the unconditional prompt (empty: BOS). The report then\n"
+    "sets each guided arm against the unguided arm of the same K (tok/s ratio, alpha), and a\n"
+    "guided K arm's speed-up against K=0 cfg.\n"
+    "\n"
     "--scenario runs one workload on --server (a: prefix caching or chunked prefill on) and\n"
     "--baseline (b: off), alternating a and b in each of --repeats rounds, and reports a / b:\n"
     "  shared-prefix  a warm-up request caches --prefix-tokens; then --prefix-requests requests\n"
@@ -262,6 +268,8 @@ struct BenchConfig {
   std::vector<bench::ArmSpec> arms;
   std::string prompts_source;
   std::string json_path;
+  double guidance_scale = 0;  // 0: no guided arms
+  std::string unconditional;
 };
 
 // The bounds keep absurd values (a billion streams, each a thread) from exhausting the machine.
@@ -330,6 +338,15 @@ absl::StatusOr<BenchConfig> ParseConfig(const Flags& args) {
           "'"));
     }
   }
+  SPECD_ASSIGN_OR_RETURN(c.guidance_scale, args.GetDouble("guidance-scale"));
+  if (!(c.guidance_scale >= 0 && c.guidance_scale <= 10)) {
+    return absl::InvalidArgumentError("--guidance-scale must be in [0, 10] (0 = no guided arms)");
+  }
+  c.unconditional = args.Get("unconditional");
+  if (c.http_port > 0 && c.guidance_scale > 0) {
+    return absl::InvalidArgumentError(
+        "--guidance-scale and --http are separate comparisons: run them one at a time");
+  }
   if (args.Has("k")) {
     SPECD_ASSIGN_OR_RETURN(c.ks, ParseKList(args.Get("k")));
     if (c.compare && *std::max_element(c.ks.begin(), c.ks.end()) == 0) {
@@ -392,6 +409,16 @@ absl::Status ResolveArms(const v1::GetServerInfoResponse& info, BenchConfig& c) 
     }
     c.arms = std::move(both);
   }
+  if (c.guidance_scale > 0) {
+    // Each unguided arm, then its guided twins, so every repeat runs them side by side.
+    std::vector<bench::ArmSpec> arms;
+    for (const bench::ArmSpec& a : c.arms) {
+      arms.push_back(a);
+      arms.push_back({a.k, a.adaptive, a.http, bench::ArmGuidance::kTarget});
+      if (a.k > 0) arms.push_back({a.k, a.adaptive, a.http, bench::ArmGuidance::kTargetAndDraft});
+    }
+    c.arms = std::move(arms);
+  }
   return absl::OkStatus();
 }
 
@@ -423,6 +450,12 @@ std::vector<v1::GenerateRequest> BuildRequests(const BenchConfig& c, const bench
       spec->mutable_tree()->set_depth(static_cast<uint32_t>(arm.tree_depth));
     }
     if (arm.k > 0 && arm.egag.has_value()) spec->set_egag(*arm.egag);
+    if (arm.guidance != bench::ArmGuidance::kOff) {
+      v1::Guidance* g = r.mutable_guidance();
+      g->set_scale(static_cast<float>(c.guidance_scale));
+      g->set_unconditional_text(c.unconditional);
+      g->set_draft(arm.guidance == bench::ArmGuidance::kTargetAndDraft);
+    }
     r.set_request_id(absl::StrCat("bench-", arm.Label(), "-", i));
     out.push_back(std::move(r));
   }
@@ -477,6 +510,8 @@ nlohmann::ordered_json ConfigJson(const BenchConfig& c, int64_t num_prompts) {
           {"seed", c.seed},
           {"compare", c.compare},
           {"adaptive", c.adaptive},
+          {"guidance_scale", c.guidance_scale},
+          {"unconditional", c.unconditional},
           {"arms", arms},
           {"prompts", c.prompts_source},
           {"num_prompts", num_prompts},
@@ -630,6 +665,8 @@ int RunBench(const std::vector<std::string>& argv) {
       {"json", "write every number, the configuration and the machine to this file", ""},
       {"timeout", "seconds a request may take", "600"},
       {"quiet", "no progress display", "", true},
+      {"guidance-scale", "add classifier-free guidance arms at this scale, in (0, 10]", "0"},
+      {"unconditional", "with --guidance-scale: the unconditional prompt (empty: BOS)", ""},
       {"scenario",
        "instead of K arms, a prefix-caching or chunked-prefill workload on --server and "
        "--baseline side by side: shared-prefix, chat or long-prompts (see below)",
@@ -743,10 +780,13 @@ int RunBench(const std::vector<std::string>& argv) {
     arms.push_back(bench::SummarizeArm(c.arms[a], runs[a]));
   std::vector<bench::CompareRow> compare;
   if (c.compare) {
-    // Speed-ups within one API: each K arm against K = 0 over the same transport.
+    // Speed-ups within one API and one target: each K arm against K = 0 over the same transport,
+    // a guided one (whatever guides its draft) against K=0 cfg.
     for (size_t a = 1; a < arms.size(); ++a) {
+      const bool guided = arms[a].arm.guidance != bench::ArmGuidance::kOff;
       for (size_t b = 0; b < a; ++b) {
-        if (arms[b].arm.k == 0 && arms[b].arm.http == arms[a].arm.http && arms[a].arm.k > 0) {
+        if (arms[b].arm.k == 0 && arms[b].arm.http == arms[a].arm.http && arms[a].arm.k > 0 &&
+            (arms[b].arm.guidance != bench::ArmGuidance::kOff) == guided) {
           compare.push_back(bench::CompareArm(arms[b], arms[a]));
         }
       }
@@ -758,7 +798,8 @@ int RunBench(const std::vector<std::string>& argv) {
       transport.push_back(bench::CompareTransport(arms[a], arms[a + 1]));
     }
   }
-  std::cout << bench::FormatReport(arms, compare, c.repeats, transport) << std::flush;
+  const std::vector<bench::GuidanceRow> guidance = bench::CompareGuidance(arms);
+  std::cout << bench::FormatReport(arms, compare, c.repeats, transport, guidance) << std::flush;
 
   int64_t failed = 0;
   for (const bench::ArmSummary& a : arms) failed += a.failed;
@@ -774,6 +815,8 @@ int RunBench(const std::vector<std::string>& argv) {
     for (const bench::TransportRow& r : transport) {
       j["http_vs_grpc"].push_back(bench::TransportToJson(r, c.streams));
     }
+    j["guidance"] = nlohmann::ordered_json::array();
+    for (const bench::GuidanceRow& r : guidance) j["guidance"].push_back(bench::GuidanceToJson(r));
     j["failed_requests"] = failed;
     if (absl::Status st = WriteJson(c.json_path, j); !st.ok()) return fail(st);
   }

@@ -29,6 +29,7 @@ void CompletionJob::Start(std::vector<ChoiceInput> inputs) {
     }
   });
   timings_.resize(inputs.size());
+  for (const ChoiceInput& in : inputs) guidance_.push_back(GuidanceOf(in.request));
   absl::MutexLock lock(&mu_);
   choices_.resize(inputs.size());
   for (size_t i = 0; i < inputs.size(); ++i) {
@@ -47,6 +48,7 @@ void CompletionJob::Start(std::vector<ChoiceInput> inputs) {
       return;
     }
     choices_[i].handle = *h;
+    if (state_->metrics != nullptr) state_->metrics->OnGuidedRequest(guidance_[i]);
   }
 }
 
@@ -84,7 +86,8 @@ void CompletionJob::Fail(const absl::Status& status) {
 
 void CompletionJob::OnEvent(size_t index, GenerationEvent event) {
   if (over_) return;  // cancelled here, or failed: nothing more is sent
-  if (state_->metrics != nullptr) RecordEvent(*state_->metrics, timings_[index], event);
+  if (state_->metrics != nullptr)
+    RecordEvent(*state_->metrics, timings_[index], guidance_[index], event);
   exchange_->Post([self = shared_from_this(), index, event = std::move(event)]() mutable {
     self->HandleEvent(index, std::move(event));
   });

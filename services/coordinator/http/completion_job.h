@@ -92,6 +92,7 @@ class CompletionJob : public std::enable_shared_from_this<CompletionJob> {
 
   // The choices' clocks, read and written by their sinks only (the scheduler's thread).
   std::vector<RequestTiming> timings_;
+  std::vector<GuidanceKind> guidance_;  // per choice, for the metrics
   // Set once the response has ended: the sinks stop recording and posting.
   std::atomic<bool> over_{false};
 

@@ -125,6 +125,55 @@ absl::Status ParseStop(const Json& body, v1::StoppingCriteria* stopping) {
   return absl::OkStatus();
 }
 
+// specd's extension: {"guidance": {"scale": S, "unconditional_prompt": TEXT or [ids], "draft":
+// B}}, classifier-free guidance as in the gRPC API's Guidance (the scale's range and the ids are
+// checked there). The unconditional prompt is tokenized as plain text, for chat too.
+absl::Status ParseGuidance(const Json& body, v1::GenerateRequest* out) {
+  const Json& g = Field(body, "guidance");
+  if (g.is_null()) return absl::OkStatus();
+  if (!g.is_object()) {
+    return FieldError("guidance",
+                      "guidance must be an object: {\"scale\": S, \"unconditional_prompt\": "
+                      "text or token ids, \"draft\": false}");
+  }
+  for (const auto& [key, value] : g.items()) {
+    if (key != "scale" && key != "unconditional_prompt" && key != "draft") {
+      return FieldError("guidance", absl::StrCat("guidance has no field \"", key,
+                                                 "\" (scale, unconditional_prompt, draft)"));
+    }
+  }
+  v1::Guidance* guidance = out->mutable_guidance();
+  const Json& scale = Field(g, "scale");
+  if (!scale.is_number()) return FieldError("guidance.scale", "guidance.scale must be a number");
+  const double s = scale.get<double>();
+  // Out of float range counts as out of range, which the request's validation reports.
+  guidance->set_scale(std::isfinite(s) && std::fabs(s) < 3e38 ? static_cast<float>(s) : -1.0f);
+  const Json& uncond = Field(g, "unconditional_prompt");
+  constexpr char kShape[] = "guidance.unconditional_prompt must be a string or a list of token ids";
+  if (uncond.is_string()) {
+    guidance->set_unconditional_text(uncond.get<std::string>());
+  } else if (uncond.is_array()) {
+    v1::TokenIds* ids = guidance->mutable_unconditional_token_ids();
+    for (size_t i = 0; i < uncond.size(); ++i) {
+      const Json& id = uncond[i];
+      if (!id.is_number_integer() ||
+          (id.is_number_unsigned() && id.get<uint64_t>() > std::numeric_limits<int32_t>::max()) ||
+          id.get<int64_t>() < std::numeric_limits<int32_t>::min()) {
+        return FieldError("guidance.unconditional_prompt", kShape);
+      }
+      ids->add_ids(static_cast<int32_t>(id.get<int64_t>()));
+    }
+  } else if (!uncond.is_null()) {
+    return FieldError("guidance.unconditional_prompt", kShape);
+  }
+  const Json& draft = Field(g, "draft");
+  if (!draft.is_null() && !draft.is_boolean()) {
+    return FieldError("guidance.draft", "guidance.draft must be true or false");
+  }
+  guidance->set_draft(draft.is_boolean() && draft.get<bool>());
+  return absl::OkStatus();
+}
+
 // Fields OpenAI defines that specd does not implement: refused rather than silently ignored.
 absl::Status RefuseUnsupported(const Json& body, Endpoint endpoint) {
   for (const char* name : {"tools", "tool_choice", "functions", "function_call", "logit_bias",
@@ -352,6 +401,7 @@ absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(Endpoint endpoint, absl::string
     return FieldError(
         "echo", "echo with logprobs is not supported: the prompt's logprobs are not computed");
   }
+  SPECD_RETURN_IF_ERROR(ParseGuidance(body, &out.base));
   if (out.logprobs) {
     v1::LogprobsParameters* lp = out.base.mutable_logprobs();
     lp->set_enabled(true);

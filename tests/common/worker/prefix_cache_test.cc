@@ -21,6 +21,7 @@ namespace specd {
 namespace {
 
 using testing::SameBits;
+using testing::Trunc;
 using Tokens = std::vector<int32_t>;
 
 class Counter : public RuntimeObserver {
@@ -233,8 +234,8 @@ TEST_F(PrefixCacheRuntimeTest, CachedAndUncachedWorkersAnswerBitForBit) {
         const int64_t keep = static_cast<int64_t>(s.x.size()) + n;
         s.x.insert(s.x.end(), req.drafts.begin(), req.drafts.begin() + n);
         s.x.push_back(r.bonus_token);
-        const absl::StatusOr<TruncateResult> a = on->Truncate(r.seq, keep, 0, {});
-        const absl::StatusOr<TruncateResult> b = off->Truncate(r.seq, keep, 0, {});
+        const absl::StatusOr<TruncateResult> a = on->Truncate(Trunc(r.seq, keep));
+        const absl::StatusOr<TruncateResult> b = off->Truncate(Trunc(r.seq, keep));
         ASSERT_TRUE(a.ok() && b.ok());
         ASSERT_EQ(a->cached_len, b->cached_len);
         s.cached = a->cached_len;
@@ -249,8 +250,8 @@ TEST_F(PrefixCacheRuntimeTest, CachedAndUncachedWorkersAnswerBitForBit) {
         std::vector<int32_t> ys = {rand(3, 299), rand(3, 299)};
         const int32_t query = s.kind != 0 && rand(0, 1) == 0 ? n + 1 : 0;
         if (query == 0) ys.clear();
-        const absl::StatusOr<TruncateResult> a = on->Truncate(o.seq, keep, query, ys);
-        const absl::StatusOr<TruncateResult> b = off->Truncate(o.seq, keep, query, ys);
+        const absl::StatusOr<TruncateResult> a = on->Truncate(Trunc(o.seq, keep, query, ys));
+        const absl::StatusOr<TruncateResult> b = off->Truncate(Trunc(o.seq, keep, query, ys));
         ASSERT_TRUE(a.ok() && b.ok());
         ASSERT_TRUE(SameBits(a->q_probs, b->q_probs));
         for (int k = 0; k < n; ++k) s.x.push_back(t[static_cast<size_t>(k)].token);
@@ -267,8 +268,8 @@ TEST_F(PrefixCacheRuntimeTest, CachedAndUncachedWorkersAnswerBitForBit) {
         }
         if (rand(0, 9) == 0 && it->second.cached > 0) {
           const int64_t keep = rand(0, static_cast<int>(it->second.cached));
-          ASSERT_TRUE(on->Truncate(it->first, keep, 0, {}).ok());
-          ASSERT_TRUE(off->Truncate(it->first, keep, 0, {}).ok());
+          ASSERT_TRUE(on->Truncate(Trunc(it->first, keep)).ok());
+          ASSERT_TRUE(off->Truncate(Trunc(it->first, keep)).ok());
           it->second.cached = keep;
         }
         ++it;

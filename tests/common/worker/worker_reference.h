@@ -11,6 +11,7 @@
 #include <cstring>
 #include <memory>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "base/inverse_cdf.h"
@@ -28,6 +29,18 @@ inline bool SameBits(std::span<const float> a, std::span<const float> b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 inline bool SameBits(float a, float b) { return std::memcmp(&a, &b, sizeof(float)) == 0; }
+
+// A Truncate of an unguided sequence: keep `new_len` tokens, asking q (or p) of `query_tokens` in
+// the kept row of `query_step` (0 asks nothing).
+inline TruncateSequenceRequest Trunc(SeqId seq, int64_t new_len, int32_t query_step = 0,
+                                     std::vector<int32_t> query_tokens = {}) {
+  TruncateSequenceRequest r;
+  r.seq = seq;
+  r.new_len = new_len;
+  r.query_step = query_step;
+  r.query_tokens = std::move(query_tokens);
+  return r;
+}
 
 class RowOracle {
  public:

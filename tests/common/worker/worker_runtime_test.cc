@@ -25,6 +25,7 @@ using testing::ExpectedVerify;
 using ::testing::HasSubstr;
 using testing::RowOracle;
 using testing::SameBits;
+using testing::Trunc;
 
 using Drafts = std::vector<DraftSequenceRequest>;
 using Verifies = std::vector<VerifySequenceRequest>;
@@ -216,7 +217,7 @@ TEST_F(WorkerRuntimeTest, DraftFollowsTheDraftSampleStreamOverTwoRounds) {
 
     // The coordinator accepted 2 drafts and appended a correction; the worker keeps x[:23].
     const int32_t correction = 7;
-    absl::StatusOr<TruncateResult> tr = rt->Truncate(seq, 23, 0, {});
+    absl::StatusOr<TruncateResult> tr = rt->Truncate(Trunc(seq, 23));
     ASSERT_TRUE(tr.ok()) << tr.status();
     EXPECT_EQ(tr->cached_len, 23);
     std::vector<int32_t> x = prompt;
@@ -280,7 +281,7 @@ TEST_F(WorkerRuntimeTest, VerifyMatchesTheTargetRowsAndStreams) {
       EXPECT_TRUE(SameBits(Densify(*kept, kVocab), want.rows[static_cast<size_t>(i - 1)]));
     }
     // Truncate answers queries from the kept rows (p here; q on a draft worker).
-    absl::StatusOr<TruncateResult> tr = rt->Truncate(1, 19, 3, std::vector<int32_t>{0, 3, 299});
+    absl::StatusOr<TruncateResult> tr = rt->Truncate(Trunc(1, 19, 3, {0, 3, 299}));
     ASSERT_TRUE(tr.ok()) << tr.status();
     EXPECT_TRUE(SameBits(tr->q_probs,
                          std::vector<float>{want.rows[2][0], want.rows[2][3], want.rows[2][299]}));
@@ -525,30 +526,30 @@ TEST_F(WorkerRuntimeTest, DraftWithNothingToDraftStillReportsOnce) {
 
 TEST_F(WorkerRuntimeTest, TruncateAndReadRowErrors) {
   auto rt = Runtime();
-  EXPECT_EQ(rt->Truncate(1, 0, 0, {}).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(rt->Truncate(Trunc(1, 0)).status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(rt->ReadRow(1, 1).status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(rt->Release(1).code(), absl::StatusCode::kNotFound);
   DraftLog log;
   ASSERT_TRUE(
       rt->Draft(Drafts{DraftReq(1, Prompt(20, 1), 0, 3, Sampled(), 1, 20)}, log.Callback())[0]
           .status.ok());
-  absl::StatusOr<TruncateResult> bad_step = rt->Truncate(1, 20, 4, std::vector<int32_t>{1});
+  absl::StatusOr<TruncateResult> bad_step = rt->Truncate(Trunc(1, 20, 4, {1}));
   EXPECT_EQ(bad_step.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(std::string(bad_step.status().message()), HasSubstr("no kept row for query_step 4"));
-  EXPECT_EQ(rt->Truncate(1, 20, 1, std::vector<int32_t>{300}).status().code(),
+  EXPECT_EQ(rt->Truncate(Trunc(1, 20, 1, {300})).status().code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(rt->Truncate(1, -1, 0, {}).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(rt->Truncate(Trunc(1, -1)).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(*rt->CachedLength(1), 22);  // nothing truncated by the failed calls
   EXPECT_EQ(rt->ReadRow(1, 0).status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(rt->ReadRow(1, 4).status().code(), absl::StatusCode::kFailedPrecondition);
   // Idempotent, and never grows.
-  EXPECT_EQ(rt->Truncate(1, 21, 0, {})->cached_len, 21);
-  EXPECT_EQ(rt->Truncate(1, 21, 0, {})->cached_len, 21);
-  EXPECT_EQ(rt->Truncate(1, 100, 0, {})->cached_len, 21);
+  EXPECT_EQ(rt->Truncate(Trunc(1, 21))->cached_len, 21);
+  EXPECT_EQ(rt->Truncate(Trunc(1, 21))->cached_len, 21);
+  EXPECT_EQ(rt->Truncate(Trunc(1, 100))->cached_len, 21);
   // Rows stay readable after Truncate, until the next Draft.
   EXPECT_TRUE(rt->ReadRow(1, 3).ok());
   EXPECT_EQ(rt->engine().kv().used_blocks(), 2);
-  EXPECT_EQ(rt->Truncate(1, 16, 0, {})->cached_len, 16);
+  EXPECT_EQ(rt->Truncate(Trunc(1, 16))->cached_len, 16);
   EXPECT_EQ(rt->engine().kv().used_blocks(), 1);
 }
 
@@ -635,7 +636,7 @@ TEST_F(WorkerRuntimeTest, RandomizedSessionReturnsEveryBlock) {
       Seq& s = it->second;
       const int64_t agreed = std::min<int64_t>(s.cached, s.committed_before);
       const int64_t keep = rand(0, static_cast<int>(agreed));
-      absl::StatusOr<TruncateResult> tr = rt->Truncate(it->first, keep, 0, {});
+      absl::StatusOr<TruncateResult> tr = rt->Truncate(Trunc(it->first, keep));
       ASSERT_TRUE(tr.ok()) << tr.status();
       s.cached = tr->cached_len;
       if (s.x.size() > 150 || rand(0, 9) == 0) {

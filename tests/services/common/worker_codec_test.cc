@@ -276,6 +276,78 @@ TEST(WorkerCodecTest, DraftStepsRoundTrip) {
   EXPECT_EQ(decoded[1].free, (KvFree{3, 48}));
 }
 
+// Classifier-free guidance: a companion crosses with its sequence, its cached length comes back
+// in every cache state, and a truncate of a guided sequence carries the companion's length (an
+// unset one stays unset, which the runtime tells apart from 0).
+TEST(WorkerCodecTest, CompanionsRoundTrip) {
+  VerifySequenceRequest v;
+  FillCommon(v);
+  v.drafts = {5, 6};
+  v.companion = CompanionRequest{0x8000000000000005ULL, 7.5f, {1, 2, 5}, 3};
+  pb::VerifySequence v_wire;
+  codec::Encode(v, &v_wire);
+  ASSERT_TRUE(v_wire.has_companion());
+  EXPECT_EQ(v_wire.companion().seq_id(), 0x8000000000000005ULL);
+  EXPECT_FLOAT_EQ(v_wire.companion().scale(), 7.5f);
+  EXPECT_EQ(v_wire.companion().catch_up_tokens_size(), 3);
+  EXPECT_EQ(v_wire.companion().expected_cached_len(), 3);
+  EXPECT_EQ(codec::Decode(v_wire), v);
+  DraftSequenceRequest d;
+  FillCommon(d);
+  d.companion = CompanionRequest{77, 0.5f, {9}, 0};
+  pb::DraftSequence d_wire;
+  codec::Encode(d, &d_wire);
+  EXPECT_EQ(codec::Decode(d_wire), d);
+  d.companion.reset();
+  d_wire.Clear();
+  codec::Encode(d, &d_wire);
+  EXPECT_FALSE(d_wire.has_companion());
+
+  std::vector<TruncateSequenceRequest> truncates(2);
+  truncates[0].seq = 1;
+  truncates[0].new_len = 10;
+  truncates[0].companion_new_len = 0;
+  truncates[1].seq = 2;
+  truncates[1].new_len = 4;
+  pb::TruncateRequest t_wire;
+  codec::Encode(truncates, &t_wire);
+  EXPECT_TRUE(t_wire.sequences(0).has_companion_new_len());
+  EXPECT_FALSE(t_wire.sequences(1).has_companion_new_len());
+  EXPECT_EQ(codec::Decode(t_wire), truncates);
+
+  VerifySequenceResult r;
+  r.seq = 9;
+  r.argmax = {3};
+  r.cached_len = 36;
+  r.companion_cached_len = 40;
+  pb::VerifyResult r_wire;
+  codec::Encode(r, KvFree{1, 16}, &r_wire);
+  EXPECT_EQ(r_wire.cache().companion_cached_len(), 40);
+  EXPECT_EQ(codec::Decode(r_wire, 0), r);
+  const SequenceAnswer<TruncateResult> answer{5, TruncateResult{12, {}, 20}};
+  pb::TruncateResult a_wire;
+  codec::Encode(answer, KvFree{}, &a_wire);
+  EXPECT_EQ(codec::Decode(a_wire), answer);
+  const std::vector<SequenceOutcome> outcomes = {{1, absl::OkStatus(), 12, false, 8}};
+  DraftStep last;
+  last.step = 1;
+  last.last = true;
+  last.outcomes = outcomes;
+  pb::DraftResponse s_wire;
+  codec::Encode(last, KvFree{}, &s_wire);
+  EXPECT_EQ(codec::Decode(s_wire)[0].outcomes, outcomes);
+
+  // A sequence's companion id is fed once per pass: it may name no other sequence of the call.
+  pb::VerifyRequest clash;
+  clash.add_sequences()->set_seq_id(1);
+  pb::VerifySequence* second = clash.add_sequences();
+  second->set_seq_id(2);
+  second->mutable_companion()->set_seq_id(1);
+  EXPECT_EQ(
+      codec::Validate(clash).message(),
+      "Verify: seq_id 2 names companion.seq_id 1, which another sequence of the request uses");
+}
+
 TEST(WorkerCodecTest, SequenceAnswersRoundTrip) {
   const SequenceAnswer<TruncateResult> ok{5, TruncateResult{12, {0.25f, 0.0f}}};
   pb::TruncateResult wire;

@@ -104,6 +104,47 @@ TEST(CoordinatorMetricsTest, RealizedDraftLengthAndEgagStops) {
   EXPECT_EQ(Value(m, "specd_spec_decode_egag_early_stops_total"), 2);
 }
 
+// Guided requests are counted by what they guide, and their drafted and accepted tokens apart
+// from unguided ones', since an unguided draft of a guided target is accepted less often.
+TEST(CoordinatorMetricsTest, GuidanceSplitsTheAcceptanceCountersAndCountsGuidedRequests) {
+  CoordinatorMetrics metrics(/*max_position=*/4);
+  metrics.OnGuidedRequest(GuidanceKind::kOff);
+  metrics.OnGuidedRequest(GuidanceKind::kTarget);
+  metrics.OnGuidedRequest(GuidanceKind::kTarget);
+  metrics.OnGuidedRequest(GuidanceKind::kTargetAndDraft);
+  const auto finish = [&](GuidanceKind g, int64_t drafted, int64_t accepted) {
+    RequestMetrics r;
+    r.guidance = g;
+    r.finish_reason = "length";
+    r.completion_tokens = accepted + 1;
+    r.drafting_rounds = 1;
+    r.draft_tokens = drafted;
+    r.accepted_tokens = accepted;
+    r.accepted_per_position.assign(static_cast<size_t>(accepted), 1);
+    metrics.OnRequestFinished(r);
+  };
+  finish(GuidanceKind::kOff, 4, 3);
+  finish(GuidanceKind::kTarget, 4, 1);
+  finish(GuidanceKind::kTarget, 4, 0);
+  finish(GuidanceKind::kTargetAndDraft, 4, 2);
+
+  const std::map<std::string, double> m = ParseExposition(metrics.Text());
+  EXPECT_EQ(Value(m, "specd_guided_requests_total{guidance=\"target\"}"), 2);
+  EXPECT_EQ(Value(m, "specd_guided_requests_total{guidance=\"target_and_draft\"}"), 1);
+  EXPECT_EQ(m.count("specd_guided_requests_total{guidance=\"off\"}"), 0u);
+  const std::string drafted = "specd_spec_decode_num_draft_tokens_by_guidance_total";
+  const std::string accepted = "specd_spec_decode_num_accepted_tokens_by_guidance_total";
+  EXPECT_EQ(Value(m, drafted + "{guidance=\"off\"}"), 4);
+  EXPECT_EQ(Value(m, accepted + "{guidance=\"off\"}"), 3);
+  EXPECT_EQ(Value(m, drafted + "{guidance=\"target\"}"), 8);
+  EXPECT_EQ(Value(m, accepted + "{guidance=\"target\"}"), 1);
+  EXPECT_EQ(Value(m, drafted + "{guidance=\"target_and_draft\"}"), 4);
+  EXPECT_EQ(Value(m, accepted + "{guidance=\"target_and_draft\"}"), 2);
+  // The totals still count everything.
+  EXPECT_EQ(Value(m, "specd_spec_decode_num_draft_tokens_total"), 16);
+  EXPECT_EQ(Value(m, "specd_spec_decode_num_accepted_tokens_total"), 6);
+}
+
 TEST(CoordinatorMetricsTest, PositionsBeyondThePreallocatedOnesAppear) {
   CoordinatorMetrics metrics(/*max_position=*/2);
   RequestMetrics r;

@@ -1,13 +1,16 @@
 // The whole service as users run it: a target worker, a draft worker and the coordinator as
 // three processes on loopback (ephemeral ports), driven through specd.v1.Generation.
 #include <chrono>
+#include <cmath>
 #include <csignal>
 #include <fstream>
+#include <functional>
 #include <future>
 #include <map>
 #include <memory>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -421,6 +424,146 @@ TEST_F(SyntheticE2eTest, InvalidRequestsAreRejectedWithPreciseMessages) {
   EXPECT_TRUE(service_->Generate(TextRequest("hello", 4, 2)).status.ok());
 }
 
+// A counter from a process's /metrics; -1 when the series is absent.
+double MetricValue(int port, const std::string& name) {
+  const absl::StatusOr<std::string> text = testing::HttpGet(port, "/metrics");
+  EXPECT_TRUE(text.ok()) << text.status();
+  if (!text.ok()) return -1;
+  const size_t at = text->find("\n" + name + " ");
+  if (at == std::string::npos) return -1;
+  return std::stod(text->substr(at + name.size() + 2));
+}
+
+// A labelled series from a process's /metrics, e.g. name{guidance="target"}; -1 when absent.
+double LabeledMetricValue(int port, const std::string& series) {
+  const absl::StatusOr<std::string> text = testing::HttpGet(port, "/metrics");
+  EXPECT_TRUE(text.ok()) << text.status();
+  if (!text.ok()) return -1;
+  const size_t at = text->find("\n" + series + " ");
+  if (at == std::string::npos) return -1;
+  return std::stod(text->substr(at + series.size() + 2));
+}
+
+// Classifier-free guidance over the wire (the worker codec carries the companions): bad values
+// are INVALID_ARGUMENT naming the field; greedy guided output is the same for K = 0, K = 4 and a
+// guided draft; text and its token ids are the same unconditional prompt, and none is BOS;
+// scale 1 is no guidance; the metrics count guided requests and their drafts.
+TEST_F(SyntheticE2eTest, GuidanceOverTheWire) {
+  const std::vector<std::pair<std::function<void(v1::Guidance*)>, std::string>> invalid = {
+      {[](v1::Guidance* g) { g->set_scale(0.0f); }, "guidance.scale must be in (0, 10], got 0"},
+      {[](v1::Guidance* g) { g->set_scale(-2.0f); }, "guidance.scale must be in (0, 10]"},
+      {[](v1::Guidance* g) { g->set_scale(10.5f); }, "guidance.scale must be in (0, 10]"},
+      {[](v1::Guidance* g) { g->set_scale(std::nanf("")); }, "guidance.scale must be in (0, 10]"},
+      {[](v1::Guidance* g) {
+         g->set_scale(2.0f);
+         g->mutable_unconditional_token_ids()->add_ids(5000);
+       },
+       "guidance.unconditional_token_ids: token id 5000 at index 0 is outside the vocabulary"},
+  };
+  for (const auto& [mutate, message] : invalid) {
+    v1::GenerateRequest r = TextRequest("hello", 4, 2);
+    mutate(r.mutable_guidance());
+    const Stream s = service_->Generate(r);
+    EXPECT_EQ(s.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << message;
+    EXPECT_THAT(s.status.error_message(), HasSubstr(message));
+  }
+
+  grpc::ClientContext context;
+  v1::TokenizeRequest treq;
+  treq.set_text("once upon");
+  treq.set_add_special_tokens(true);
+  v1::TokenizeResponse tresp;
+  ASSERT_TRUE(service_->stub->Tokenize(&context, treq, &tresp).ok());
+  int changed = 0;
+  for (int p = 0; p < 6; ++p) {
+    SCOPED_TRACE(absl::StrCat("prompt ", p));
+    v1::GenerateRequest r;
+    r.mutable_token_ids()->add_ids(1);
+    for (int j = 0; j < 2 + p % 3; ++j) r.mutable_token_ids()->add_ids(300 + (p * 37 + j) % 600);
+    r.mutable_stopping()->set_max_new_tokens(16);
+    r.mutable_stopping()->set_ignore_eos(true);
+    r.mutable_speculation()->set_num_speculative_tokens(0);
+    // Adaptive K would lower K for greedy requests whose drafts the guided target rejects.
+    r.mutable_speculation()->set_k_policy(v1::K_POLICY_FIXED);
+    const Stream unguided = service_->Generate(r);
+    ASSERT_TRUE(unguided.status.ok()) << unguided.status.error_message();
+    r.mutable_guidance()->set_scale(1.0f);
+    r.mutable_guidance()->set_unconditional_text("once upon");
+    EXPECT_EQ(service_->Generate(r).tokens, unguided.tokens) << "scale 1 is no guidance";
+
+    r.mutable_guidance()->set_scale(3.0f);
+    const Stream guided = service_->Generate(r);
+    ASSERT_TRUE(guided.status.ok()) << guided.status.error_message();
+    ASSERT_EQ(guided.tokens.size(), 16u);
+    changed += guided.tokens != unguided.tokens;
+    r.mutable_speculation()->set_num_speculative_tokens(4);
+    EXPECT_EQ(service_->Generate(r).tokens, guided.tokens) << "K = 4";
+    r.mutable_guidance()->set_draft(true);
+    const Stream guided_draft = service_->Generate(r);
+    EXPECT_EQ(guided_draft.tokens, guided.tokens) << "K = 4, guided draft";
+    EXPECT_GT(guided_draft.last.usage().draft_tokens(), 0u);
+    r.mutable_guidance()->mutable_unconditional_token_ids()->mutable_ids()->CopyFrom(
+        tresp.token_ids());
+    EXPECT_EQ(service_->Generate(r).tokens, guided.tokens) << "the same prompt as token ids";
+
+    r.mutable_guidance()->clear_unconditional_token_ids();
+    const Stream from_bos = service_->Generate(r);
+    r.mutable_guidance()->mutable_unconditional_token_ids()->add_ids(1);
+    EXPECT_EQ(service_->Generate(r).tokens, from_bos.tokens) << "unset is BOS alone";
+  }
+  EXPECT_GE(changed, 3) << "guidance at scale 3 should change most outputs";
+
+  const int port = service_->coordinator->metrics_port();
+  EXPECT_EQ(LabeledMetricValue(port, "specd_guided_requests_total{guidance=\"target\"}"), 12);
+  EXPECT_EQ(LabeledMetricValue(port, "specd_guided_requests_total{guidance=\"target_and_draft\"}"),
+            24);
+  for (const char* kind : {"target", "target_and_draft"}) {
+    EXPECT_GT(LabeledMetricValue(port, absl::StrCat("specd_spec_decode_num_draft_tokens_by_"
+                                                    "guidance_total{guidance=\"",
+                                                    kind, "\"}")),
+              0)
+        << kind;
+  }
+  service_->ExpectNoBlocksUsed();
+  EXPECT_EQ(MetricValue(service_->target->metrics_port(), "specd_worker_companion_kv_blocks"), 0);
+}
+
+// Issue 17 with guidance: prompt lookup and EGAG (with a guided draft) give guided plain
+// decoding's greedy tokens; a guided tree is refused naming the field.
+TEST_F(SyntheticE2eTest, GuidedPromptLookupAndEgagEqualGuidedPlainDecoding) {
+  for (int p = 0; p < 6; ++p) {
+    v1::GenerateRequest r = RepeatingRequest(p, 16);
+    r.mutable_speculation()->set_num_speculative_tokens(0);
+    r.mutable_speculation()->set_k_policy(v1::K_POLICY_FIXED);
+    r.mutable_guidance()->set_scale(2.5f);
+    r.mutable_guidance()->mutable_unconditional_token_ids()->add_ids(1);
+    const Stream plain = service_->Generate(r);
+    ASSERT_TRUE(plain.status.ok()) << plain.status.error_message();
+    ASSERT_EQ(plain.tokens.size(), 16u);
+    v1::GenerateRequest ngram = r;
+    ngram.mutable_speculation()->set_num_speculative_tokens(4);
+    ngram.mutable_speculation()->set_draft_method(v1::DRAFT_METHOD_NGRAM);
+    EXPECT_EQ(service_->Generate(ngram).tokens, plain.tokens) << "prompt lookup, prompt " << p;
+    v1::GenerateRequest egag = r;
+    egag.mutable_speculation()->set_num_speculative_tokens(6);
+    egag.mutable_speculation()->set_egag(true);
+    egag.mutable_guidance()->set_draft(true);
+    const Stream e = service_->Generate(egag);
+    EXPECT_EQ(e.tokens, plain.tokens) << "EGAG with a guided draft, prompt " << p;
+    EXPECT_GT(e.last.usage().draft_tokens(), 0u);
+  }
+  v1::GenerateRequest tree = RepeatingRequest(0, 4);
+  tree.mutable_speculation()->set_num_speculative_tokens(3);
+  tree.mutable_speculation()->mutable_tree()->set_branching(2);
+  tree.mutable_speculation()->mutable_tree()->set_depth(1);
+  tree.mutable_guidance()->set_scale(2.0f);
+  const Stream refused = service_->Generate(tree);
+  EXPECT_EQ(refused.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(refused.status.error_message(),
+              HasSubstr("speculation.tree cannot be combined with guidance"));
+  service_->ExpectNoBlocksUsed();
+}
+
 // Empty text is a prompt of BOS alone, as in vLLM and llama.cpp: the same tokens as sending the
 // ids the server's tokenizer makes of "".
 TEST_F(SyntheticE2eTest, EmptyTextGeneratesFromBos) {
@@ -529,16 +672,6 @@ TEST_F(SyntheticE2eTest, PythonAndNodeClientsStreamTheSameTokens) {
     EXPECT_EQ((*j)["text"].get<std::string>(), expected.text);
     EXPECT_EQ((*j)["finish_reason"].get<std::string>(), "FINISH_REASON_LENGTH");
   }
-}
-
-// A counter from a process's /metrics; -1 when the series is absent.
-double MetricValue(int port, const std::string& name) {
-  const absl::StatusOr<std::string> text = testing::HttpGet(port, "/metrics");
-  EXPECT_TRUE(text.ok()) << text.status();
-  if (!text.ok()) return -1;
-  const size_t at = text->find("\n" + name + " ");
-  if (at == std::string::npos) return -1;
-  return std::stod(text->substr(at + name.size() + 2));
 }
 
 TEST(SharedPrefixE2eTest, SixteenStreamsSharingASystemPromptEqualOneAtATimeCachingOnAndOff) {
@@ -713,7 +846,9 @@ TEST(ReducedDraftHeadTest, GreedyEqualsPlainOverTheWire) {
       r.mutable_sampling()->set_seed(7);
       const Stream reduced = service->Generate(r);
       ASSERT_TRUE(reduced.status.ok()) << reduced.status.error_message();
-      if (temperature == 0.0f) EXPECT_EQ(reduced.tokens, plain.tokens) << "prompt " << p;
+      if (temperature == 0.0f) {
+        EXPECT_EQ(reduced.tokens, plain.tokens) << "prompt " << p;
+      }
       EXPECT_GT(reduced.last.usage().draft_tokens(), 0u);
       accepted += reduced.last.usage().accepted_tokens();
     }

@@ -106,7 +106,7 @@ class FaultyWorker final : public WorkerApi {
     SPECD_RETURN_IF_ERROR(CheckUp());
     std::vector<SequenceAnswer<TruncateResult>> out;
     for (const TruncateSequenceRequest& r : batch) {
-      out.push_back({r.seq, runtime_->Truncate(r.seq, r.new_len, r.query_step, r.query_tokens)});
+      out.push_back({r.seq, runtime_->Truncate(r)});
     }
     return out;
   }
@@ -252,8 +252,10 @@ class InProcessFaultTest : public ::testing::Test {
     return std::make_unique<Scheduler>(*draft_, *target_, nullptr, o);
   }
 
-  // 16 requests: even ones greedy, odd ones sampled at temperature 1 with their own seed; every
-  // fourth drafts a tree and two draft by prompt lookup.
+  // 16 requests: even ones greedy, odd ones sampled at temperature 1 with their own seed; half
+  // with classifier-free guidance (a companion on the target, and on the draft for a quarter),
+  // so every fault also meets guided pairs to replay and resync; every fourth drafts a tree and
+  // two draft by prompt lookup (one of them guided).
   static std::vector<GenerationRequest> Requests() {
     std::vector<GenerationRequest> out;
     for (int i = 0; i < 16; ++i) {
@@ -267,6 +269,13 @@ class InProcessFaultTest : public ::testing::Test {
       r.num_speculative_tokens = 1 + i % 4;
       if (i % 4 == 3) r.tree = {2, 2};
       if (i % 8 == 5) r.draft_method = DraftMethod::kNgram;
+      if (i % 4 < 2) {
+        Guidance g;
+        g.scale = 1.5f + static_cast<float>(i % 3);
+        g.uncond_prompt = {1, 200 + i};
+        g.draft = i % 8 < 2;
+        r.guidance = g;
+      }
       out.push_back(r);
     }
     return out;
@@ -431,7 +440,8 @@ std::unique_ptr<testing::ServeProcess> StartServe(const std::filesystem::path& m
 
 // 16 requests of 40 tokens: even ones greedy, odd ones sampled at temperature 1 with a seed;
 // every fourth drafts a 2x2 tree, so a killed worker dies mid-tree too.
-std::vector<v1::GenerateRequest> SixteenStreams(uint32_t max_new = 40) {
+// `guided`: every other one with classifier-free guidance, half of those with a guided draft.
+std::vector<v1::GenerateRequest> SixteenStreams(uint32_t max_new = 40, bool guided = false) {
   std::vector<v1::GenerateRequest> out;
   for (int i = 0; i < 16; ++i) {
     v1::GenerateRequest r;
@@ -447,6 +457,13 @@ std::vector<v1::GenerateRequest> SixteenStreams(uint32_t max_new = 40) {
     if (i % 2 == 1) {
       r.mutable_sampling()->set_temperature(1.0f);
       r.mutable_sampling()->set_seed(500 + i);
+    }
+    if (guided && i % 4 < 2) {
+      v1::Guidance* g = r.mutable_guidance();
+      g->set_scale(1.5f + static_cast<float>(i % 3));
+      g->mutable_unconditional_token_ids()->add_ids(1);
+      g->mutable_unconditional_token_ids()->add_ids(400 + i);
+      g->set_draft(i % 8 < 2);
     }
     out.push_back(r);
   }
@@ -472,13 +489,18 @@ class ServeFaultTest : public ::testing::Test {
   std::filesystem::path model_, pids_;
 };
 
-class ServeCrashTest : public ServeFaultTest, public ::testing::WithParamInterface<const char*> {};
+struct Crash {
+  const char* victim;  // "target" or "draft"
+  bool guided;         // half the streams with classifier-free guidance (companion sequences)
+};
+
+class ServeCrashTest : public ServeFaultTest, public ::testing::WithParamInterface<Crash> {};
 
 TEST_P(ServeCrashTest, SigkilledWorkerIsRestartedAndEveryStreamIsUnchanged) {
-  const std::string victim = GetParam();  // "target" or "draft"
+  const std::string victim = GetParam().victim;
   auto serve = StartServe(model_, pids_, /*unavailable_s=*/30);
   ASSERT_NE(serve, nullptr);
-  const std::vector<v1::GenerateRequest> reqs = SixteenStreams();
+  const std::vector<v1::GenerateRequest> reqs = SixteenStreams(40, GetParam().guided);
   const std::vector<Stream> reference = serve->Generate(reqs);
   for (const Stream& s : reference) ASSERT_TRUE(s.status.ok()) << s.status.error_message();
 
@@ -505,8 +527,13 @@ TEST_P(ServeCrashTest, SigkilledWorkerIsRestartedAndEveryStreamIsUnchanged) {
   serve->ExpectNoBlocksUsed();
 }
 
-INSTANTIATE_TEST_SUITE_P(Workers, ServeCrashTest, ::testing::Values("target", "draft"),
-                         [](const auto& info) { return std::string(info.param); });
+INSTANTIATE_TEST_SUITE_P(Workers, ServeCrashTest,
+                         ::testing::Values(Crash{"target", false}, Crash{"draft", false},
+                                           Crash{"target", true}, Crash{"draft", true}),
+                         [](const auto& info) {
+                           return std::string(info.param.victim) +
+                                  (info.param.guided ? "_guided" : "");
+                         });
 
 TEST_F(ServeFaultTest, HungTargetThatResumesInTimeCostsNothing) {
   auto serve = StartServe(model_, pids_, /*unavailable_s=*/20);

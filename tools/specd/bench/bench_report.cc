@@ -41,8 +41,51 @@ std::string ArmSpec::Label() const {
     if (tree_branching > 0) absl::StrAppend(&label, " tree ", tree_branching, "x", tree_depth);
     if (egag.has_value()) absl::StrAppend(&label, *egag ? " egag" : " no-egag");
   }
-  if (http) absl::StrAppend(&label, " http");
+  absl::StrAppend(&label, http ? " http" : "",
+                  guidance == ArmGuidance::kTarget           ? " cfg"
+                  : guidance == ArmGuidance::kTargetAndDraft ? " cfg+draft"
+                                                             : "");
   return label;
+}
+
+namespace {
+
+const char* GuidanceName(ArmGuidance g) {
+  switch (g) {
+    case ArmGuidance::kTarget:
+      return "target";
+    case ArmGuidance::kTargetAndDraft:
+      return "target_and_draft";
+    case ArmGuidance::kOff:
+      break;
+  }
+  return "off";
+}
+
+}  // namespace
+
+std::vector<GuidanceRow> CompareGuidance(std::span<const ArmSummary> arms) {
+  std::vector<GuidanceRow> rows;
+  for (const ArmSummary& a : arms) {
+    if (a.arm.guidance == ArmGuidance::kOff) continue;
+    for (const ArmSummary& b : arms) {
+      if (b.arm.guidance != ArmGuidance::kOff || b.arm.k != a.arm.k ||
+          b.arm.adaptive != a.arm.adaptive || b.arm.http != a.arm.http) {
+        continue;
+      }
+      GuidanceRow r;
+      r.arm = a.arm;
+      r.tokens_per_s = a.output_tokens_per_s;
+      r.unguided_tokens_per_s = b.output_tokens_per_s;
+      if (a.output_tokens_per_s && b.output_tokens_per_s && *b.output_tokens_per_s > 0) {
+        r.throughput_ratio = *a.output_tokens_per_s / *b.output_tokens_per_s;
+      }
+      r.alpha = a.acceptance.alpha;
+      r.unguided_alpha = b.acceptance.alpha;
+      rows.push_back(r);
+    }
+  }
+  return rows;
 }
 
 ArmSummary SummarizeArm(const ArmSpec& arm, std::span<const LoadRun> repeats) {
@@ -157,7 +200,8 @@ TransportRow CompareTransport(const ArmSummary& grpc, const ArmSummary& http) {
 }
 
 std::string FormatReport(std::span<const ArmSummary> arms, std::span<const CompareRow> compare,
-                         int64_t repeats, std::span<const TransportRow> transport) {
+                         int64_t repeats, std::span<const TransportRow> transport,
+                         std::span<const GuidanceRow> guidance) {
   std::string out;
   absl::StrAppendFormat(&out, "%-13s %6s %5s %10s %7s %20s %20s %20s %7s %7s %9s\n", "arm", "reqs",
                         "fail", "out tok/s", "req/s", "TTFT ms p50/90/99", "ITL ms p50/90/99",
@@ -221,6 +265,19 @@ std::string FormatReport(std::span<const ArmSummary> arms, std::span<const Compa
                             Fmt(r.http_tokens_per_s, 1), Fmt(r.throughput_ratio, 3));
     }
   }
+  if (!guidance.empty()) {
+    absl::StrAppendFormat(&out,
+                          "\nclassifier-free guidance against the unguided arm of the same K "
+                          "(median tok/s over %d repeat(s))\n",
+                          repeats);
+    absl::StrAppendFormat(&out, "%-13s %10s %10s %8s %7s %9s\n", "arm", "tok/s", "unguided",
+                          "ratio", "alpha", "unguided");
+    for (const GuidanceRow& r : guidance) {
+      absl::StrAppendFormat(&out, "%-13s %10s %10s %8s %7s %9s\n", r.arm.Label(),
+                            Fmt(r.tokens_per_s, 1), Fmt(r.unguided_tokens_per_s, 1),
+                            Fmt(r.throughput_ratio, 3), Fmt(r.alpha, 3), Fmt(r.unguided_alpha, 3));
+    }
+  }
   for (const ArmSummary& a : arms) {
     if (a.failed > 0) {
       absl::StrAppendFormat(&out, "\n%s: %d of %d requests failed; first: %s\n", a.arm.Label(),
@@ -236,6 +293,7 @@ nlohmann::ordered_json ArmToJson(const ArmSummary& a) {
   j["k"] = a.arm.k;
   j["k_policy"] = a.arm.adaptive ? "K_POLICY_ADAPTIVE" : "K_POLICY_FIXED";
   j["api"] = a.arm.http ? "http" : "grpc";
+  j["guidance"] = GuidanceName(a.arm.guidance);
   j["requests"] = a.requests;
   j["failed"] = a.failed;
   if (!a.first_error.empty()) j["first_error"] = a.first_error;
@@ -310,6 +368,17 @@ nlohmann::ordered_json TransportToJson(const TransportRow& r, int64_t streams) {
           {"grpc_output_tokens_per_s", opt(r.grpc_tokens_per_s)},
           {"http_output_tokens_per_s", opt(r.http_tokens_per_s)},
           {"http_to_grpc_throughput", opt(r.throughput_ratio)}};
+}
+
+nlohmann::ordered_json GuidanceToJson(const GuidanceRow& r) {
+  return {{"label", r.arm.Label()},
+          {"k", r.arm.k},
+          {"guidance", GuidanceName(r.arm.guidance)},
+          {"output_tokens_per_s", Opt(r.tokens_per_s)},
+          {"unguided_output_tokens_per_s", Opt(r.unguided_tokens_per_s)},
+          {"throughput_ratio", Opt(r.throughput_ratio)},
+          {"alpha", Opt(r.alpha)},
+          {"unguided_alpha", Opt(r.unguided_alpha)}};
 }
 
 }  // namespace specd::bench

@@ -17,18 +17,24 @@
 
 namespace specd::bench {
 
-// One arm of a benchmark: every request of it asks for K drafts with one policy and one way of
-// drafting.
+// Classifier-free guidance of an arm's requests: none, the target's (the draft drafts unguided),
+// or both models' (guidance.draft).
+enum class ArmGuidance { kOff, kTarget, kTargetAndDraft };
+
+// One arm of a benchmark: every request of it asks for K drafts with one policy, one way of
+// drafting and guidance.
 struct ArmSpec {
   int32_t k = 0;
-  bool adaptive = false;       // K_POLICY_ADAPTIVE (the server may lower K) instead of FIXED
-  bool http = false;           // over the OpenAI-compatible HTTP API instead of gRPC
+  bool adaptive = false;  // K_POLICY_ADAPTIVE (the server may lower K) instead of FIXED
+  bool http = false;      // over the OpenAI-compatible HTTP API instead of gRPC
+  ArmGuidance guidance = ArmGuidance::kOff;
   bool ngram = false;          // DRAFT_METHOD_NGRAM (prompt lookup) instead of the server's default
   int32_t tree_branching = 0;  // a draft tree of this branching and depth (0: a chain)
   int32_t tree_depth = 0;
   std::optional<bool> egag;  // speculation.egag; unset: the server's default
 
-  // "K=4", "K=4 adaptive", "K=4 http", "K=4 tree 2x2", "K=4 ngram", "K=4 egag"
+  // "K=4", "K=4 adaptive", "K=4 http", "K=4 cfg", "K=4 cfg+draft", "K=4 tree 2x2", "K=4 ngram",
+  // "K=4 egag"
   std::string Label() const;
 };
 
@@ -98,13 +104,26 @@ struct TransportRow {
 
 TransportRow CompareTransport(const ArmSummary& grpc, const ArmSummary& http);
 
-// The human-readable report (stdout). `compare` and `transport` may be empty.
+// A guided arm against the unguided arm of the same K, policy and API in the same run.
+struct GuidanceRow {
+  ArmSpec arm;
+  std::optional<double> tokens_per_s, unguided_tokens_per_s;
+  std::optional<double> throughput_ratio;  // median tok/s guided / unguided
+  std::optional<double> alpha, unguided_alpha;
+};
+
+// One row per guided arm that has an unguided counterpart in `arms`.
+std::vector<GuidanceRow> CompareGuidance(std::span<const ArmSummary> arms);
+
+// The human-readable report (stdout). `compare`, `transport` and `guidance` may be empty.
 std::string FormatReport(std::span<const ArmSummary> arms, std::span<const CompareRow> compare,
-                         int64_t repeats, std::span<const TransportRow> transport = {});
+                         int64_t repeats, std::span<const TransportRow> transport = {},
+                         std::span<const GuidanceRow> guidance = {});
 
 nlohmann::ordered_json ArmToJson(const ArmSummary& arm);
 nlohmann::ordered_json CompareToJson(const CompareRow& row);
 nlohmann::ordered_json TransportToJson(const TransportRow& row, int64_t streams);
+nlohmann::ordered_json GuidanceToJson(const GuidanceRow& row);
 
 }  // namespace specd::bench
 

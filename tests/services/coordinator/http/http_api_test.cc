@@ -517,6 +517,65 @@ TEST_F(HttpApiTest, EveryDraftingMethodEqualsPlainDecodingWithItsLogprobs) {
   EXPECT_EQ(refused->Json()["error"]["param"], "speculation_tree") << refused->body;
 }
 
+// specd's guidance extension on both endpoints: the same tokens and logprobs as the gRPC API's
+// guidance, for K = 0 and K = 4 with a guided draft, and not those of the unguided request.
+TEST_F(HttpApiTest, GuidanceEqualsTheGrpcApisOnBothEndpoints) {
+  const Json messages = {{{"role", "user"}, {"content", "Tell me a story."}}};
+  for (const bool chat : {false, true}) {
+    for (const int k : {0, 4}) {
+      SCOPED_TRACE(absl::StrCat(chat ? "chat" : "completions", ", K = ", k));
+      Json body = {{"max_tokens", 16},
+                   {"temperature", 0},
+                   {"ignore_eos", true},
+                   {"return_token_ids", true},
+                   {"num_speculative_tokens", k},
+                   {"k_policy", "fixed"}};
+      if (chat) {
+        body["messages"] = messages;
+        body["logprobs"] = true;
+      } else {
+        body["prompt"] = "Once upon a time";
+        body["logprobs"] = 0;
+      }
+      const std::string path = chat ? "/v1/chat/completions" : "/v1/completions";
+      const Choice unguided = ChoicesOf(Post(path, body), chat).at(0);
+      body["guidance"] = {{"scale", 3}, {"unconditional_prompt", "The end."}, {"draft", k > 0}};
+      const Choice guided = ChoicesOf(Post(path, body), chat).at(0);
+      EXPECT_NE(guided.tokens, unguided.tokens);
+
+      v1::GenerateRequest g = GrpcRequest(16, static_cast<uint32_t>(k));
+      g.mutable_speculation()->set_k_policy(v1::K_POLICY_FIXED);
+      if (chat) {
+        v1::ChatMessage* m = g.mutable_chat()->add_messages();
+        m->set_role("user");
+        m->set_content("Tell me a story.");
+      } else {
+        g.set_text("Once upon a time");
+      }
+      g.mutable_guidance()->set_scale(3.0f);
+      g.mutable_guidance()->set_unconditional_text("The end.");
+      g.mutable_guidance()->set_draft(k > 0);
+      g.mutable_logprobs()->set_enabled(true);
+      const ServeProcess::Stream want = Grpc(g);
+      EXPECT_EQ(guided.tokens, want.tokens);
+      std::vector<double> grpc_logprobs;
+      for (const v1::GenerateResponse& msg : want.messages) {
+        for (const v1::TokenLogprob& lp : msg.logprobs()) grpc_logprobs.push_back(lp.logprob());
+      }
+      std::vector<double> http_logprobs;
+      if (chat) {
+        for (const Json& item : guided.logprobs) http_logprobs.push_back(item["logprob"]);
+      } else {
+        http_logprobs = guided.logprobs["token_logprobs"].get<std::vector<double>>();
+      }
+      ASSERT_EQ(http_logprobs.size(), 16u);
+      for (size_t i = 0; i < 16; ++i) {
+        EXPECT_EQ(http_logprobs[i], static_cast<double>(static_cast<float>(grpc_logprobs[i])));
+      }
+    }
+  }
+}
+
 TEST_F(HttpApiTest, ProcessedLogprobsOutsideTheSupportAreMinus9999) {
   const Json body = {{"messages", {{{"role", "user"}, {"content", "hi"}}}},
                      {"max_tokens", 10},
@@ -728,6 +787,14 @@ TEST_F(HttpErrorsTest, EveryErrorHasItsStatusAndHarmsNothing) {
               "stop");
   ExpectError(Call("POST", "/v1/completions", R"({"prompt": "hi", "num_speculative_tokens": 40})"),
               400, "num_speculative_tokens");
+  ExpectError(Call("POST", "/v1/completions", R"({"prompt": "hi", "guidance": {"scale": 11}})"),
+              400, "guidance.scale");
+  ExpectError(Call("POST", "/v1/completions", R"({"prompt": "hi", "guidance": {"scale": 0}})"), 400,
+              "guidance.scale");
+  ExpectError(
+      Call("POST", "/v1/completions",
+           R"({"prompt": "hi", "guidance": {"scale": 2, "unconditional_prompt": [99999]}})"),
+      400, "guidance.unconditional_prompt");
   ExpectError(
       Call("POST", "/v1/chat/completions", R"({"messages": [{"role": "user", "content": "hi"}]})"),
       400, "messages");  // this model has no chat template

@@ -112,7 +112,20 @@ INSTANTIATE_TEST_SUITE_P(
         BadCase{kChat,
                 R"({"messages": [{"role": "user", "content": "hi"}],
                     "max_completion_tokens": -5})",
-                "max_completion_tokens"}));
+                "max_completion_tokens"},
+        BadCase{kC, R"({"prompt": "a", "guidance": 2})", "guidance"},
+        BadCase{kC, R"({"prompt": "a", "guidance": {"scale": 2, "negative": "x"}})", "guidance"},
+        BadCase{kC, R"({"prompt": "a", "guidance": {}})", "guidance.scale"},
+        BadCase{kC, R"({"prompt": "a", "guidance": {"scale": "2"}})", "guidance.scale"},
+        BadCase{kC, R"({"prompt": "a", "guidance": {"scale": 2, "unconditional_prompt": 5}})",
+                "guidance.unconditional_prompt"},
+        BadCase{kC,
+                R"({"prompt": "a", "guidance": {"scale": 2, "unconditional_prompt": [1, "b"]}})",
+                "guidance.unconditional_prompt"},
+        BadCase{kChat,
+                R"({"messages": [{"role": "user", "content": "hi"}],
+                    "guidance": {"scale": 2, "draft": "yes"}})",
+                "guidance.draft"}));
 
 TEST(OpenAiRequestTest, CompletionFieldsLandInTheGenerateRequest) {
   absl::StatusOr<OpenAiRequest> r = ParseOpenAiRequest(kC, R"({
@@ -178,6 +191,30 @@ TEST(OpenAiRequestTest, DraftingFieldsLandInTheSpeculationParameters) {
   EXPECT_EQ(r->base.speculation().draft_method(), v1::DRAFT_METHOD_UNSPECIFIED);
   EXPECT_FALSE(r->base.speculation().has_tree());
   EXPECT_FALSE(r->base.speculation().has_egag());
+}
+
+// specd's guidance extension lands in the gRPC API's Guidance, where its ranges are checked.
+TEST(OpenAiRequestTest, GuidanceLandsInTheGenerateRequest) {
+  absl::StatusOr<OpenAiRequest> text = ParseOpenAiRequest(
+      kC, R"({"prompt": "hi", "guidance": {"scale": 1.5, "unconditional_prompt": "bye"}})");
+  ASSERT_TRUE(text.ok()) << text.status();
+  ASSERT_TRUE(text->base.has_guidance());
+  EXPECT_FLOAT_EQ(text->base.guidance().scale(), 1.5f);
+  EXPECT_EQ(text->base.guidance().unconditional_text(), "bye");
+  EXPECT_FALSE(text->base.guidance().draft());
+  absl::StatusOr<OpenAiRequest> ids =
+      ParseOpenAiRequest(kChat, R"({"messages": [{"role": "user", "content": "hi"}],
+                 "guidance": {"scale": 3, "unconditional_prompt": [1, 7], "draft": true}})");
+  ASSERT_TRUE(ids.ok()) << ids.status();
+  EXPECT_EQ(ids->base.guidance().unconditional_token_ids().ids_size(), 2);
+  EXPECT_TRUE(ids->base.guidance().draft());
+  // No unconditional prompt: the request's validation makes it BOS; a scale out of range is
+  // refused there too, naming guidance.scale (HttpErrorsTest).
+  absl::StatusOr<OpenAiRequest> bos =
+      ParseOpenAiRequest(kC, R"({"prompt": "hi", "guidance": {"scale": 11}})");
+  ASSERT_TRUE(bos.ok()) << bos.status();
+  EXPECT_EQ(bos->base.guidance().unconditional_case(), v1::Guidance::UNCONDITIONAL_NOT_SET);
+  EXPECT_FALSE(ParseOpenAiRequest(kC, R"({"prompt": "hi"})")->base.has_guidance());
 }
 
 TEST(OpenAiRequestTest, DefaultsAreOpenAis) {
