@@ -440,7 +440,9 @@ TEST_P(SamplingOpsTest, LogprobsMatchDoubleLogSoftmax) {
     for (int32_t j = 0; j < top_n; ++j) {
       EXPECT_EQ(ids[r * top_n + j], order[j]) << "row " << r << " rank " << j;
       EXPECT_NEAR(top[r * top_n + j], reference(r, order[j]), 1e-5);
-      if (j > 0) EXPECT_GE(top[r * top_n + j - 1], top[r * top_n + j]);
+      if (j > 0) {
+        EXPECT_GE(top[r * top_n + j - 1], top[r * top_n + j]);
+      }
     }
   }
   for (size_t q = 0; q < query_rows.size(); ++q) {
