@@ -29,6 +29,9 @@ enum class Purpose : uint32_t {
   kCandidateAccept = 4,
   kResidualFallback = 5,
   kTargetSample = 6,
+  // Accepting child `index` (0-based, in the order tried) of a node of a deterministic proposal:
+  // a draft tree or a prompt-lookup chain (services/coordinator/tree_accept.h).
+  kChildAccept = 7,
 };
 
 // key = (seed & 0xffffffff, seed >> 32).

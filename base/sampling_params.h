@@ -18,6 +18,10 @@ struct SamplingParams {
   float frequency_penalty = 0.0f;   // [-2, 2]. Over output only.
 
   bool greedy() const { return temperature == 0.0f; }
+  // Whether the processed row depends on the tokens so far (a penalty is on).
+  bool penalizes() const {
+    return repetition_penalty != 1.0f || presence_penalty != 0.0f || frequency_penalty != 0.0f;
+  }
   bool operator==(const SamplingParams&) const = default;
 };
 

@@ -291,9 +291,17 @@ struct RowSampling {
 //!  3. by mode: the processed row (temperature, top-k, softmax, top-p, min-p, renormalisation)
 //!     or a one-hot row, written to probs + rows[r].prob_slot * vocab. For kArgmaxOfProcessed,
 //!     argmax[r] is then the processed row's argmax (lowest id on ties), where the one-hot is.
+//!  4. optionally, top_ids[r, 0..top_n): the top_n tokens by penalised logit (desc, lowest id
+//!     on ties), the children of a draft-tree node (top_ids[r, 0] is step 2's argmax);
+//!  5. optionally, entropy[r]: the normalized entropy −Σ s ln s / ln vocab of s = softmax of the
+//!     row's *input* logits at temperature 1 (EGAG's measure of the draft's uncertainty), summed in
+//!     fp64 over fp32 exponentials as in kernels/cpu/processed.h, step 4; 0 when no logit is
+//!     finite.
 //! error[r] gets a RowError; after an error the row's outputs are meaningless.
 //! Invariance: each row is computed alone; the CPU back end is the bit-exact reference, and
-//! every back end must match it bit for bit on the one-hot rows and argmax.
+//! every back end must match it bit for bit on the one-hot rows, argmax and top_ids (entropy
+//! within 1e-5).
+inline constexpr int32_t kMaxTopTokens = 16;
 struct ProcessRowsArgs {
   const float* logits = nullptr;  //!< [n_rows, vocab]
   int64_t n_rows = 0;
@@ -306,6 +314,9 @@ struct ProcessRowsArgs {
   float* penalized = nullptr;  //!< [n_rows, vocab] or null
   int32_t* argmax = nullptr;   //!< [n_rows]
   int32_t* error = nullptr;    //!< [n_rows]
+  int32_t top_n = 0;           //!< [0, kMaxTopTokens]
+  int32_t* top_ids = nullptr;  //!< [n_rows, top_n] when top_n > 0
+  float* entropy = nullptr;    //!< [n_rows] or null
 };
 
 //! One draw by inverse CDF (DESIGN.md, "Randomness"): u = StreamUniform(seed, position, purpose,

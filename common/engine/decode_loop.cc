@@ -16,6 +16,10 @@ absl::StatusOr<DecodeResult> Run(LlamaEngine& engine, KvPool::SeqId seq, const D
                                  const std::function<void(int32_t)>& on_token) {
   const int64_t vocab = engine.config().vocab_size;
   SPECD_RETURN_IF_ERROR(ValidateSamplingParams(req.sampling, vocab));
+  if (!engine.output_vocab().empty()) {
+    return absl::FailedPreconditionError(
+        "plain decoding needs the whole classifier; this engine keeps a reduced one");
+  }
   if (req.prompt.empty()) return absl::InvalidArgumentError("prompt must not be empty");
   if (req.max_new_tokens < 0) {
     return absl::InvalidArgumentError(

@@ -108,6 +108,7 @@ absl::StatusOr<std::unique_ptr<LlamaEngine>> LlamaEngine::Create(
   }
   // The weights go up first, so that a memory share is sized from what they left.
   SPECD_ASSIGN_OR_RETURN(DeviceWeights device_weights, UploadWeights(*weights, *backend, progress));
+  std::vector<int32_t> output_vocab = std::move(weights->output_vocab);
   weights.reset();  // the file mapping is no longer needed
   int64_t capacity_tokens = options.kv_capacity_tokens;
   if (options.gpu_memory_fraction > 0.0) {
@@ -151,6 +152,7 @@ absl::StatusOr<std::unique_ptr<LlamaEngine>> LlamaEngine::Create(
   engine->record_forwards_ = options.record_forwards;
   kernels::Backend& be = *engine->backend_;
   engine->weights_ = std::move(device_weights);
+  engine->output_vocab_ = std::move(output_vocab);
   const int64_t cache_bytes = c.num_layers * layer_rows * row_bytes;
   SPECD_ASSIGN_OR_RETURN(engine->k_cache_,
                          be.Allocate(cache_bytes, kernels::MemoryKind::kKvCache, "the K cache"));
@@ -234,18 +236,20 @@ absl::Status LlamaEngine::Validate(std::span<const SequenceInput> batch) const {
     }
     if (in.tree_mask.empty()) continue;
     const int64_t nodes = static_cast<int64_t>(in.tree_mask.size());
-    if (in.tree_begin < 0 || in.tree_begin + nodes != n || nodes > kMaxTreeNodes) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("sequence ", in.seq, ": a draft tree of ", nodes, " nodes from token ",
-                       in.tree_begin, " must end at the last of the ", n,
-                       " fed tokens and have at most ", kMaxTreeNodes, " nodes"));
+    const int64_t first = in.tree_first_node;
+    if (in.tree_begin < 0 || in.tree_begin + nodes != n || first < 0 ||
+        first + nodes > kMaxTreeNodes || in.start_pos + in.tree_begin < first) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "sequence ", in.seq, ": tree nodes ", first, "..", first + nodes - 1, " from token ",
+          in.tree_begin, " must end at the last of the ", n, " fed tokens, follow their ", first,
+          " earlier nodes in the cache, and number at most ", kMaxTreeNodes));
     }
     if (in.positions.empty()) {
       return absl::InvalidArgumentError(
           absl::StrCat("sequence ", in.seq, ": a draft tree needs a position for every token"));
     }
-    for (int64_t j = 0; j < nodes; ++j) {
-      const uint64_t mask = in.tree_mask[static_cast<size_t>(j)];
+    for (int64_t j = first; j < first + nodes; ++j) {
+      const uint64_t mask = in.tree_mask[static_cast<size_t>(j - first)];
       const uint64_t own = uint64_t{1} << j;
       if ((mask & own) == 0 || (j < 63 && (mask >> (j + 1)) != 0)) {
         return absl::InvalidArgumentError(
@@ -307,7 +311,9 @@ absl::Status LlamaEngine::UploadMetadata(std::span<const SequenceInput> batch, i
       // A token outside any tree sees every earlier slot and itself: the causal mask.
       const int64_t node = static_cast<int64_t>(i) - in.tree_begin;
       const bool in_tree = !in.tree_mask.empty() && node >= 0;
-      mask_start[t] = in_tree ? static_cast<int32_t>(in.start_pos + in.tree_begin) : slot[t];
+      mask_start[t] = in_tree
+                          ? static_cast<int32_t>(in.start_pos + in.tree_begin - in.tree_first_node)
+                          : slot[t];
       tree_mask[t] = in_tree ? in.tree_mask[static_cast<size_t>(node)] : 1;
     }
   }
@@ -365,7 +371,7 @@ absl::Status LlamaEngine::GrowScratch(int64_t n_tokens, int64_t n_logits) {
     const int64_t n = RoundUpTo(n_logits, 8);
     SPECD_RETURN_IF_ERROR(Ensure(*backend_, s_.xr, n * c.hidden_size * 4, kScratch,
                                  "final hidden states", &buffers_generation_));
-    SPECD_RETURN_IF_ERROR(Ensure(*backend_, s_.logits, n * c.vocab_size * 4, kScratch, "logits",
+    SPECD_RETURN_IF_ERROR(Ensure(*backend_, s_.logits, n * logits_width() * 4, kScratch, "logits",
                                  &buffers_generation_));
     s_.logit_rows = n;
   }
@@ -426,7 +432,7 @@ absl::StatusOr<Logits> LlamaEngine::Enqueue(std::span<const SequenceInput> batch
   } else {
     SPECD_RETURN_IF_ERROR(EnqueueModel(n_tokens, n_logits));
   }
-  Logits logits{nullptr, 0, c.vocab_size};
+  Logits logits{nullptr, 0, logits_width()};
   if (n_logits == 0) return logits;
   logits.data = s_.logits.as<float>();
   logits.rows = n_logits;
@@ -536,6 +542,65 @@ absl::Status LlamaEngine::RunLayers(int64_t n) {
     SPECD_RETURN_IF_ERROR(be.Add({x, h, n, dim}));
   }
   return absl::OkStatus();
+}
+
+absl::Status LlamaEngine::CompactKv(KvPool::SeqId seq, int64_t tree_start,
+                                    std::span<const int32_t> kept_nodes) {
+  SPECD_ASSIGN_OR_RETURN(const int64_t len, kv_->Length(seq));
+  SPECD_ASSIGN_OR_RETURN(const std::vector<int32_t>* table, kv_->BlockTable(seq));
+  const int64_t kept = static_cast<int64_t>(kept_nodes.size());
+  for (int64_t i = 0; i < kept; ++i) {
+    const int32_t node = kept_nodes[static_cast<size_t>(i)];
+    if (node < i || (i > 0 && node <= kept_nodes[static_cast<size_t>(i - 1)]) || tree_start < 0 ||
+        tree_start + node >= len) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("sequence ", seq, ": cannot keep tree node ", node, " as entry ", i,
+                       " of a tree at slot ", tree_start,
+                       " (the nodes must increase and lie inside the ", len, " cached tokens)"));
+    }
+  }
+  // The prefix cache keys blocks by their tokens: the branch's tokens move with its KV.
+  SPECD_RETURN_IF_ERROR(kv_->CompactTokens(seq, tree_start, kept_nodes));
+  // Row pairs: a KV row is block * block_size + slot in block, in every layer alike.
+  const int64_t bs = kv_->block_size();
+  auto row_of = [&](int64_t slot) {
+    return static_cast<int32_t>((*table)[static_cast<size_t>(slot / bs)] * bs + slot % bs);
+  };
+  std::vector<int32_t> pairs;  // src rows, then dst rows
+  std::vector<int32_t> dst;
+  for (int64_t i = 0; i < kept; ++i) {
+    const int64_t from = tree_start + kept_nodes[static_cast<size_t>(i)];
+    if (from == tree_start + i) continue;  // already in place
+    pairs.push_back(row_of(from));
+    dst.push_back(row_of(tree_start + i));
+  }
+  const int64_t n = static_cast<int64_t>(dst.size());
+  if (n > 0) {
+    pairs.insert(pairs.end(), dst.begin(), dst.end());
+    const int64_t bytes = static_cast<int64_t>(pairs.size() * sizeof(int32_t));
+    // No recorded forward pass reads these buffers, so their moves need not stale a recording.
+    int64_t moves = 0;
+    SPECD_RETURN_IF_ERROR(Ensure(*backend_, compact_staging_, bytes, kernels::MemoryKind::kStaging,
+                                 "KV compaction rows", &moves));
+    SPECD_RETURN_IF_ERROR(Ensure(*backend_, compact_device_, bytes, kernels::MemoryKind::kScratch,
+                                 "KV compaction rows", &moves));
+    std::memcpy(compact_staging_.data(), pairs.data(), static_cast<size_t>(bytes));
+    SPECD_RETURN_IF_ERROR(backend_->Upload(compact_device_.data(), compact_staging_.data(), bytes));
+    kernels::CopyKvRowsArgs c;
+    c.k = k_cache_.data();
+    c.v = v_cache_.data();
+    c.dtype = kv_dtype_;
+    c.n_layers = config_.num_layers;
+    c.layer_stride = kv_->total_blocks() * bs;
+    c.kv_dim = config_.kv_dim();
+    c.src_rows = compact_device_.as<const int32_t>();
+    c.dst_rows = compact_device_.as<const int32_t>() + n;
+    c.n = n;
+    SPECD_RETURN_IF_ERROR(backend_->CopyKvRows(c));
+    // The staging rows must outlive the upload; compaction is rare enough to wait for it.
+    SPECD_RETURN_IF_ERROR(Synchronize());
+  }
+  return kv_->Truncate(seq, tree_start + kept);
 }
 
 absl::StatusOr<std::vector<float>> LlamaEngine::ReadLogits(const Logits& logits) {

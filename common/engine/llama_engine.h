@@ -83,19 +83,22 @@ struct SequenceInput {
   int64_t start_pos = 0;
   // Indices into `tokens` whose next-token logits are wanted, strictly increasing.
   std::vector<int32_t> logit_indices;
-  // Draft-tree verification. Empty `tree_mask`: a plain causal feed, token i at position
-  // start_pos + i. Otherwise tokens[tree_begin + j] is tree node j (at most 64 nodes): it sees
-  // every token before tree_begin and node k iff bit k of tree_mask[j] is set (its ancestors and
-  // itself), and `positions` (one per token) gives each token's position in the text, so nodes at
-  // the same depth share a RoPE position.
+  // Draft trees. Empty `tree_mask`: a plain causal feed, token i at position start_pos + i.
+  // Otherwise tokens[tree_begin + j] is tree node tree_first_node + j (at most 64 nodes in all):
+  // it sees every token before the tree's node 0 and node k iff bit k of tree_mask[j] is set (its
+  // ancestors and itself), and `positions` (one per token) gives each token's position in the
+  // text, so nodes at the same depth share a RoPE position. Nodes 0..tree_first_node - 1 were fed
+  // by earlier calls, in the KV slots just before this call's: a draft worker grows its tree one
+  // level per call.
   std::span<const int32_t> positions;
   int32_t tree_begin = 0;
+  int32_t tree_first_node = 0;
   std::span<const uint64_t> tree_mask;
 };
 
 // Logit rows in back-end memory: rows in batch order, then in `logit_indices` order. Valid until
 // the next Forward, and the caller's to overwrite until then (classifier-free guidance combines
-// rows in place).
+// rows in place). `vocab` is the classifier's width (LlamaEngine::logits_width()).
 struct Logits {
   float* data = nullptr;  // [rows, vocab]
   int64_t rows = 0;
@@ -124,6 +127,15 @@ class LlamaEngine {
   // `logits` copied to the host; synchronizes. For tests, tools and references.
   absl::StatusOr<std::vector<float>> ReadLogits(const Logits& logits);
 
+  // Moves the KV of slot tree_start + kept_nodes[i] to slot tree_start + i in every layer, then
+  // truncates the sequence to tree_start + kept_nodes.size(): only the accepted branch of a draft
+  // tree remains. kept_nodes must be strictly increasing and inside the sequence. The one place
+  // that rewrites KV in place: the slots written must be in blocks only this sequence holds and
+  // the prefix cache does not (FAILED_PRECONDITION otherwise, with nothing changed), and the
+  // tokens the pool records for them move too (KvPool::CompactTokens).
+  absl::Status CompactKv(KvPool::SeqId seq, int64_t tree_start,
+                         std::span<const int32_t> kept_nodes);
+
   absl::Status AddSequence(KvPool::SeqId seq) { return kv_->AddSequence(seq); }
   absl::Status Truncate(KvPool::SeqId seq, int64_t new_len) { return kv_->Truncate(seq, new_len); }
   absl::Status Release(KvPool::SeqId seq) { return kv_->Release(seq); }
@@ -146,6 +158,10 @@ class LlamaEngine {
   kernels::Backend& backend() { return *backend_; }
   const kernels::Backend& backend() const { return *backend_; }
   const DeviceWeights& weights() const { return weights_; }
+  // The tokens the classifier scores (LoadOptions::output_vocab), ascending; empty = all. Logit
+  // row entry i is token output_vocab()[i] then.
+  std::span<const int32_t> output_vocab() const { return output_vocab_; }
+  int64_t logits_width() const { return weights_.lm_head.rows; }
 
  private:
   LlamaEngine(ModelConfig config, std::unique_ptr<kernels::Backend> backend,
@@ -176,6 +192,7 @@ class LlamaEngine {
   const int64_t max_seq_len_;
   const kernels::DType kv_dtype_;
   DeviceWeights weights_;
+  std::vector<int32_t> output_vocab_;
   kernels::Buffer k_cache_;  // [layer][block][slot][kv_dim] of kv_dtype_
   kernels::Buffer v_cache_;
 
@@ -194,6 +211,8 @@ class LlamaEngine {
   } meta_;
   kernels::Buffer staging_;
   kernels::Buffer meta_device_;
+  kernels::Buffer compact_staging_;  // CompactKv's row pairs
+  kernels::Buffer compact_device_;
   // Set while staging_ may still be read by an enqueued upload.
   bool staging_in_flight_ = false;
 

@@ -262,6 +262,40 @@ absl::Status KvPool::Truncate(SeqId seq, int64_t new_len) {
   return absl::OkStatus();
 }
 
+absl::Status KvPool::CompactTokens(SeqId seq, int64_t tree_start,
+                                   std::span<const int32_t> kept_nodes) {
+  Sequence* s = Find(seq);
+  if (s == nullptr) return Unknown(seq);
+  const int64_t bs = config_.block_size;
+  for (size_t i = 0; i < kept_nodes.size(); ++i) {
+    const int64_t node = kept_nodes[i];
+    const int64_t from = tree_start + node;
+    const int64_t to = tree_start + static_cast<int64_t>(i);
+    if (tree_start < 0 || node < static_cast<int64_t>(i) || from >= s->length ||
+        (i > 0 && node <= kept_nodes[i - 1])) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "KV pool: cannot keep tree node ", node, " as entry ", i, " of a tree at slot ",
+          tree_start, " of sequence ", seq, " (", s->length, " tokens; the nodes must increase)"));
+    }
+    if (from == to) continue;
+    const int32_t block = s->blocks[static_cast<size_t>(to / bs)];
+    if (Shared(block)) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("KV pool: slot ", to, " of sequence ", seq,
+                       " lies in a block that is cached or held by another sequence"));
+    }
+  }
+  if (!config_.prefix_caching) return absl::OkStatus();
+  // In order: every source lies at or after its destination and after every earlier one.
+  for (size_t i = 0; i < kept_nodes.size(); ++i) {
+    const int64_t from = tree_start + kept_nodes[i];
+    const int64_t to = tree_start + static_cast<int64_t>(i);
+    TokensOf(s->blocks[static_cast<size_t>(to / bs)])[static_cast<size_t>(to % bs)] =
+        TokensOf(s->blocks[static_cast<size_t>(from / bs)])[static_cast<size_t>(from % bs)];
+  }
+  return absl::OkStatus();
+}
+
 absl::Status KvPool::Release(SeqId seq) {
   const auto it = seqs_.find(seq);
   if (it == seqs_.end()) return Unknown(seq);

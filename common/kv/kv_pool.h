@@ -98,6 +98,15 @@ class KvPool {
   // Blocks that Append(seq, n tokens) would take from the free capacity.
   absl::StatusOr<int64_t> BlocksNeeded(SeqId seq, int64_t n_tokens) const;
 
+  // Records that the KV of slot tree_start + kept_nodes[i] moved to slot tree_start + i
+  // (LlamaEngine::CompactKv keeps a draft tree's accepted branch): with prefix caching the token
+  // recorded there moves too, so that a block is cached under the tokens its KV was computed
+  // from. Checks first and changes nothing on error: kept_nodes strictly increasing, node i at
+  // or after entry i, inside the sequence (INVALID_ARGUMENT); every slot written in a block only
+  // `seq` holds and the cache does not (FAILED_PRECONDITION: the KV write would be seen by
+  // others). NOT_FOUND if unknown. Call before moving the KV.
+  absl::Status CompactTokens(SeqId seq, int64_t tree_start, std::span<const int32_t> kept_nodes);
+
   // The block ids of `seq`, in position order. NOT_FOUND if unknown.
   absl::StatusOr<const std::vector<int32_t>*> BlockTable(SeqId seq) const;
 

@@ -1,5 +1,6 @@
 #include "common/model/weights.h"
 
+#include <cstring>
 #include <utility>
 
 #include "absl/status/status.h"
@@ -113,6 +114,28 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> LoadModelWeights(const std::filesy
   } else {
     SPECD_ASSIGN_OR_RETURN(weights->lm_head, bind.Matrix("lm_head.weight", c.vocab_size,
                                                          c.hidden_size, "vocab_size, hidden_size"));
+  }
+  if (!options.output_vocab.empty()) {
+    const std::vector<int32_t>& ids = options.output_vocab;
+    for (size_t i = 0; i < ids.size(); ++i) {
+      if (ids[i] < 0 || ids[i] >= c.vocab_size || (i > 0 && ids[i] <= ids[i - 1])) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("output vocabulary: token ", ids[i], " at index ", i,
+                         " must be inside [0, ", c.vocab_size, ") and above the one before it"));
+      }
+    }
+    // The kept rows, copied out of the mapping in their checkpoint dtype.
+    const kernels::WeightView full = weights->lm_head;
+    const int64_t row_bytes = full.cols * kernels::DTypeSize(full.dtype);
+    weights->lm_head_rows.resize(ids.size() * static_cast<size_t>(row_bytes));
+    for (size_t i = 0; i < ids.size(); ++i) {
+      std::memcpy(weights->lm_head_rows.data() + i * static_cast<size_t>(row_bytes),
+                  static_cast<const char*>(full.data) + ids[i] * row_bytes,
+                  static_cast<size_t>(row_bytes));
+    }
+    weights->lm_head = kernels::WeightView{weights->lm_head_rows.data(), full.dtype,
+                                           static_cast<int64_t>(ids.size()), full.cols};
+    weights->output_vocab = ids;
   }
   weights->config = std::move(config);
   return weights;

@@ -29,12 +29,15 @@ struct LayerWeights {
 };
 
 struct ModelWeights {
-  ModelConfig config;             // num_layers reflects exit_layer when set
-  kernels::WeightView embed;      // [vocab, hidden]
-  kernels::WeightView lm_head;    // [vocab, hidden]; == embed when tied
-  std::vector<float> final_norm;  // [hidden]
+  ModelConfig config;                 // num_layers reflects exit_layer when set
+  kernels::WeightView embed;          // [vocab, hidden]
+  kernels::WeightView lm_head;        // [vocab, hidden]; == embed when tied; [N, hidden] when
+                                      // LoadOptions::output_vocab keeps N tokens
+  std::vector<int32_t> output_vocab;  // the tokens lm_head's rows score; empty = all, in order
+  std::vector<float> final_norm;      // [hidden]
   std::vector<LayerWeights> layers;
   std::unique_ptr<Checkpoint> checkpoint;  // owns the mapped memory the views point into
+  std::vector<char> lm_head_rows;          // the kept rows of a reduced classifier
 
   ModelWeights();
   ~ModelWeights();
@@ -45,6 +48,9 @@ struct LoadOptions {
   int64_t exit_layer = 0;
   // Called with (tensors bound so far, total) while loading; may be empty.
   std::function<void(int64_t, int64_t)> progress;
+  // Keep only these classifier rows (a draft's reduced head, FR-Spec): strictly ascending token
+  // ids inside the vocabulary. Empty keeps every row.
+  std::vector<int32_t> output_vocab;
 };
 
 // Loads `dir` (config.json + model.safetensors or model.safetensors.index.json). Every tensor's

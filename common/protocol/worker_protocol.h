@@ -14,6 +14,7 @@
 #include "absl/status/statusor.h"
 #include "base/inverse_cdf.h"
 #include "base/sampling_params.h"
+#include "common/protocol/draft_tree.h"
 
 namespace specd {
 
@@ -26,6 +27,17 @@ enum class DraftSampling { kProbabilistic, kGreedy };
 inline constexpr int32_t kMaxSpeculativeTokens = 64;  // K
 inline constexpr int32_t kMaxCandidates = 64;         // M
 inline constexpr int32_t kMaxLogprobs = 20;           // top-N alternatives (OpenAI's cap)
+
+// Moves the accepted branch of a sequence's last draft tree into place before anything else is
+// done with the sequence: the KV of node kept_nodes[i] (BFS order, node 0 at slot tree_start)
+// moves to slot tree_start + i. The tree's other nodes are then dropped by drop_tail. Empty
+// kept_nodes: nothing to move.
+struct KvCompaction {
+  int64_t tree_start = 0;
+  std::vector<int32_t> kept_nodes;  // strictly increasing, each >= its index
+  bool empty() const { return kept_nodes.empty(); }
+  bool operator==(const KvCompaction&) const = default;
+};
 
 // Classifier-free guidance: a guided sequence owns a companion, a sequence of the same worker
 // whose text is the unconditional prompt followed by the same generated tokens. Both are fed in
@@ -50,7 +62,8 @@ struct SequenceRequest {
   uint64_t seed = 0;
   int64_t prompt_len = 0;  // how much of x is prompt (for the penalties)
   // The worker may hold more than expected_cached_len tokens (the previous round's rejected
-  // drafts: a Truncate folded into this call); they are dropped before anything else.
+  // drafts: a Truncate folded into this call); they are dropped before anything else, after
+  // `compact` has moved the accepted branch of a draft tree into place.
   bool drop_tail = false;
   // Chunked prefill: the most catch-up tokens this call may feed beyond those found in the
   // prefix cache (0 = no limit). When more are left, the worker feeds only that many and the
@@ -62,22 +75,38 @@ struct SequenceRequest {
   // The completion number of a request that asks for several: the `sample` field of every
   // Philox counter the sequence draws from, so completions of one seed are independent.
   uint32_t sample = 0;
+  KvCompaction compact;  // applied before drop_tail
   // Set for a guided sequence on this worker (always the target's; the draft's only when the
   // request guides its draft too). drop_tail drops the companion's tail as well.
   std::optional<CompanionRequest> companion;
   bool operator==(const SequenceRequest&) const = default;
 };
 
+// Entropy-guided adaptive draft length (EGAG): after each draft step the worker reports the
+// normalized entropy H = H(softmax(logits))/log V of the draft's raw logits at temperature 1, and
+// stops the sequence after step k >= min_tokens when H > threshold.
+struct EntropyStop {
+  bool enabled = false;
+  int32_t min_tokens = 1;
+  float threshold = 1.0f;
+  bool operator==(const EntropyStop&) const = default;
+};
+
 struct DraftSequenceRequest : SequenceRequest {
-  int32_t num_speculative_tokens = 1;  // K in [1, kMaxSpeculativeTokens]
+  int32_t num_speculative_tokens = 1;  // K in [1, kMaxSpeculativeTokens]: linear drafts or depth
   DraftSampling draft_sampling = DraftSampling::kProbabilistic;
+  TreeShape tree;  // branching 0: one chain of K drafts
+  EntropyStop entropy_stop;
   bool operator==(const DraftSequenceRequest&) const = default;
 };
 
+// A draft step reports, per sequence, one token per chain (linear drafts) or every node of the
+// tree level it drafted, in BFS order (see common/protocol/draft_tree.h).
 struct DraftToken {
   SeqId seq = 0;
   int32_t token = 0;
-  float q_prob = 0.0f;  // q_k(t_k)
+  float q_prob = 0.0f;   // q_k(t_k); 1 for a tree node (a deterministic child)
+  float entropy = 0.0f;  // normalized entropy of the step's raw logits when EGAG is on
   bool operator==(const DraftToken&) const = default;
 };
 
@@ -120,17 +149,21 @@ struct LogprobsRequest {
 };
 
 struct VerifySequenceRequest : SequenceRequest {
-  std::vector<int32_t> drafts;  // t_1..t_K; K = 0 is plain decoding
-  int32_t num_candidates = 0;   // M in [0, kMaxCandidates]
+  // t_1..t_K (K = 0 is plain decoding), or a draft tree's nodes in BFS order.
+  std::vector<int32_t> drafts;
+  // Empty: drafts are one chain. Otherwise the parent of each node (-1: a child of the last
+  // committed token), each parent before its children; at most kMaxTreeNodes nodes.
+  std::vector<int32_t> tree_parents;
+  int32_t num_candidates = 0;  // M in [0, kMaxCandidates]
   LogprobsRequest logprobs;
   bool operator==(const VerifySequenceRequest&) const = default;
 };
 
-// One verified position's log-probabilities. The worker cannot know which positions the
-// coordinator will emit, so it reports every position 1..K+1, each with its top-N and every token
-// the coordinator could emit there: t_i, the argmax, the residual candidates (i <= K) and the
-// bonus (i = K+1). A token the residual fallback picks is none of these; the coordinator then
-// asks with QueryLogprobs.
+// One verified row's log-probabilities. The worker cannot know which rows the coordinator will
+// emit from, so it reports every row, each with its top-N and every token the coordinator could
+// emit there: the row's drafts (a chain's t_i, a tree node's children), the argmax, the residual
+// candidates (rows with a child) and the bonus (leaf rows). A token the residual fallback picks
+// is none of these; the coordinator then asks with QueryLogprobs.
 struct PositionLogprobs {
   std::vector<int32_t> top_ids;  // by (logprob desc, id asc) of the raw logprobs
   std::vector<float> top_logprobs;
@@ -139,20 +172,25 @@ struct PositionLogprobs {
   bool operator==(const PositionLogprobs&) const = default;
 };
 
+// The target's rows are numbered 0..N: row 0 is the distribution after the last committed
+// token, row i the one after draft (or node) i - 1. A chain of K drafts is the tree in which
+// node i - 1 is the parent of node i: rows 0..K-1 have a child and row K is the leaf.
 struct VerifySequenceResult {
   SeqId seq = 0;
   absl::Status status;
-  int32_t position = 0;         // absolute position of t_1 (or of the K = 0 token)
-  std::vector<float> p_draft;   // p_i(t_i), i = 1..K
-  std::vector<int32_t> argmax;  // i = 1..K+1
-  int32_t bonus_token = 0;      // b ~ p_{K+1} (K > 0) or the sampled token (K = 0)
-  std::vector<std::vector<int32_t>> candidate_tokens;  // [K][M]; empty when greedy
-  std::vector<std::vector<float>> candidate_probs;     // [K][M]
+  int32_t position = 0;             // absolute position of t_1 (or of the K = 0 token)
+  std::vector<float> p_draft;       // per draft: its probability in its parent's row
+  std::vector<int32_t> argmax;      // per row
+  int32_t bonus_token = 0;          // chain: b ~ p_{K+1} (K > 0) or the sampled token (K = 0)
+  std::vector<int32_t> leaf_bonus;  // tree: b ~ each leaf's row, leaves in node order
+  // Per row that has a child, in row order: M candidates y ~ that row. Empty when greedy.
+  std::vector<std::vector<int32_t>> candidate_tokens;
+  std::vector<std::vector<float>> candidate_probs;
   int64_t cached_len = 0;
   int64_t forward_ns = 0;   // the batch's forward pass; 0 when the sequence failed before it
   bool prefilling = false;  // only part of the catch-up was fed; nothing was verified
   int64_t companion_cached_len = 0;        // a guided sequence's companion (0 without one)
-  std::vector<PositionLogprobs> logprobs;  // [K+1] when asked
+  std::vector<PositionLogprobs> logprobs;  // per row (a chain: [K+1]) when asked
   bool operator==(const VerifySequenceResult&) const = default;
 };
 

@@ -1,5 +1,6 @@
 #include "common/sampling/row_sampler.h"
 
+#include <algorithm>
 #include <cstring>
 #include <utility>
 
@@ -28,10 +29,14 @@ void RowSampler::Clear() {
   draws_.clear();
   lookup_slots_.clear();
   lookup_tokens_.clear();
+  top_n_ = 0;
+  want_entropy_ = false;
   cond_rows_.clear();
   uncond_rows_.clear();
   scales_.clear();
 }
+
+void RowSampler::RequestTopTokens(int32_t n) { top_n_ = std::max(top_n_, n); }
 
 int32_t RowSampler::AddRow(const SamplingParams& params, kernels::RowMode mode,
                            std::span<const int32_t> prompt, std::span<const int32_t> output,
@@ -80,6 +85,8 @@ absl::Status RowSampler::Run(float* logits, int64_t logit_rows, RowPool& pool) {
   out_draw_error_.assign(n_draws, 0);
   out_token_probs_.assign(n_draws, 0.0f);
   out_lookups_.assign(n_lookups, 0.0f);
+  out_top_.assign(n_rows * static_cast<size_t>(top_n_), 0);
+  out_entropy_.assign(want_entropy_ ? n_rows : 0, 0.0f);
   if (n_rows + n_draws + n_lookups + n_pairs == 0) return absl::OkStatus();
 
   // Inputs first, then outputs, so each crosses in one copy.
@@ -99,6 +106,8 @@ absl::Status RowSampler::Run(float* logits, int64_t logit_rows, RowPool& pool) {
   const int64_t at_drawn_probs = layout.Take<float>(n_draws);
   const int64_t at_draw_error = layout.Take<int32_t>(n_draws);
   const int64_t at_lookups = layout.Take<float>(n_lookups);
+  const int64_t at_top = layout.Take<int32_t>(out_top_.size());
+  const int64_t at_entropy = layout.Take<float>(out_entropy_.size());
   const int64_t total = layout.bytes();
   SPECD_RETURN_IF_ERROR(
       Ensure(*backend_, staging_, total, kernels::MemoryKind::kStaging, "sampling inputs"));
@@ -145,6 +154,9 @@ absl::Status RowSampler::Run(float* logits, int64_t logit_rows, RowPool& pool) {
     p.prob_capacity = pool.capacity();
     p.argmax = i32(at_argmax);
     p.error = i32(at_row_error);
+    p.top_n = top_n_;
+    p.top_ids = top_n_ > 0 ? i32(at_top) : nullptr;
+    p.entropy = want_entropy_ ? f32(at_entropy) : nullptr;
     if (keep_penalized_) {
       SPECD_RETURN_IF_ERROR(Ensure(*backend_, penalized_,
                                    static_cast<int64_t>(n_rows) * pool.vocab() * 4,
@@ -186,6 +198,8 @@ absl::Status RowSampler::Run(float* logits, int64_t logit_rows, RowPool& pool) {
   Get(host, at_drawn_probs, out_token_probs_);
   Get(host, at_draw_error, out_draw_error_);
   Get(host, at_lookups, out_lookups_);
+  Get(host, at_top, out_top_);
+  Get(host, at_entropy, out_entropy_);
   return absl::OkStatus();
 }
 

@@ -35,6 +35,11 @@ class RowSampler {
   int32_t AddDraw(const kernels::Draw& draw);
   // The probability of `token` in pool row `slot`. Returns its index for lookup().
   int32_t AddLookup(int32_t slot, int32_t token);
+  // Every row of the pass also gets its top `n` tokens by penalised logit (top_token()); the
+  // largest n asked for in a pass wins.
+  void RequestTopTokens(int32_t n);
+  // Every row of the pass also gets the normalized entropy of its raw logits (entropy()).
+  void RequestEntropy() { want_entropy_ = true; }
   // Classifier-free guidance: before anything is processed, logit row `cond_row` becomes
   // u + scale * (c - u) with u = logit row `uncond_row` (Backend::CombineLogits, in place). A
   // companion's rows sit after every row that AddRow processes.
@@ -55,6 +60,10 @@ class RowSampler {
   float token_prob(int32_t draw) const { return out_token_probs_[static_cast<size_t>(draw)]; }
   int32_t draw_error(int32_t draw) const { return out_draw_error_[static_cast<size_t>(draw)]; }
   float lookup(int32_t i) const { return out_lookups_[static_cast<size_t>(i)]; }
+  int32_t top_token(int32_t row, int32_t rank) const {
+    return out_top_[static_cast<size_t>(row * top_n_ + rank)];
+  }
+  float entropy(int32_t row) const { return out_entropy_[static_cast<size_t>(row)]; }
   // Row `row`'s penalised logits ([vocab], back-end memory) after a Run with KeepPenalized.
   const float* penalized(int32_t row) const {
     return penalized_.as<float>() + static_cast<int64_t>(row) * vocab_;
@@ -68,12 +77,14 @@ class RowSampler {
   std::vector<kernels::Draw> draws_;
   std::vector<int32_t> lookup_slots_;
   std::vector<int32_t> lookup_tokens_;
+  int32_t top_n_ = 0;
+  bool want_entropy_ = false;
   std::vector<int32_t> cond_rows_, uncond_rows_;
   std::vector<float> scales_;
   bool keep_penalized_ = false;
   // Results, as they come back.
-  std::vector<int32_t> out_argmax_, out_row_error_, out_tokens_, out_draw_error_;
-  std::vector<float> out_token_probs_, out_lookups_;
+  std::vector<int32_t> out_argmax_, out_row_error_, out_tokens_, out_draw_error_, out_top_;
+  std::vector<float> out_token_probs_, out_lookups_, out_entropy_;
   kernels::Buffer staging_;
   kernels::Buffer device_;
   kernels::Buffer penalized_;  // [rows, vocab_] when kept

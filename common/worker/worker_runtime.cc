@@ -13,9 +13,10 @@
 #include "base/math.h"
 #include "base/philox.h"
 #include "base/status_macros.h"
+#include "common/worker/worker_runtime_internal.h"
 
 namespace specd {
-namespace {
+namespace worker_internal {
 
 static_assert(kMaxLogprobs == kernels::kMaxTopLogprobs,
               "the worker protocol's top-N cap is the Logprobs op's");
@@ -25,8 +26,6 @@ absl::Status RowError(SeqId seq, int32_t code) {
       absl::StrCat("sequence ", seq, ": ", ToAbsl(kernels::RowErrorMessage(code))));
 }
 
-// INVALID_ARGUMENT for the second and later requests naming an id already seen in the call (as
-// a sequence or a companion), so one sequence is never fed twice in one forward pass.
 absl::Status CheckUnique(const SequenceRequest& req, absl::flat_hash_set<SeqId>* seen) {
   if (!seen->insert(req.seq).second) {
     return absl::InvalidArgumentError(
@@ -40,7 +39,7 @@ absl::Status CheckUnique(const SequenceRequest& req, absl::flat_hash_set<SeqId>*
   return absl::OkStatus();
 }
 
-}  // namespace
+}  // namespace worker_internal
 
 std::string_view ForwardKindName(ForwardKind kind) {
   switch (kind) {
@@ -57,8 +56,9 @@ std::string_view ForwardKindName(ForwardKind kind) {
 WorkerRuntime::WorkerRuntime(std::unique_ptr<LlamaEngine> engine,
                              const WorkerRuntimeOptions& options)
     : engine_(std::move(engine)),
+      vocab_(engine_->config().vocab_size, engine_->output_vocab()),
       options_(options),
-      pool_(engine_->backend(), engine_->config().vocab_size),
+      pool_(engine_->backend(), engine_->logits_width()),
       sampler_(engine_->backend()),
       logprob_rows_(engine_->backend()) {}
 
@@ -149,7 +149,23 @@ absl::StatusOr<WorkerRuntime::Feed> WorkerRuntime::Admit(const SequenceRequest& 
   const CompanionRequest* comp = req.companion.has_value() ? &*req.companion : nullptr;
 
   const auto it = seqs_.find(req.seq);
-  if (it != seqs_.end() && req.drop_tail) {
+  if (it != seqs_.end() && !req.compact.empty()) {
+    if (comp != nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("sequence ", req.seq,
+                       ": a draft tree's compaction cannot carry a companion (guided "
+                       "requests draft chains)"));
+    }
+    if (req.compact.tree_start + static_cast<int64_t>(req.compact.kept_nodes.size()) !=
+        req.expected_cached_len) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("sequence ", req.seq, ": keeping ", req.compact.kept_nodes.size(),
+                       " tree nodes from slot ", req.compact.tree_start,
+                       " does not leave the expected ", req.expected_cached_len, " cached tokens"));
+    }
+    SPECD_RETURN_IF_ERROR(
+        CompactAndTruncate(req.seq, it->second, req.compact, req.expected_cached_len));
+  } else if (it != seqs_.end() && req.drop_tail) {
     // The pair drops its tails together: the companion was fed the same drafts.
     bool dropped = false;
     if (static_cast<int64_t>(it->second.tokens.size()) > req.expected_cached_len) {
@@ -343,13 +359,36 @@ absl::Status WorkerRuntime::ForwardAndSample(ForwardKind kind, std::span<const S
   return absl::OkStatus();
 }
 
-void WorkerRuntime::AddKeptRow(Sequence& s, size_t len, const SamplingParams& params,
-                               kernels::RowMode mode, int32_t slot) {
+int32_t WorkerRuntime::AddRow(const Sequence& s, std::span<const int32_t> history,
+                              const SamplingParams& params, kernels::RowMode mode, int32_t slot) {
   // This round's earlier drafts count as output for the penalties.
-  const size_t prompt = std::min(len, static_cast<size_t>(s.prompt_len));
-  const std::span<const int32_t> all(s.tokens.data(), len);
-  sampler_.AddRow(params, mode, all.subspan(0, prompt), all.subspan(prompt), slot);
+  const size_t prompt = std::min(history.size(), static_cast<size_t>(s.prompt_len));
+  if (vocab_.full()) {
+    return sampler_.AddRow(params, mode, history.subspan(0, prompt), history.subspan(prompt), slot);
+  }
+  // A penalty on a token outside the reduced head changes nothing: its probability is 0.
+  const std::vector<int32_t> p = vocab_.ToIndices(history.subspan(0, prompt));
+  const std::vector<int32_t> o = vocab_.ToIndices(history.subspan(prompt));
+  return sampler_.AddRow(params, mode, p, o, slot);
+}
+
+int32_t WorkerRuntime::AddKeptRow(Sequence& s, size_t len, const SamplingParams& params,
+                                  kernels::RowMode mode, int32_t slot) {
   s.rows.push_back(slot);
+  return AddRow(s, std::span<const int32_t>(s.tokens.data(), len), params, mode, slot);
+}
+
+absl::Status WorkerRuntime::CompactAndTruncate(SeqId seq, Sequence& s, const KvCompaction& compact,
+                                               int64_t keep) {
+  SPECD_RETURN_IF_ERROR(engine_->CompactKv(seq, compact.tree_start, compact.kept_nodes));
+  for (size_t i = 0; i < compact.kept_nodes.size(); ++i) {
+    s.tokens[static_cast<size_t>(compact.tree_start) + i] =
+        s.tokens[static_cast<size_t>(compact.tree_start + compact.kept_nodes[i])];
+  }
+  SPECD_RETURN_IF_ERROR(engine_->Truncate(seq, keep));
+  s.tokens.resize(static_cast<size_t>(std::min<int64_t>(keep, s.tokens.size())));
+  ReportKv();
+  return absl::OkStatus();
 }
 
 void WorkerRuntime::RollBack(std::span<const SequenceInput> inputs) {
@@ -434,465 +473,6 @@ int64_t WorkerRuntime::LengthOrZero(SeqId seq) const {
   return it == seqs_.end() ? 0 : static_cast<int64_t>(it->second.tokens.size());
 }
 
-std::vector<SequenceOutcome> WorkerRuntime::Draft(
-    std::span<const DraftSequenceRequest> batch,
-    const std::function<void(const DraftStep&)>& on_step) {
-  std::vector<SequenceOutcome> outcomes(batch.size());
-  std::vector<SequenceOutcome> failed;  // not yet reported to on_step
-  auto fail = [&](size_t i, absl::Status st) {
-    outcomes[i].status = std::move(st);
-    failed.push_back({batch[i].seq, outcomes[i].status, LengthOrZero(batch[i].seq)});
-  };
-
-  std::vector<size_t> active;   // still drafting
-  std::vector<size_t> chunked;  // only feeding a prefill chunk
-  std::vector<Feed> plan(batch.size());
-  absl::flat_hash_set<SeqId> seen;
-  int64_t reserved = 0;
-  for (size_t i = 0; i < batch.size(); ++i) {
-    const DraftSequenceRequest& req = batch[i];
-    outcomes[i].seq = req.seq;
-    absl::Status st = CheckUnique(req, &seen);
-    if (st.ok() &&
-        (req.num_speculative_tokens < 1 || req.num_speculative_tokens > kMaxSpeculativeTokens)) {
-      st = absl::InvalidArgumentError(
-          absl::StrCat("sequence ", req.seq, ": num_speculative_tokens must be in [1, ",
-                       kMaxSpeculativeTokens, "], got ", req.num_speculative_tokens));
-    }
-    if (st.ok()) {
-      // The last draft token is sampled but never fed, hence K - 1.
-      absl::StatusOr<Feed> f = Admit(req, req.num_speculative_tokens - 1, &reserved);
-      if (f.ok()) {
-        plan[i] = *f;
-      } else {
-        st = f.status();
-      }
-    }
-    if (!st.ok()) {
-      fail(i, std::move(st));
-    } else if (plan[i].complete) {
-      active.push_back(i);
-    } else {
-      outcomes[i].prefilling = true;
-      if (plan[i].feed + plan[i].companion_feed > 0) chunked.push_back(i);
-    }
-  }
-  auto fail_active = [&](const absl::Status& st) {
-    for (const size_t i : active) fail(i, st);
-    active.clear();
-  };
-  auto fail_chunked = [&](const absl::Status& st) {
-    for (const size_t i : chunked) {
-      outcomes[i].prefilling = false;
-      fail(i, st);
-    }
-    chunked.clear();
-  };
-  // Prefill chunks ride in the first pass, after the drafting sequences (which own its logits).
-  std::vector<SequenceInput> chunk_inputs;
-  for (const size_t i : chunked) AddChunkInputs(batch[i], plan[i], &chunk_inputs);
-  int64_t forward_ns = 0;
-  if (active.empty() && !chunk_inputs.empty()) {
-    const absl::Time start = absl::Now();
-    if (absl::Status st = FeedOnly(chunk_inputs); st.ok()) {
-      ChunksFed(chunk_inputs);
-      forward_ns = absl::ToInt64Nanoseconds(absl::Now() - start);
-    } else {
-      RollBack(chunk_inputs);
-      fail_chunked(st);
-    }
-  }
-
-  std::vector<int32_t> last(batch.size(), 0);  // t_{k-1} per request
-  std::vector<DraftToken> step_tokens;
-  int32_t k = 0;
-  while (!active.empty()) {
-    ++k;
-    step_tokens.clear();
-    // Every active sequence has K >= k: finished ones leave `active` after their last step.
-    std::vector<SequenceInput> inputs;
-    for (const size_t i : active) {
-      const Sequence& s = seqs_[batch[i].seq];
-      SequenceInput in;
-      in.seq = batch[i].seq;
-      in.start_pos = static_cast<int64_t>(s.tokens.size());
-      if (k == 1) {
-        in.tokens = std::span<const int32_t>(batch[i].catch_up)
-                        .subspan(static_cast<size_t>(plan[i].cached));
-      } else {
-        in.tokens = std::span<const int32_t>(&last[i], 1);
-      }
-      in.logit_indices = {static_cast<int32_t>(in.tokens.size() - 1)};
-      inputs.push_back(in);
-    }
-    const size_t drafting = inputs.size();  // inputs[b] is active[b]'s; logit row b is its row
-    if (k == 1) inputs.insert(inputs.end(), chunk_inputs.begin(), chunk_inputs.end());
-    // The companions of guided sequences, fed the same tokens in the same pass; their logit rows
-    // come after every drafting row (chunks have none).
-    std::vector<int32_t> companion_input(drafting, -1);
-    for (size_t b = 0; b < drafting; ++b) {
-      const DraftSequenceRequest& req = batch[active[b]];
-      if (!req.companion.has_value()) continue;
-      SequenceInput in;
-      in.seq = req.companion->seq;
-      in.start_pos = LengthOrZero(in.seq);
-      if (k == 1) {
-        in.tokens = std::span<const int32_t>(req.companion->catch_up)
-                        .subspan(static_cast<size_t>(plan[active[b]].companion_cached));
-      } else {
-        in.tokens = std::span<const int32_t>(&last[active[b]], 1);
-      }
-      in.logit_indices = {static_cast<int32_t>(in.tokens.size() - 1)};
-      companion_input[b] = static_cast<int32_t>(inputs.size());
-      inputs.push_back(in);
-    }
-    // Each active sequence keeps this step's row; tokens are appended before the rows are
-    // added, so t_k's history is x and t_1..t_{k-1}.
-    std::vector<int32_t> draw_of(drafting, -1);
-    const absl::Status pass = ForwardAndSample(
-        ForwardKind::kDraftStep, inputs,
-        [&]() -> absl::Status {
-          SPECD_ASSIGN_OR_RETURN(const std::vector<int32_t> slots,
-                                 pool_.Acquire(static_cast<int64_t>(drafting)));
-          int32_t companion_row = static_cast<int32_t>(drafting);
-          for (size_t b = 0; b < drafting; ++b) {
-            const DraftSequenceRequest& req = batch[active[b]];
-            Sequence& s = seqs_[req.seq];
-            s.tokens.insert(s.tokens.end(), inputs[b].tokens.begin(), inputs[b].tokens.end());
-            if (companion_input[b] >= 0) {
-              const SequenceInput& in = inputs[static_cast<size_t>(companion_input[b])];
-              std::vector<int32_t>& u = seqs_[in.seq].tokens;
-              u.insert(u.end(), in.tokens.begin(), in.tokens.end());
-              sampler_.AddGuidance(static_cast<int32_t>(b), companion_row++, req.companion->scale);
-            }
-            // A greedy request's q is its argmax; a greedy draft of a sampled request takes the
-            // processed row's argmax. A point mass is exact as long as the same row samples t,
-            // reports q(t) and answers q(y) (DESIGN.md, "The processed distribution").
-            const kernels::RowMode mode = req.sampling.greedy() ? kernels::RowMode::kGreedy
-                                          : req.draft_sampling == DraftSampling::kGreedy
-                                              ? kernels::RowMode::kArgmaxOfProcessed
-                                              : kernels::RowMode::kSample;
-            AddKeptRow(s, s.tokens.size(), req.sampling, mode, slots[b]);
-            if (mode != kernels::RowMode::kSample) continue;
-            // t_k sits at position len(x) + k - 1, which is what the cache now holds.
-            kernels::Draw d;
-            d.prob_slot = slots[b];
-            d.seed = req.seed;
-            d.position = static_cast<uint32_t>(s.tokens.size());
-            d.purpose = Purpose::kDraftSample;
-            d.sample = req.sample;
-            draw_of[b] = sampler_.AddDraw(d);
-          }
-          return absl::OkStatus();
-        },
-        &forward_ns);
-    if (!pass.ok()) {
-      RollBack(inputs);
-      fail_active(pass);
-      if (k == 1) fail_chunked(pass);
-      break;
-    }
-    if (k == 1) {
-      // x (and u) are all in the cache now; the drafts that follow are not committed.
-      for (const size_t i : active) CacheCommittedPair(batch[i], 0);
-      ChunksFed(chunk_inputs);
-    }
-    for (size_t b = 0; b < drafting; ++b) {
-      const size_t i = active[b];
-      const DraftSequenceRequest& req = batch[i];
-      Sequence& s = seqs_[req.seq];
-      const int32_t row = static_cast<int32_t>(b);
-      const int32_t draw = draw_of[b];
-      const int32_t error = sampler_.row_error(row) != kernels::kRowOk
-                                ? sampler_.row_error(row)
-                                : (draw >= 0 ? sampler_.draw_error(draw) : kernels::kRowOk);
-      if (error != kernels::kRowOk) {
-        ReleaseRows(s);  // no half-filled rows for Truncate queries or ReadRows
-        fail(i, RowError(req.seq, error));
-        continue;
-      }
-      const int32_t token = draw >= 0 ? sampler_.token(draw) : sampler_.argmax(row);
-      last[i] = token;
-      step_tokens.push_back({req.seq, token, draw >= 0 ? sampler_.token_prob(draw) : 1.0f});
-    }
-    active.erase(std::remove_if(active.begin(), active.end(),
-                                [&](size_t i) {
-                                  return !outcomes[i].status.ok() ||
-                                         batch[i].num_speculative_tokens == k;
-                                }),
-                 active.end());
-    if (active.empty()) break;  // the final report below carries this step
-    if (on_step) {
-      DraftStep step;
-      step.step = k;
-      step.tokens = step_tokens;
-      step.failed = failed;
-      step.forward_ns = forward_ns;
-      on_step(step);
-    }
-    failed.clear();
-  }
-  for (size_t i = 0; i < batch.size(); ++i) {
-    outcomes[i].cached_len = LengthOrZero(batch[i].seq);
-    outcomes[i].companion_cached_len = CompanionLengthOrZero(batch[i]);
-  }
-  if (on_step) {
-    DraftStep step;
-    step.step = k;
-    step.tokens = step_tokens;
-    step.failed = failed;
-    step.last = true;
-    step.outcomes = outcomes;
-    step.forward_ns = forward_ns;
-    on_step(step);
-  }
-  return outcomes;
-}
-
-std::vector<VerifySequenceResult> WorkerRuntime::Verify(
-    std::span<const VerifySequenceRequest> batch,
-    const std::function<void(const VerifySequenceResult&)>& on_result) {
-  const int64_t vocab = engine_->config().vocab_size;
-  std::vector<VerifySequenceResult> results(batch.size());
-  auto finish = [&](size_t i) {
-    results[i].cached_len = LengthOrZero(batch[i].seq);
-    results[i].companion_cached_len = CompanionLengthOrZero(batch[i]);
-    if (on_result) on_result(results[i]);
-  };
-
-  std::vector<size_t> active;   // verifying
-  std::vector<size_t> chunked;  // only feeding a prefill chunk (or nothing, when prefill_only)
-  std::vector<Feed> feed_plan(batch.size());
-  absl::flat_hash_set<SeqId> seen;
-  int64_t reserved = 0;
-  for (size_t i = 0; i < batch.size(); ++i) {
-    const VerifySequenceRequest& req = batch[i];
-    results[i].seq = req.seq;
-    absl::Status st = CheckUnique(req, &seen);
-    if (st.ok() && (req.num_candidates < 0 || req.num_candidates > kMaxCandidates)) {
-      st = absl::InvalidArgumentError(absl::StrCat("sequence ", req.seq,
-                                                   ": num_candidates must be in [0, ",
-                                                   kMaxCandidates, "], got ", req.num_candidates));
-    }
-    if (st.ok() && (req.logprobs.top_n < 0 || req.logprobs.top_n > kMaxLogprobs)) {
-      st = absl::InvalidArgumentError(absl::StrCat("sequence ", req.seq,
-                                                   ": logprobs top_n must be in [0, ", kMaxLogprobs,
-                                                   "], got ", req.logprobs.top_n));
-    }
-    if (st.ok() && req.drafts.size() > static_cast<size_t>(kMaxSpeculativeTokens)) {
-      st = absl::InvalidArgumentError(absl::StrCat("sequence ", req.seq, ": ", req.drafts.size(),
-                                                   " draft tokens, at most ", kMaxSpeculativeTokens,
-                                                   " allowed"));
-    }
-    for (size_t k = 0; st.ok() && k < req.drafts.size(); ++k) {
-      if (req.drafts[k] < 0 || req.drafts[k] >= vocab) {
-        st = absl::InvalidArgumentError(absl::StrCat("sequence ", req.seq, ": draft token ",
-                                                     req.drafts[k], " at step ", k + 1,
-                                                     " is outside [0, ", vocab, ")"));
-      }
-    }
-    if (st.ok()) {
-      absl::StatusOr<Feed> f = Admit(req, static_cast<int64_t>(req.drafts.size()), &reserved);
-      if (f.ok()) {
-        feed_plan[i] = *f;
-      } else {
-        st = f.status();
-      }
-    }
-    if (!st.ok()) {
-      results[i].status = std::move(st);
-      finish(i);
-    } else if (feed_plan[i].complete) {
-      active.push_back(i);
-    } else {
-      chunked.push_back(i);
-    }
-  }
-  if (active.empty() && chunked.empty()) return results;
-
-  // One pass: each verifying sequence feeds the rest of its catch-up and its drafts, with logits
-  // at the last K+1 positions; then the prefill chunks, without logits; then the companions of
-  // guided sequences, fed their own catch-up and the same drafts, whose logit rows thus come
-  // after every row that is processed.
-  std::vector<std::vector<int32_t>> feeds(batch.size());
-  std::vector<std::vector<int32_t>> companion_feeds(batch.size());
-  std::vector<SequenceInput> inputs;
-  for (const size_t i : active) {
-    const VerifySequenceRequest& req = batch[i];
-    feeds[i].assign(req.catch_up.begin() + feed_plan[i].cached, req.catch_up.end());
-    feeds[i].insert(feeds[i].end(), req.drafts.begin(), req.drafts.end());
-    inputs.push_back(VerifyInput(req.seq, feeds[i], req.drafts.size()));
-  }
-  std::vector<SequenceInput> chunk_inputs;
-  for (const size_t i : chunked) AddChunkInputs(batch[i], feed_plan[i], &chunk_inputs);
-  inputs.insert(inputs.end(), chunk_inputs.begin(), chunk_inputs.end());
-  for (const size_t i : active) {
-    const VerifySequenceRequest& req = batch[i];
-    if (!req.companion.has_value()) continue;
-    const std::vector<int32_t>& catch_up = req.companion->catch_up;
-    companion_feeds[i].assign(catch_up.begin() + feed_plan[i].companion_cached, catch_up.end());
-    companion_feeds[i].insert(companion_feeds[i].end(), req.drafts.begin(), req.drafts.end());
-    inputs.push_back(VerifyInput(req.companion->seq, companion_feeds[i], req.drafts.size()));
-  }
-  // Per active sequence: where its rows, lookups and draws sit in the sampler.
-  struct Planned {
-    int32_t first_row = 0;
-    int32_t first_lookup = 0;
-    int32_t bonus_draw = -1;
-    int32_t first_candidate = -1;
-  };
-  std::vector<Planned> plan(batch.size());
-  int64_t forward_ns = 0;
-  absl::Status st;
-  if (active.empty()) {
-    const absl::Time start = absl::Now();
-    if (!inputs.empty()) st = FeedOnly(inputs);
-    forward_ns = absl::ToInt64Nanoseconds(absl::Now() - start);
-  } else {
-    st = ForwardAndSample(
-        ForwardKind::kVerify, inputs,
-        [&]() -> absl::Status {
-          for (const size_t i : active) {
-            if (batch[i].logprobs.mode != LogprobsMode::kOff) sampler_.KeepPenalized();
-          }
-          int64_t rows = 0;
-          for (const size_t i : active) rows += static_cast<int64_t>(batch[i].drafts.size()) + 1;
-          SPECD_ASSIGN_OR_RETURN(const std::vector<int32_t> slots, pool_.Acquire(rows));
-          size_t next_slot = 0;
-          int32_t companion_row = static_cast<int32_t>(rows);
-          for (const size_t i : active) {
-            const VerifySequenceRequest& req = batch[i];
-            Sequence& s = seqs_[req.seq];
-            s.tokens.insert(s.tokens.end(), feeds[i].begin(), feeds[i].end());
-            const size_t K = req.drafts.size();
-            const size_t x_len = s.tokens.size() - K;  // len(x): committed tokens
-            const kernels::RowMode mode =
-                req.sampling.greedy() ? kernels::RowMode::kGreedy : kernels::RowMode::kSample;
-            Planned& p = plan[i];
-            p.first_row = static_cast<int32_t>(next_slot);
-            if (req.companion.has_value()) {
-              std::vector<int32_t>& u = seqs_[req.companion->seq].tokens;
-              u.insert(u.end(), companion_feeds[i].begin(), companion_feeds[i].end());
-              for (size_t j = 0; j <= K; ++j) {
-                sampler_.AddGuidance(p.first_row + static_cast<int32_t>(j), companion_row++,
-                                     req.companion->scale);
-              }
-            }
-            for (size_t j = 0; j <= K; ++j) {
-              // p_{j+1} conditions on x and t_1..t_j, which count as output for the penalties.
-              AddKeptRow(s, x_len + j, req.sampling, mode, slots[next_slot++]);
-            }
-            for (size_t j = 0; j < K; ++j) {
-              const int32_t lookup = sampler_.AddLookup(s.rows[j], req.drafts[j]);
-              if (j == 0) p.first_lookup = lookup;
-            }
-            if (req.sampling.greedy()) continue;
-            kernels::Draw d;
-            d.seed = req.seed;
-            d.sample = req.sample;
-            d.prob_slot = s.rows[K];
-            d.position = static_cast<uint32_t>(x_len + K);
-            d.purpose = K > 0 ? Purpose::kBonus : Purpose::kTargetSample;
-            p.bonus_draw = sampler_.AddDraw(d);
-            for (size_t j = 0; j < K; ++j) {
-              for (int32_t m = 0; m < req.num_candidates; ++m) {
-                d.prob_slot = s.rows[j];
-                d.position = static_cast<uint32_t>(x_len + j);
-                d.purpose = Purpose::kCandidate;
-                d.index = static_cast<uint32_t>(m);
-                const int32_t draw = sampler_.AddDraw(d);
-                if (j == 0 && m == 0) p.first_candidate = draw;
-              }
-            }
-          }
-          return absl::OkStatus();
-        },
-        &forward_ns);
-  }
-  if (!st.ok()) {
-    RollBack(inputs);
-    for (const size_t i : active) {
-      results[i].status = st;
-      finish(i);
-    }
-    for (const size_t i : chunked) {
-      results[i].status = st;
-      finish(i);
-    }
-    return results;
-  }
-  // Committed text into the cache: x (and u) for the verified sequences (not their drafts), and
-  // the chunks.
-  for (const size_t i : active) {
-    CacheCommittedPair(batch[i], static_cast<int64_t>(batch[i].drafts.size()));
-  }
-  ChunksFed(chunk_inputs);
-
-  for (const size_t i : active) {
-    const VerifySequenceRequest& req = batch[i];
-    VerifySequenceResult& r = results[i];
-    const Planned& p = plan[i];
-    Sequence& s = seqs_[req.seq];
-    const size_t K = req.drafts.size();
-    const size_t M = static_cast<size_t>(req.num_candidates);
-    r.forward_ns = forward_ns;
-    r.position = static_cast<int32_t>(s.tokens.size() - K);
-    int32_t error = kernels::kRowOk;
-    r.argmax.resize(K + 1);
-    for (size_t j = 0; j <= K; ++j) {
-      const int32_t row = p.first_row + static_cast<int32_t>(j);
-      if (error == kernels::kRowOk) error = sampler_.row_error(row);
-      r.argmax[j] = sampler_.argmax(row);
-    }
-    r.p_draft.resize(K);
-    for (size_t j = 0; j < K; ++j)
-      r.p_draft[j] = sampler_.lookup(p.first_lookup + static_cast<int32_t>(j));
-    if (req.sampling.greedy()) {
-      r.bonus_token = r.argmax[K];
-    } else if (error == kernels::kRowOk) {
-      error = sampler_.draw_error(p.bonus_draw);
-      r.bonus_token = sampler_.token(p.bonus_draw);
-      r.candidate_tokens.assign(K, std::vector<int32_t>(M));
-      r.candidate_probs.assign(K, std::vector<float>(M));
-      for (size_t j = 0; j < K; ++j) {
-        for (size_t m = 0; m < M; ++m) {
-          const int32_t draw = p.first_candidate + static_cast<int32_t>(j * M + m);
-          if (error == kernels::kRowOk) error = sampler_.draw_error(draw);
-          r.candidate_tokens[j][m] = sampler_.token(draw);
-          r.candidate_probs[j][m] = sampler_.token_prob(draw);
-        }
-      }
-    }
-    if (error != kernels::kRowOk) {
-      // No half-filled rows: ReadRows and Truncate queries must not read them.
-      ReleaseRows(s);
-      r = VerifySequenceResult();
-      r.seq = req.seq;
-      r.status = RowError(req.seq, error);
-    }
-  }
-  std::vector<LogprobPlan> logprob_plans;
-  for (const size_t i : active) {
-    if (batch[i].logprobs.mode == LogprobsMode::kOff || !results[i].status.ok()) continue;
-    logprob_plans.push_back({&batch[i], &results[i], plan[i].first_row});
-  }
-  if (absl::Status lp = AddLogprobs(logprob_plans); !lp.ok()) {
-    for (const LogprobPlan& l : logprob_plans) {
-      ReleaseRows(seqs_[l.req->seq]);
-      *l.result = VerifySequenceResult();
-      l.result->seq = l.req->seq;
-      l.result->status = lp;
-    }
-  }
-  for (const size_t i : active) finish(i);
-  for (const size_t i : chunked) {
-    results[i].prefilling = true;
-    results[i].forward_ns = forward_ns;
-    finish(i);
-  }
-  return results;
-}
-
 absl::Status WorkerRuntime::AddLogprobs(std::span<const LogprobPlan> plans) {
   if (plans.empty()) return absl::OkStatus();
   const int64_t vocab = engine_->config().vocab_size;
@@ -904,36 +484,51 @@ absl::Status WorkerRuntime::AddLogprobs(std::span<const LogprobPlan> plans) {
     const VerifySequenceRequest& req = *plans[p].req;
     const VerifySequenceResult& r = *plans[p].result;
     Sequence& s = seqs_[req.seq];
-    const size_t K = req.drafts.size();
+    const size_t n = req.drafts.size();
     const bool processed = req.logprobs.mode == LogprobsMode::kProcessed;
     s.logprobs_mode = req.logprobs.mode;
+    // Row j's drafts: a chain's t_{j+1}, a tree node's children. The rows with any are 0..R-1
+    // (a tree's leaves are its last nodes); the rest are leaves, whose bonus is drawn there.
+    std::vector<std::vector<int32_t>> children(n + 1);
+    for (size_t i = 0; i < n; ++i) {
+      const size_t parent_row =
+          req.tree_parents.empty() ? i : static_cast<size_t>(req.tree_parents[i] + 1);
+      children[parent_row].push_back(req.drafts[i]);
+    }
+    size_t with_child = 0;
+    while (with_child <= n && !children[with_child].empty()) ++with_child;
     // The residual fallback emits a token that is none of those below; it asks QueryLogprobs
-    // later, which for raw logprobs needs the penalised rows of positions 1..K.
-    if (!processed && !req.sampling.greedy() && K > 0) {
-      SPECD_ASSIGN_OR_RETURN(s.logit_rows, pool_.Acquire(static_cast<int64_t>(K)));
-      for (size_t j = 0; j < K; ++j) {
+    // later, which for raw logprobs needs the penalised rows that have drafts.
+    if (!processed && !req.sampling.greedy() && with_child > 0) {
+      SPECD_ASSIGN_OR_RETURN(s.logit_rows, pool_.Acquire(static_cast<int64_t>(with_child)));
+      for (size_t j = 0; j < with_child; ++j) {
         SPECD_RETURN_IF_ERROR(engine_->backend().CopyDeviceToDevice(
             pool_.rows() + int64_t{s.logit_rows[j]} * vocab,
             sampler_.penalized(plans[p].first_row + static_cast<int32_t>(j)), vocab * 4));
       }
     }
-    queried[p].resize(K + 1);
-    for (size_t j = 0; j <= K; ++j) {
+    queried[p].resize(n + 1);
+    for (size_t j = 0; j <= n; ++j) {
       const int32_t row = logprob_rows_.AddRow(
           {sampler_.penalized(plans[p].first_row + static_cast<int32_t>(j)), -1},
           req.logprobs.top_n, processed ? s.rows[j] : -1);
       if (j == 0) first_lp_row[p] = row;
-      // Every token the coordinator may emit at this position.
+      // Every token the coordinator may emit from this row.
       std::vector<int32_t>& tokens = queried[p][j];
       auto add = [&tokens](int32_t t) {
         if (std::find(tokens.begin(), tokens.end(), t) == tokens.end()) tokens.push_back(t);
       };
-      if (j < K) add(req.drafts[j]);
+      for (const int32_t t : children[j]) add(t);
       add(r.argmax[j]);
       if (j < r.candidate_tokens.size()) {
         for (const int32_t y : r.candidate_tokens[j]) add(y);
       }
-      if (j == K) add(r.bonus_token);
+      if (j >= with_child) {
+        const size_t leaf = j - with_child;
+        add(req.tree_parents.empty()     ? r.bonus_token
+            : leaf < r.leaf_bonus.size() ? r.leaf_bonus[leaf]
+                                         : r.argmax[j]);
+      }
       for (const int32_t t : tokens) logprob_rows_.AddQuery(row, t);
     }
   }
@@ -1030,16 +625,18 @@ absl::StatusOr<TruncateResult> WorkerRuntime::Truncate(const TruncateSequenceReq
     const int32_t slot = s.rows[static_cast<size_t>(req.query_step - 1)];
     const int64_t vocab = engine_->config().vocab_size;
     sampler_.Clear();
+    std::vector<int32_t> lookup_of;  // -1: outside a reduced head, probability 0
     for (const int32_t y : req.query_tokens) {
       if (y < 0 || y >= vocab) {
         return absl::InvalidArgumentError(
             absl::StrCat("sequence ", seq, ": query token ", y, " is outside [0, ", vocab, ")"));
       }
-      sampler_.AddLookup(slot, y);
+      const int32_t index = vocab_.ToIndex(y);
+      lookup_of.push_back(index < 0 ? -1 : sampler_.AddLookup(slot, index));
     }
     SPECD_RETURN_IF_ERROR(sampler_.Run(nullptr, 0, pool_));
-    for (size_t i = 0; i < req.query_tokens.size(); ++i) {
-      result.q_probs.push_back(sampler_.lookup(static_cast<int32_t>(i)));
+    for (const int32_t lookup : lookup_of) {
+      result.q_probs.push_back(lookup < 0 ? 0.0f : sampler_.lookup(lookup));
     }
   }
   // Both halves or neither: the only failure past the checks above is an unknown sequence.
@@ -1075,7 +672,11 @@ absl::StatusOr<ProbRow> WorkerRuntime::ReadRow(SeqId seq, int32_t step) {
   }
   SPECD_ASSIGN_OR_RETURN(const std::vector<float> row,
                          pool_.ReadRow(s.rows[static_cast<size_t>(step - 1)]));
-  return CompactRow(row);
+  if (vocab_.full()) return CompactRow(row);
+  // A reduced head's row, by its support in token ids (which ascend with the row's indices).
+  ProbRow out = ExtractSupport(row);
+  for (int32_t& id : out.ids) id = vocab_.ToId(id);
+  return out;
 }
 
 absl::Status WorkerRuntime::Release(SeqId seq) {

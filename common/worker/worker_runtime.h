@@ -27,6 +27,7 @@
 #include "base/inverse_cdf.h"
 #include "base/sampling_params.h"
 #include "common/engine/llama_engine.h"
+#include "common/engine/output_vocab.h"
 #include "common/protocol/worker_protocol.h"
 #include "common/sampling/logprob_rows.h"
 #include "common/sampling/row_pool.h"
@@ -66,13 +67,18 @@ class WorkerRuntime {
   // `on_step` once per step and always at least once (the last call has `last` set). Failed
   // sequences are reported once and never disturb the others; sequences that only fed a prefill
   // chunk ride in the first pass and come back `prefilling`. Returns every sequence's outcome.
+  // A sequence with a tree shape drafts its tree one level per step instead (draft_tree.h): its
+  // nodes see only their ancestors, and its K - 1 fed levels stay in the cache until the
+  // coordinator names the accepted branch (KvCompaction). EGAG (entropy_stop) may end a chain
+  // before its K.
   std::vector<SequenceOutcome> Draft(std::span<const DraftSequenceRequest> batch,
                                      const std::function<void(const DraftStep&)>& on_step = {});
 
   // Verifies every sequence in one forward pass, with the prefill chunks of sequences that are
-  // still prefilling (their results come back `prefilling`). `on_result` sees each sequence's
-  // result as soon as it is ready: sequences rejected before the forward pass first, then the
-  // rest in request order. Returns all results in request order.
+  // still prefilling (their results come back `prefilling`); a draft tree's nodes are verified
+  // together, each against its ancestors only. `on_result` sees each sequence's result as soon
+  // as it is ready: sequences rejected before the forward pass first, then the rest in request
+  // order. Returns all results in request order.
   std::vector<VerifySequenceResult> Verify(
       std::span<const VerifySequenceRequest> batch,
       const std::function<void(const VerifySequenceResult&)>& on_result = {});
@@ -90,7 +96,7 @@ class WorkerRuntime {
   // The log-probabilities of `tokens` at verify position `step` (1-based) of the sequence's last
   // Verify, in the LogprobsMode it asked for: what the residual fallback's token needs, since it
   // is none of the tokens Verify reported. FAILED_PRECONDITION when that Verify kept no such row
-  // (raw logprobs keep the penalised rows of positions 1..K of sampled requests only).
+  // (raw logprobs keep the penalised rows that have drafts, of sampled requests only).
   absl::StatusOr<std::vector<float>> QueryLogprobs(SeqId seq, int32_t step,
                                                    std::span<const int32_t> tokens);
 
@@ -105,6 +111,8 @@ class WorkerRuntime {
   KvFree kv_free() const;
 
   const LlamaEngine& engine() const { return *engine_; }
+  // The tokens this worker's rows cover: all of them, or a draft's reduced head (FR-Spec).
+  const OutputVocab& output_vocab() const { return vocab_; }
   int64_t num_sequences() const { return static_cast<int64_t>(seqs_.size()); }
 
  private:
@@ -180,10 +188,17 @@ class WorkerRuntime {
                                 const std::function<absl::Status()>& add_work, int64_t* forward_ns);
   void ReportForward(ForwardKind kind, std::span<const SequenceInput> batch,
                      absl::Duration elapsed);
-  // Adds the processed row of logit row `row` of this pass for `s` with the first `len` tokens as
-  // history, into a new kept slot of `s`.
-  void AddKeptRow(Sequence& s, size_t len, const SamplingParams& params, kernels::RowMode mode,
-                  int32_t slot);
+  // Adds the next processed row of this pass with `history` (prompt + output so far, this
+  // round's drafts included) into pool slot `slot`; returns its sampler row. Token ids become row
+  // indices on a reduced head.
+  int32_t AddRow(const Sequence& s, std::span<const int32_t> history, const SamplingParams& params,
+                 kernels::RowMode mode, int32_t slot);
+  // The same into a new kept slot of `s`, with the first `len` tokens of `s` as history.
+  int32_t AddKeptRow(Sequence& s, size_t len, const SamplingParams& params, kernels::RowMode mode,
+                     int32_t slot);
+  // Applies `compact` and drops what is past `keep` tokens of a known sequence.
+  absl::Status CompactAndTruncate(SeqId seq, Sequence& s, const KvCompaction& compact,
+                                  int64_t keep);
   void ReleaseRows(Sequence& s);
   // Fills the logprobs of `plans` from the pass just sampled (its penalised rows).
   absl::Status AddLogprobs(std::span<const LogprobPlan> plans);
@@ -194,6 +209,7 @@ class WorkerRuntime {
   void ReportKv();
 
   std::unique_ptr<LlamaEngine> engine_;
+  OutputVocab vocab_;
   WorkerRuntimeOptions options_;
   absl::flat_hash_map<SeqId, Sequence> seqs_;
   RowPool pool_;

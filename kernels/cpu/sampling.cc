@@ -65,6 +65,46 @@ absl::Status CheckRowSampling(const ProcessRowsArgs& a, int64_t r) {
   return absl::OkStatus();
 }
 
+// The n tokens of `w` with the largest values, by (value desc, id asc), into `out`. NaN-free.
+void TopTokens(std::span<const float> w, int32_t n, int32_t* out) {
+  int32_t count = 0;
+  for (int32_t i = 0; i < static_cast<int32_t>(w.size()); ++i) {
+    const float v = w[static_cast<size_t>(i)];
+    if (count == n && !(v > w[static_cast<size_t>(out[n - 1])])) continue;
+    // Ids arrive in ascending order, so an equal value goes after the ones already kept.
+    int32_t at = count < n ? count++ : n - 1;
+    while (at > 0 && v > w[static_cast<size_t>(out[at - 1])]) {
+      out[at] = out[at - 1];
+      --at;
+    }
+    out[at] = i;
+  }
+}
+
+// −Σ s ln s / ln V for s = softmax(w), in fp64 over fp32 exponentials (processed.h, step 4).
+float NormalizedEntropy(std::span<const float> w) {
+  if (w.size() < 2) return 0.0f;
+  float m = -kInf;
+  for (const float x : w) m = std::max(m, x);
+  if (m == -kInf) return 0.0f;  // no distribution: nothing to be unsure about
+  double sum = 0.0;
+  double weighted = 0.0;
+  if (m == kInf) {
+    // The limit: the mass is spread evenly over the +inf logits.
+    sum = static_cast<double>(std::count(w.begin(), w.end(), kInf));
+  } else {
+    for (const float x : w) {
+      const float d = x - m;
+      const float e = ExpForSoftmax(d);
+      if (e == 0.0f) continue;
+      sum += static_cast<double>(e);
+      weighted += static_cast<double>(e) * static_cast<double>(d);
+    }
+  }
+  const double entropy = std::log(sum) - weighted / sum;
+  return static_cast<float>(std::max(entropy, 0.0) / std::log(static_cast<double>(w.size())));
+}
+
 // One row of ProcessRows; returns its RowError.
 int32_t ProcessOneRow(const ProcessRowsArgs& a, int64_t r) {
   thread_local LogitsProcessor processor;
@@ -81,8 +121,10 @@ int32_t ProcessOneRow(const ProcessRowsArgs& a, int64_t r) {
   }
   const TokenHistory history{{a.history + rs.prompt_begin, static_cast<size_t>(rs.prompt_len)},
                              {a.history + rs.output_begin, static_cast<size_t>(rs.output_len)}};
+  if (a.entropy != nullptr) a.entropy[r] = NormalizedEntropy(logits);
   if (!processor.Penalize(logits, rs.params, history, penalized).ok()) return kRowBadHistory;
   a.argmax[r] = ArgMaxLowestId(penalized);
+  if (a.top_n > 0) TopTokens(penalized, a.top_n, a.top_ids + r * a.top_n);
 
   const std::span<float> probs(a.probs + int64_t{rs.prob_slot} * a.vocab,
                                static_cast<size_t>(a.vocab));
@@ -181,6 +223,12 @@ absl::Status CpuProcessRows(const ProcessRowsArgs& a, const CpuContext& ctx) {
   SPECD_RETURN_IF_ERROR(CheckNotNull(kOp, "probs", a.probs));
   SPECD_RETURN_IF_ERROR(CheckNotNull(kOp, "argmax", a.argmax));
   SPECD_RETURN_IF_ERROR(CheckNotNull(kOp, "error", a.error));
+  if (a.top_n < 0 || a.top_n > kMaxTopTokens || a.top_n > a.vocab) {
+    return absl::InvalidArgumentError(absl::StrCat(kOp, ": top_n must be in [0, ",
+                                                   std::min<int64_t>(kMaxTopTokens, a.vocab),
+                                                   "], got ", a.top_n));
+  }
+  if (a.top_n > 0) SPECD_RETURN_IF_ERROR(CheckNotNull(kOp, "top_ids", a.top_ids));
   for (int64_t r = 0; r < a.n_rows; ++r) SPECD_RETURN_IF_ERROR(CheckRowSampling(a, r));
   ctx.pool->ParallelFor(a.n_rows, 1, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) a.error[r] = ProcessOneRow(a, r);

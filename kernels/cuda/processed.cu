@@ -1,5 +1,6 @@
 #include "kernels/cuda/processed.h"
 
+#include <algorithm>
 #include <cstdint>
 
 #include "absl/strings/str_cat.h"
@@ -132,6 +133,34 @@ __global__ void __launch_bounds__(kThreads)
     return;
   }
 
+  // The normalized entropy of softmax(logits) at temperature 1 (EGAG), as the CPU computes it
+  // up to the order of the fp64 sums.
+  if (a.entropy != nullptr) {
+    float lm = -kInf;
+    for (int64_t i = tid; i < V; i += kThreads) lm = fmaxf(lm, logits[i]);
+    lm = BlockMax(lm, s.f, -kInf);
+    double sum = 0.0;
+    double weighted = 0.0;
+    if (lm == kInf) {
+      sum = static_cast<double>(CountIf(V, s, [&](int64_t i) { return logits[i] == kInf; }));
+    } else if (lm != -kInf) {
+      sum = SumIf(V, s, [&](int64_t i) {
+        return static_cast<double>(ExpNonPositive(__fsub_rn(logits[i], lm)));
+      });
+      __syncthreads();
+      weighted = SumIf(V, s, [&](int64_t i) {
+        const float d = __fsub_rn(logits[i], lm);
+        const float e = ExpNonPositive(d);
+        return e == 0.0f ? 0.0 : static_cast<double>(e) * static_cast<double>(d);
+      });
+    }
+    if (tid == 0) {
+      const double h = lm == -kInf || V < 2 ? 0.0 : fmax(log(sum) - weighted / sum, 0.0);
+      a.entropy[r] = V < 2 ? 0.0f : static_cast<float>(h / log(static_cast<double>(V)));
+    }
+    __syncthreads();
+  }
+
   // 1. Penalties into `work` (the penalized row when asked for, else the pool slot), using it
   // first as per-token counts: bit 31 = seen in prompt or output, low bits = output count.
   const float rep = params.repetition_penalty;
@@ -187,6 +216,24 @@ __global__ void __launch_bounds__(kThreads)
   }
   best = BlockArgMax(best, s.f, s.i);
   if (tid == 0) a.argmax[r] = best.id;
+
+  // 2b. The top_n tokens by penalised logit, (value desc, id asc): each round takes the best
+  // entry after the previous one.
+  float prev_v = kInf;
+  int32_t prev_id = -1;
+  for (int32_t j = 0; j < a.top_n; ++j) {
+    ArgMax next{-kInf, 0x7fffffff};
+    for (int64_t i = tid; i < V; i += kThreads) {
+      const float v = w[i];
+      if (v < prev_v || (v == prev_v && i > prev_id)) {
+        next = Better(next, ArgMax{v, static_cast<int32_t>(i)});
+      }
+    }
+    next = BlockArgMax(next, s.f, s.i);
+    if (tid == 0) a.top_ids[r * a.top_n + j] = next.id;
+    prev_v = next.value;
+    prev_id = next.id;
+  }
 
   const auto one_hot = [&](int32_t at) {
     __syncthreads();  // every read of the row is done
@@ -360,6 +407,12 @@ absl::Status LaunchProcessRows(const ProcessRowsArgs& a, const CudaContext& ctx,
   SPECD_RETURN_IF_ERROR(cpu::CheckNotNull(kOp, "probs", a.probs));
   SPECD_RETURN_IF_ERROR(cpu::CheckNotNull(kOp, "argmax", a.argmax));
   SPECD_RETURN_IF_ERROR(cpu::CheckNotNull(kOp, "error", a.error));
+  if (a.top_n < 0 || a.top_n > kMaxTopTokens || a.top_n > a.vocab) {
+    return absl::InvalidArgumentError(absl::StrCat(kOp, ": top_n must be in [0, ",
+                                                   std::min<int64_t>(kMaxTopTokens, a.vocab),
+                                                   "], got ", a.top_n));
+  }
+  if (a.top_n > 0) SPECD_RETURN_IF_ERROR(cpu::CheckNotNull(kOp, "top_ids", a.top_ids));
   SPECD_RETURN_IF_ERROR(cpu::CheckNoOverlap(kOp, "probs", a.probs, a.prob_capacity * a.vocab * 4,
                                             "logits", a.logits, a.n_rows * a.vocab * 4));
   if (a.n_rows > 0x7fffffff) return absl::InvalidArgumentError("ProcessRows: n_rows too large");

@@ -20,6 +20,11 @@ void EncodeSequence(const SequenceRequest& r, ProtoSequence* out) {
   out->set_drop_tail(r.drop_tail);
   out->set_max_prefill_tokens(r.max_prefill_tokens);
   out->set_sample(r.sample);
+  if (!r.compact.empty()) {
+    out->mutable_compact()->set_tree_start(r.compact.tree_start);
+    out->mutable_compact()->mutable_kept_nodes()->Add(r.compact.kept_nodes.begin(),
+                                                      r.compact.kept_nodes.end());
+  }
   if (r.companion.has_value()) {
     pb::Companion* c = out->mutable_companion();
     c->set_seq_id(r.companion->seq);
@@ -40,6 +45,11 @@ void DecodeSequence(const ProtoSequence& proto, SequenceRequest* out) {
   out->drop_tail = proto.drop_tail();
   out->max_prefill_tokens = proto.max_prefill_tokens();
   out->sample = proto.sample();
+  if (proto.has_compact()) {
+    out->compact.tree_start = proto.compact().tree_start();
+    out->compact.kept_nodes.assign(proto.compact().kept_nodes().begin(),
+                                   proto.compact().kept_nodes().end());
+  }
   if (proto.has_companion()) {
     const pb::Companion& c = proto.companion();
     out->companion = CompanionRequest{
@@ -132,6 +142,15 @@ void Encode(const DraftSequenceRequest& request, pb::DraftSequence* out) {
   out->set_draft_sampling(request.draft_sampling == DraftSampling::kGreedy
                               ? pb::DRAFT_SAMPLING_GREEDY
                               : pb::DRAFT_SAMPLING_PROBABILISTIC);
+  if (request.tree.is_tree()) {
+    out->mutable_tree()->set_branching(request.tree.branching);
+    out->mutable_tree()->set_depth(request.tree.depth);
+  }
+  if (request.entropy_stop.enabled) {
+    out->set_egag(true);
+    out->set_egag_min_tokens(request.entropy_stop.min_tokens);
+    out->set_egag_threshold(request.entropy_stop.threshold);
+  }
 }
 
 DraftSequenceRequest Decode(const pb::DraftSequence& proto) {
@@ -141,12 +160,16 @@ DraftSequenceRequest Decode(const pb::DraftSequence& proto) {
   r.draft_sampling = proto.draft_sampling() == pb::DRAFT_SAMPLING_GREEDY
                          ? DraftSampling::kGreedy
                          : DraftSampling::kProbabilistic;
+  r.tree = {proto.tree().branching(), proto.tree().depth()};
+  r.entropy_stop = {proto.egag(), proto.egag_min_tokens(), proto.egag_threshold()};
+  if (!r.entropy_stop.enabled) r.entropy_stop = EntropyStop();
   return r;
 }
 
 void Encode(const VerifySequenceRequest& request, pb::VerifySequence* out) {
   EncodeSequence(request, out);
   out->mutable_draft_tokens()->Add(request.drafts.begin(), request.drafts.end());
+  out->mutable_tree_parents()->Add(request.tree_parents.begin(), request.tree_parents.end());
   out->set_num_candidates(request.num_candidates);
   out->set_prefill_only(request.prefill_only);
   if (request.logprobs.mode != LogprobsMode::kOff) {
@@ -161,6 +184,7 @@ VerifySequenceRequest Decode(const pb::VerifySequence& proto) {
   VerifySequenceRequest r;
   DecodeSequence(proto, &r);
   r.drafts.assign(proto.draft_tokens().begin(), proto.draft_tokens().end());
+  r.tree_parents.assign(proto.tree_parents().begin(), proto.tree_parents().end());
   r.num_candidates = proto.num_candidates();
   r.prefill_only = proto.prefill_only();
   r.logprobs.mode = proto.logprobs().mode() == pb::LOGPROBS_MODE_RAW ? LogprobsMode::kRaw
@@ -252,10 +276,11 @@ absl::Status Validate(const pb::VerifyRequest& request) {
     return st;
   }
   for (const pb::VerifySequence& s : request.sequences()) {
-    if (s.draft_tokens_size() > kMaxSpeculativeTokens) {
+    const int limit = s.tree_parents().empty() ? kMaxSpeculativeTokens : kMaxTreeNodes;
+    if (s.draft_tokens_size() > limit) {
       return absl::InvalidArgumentError(
           absl::StrCat("Verify: seq_id ", s.seq_id(), " has ", s.draft_tokens_size(),
-                       " draft_tokens, at most ", kMaxSpeculativeTokens, " are allowed"));
+                       " draft_tokens, at most ", limit, " are allowed"));
     }
     if (s.num_candidates() > kMaxCandidates) {
       return absl::InvalidArgumentError(
@@ -304,6 +329,7 @@ void Encode(const VerifySequenceResult& result, const KvFree& free, pb::VerifyRe
   out->mutable_p_draft()->Assign(result.p_draft.begin(), result.p_draft.end());
   out->mutable_argmax()->Assign(result.argmax.begin(), result.argmax.end());
   out->set_bonus_token(result.bonus_token);
+  out->mutable_leaf_bonus_tokens()->Assign(result.leaf_bonus.begin(), result.leaf_bonus.end());
   for (size_t i = 0; i < result.candidate_tokens.size(); ++i) {
     pb::Candidates* c = out->add_candidates();
     c->mutable_tokens()->Assign(result.candidate_tokens[i].begin(),
@@ -335,6 +361,7 @@ VerifySequenceResult Decode(const pb::VerifyResult& proto, int64_t forward_ns) {
   r.p_draft.assign(proto.p_draft().begin(), proto.p_draft().end());
   r.argmax.assign(proto.argmax().begin(), proto.argmax().end());
   r.bonus_token = proto.bonus_token();
+  r.leaf_bonus.assign(proto.leaf_bonus_tokens().begin(), proto.leaf_bonus_tokens().end());
   for (const pb::Candidates& c : proto.candidates()) {
     r.candidate_tokens.emplace_back(c.tokens().begin(), c.tokens().end());
     r.candidate_probs.emplace_back(c.p_probs().begin(), c.p_probs().end());
@@ -358,6 +385,7 @@ void Encode(const DraftStep& step, const KvFree& free, pb::DraftResponse* out) {
     token->set_seq_id(t.seq);
     token->set_token(t.token);
     token->set_q_prob(t.q_prob);
+    token->set_entropy(t.entropy);
   }
   for (const SequenceOutcome& f : step.failed) {
     pb::DraftToken* token = encoded->add_tokens();
@@ -384,7 +412,7 @@ std::vector<DecodedDraftStep> Decode(const pb::DraftResponse& proto) {
       if (t.has_status() && t.status().code() != 0) {
         step.failed.push_back({t.seq_id(), Decode(t.status()), 0});
       } else {
-        step.tokens.push_back({t.seq_id(), t.token(), t.q_prob()});
+        step.tokens.push_back({t.seq_id(), t.token(), t.q_prob(), t.entropy()});
       }
     }
   }

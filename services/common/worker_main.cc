@@ -23,6 +23,7 @@
 #include "base/status_macros.h"
 #include "common/engine/llama_engine.h"
 #include "common/model/config.h"
+#include "common/tokenizer/token_ranking.h"
 #include "common/tokenizer/tokenizer.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
@@ -40,6 +41,14 @@ std::vector<FlagSpec> WorkerFlags() {
       {"model", "model directory (Hugging Face format)", "", false, true},
       {"exit-layer", "run only the first L layers (early-exit self-speculation draft); 0 = all",
        "0"},
+      {"draft-vocab",
+       "draft worker only: compute logits for the N most frequent tokens only (FR-Spec's "
+       "reduced head), ranked by --draft-vocab-file or else by the tokenizer; 0 = all tokens",
+       "0"},
+      {"draft-vocab-file",
+       "token-frequency file for --draft-vocab (\"TOKEN_ID<TAB>COUNT\" lines; `specd "
+       "token-freq` measures one from the target's generations)",
+       ""},
       {"kv-tokens", "KV cache capacity in tokens, across all sequences", "16384"},
       {"kv-block-size", "tokens per KV cache block", "16"},
       {"max-seq-len", "longest sequence served; 0 = the model's max_position_embeddings", "0"},
@@ -76,6 +85,8 @@ struct WorkerConfig {
   std::string listen;
   std::filesystem::path model;
   int64_t exit_layer = 0;
+  int64_t draft_vocab = 0;
+  std::filesystem::path draft_vocab_file;
   kernels::BackendOptions backend;
   int64_t metrics_port = 0;
   int64_t drain_seconds = 10;
@@ -92,6 +103,11 @@ absl::StatusOr<WorkerConfig> ReadConfig(const Flags& flags) {
   }
   c.model = flags.Get("model");
   SPECD_ASSIGN_OR_RETURN(c.exit_layer, flags.GetInt("exit-layer", 0, 1 << 20));
+  SPECD_ASSIGN_OR_RETURN(c.draft_vocab, flags.GetInt("draft-vocab", 0, int64_t{1} << 31));
+  c.draft_vocab_file = flags.Get("draft-vocab-file");
+  if (!c.draft_vocab_file.empty() && c.draft_vocab == 0) {
+    return absl::InvalidArgumentError("--draft-vocab-file needs --draft-vocab N");
+  }
   SPECD_ASSIGN_OR_RETURN(c.engine.kv_capacity_tokens,
                          flags.GetInt("kv-tokens", 1, int64_t{1} << 40));
   SPECD_ASSIGN_OR_RETURN(c.engine.kv_block_size, flags.GetInt("kv-block-size", 1, 1 << 16));
@@ -170,6 +186,7 @@ absl::StatusOr<pb::InfoResponse> StaticInfo(const WorkerMainSpec& spec, const Wo
   info.set_max_candidates(kMaxCandidates);
   info.set_kv_dtype(std::string(kernels::KvDTypeFlagName(engine.kv_dtype())));
   info.set_kv_bytes_per_token(engine.kv_bytes_per_token());
+  info.set_output_vocab_size(engine.logits_width());
   for (const char* file : {"tokenizer.json", "tokenizer_config.json", "generation_config.json"}) {
     if (!std::filesystem::exists(dir / file)) continue;
     SPECD_ASSIGN_OR_RETURN(std::string text, ReadFile(dir / file));
@@ -204,6 +221,22 @@ absl::StatusOr<std::unique_ptr<LlamaEngine>> LoadEngine(const WorkerMainSpec& sp
   const auto start = std::chrono::steady_clock::now();
   LoadOptions load;
   load.exit_layer = config.exit_layer;
+  if (config.draft_vocab > 0) {
+    if (spec.role != pb::WORKER_ROLE_DRAFT) {
+      return absl::InvalidArgumentError(
+          "--draft-vocab is for the draft worker: verifying needs every token's logit");
+    }
+    const absl::StatusOr<ModelConfig> model_config = LoadModelConfig(config.model);
+    if (!model_config.ok()) return model_config.status();
+    SPECD_ASSIGN_OR_RETURN(load.output_vocab,
+                           SelectOutputVocab(config.model, model_config->vocab_size,
+                                             config.draft_vocab, config.draft_vocab_file));
+    std::cerr << spec.program << ": the classifier keeps " << config.draft_vocab << " of "
+              << model_config->vocab_size << " tokens, ranked by "
+              << (config.draft_vocab_file.empty() ? std::string("the tokenizer")
+                                                  : config.draft_vocab_file.string())
+              << std::endl;
+  }
   int last_decile = -1;
   load.progress = [&](int64_t done, int64_t total) {
     const int decile = total > 0 ? static_cast<int>(10 * done / total) : 10;

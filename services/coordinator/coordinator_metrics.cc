@@ -119,6 +119,12 @@ CoordinatorMetrics::CoordinatorMetrics(int max_position)
                                 "Accepted / drafted tokens of one finished request", RateBuckets());
   accepted_length_ = &histogram("specd_spec_decode_accepted_length",
                                 "Draft tokens accepted in one sequence round", LengthBuckets());
+  draft_length_ = &histogram("specd_spec_decode_draft_length",
+                             "Realized K (drafts, or a tree's depth) of one sequence round that "
+                             "drafted: with EGAG the draft's entropy sets it",
+                             LengthBuckets());
+  egag_stops_ = &counter("specd_spec_decode_egag_early_stops_total",
+                         "Sequence rounds whose draft EGAG stopped before the round's K");
   finished_family_ = &prometheus::BuildCounter()
                           .Name("specd_request_success_total")
                           .Help("Requests that finished, by finish reason")
@@ -269,6 +275,11 @@ void CoordinatorMetrics::OnKChoice(int32_t k, absl::string_view reason, double a
   adaptive_k_->Set(k);
   adaptive_alpha_->Set(alpha);
   k_choices_family_->Add({{"reason", std::string(reason)}}).Increment();
+}
+
+void CoordinatorMetrics::OnDraftLength(int32_t k, bool entropy_stopped) {
+  draft_length_->Observe(k);
+  if (entropy_stopped) egag_stops_->Increment();
 }
 
 void CoordinatorMetrics::OnRoundPhase(Phase phase, absl::Duration elapsed) {

@@ -82,6 +82,9 @@ class CoordinatorMetrics final {
   // The adaptive-K controller planned a round at K = `k` for `reason` (KChoiceReasonName) while
   // estimating the per-token acceptance `alpha`.
   void OnKChoice(int32_t k, absl::string_view reason, double alpha);
+  // One sequence drafted K = `k` in a round (the realized K distribution); `entropy_stopped`
+  // when EGAG ended its draft early.
+  void OnDraftLength(int32_t k, bool entropy_stopped);
 
   // The Prometheus text exposition of every metric, as a scrape would see it.
   std::string Text() const;
@@ -102,6 +105,8 @@ class CoordinatorMetrics final {
   std::array<prometheus::Counter*, kNumGuidanceKinds> guided_requests_{};
   prometheus::Histogram* acceptance_rate_;
   prometheus::Histogram* accepted_length_;
+  prometheus::Histogram* draft_length_;
+  prometheus::Counter* egag_stops_;
   prometheus::Family<prometheus::Counter>* finished_family_;
   prometheus::Family<prometheus::Counter>* errors_family_;
   prometheus::Counter* prompt_tokens_;

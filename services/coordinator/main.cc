@@ -45,7 +45,20 @@ std::vector<FlagSpec> CoordinatorFlags() {
   return {
       {"listen", "public gRPC address host:port; port 0 picks a free one", "127.0.0.1:50051"},
       {"target", "target worker address host:port", "", false, true},
-      {"draft", "draft worker address host:port; without one, decoding is plain (K = 0)", ""},
+      {"draft",
+       "draft worker address host:port; without one, model drafting is plain decoding (K = 0)", ""},
+      {"draft-method",
+       "who drafts when a request does not say: model (the draft worker) or ngram (prompt "
+       "lookup by the coordinator, no draft worker needed)",
+       "model"},
+      {"ngram-min", "prompt lookup: the shortest suffix (in tokens) matched", "1"},
+      {"ngram-max", "prompt lookup: the longest suffix (in tokens) matched, tried first", "4"},
+      {"egag",
+       "entropy-guided adaptive draft length for requests that do not say (model chains only)", "",
+       true},
+      {"egag-ema-beta", "EGAG: weight of the past in the per-request entropy average h", "0.5"},
+      {"egag-threshold", "EGAG: stop drafting once the normalized entropy exceeds this", "0.6"},
+      {"egag-min-tokens", "EGAG: drafts a round always makes (gamma_min)", "1"},
       {"default-k", "num_speculative_tokens when a request does not say", "4"},
       {"max-k", "largest num_speculative_tokens a request may ask for", "16"},
       {"num-candidates", "residual candidates M the target draws per draft position", "4"},
@@ -252,6 +265,36 @@ int Run(int argc, char** argv) {
               << ")\n";
     return 2;
   }
+  const std::string draft_method = flags->Get("draft-method");
+  if (draft_method != "model" && draft_method != "ngram") {
+    std::cerr << kProgram << ": --draft-method must be model or ngram, got '" << draft_method
+              << "'\n";
+    return 2;
+  }
+  NgramOptions ngram;
+  EgagOptions egag;
+  {
+    const absl::StatusOr<int64_t> min_n = flags->GetInt("ngram-min", 1, 64);
+    const absl::StatusOr<int64_t> max_n = flags->GetInt("ngram-max", 1, 64);
+    const absl::StatusOr<double> beta = flags->GetDouble("egag-ema-beta");
+    const absl::StatusOr<double> threshold = flags->GetDouble("egag-threshold");
+    const absl::StatusOr<int64_t> min_tokens = flags->GetInt("egag-min-tokens", 1, 64);
+    absl::Status st = min_n.status();
+    for (const absl::Status& s :
+         {max_n.status(), beta.status(), threshold.status(), min_tokens.status()}) {
+      if (st.ok()) st = s;
+    }
+    if (st.ok()) {
+      ngram = {static_cast<int32_t>(*min_n), static_cast<int32_t>(*max_n)};
+      egag = {*beta, *threshold, static_cast<int32_t>(*min_tokens)};
+      st = ValidateNgramOptions(ngram);
+    }
+    if (st.ok()) st = ValidateEgagOptions(egag);
+    if (!st.ok()) {
+      std::cerr << kProgram << ": " << st.message() << "\n";
+      return 2;
+    }
+  }
   absl::StatusOr<PublicApiConfig> api = ReadPublicApiConfig(*flags);
   if (!api.ok()) {
     std::cerr << kProgram << ": " << api.status().message() << "\n";
@@ -420,6 +463,9 @@ int Run(int argc, char** argv) {
   state.limits.default_num_speculative_tokens = static_cast<int32_t>(default_k);
   state.limits.max_num_speculative_tokens = static_cast<int32_t>(max_k);
   state.limits.has_draft = draft != nullptr;
+  state.limits.default_draft_method =
+      draft_method == "ngram" ? DraftMethod::kNgram : DraftMethod::kModel;
+  state.limits.default_egag = flags->GetBool("egag");
   state.limits.max_prompt_tokens = api->max_prompt_tokens;
   state.limits.max_new_tokens_limit = api->max_new_tokens_limit;
   SchedulerOptions so;
@@ -429,6 +475,8 @@ int Run(int argc, char** argv) {
   so.num_candidates = static_cast<int32_t>(num_candidates);
   so.prefill_chunk = *prefill_chunk;
   so.eos_token_ids = eos;
+  so.ngram = ngram;
+  so.egag = egag;
   so.worker_unavailable_timeout = absl::Seconds(static_cast<double>(*unavailable_s));
   so.on_worker_event = [](const std::string& event) {
     // One write: specd serve's children share a stderr, and pieces would interleave mid-line.
@@ -447,6 +495,9 @@ int Run(int argc, char** argv) {
   so.on_k_choice = [&metrics](const KChoice& choice, double alpha) {
     metrics.OnKChoice(choice.k, KChoiceReasonName(choice.reason), alpha);
   };
+  so.on_draft_length = [&metrics](int32_t k, bool entropy_stopped) {
+    metrics.OnDraftLength(k, entropy_stopped);
+  };
   // Without a draft worker every request runs with K = 0 and never calls it; the target stands
   // in so the scheduler always has two workers.
   WorkerApi& draft_api = draft ? static_cast<WorkerApi&>(*draft) : **target;
@@ -457,7 +508,12 @@ int Run(int argc, char** argv) {
                          [&scheduler] { return scheduler.waiting(); });
   *state.info.mutable_target() = ModelInfoOf(ti);
   if (draft) *state.info.mutable_draft() = ModelInfoOf(draft->info());
-  state.info.set_default_num_speculative_tokens(static_cast<uint32_t>(draft ? default_k : 0));
+  const bool drafts = draft != nullptr || state.limits.default_draft_method == DraftMethod::kNgram;
+  state.info.set_default_num_speculative_tokens(static_cast<uint32_t>(drafts ? default_k : 0));
+  state.info.set_default_draft_method(state.limits.default_draft_method == DraftMethod::kNgram
+                                          ? v1::DRAFT_METHOD_NGRAM
+                                          : v1::DRAFT_METHOD_MODEL);
+  state.info.set_default_egag(state.limits.default_egag);
   state.info.set_max_num_speculative_tokens(static_cast<uint32_t>(max_k));
   state.info.set_default_max_new_tokens(static_cast<uint32_t>(default_max_new));
   state.info.set_max_running_requests(static_cast<uint32_t>(max_running));
@@ -475,7 +531,7 @@ int Run(int argc, char** argv) {
   std::cerr << kProgram << ": serving on " << host << ":" << port << " (target "
             << flags->Get("target")
             << (draft ? absl::StrCat(", draft ", flags->Get("draft")) : std::string(", no draft"))
-            << "; " << (api->tls ? "TLS" : "plaintext") << ", "
+            << ", drafting by " << draft_method << "; " << (api->tls ? "TLS" : "plaintext") << ", "
             << (api->options.auth.enabled() ? "bearer token required" : "no token")
             << (http_server != nullptr
                     ? absl::StrCat("; HTTP API on port ", http_server->port(), " as model '",

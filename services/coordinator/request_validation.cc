@@ -310,7 +310,61 @@ absl::StatusOr<GenerationRequest> BuildGenerationRequest(const v1::GenerateReque
                    absl::StrCat("num_speculative_tokens must be in [0, ",
                                 limits.max_num_speculative_tokens, "], got ", k));
   }
-  out.num_speculative_tokens = limits.has_draft ? static_cast<int32_t>(k) : 0;
+  if (!v1::DraftMethod_IsValid(spec.draft_method())) {
+    return Invalid(names.draft_method, absl::StrCat(names.draft_method, " ", spec.draft_method(),
+                                                    " is not a DraftMethod"));
+  }
+  switch (spec.draft_method()) {
+    case v1::DRAFT_METHOD_MODEL:
+      if (!limits.has_draft) {
+        return Invalid(names.draft_method,
+                       absl::StrCat(names.draft_method,
+                                    ": model drafting needs a draft worker, and this server has "
+                                    "none (it drafts by prompt lookup, ngram)"));
+      }
+      out.draft_method = DraftMethod::kModel;
+      break;
+    case v1::DRAFT_METHOD_NGRAM:
+      out.draft_method = DraftMethod::kNgram;
+      break;
+    default:
+      out.draft_method = limits.default_draft_method;
+      break;
+  }
+  // A server without a draft worker whose default is model drafting decodes plainly.
+  const bool can_draft = out.draft_method == DraftMethod::kNgram || limits.has_draft;
+  out.num_speculative_tokens = can_draft ? static_cast<int32_t>(k) : 0;
+  if (spec.has_tree()) {
+    if (out.draft_method != DraftMethod::kModel) {
+      return Invalid(names.tree, absl::StrCat(names.tree,
+                                              " needs model drafting: prompt lookup (ngram) "
+                                              "proposes one chain"));
+    }
+    if (out.guidance.has_value()) {
+      // A tree's nodes and their KV compaction have no companion counterpart yet.
+      return Invalid(names.tree, absl::StrCat(names.tree,
+                                              " cannot be combined with guidance: guided requests "
+                                              "draft one chain"));
+    }
+    out.tree = {static_cast<int32_t>(std::min<uint32_t>(spec.tree().branching(), 1u << 20)),
+                static_cast<int32_t>(std::min<uint32_t>(spec.tree().depth(), 1u << 20))};
+    if (absl::Status st =
+            ValidateTreeShape(out.tree, static_cast<int32_t>(k), std::string(names.tree).c_str());
+        !st.ok()) {
+      return Invalid(names.tree, std::string(st.message()));
+    }
+  }
+  if (spec.has_egag() && spec.egag()) {
+    if (out.draft_method != DraftMethod::kModel || out.tree.is_tree()) {
+      return Invalid(names.egag,
+                     absl::StrCat(names.egag,
+                                  " needs a chain of model drafts (model drafting "
+                                  "without ",
+                                  names.tree, "): it follows the draft model's entropy"));
+    }
+  }
+  out.egag = (spec.has_egag() ? spec.egag() : limits.default_egag) &&
+             out.draft_method == DraftMethod::kModel && !out.tree.is_tree();
   if (!v1::DraftSampling_IsValid(spec.draft_sampling())) {
     return Invalid("speculation.draft_sampling",
                    absl::StrCat("speculation.draft_sampling ", spec.draft_sampling(),

@@ -29,7 +29,11 @@ struct ServerLimits {
   int64_t max_new_tokens_limit = 0;
   int64_t max_stop_strings = 16;
   int64_t max_stop_string_bytes = 256;
-  bool has_draft = true;  // without a draft worker K is always 0
+  bool has_draft = true;  // a draft worker serves DRAFT_METHOD_MODEL
+  // What DRAFT_METHOD_UNSPECIFIED means (--draft-method): kModel needs a draft worker; without
+  // one and with kModel, K is always 0.
+  DraftMethod default_draft_method = DraftMethod::kModel;
+  bool default_egag = false;  // what an unset speculation.egag means (--egag)
 };
 
 // How error messages name the fields whose names differ between the two public APIs: the gRPC
@@ -39,6 +43,9 @@ struct FieldNames {
   absl::string_view max_new_tokens = "max_new_tokens";
   absl::string_view stop = "stop";
   absl::string_view top_logprobs = "logprobs.top_logprobs";
+  absl::string_view draft_method = "speculation.draft_method";
+  absl::string_view tree = "speculation.tree";
+  absl::string_view egag = "speculation.egag";
   absl::string_view guidance_text = "guidance.unconditional_text";
   absl::string_view guidance_ids = "guidance.unconditional_token_ids";
 };

@@ -75,13 +75,13 @@ void Scheduler::Cancel(RequestHandle handle) {
 
 void Scheduler::ReleaseOnWorkers(Active& a, bool gone) {
   // A sequence the worker never saw (or lost in a restart) is NOT_FOUND there: nothing to free.
-  if (draft_ != nullptr &&
+  if (draft_ != nullptr && a.seq.uses_draft_worker() &&
       (a.seq.draft_cached > 0 || a.seq.num_speculative_tokens > 0 || a.draft_in_doubt)) {
     ReleaseOn(*draft_, a, gone);
   }
   ReleaseOn(*target_, a, gone);
-  a.seq.draft_cached = 0;
-  a.seq.target_cached = 0;
+  a.seq.ResetDraftCache(0);
+  a.seq.ResetTargetCache(0);
   if (a.seq.guidance.has_value()) {
     // Release frees the companion with its sequence.
     a.seq.guidance->draft_cached = 0;
@@ -198,6 +198,11 @@ void Scheduler::StartSequence(Active& a) {
   a.seq.num_speculative_tokens = a.request.num_speculative_tokens;
   a.seq.done_len = a.seq.prompt_len + a.request.max_new_tokens;
   a.seq.draft_sampling = a.request.draft_sampling;
+  a.seq.draft_method = a.request.draft_method;
+  a.seq.ngram = options_.ngram;
+  a.seq.tree = a.request.tree;
+  a.seq.egag.enabled = a.request.egag;
+  a.seq.egag.options = options_.egag;
   a.seq.num_candidates = options_.num_candidates;
   a.seq.sample = a.request.sample;
   a.seq.logprobs = a.request.logprobs;
@@ -206,11 +211,21 @@ void Scheduler::StartSequence(Active& a) {
   a.usage.prompt_tokens = a.seq.prompt_len;
 }
 
+bool Scheduler::Adapts(const Active& a) {
+  // The cost model times chains of K model drafts; prompt lookup and trees keep their K.
+  return a.request.adaptive_k && a.request.draft_method == DraftMethod::kModel &&
+         !a.request.tree.is_tree();
+}
+
 int64_t Scheduler::KvTokensForNextRound(const Active& a, bool target) {
   const GenerationRequest& r = a.request;
   const int64_t prompt = static_cast<int64_t>(r.prompt.size());
   const int64_t len = a.seq.tokens.empty() ? prompt : static_cast<int64_t>(a.seq.tokens.size());
-  const int64_t round = r.num_speculative_tokens + 1;
+  // Prompt lookup never uses the draft worker; a tree verifies its nodes, not K drafts.
+  if (!target && r.draft_method == DraftMethod::kNgram) return 0;
+  const int64_t round = (r.tree.is_tree() ? TreeNodeCount(r.tree, r.num_speculative_tokens)
+                                          : r.num_speculative_tokens) +
+                        1;
   int64_t need = len + round;
   if (r.guidance.has_value() && (target || r.guidance->draft)) {
     need += static_cast<int64_t>(r.guidance->uncond_prompt.size()) + (len - prompt) + round;
@@ -222,15 +237,18 @@ KChoice Scheduler::PlanK() {
   const bool draft_up = draft_ != nullptr && draft_->up();
   int32_t requested = 0;
   for (const auto& a : running_) {
-    if (a->request.adaptive_k) requested = std::max(requested, a->request.num_speculative_tokens);
+    if (Adapts(*a)) requested = std::max(requested, a->request.num_speculative_tokens);
   }
   const KChoice choice =
       adaptive_k_.Choose(static_cast<int32_t>(running_.size()), draft_up ? requested : 0);
   for (auto& a : running_) {
     const int32_t asked = a->request.num_speculative_tokens;
-    a->seq.num_speculative_tokens = !a->request.adaptive_k ? asked
-                                    : draft_up             ? std::min(asked, choice.k)
-                                                           : 0;
+    // Prompt lookup needs no draft worker. Model drafting without one decodes plainly when the
+    // request lets the server choose K; a FIXED request keeps its K (and waits for the worker).
+    a->seq.num_speculative_tokens = !a->seq.uses_draft_worker() || !a->request.adaptive_k ? asked
+                                    : !draft_up                                           ? 0
+                                    : Adapts(*a) ? std::min(asked, choice.k)
+                                                 : asked;
   }
   return choice;
 }
@@ -246,8 +264,11 @@ void Scheduler::ObserveRound(const std::vector<RoundStats>& stats, const RoundPh
   obs.verify_tokens = times.verify_tokens;
   obs.verify_forward = times.verify_forward;
   obs.round = times.round;
-  for (const RoundStats& st : stats) {
+  for (size_t i = 0; i < stats.size(); ++i) {
+    const RoundStats& st = stats[i];
     if (!st.status.ok()) return;
+    // Acceptance is the model draft's: prompt lookup and trees follow other statistics.
+    if (!Adapts(*running_[i])) continue;
     obs.drafted_tokens += st.drafted;
     obs.accepted_tokens += st.accepted;
     if (st.accepted < st.drafted) ++obs.rejections;
@@ -267,8 +288,13 @@ void Scheduler::RecoverWorkers() {
     if (w->ProbeIfDue(absl::Now()) != SupervisedWorker::Recovery::kRestarted) continue;
     // A new process holds nothing: every sequence replays from position 0 there.
     auto forget = [&](Active& a) {
-      (w == target_.get() ? a.seq.target_cached : a.seq.draft_cached) = 0;
-      (w == target_.get() ? a.target_in_doubt : a.draft_in_doubt) = false;
+      if (w == target_.get()) {
+        a.seq.ResetTargetCache(0);
+        a.target_in_doubt = false;
+      } else {
+        a.seq.ResetDraftCache(0);
+        a.draft_in_doubt = false;
+      }
       if (a.seq.guidance.has_value()) {
         (w == target_.get() ? a.seq.guidance->target_cached : a.seq.guidance->draft_cached) = 0;
       }
@@ -283,9 +309,13 @@ bool Scheduler::Resync(Active& a, SupervisedWorker& w) {
   const bool target = &w == target_.get();
   int64_t& cached = target ? a.seq.target_cached : a.seq.draft_cached;
   // Whatever the worker holds up to here is a prefix of x: it was fed from x, and drafts past the
-  // old x were never committed. The last token stays out, as every catch-up re-feeds it.
+  // old x were never committed. The last token stays out, as every catch-up re-feeds it. A tree
+  // whose accepted branch was never moved into place is dropped whole.
+  const KvCompaction& compact = target ? a.seq.target_compact : a.seq.draft_compact;
+  int64_t keep = std::clamp<int64_t>(cached, 0, static_cast<int64_t>(a.seq.tokens.size()) - 1);
+  if (!compact.empty()) keep = std::min(keep, compact.tree_start);
+  (target ? a.seq.target_compact : a.seq.draft_compact) = KvCompaction();
   const int64_t len = static_cast<int64_t>(a.seq.tokens.size());
-  const int64_t keep = std::clamp<int64_t>(cached, 0, len - 1);
   TruncateSequenceRequest request;
   request.seq = a.seq.id;
   request.new_len = keep;
@@ -322,7 +352,10 @@ SupervisedWorker* Scheduler::UnavailableWorkerFor(const Active& a) const {
   if (!target_->up()) return target_.get();
   const int32_t k = a.text != nullptr ? EffectiveK(a.seq, options_.max_seq_len)
                                       : a.request.num_speculative_tokens;
-  if (draft_ != nullptr && k > 0 && !draft_->up()) return draft_.get();
+  if (draft_ != nullptr && a.request.draft_method == DraftMethod::kModel && k > 0 &&
+      !draft_->up()) {
+    return draft_.get();
+  }
   return nullptr;
 }
 
@@ -494,7 +527,7 @@ void Scheduler::Loop() {
     int64_t draft_catch_up_tokens = 0;
     for (auto& a : running_) {
       batch.push_back(&a->seq);
-      if (EffectiveK(a->seq, options_.max_seq_len) > 0) {
+      if (a->seq.uses_draft_worker() && EffectiveK(a->seq, options_.max_seq_len) > 0) {
         ++drafting_sequences;
         draft_catch_up_tokens += static_cast<int64_t>(a->seq.tokens.size()) - a->seq.draft_cached;
       }
@@ -506,6 +539,12 @@ void Scheduler::Loop() {
     if (options_.on_round) options_.on_round(phase_times);
     ObserveRound(stats, phase_times, drafting_sequences, draft_catch_up_tokens);
     if (options_.on_k_choice) options_.on_k_choice(k_choice, adaptive_k_.alpha());
+    if (options_.on_draft_length) {
+      for (const RoundStats& st : stats) {
+        if (st.status.ok() && st.drafted > 0)
+          options_.on_draft_length(st.drafted, st.entropy_stopped);
+      }
+    }
     std::deque<std::unique_ptr<Active>> preempted;
     for (size_t i = 0; i < running_.size(); ++i) {
       Active& a = *running_[i];

@@ -45,9 +45,12 @@ struct GenerationRequest {
   bool ignore_eos = false;
   int32_t num_speculative_tokens = 4;
   // True lets the scheduler lower K when speculation would not pay (never raise it); false keeps
-  // it as asked (see v1::KPolicy for who gets which).
+  // it as asked (see v1::KPolicy for who gets which). Only chains of model drafts adapt.
   bool adaptive_k = false;
   DraftSampling draft_sampling = DraftSampling::kProbabilistic;
+  DraftMethod draft_method = DraftMethod::kModel;
+  TreeShape tree;     // kModel: branching 0 drafts one chain
+  bool egag = false;  // kModel chains: entropy-guided draft length (SchedulerOptions::egag)
   // The completion number: requests with one seed and different numbers are independent (the
   // `sample` of every Philox counter); n completions of one prompt are numbered 0..n-1.
   uint32_t sample = 0;
@@ -110,6 +113,11 @@ struct SchedulerOptions {
   // Called on the scheduler thread with every round's K choice and the controller's current
   // acceptance estimate (metrics); may be empty. Must not block.
   std::function<void(const KChoice&, double alpha)> on_k_choice;
+  // Called on the scheduler thread for every sequence that drafted in a round, with its realized
+  // K and whether EGAG cut it short (metrics); may be empty. Must not block.
+  std::function<void(int32_t k, bool entropy_stopped)> on_draft_length;
+  NgramOptions ngram;  // prompt lookup (DraftMethod::kNgram)
+  EgagOptions egag;    // requests with egag set
 };
 
 class Scheduler {
@@ -186,6 +194,8 @@ class Scheduler {
   // When to look again while every request waits for an unavailable worker (nullopt: only when
   // a request arrives).
   std::optional<absl::Time> NextWake() const;
+  // Whether the adaptive-K controller may lower `a`'s K.
+  static bool Adapts(const Active& a);
   // Sets this round's K for every running sequence: the adaptive controller's choice for the
   // batch, capped by what each request asked (FIXED requests keep theirs). While the draft
   // worker is down adaptive requests decode plainly, which is just as exact.

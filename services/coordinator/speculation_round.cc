@@ -7,8 +7,21 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "services/coordinator/accept_reject.h"
+#include "services/coordinator/tree_accept.h"
 
 namespace specd {
+
+void SpeculativeSequence::ResetDraftCache(int64_t len) {
+  draft_cached = len;
+  draft_tail = false;
+  draft_compact = KvCompaction();
+}
+
+void SpeculativeSequence::ResetTargetCache(int64_t len) {
+  target_cached = len;
+  target_tail = false;
+  target_compact = KvCompaction();
+}
 
 int64_t SpeculativeSequence::CompanionLen(int64_t len) const {
   if (!guidance.has_value()) return 0;
@@ -38,7 +51,13 @@ int32_t EffectiveK(const SpeculativeSequence& s, int64_t max_seq_len) {
   const int64_t room =
       std::min(max_seq_len - s.LongestLen(), s.done_len - static_cast<int64_t>(s.tokens.size())) -
       1;
-  return static_cast<int32_t>(std::clamp<int64_t>(room, 0, s.num_speculative_tokens));
+  const int32_t k = s.egag.DraftLength(s.num_speculative_tokens);
+  return static_cast<int32_t>(std::clamp<int64_t>(room, 0, k));
+}
+
+int32_t VerifiedDrafts(const SpeculativeSequence& s, int32_t k) {
+  if (k <= 0) return 0;
+  return s.draft_method == DraftMethod::kModel && s.tree.is_tree() ? TreeNodeCount(s.tree, k) : k;
 }
 
 namespace {
@@ -57,18 +76,56 @@ class AddElapsedOnExit {
   absl::Time start_ = absl::Now();
 };
 
+// How a sequence's drafts are judged.
+enum class Judge {
+  kNone,           // K = 0: plain decoding
+  kSampled,        // a chain sampled from the draft's q (accept_reject.h)
+  kDeterministic,  // one-hot proposals: a prompt-lookup chain or a draft tree (tree_accept.h)
+};
+
+// One sequence's proposal for the round: what was drafted and how it is judged.
+struct Proposal {
+  Judge judge = Judge::kNone;
+  int32_t k = 0;                 // the K asked for (drafts, or a tree's depth)
+  std::vector<int32_t> tokens;   // the drafts, or a tree's nodes in BFS order
+  std::vector<int32_t> parents;  // a tree's parents; empty for a chain
+  std::vector<float> q;          // q_k(t_k) of a sampled chain
+  std::vector<float> entropies;  // EGAG: each step's normalized entropy
+  bool tree() const { return !parents.empty(); }
+  int32_t depth() const { return tree() ? k : static_cast<int32_t>(tokens.size()); }
+};
+
 // One verified sequence on its way from the target's evidence to the tokens it appends.
 struct Resolution {
   size_t i = 0;  // index in the batch
   const VerifySequenceResult* v = nullptr;
-  RoundEvidence ev;
-  int32_t n = 0;                // drafts accepted
-  bool needs_residual = false;  // a sampled draft was rejected
+  uint32_t position = 0;        // absolute position of the first draft
+  int32_t n = 0;                // drafts accepted (the path's length for a tree)
+  std::vector<int32_t> path;    // deterministic proposals: the accepted nodes
+  TreeWalk walk;                // deterministic proposals: where the walk stopped
+  bool needs_residual = false;  // a sampled draft was rejected: the draft answers q_r(y)
   std::vector<float> q_ys;      // q_r(y) of the residual candidates
   int32_t next = 0;             // the correction or bonus token
   bool used_read_rows = false;
   bool failed = false;
+
+  // The target row the j-th emitted token was drawn from: a chain's j, a tree's (the accepted
+  // path's node j - 1) + 1.
+  int32_t RowOf(size_t j) const {
+    return j == 0 || path.empty() ? static_cast<int32_t>(j) : path[j - 1] + 1;
+  }
 };
+
+Judge JudgeFor(const SpeculativeSequence& s, int32_t k) {
+  if (k == 0) return Judge::kNone;
+  if (s.draft_method == DraftMethod::kNgram || s.tree.is_tree()) return Judge::kDeterministic;
+  return Judge::kSampled;
+}
+
+// Fails `stats[i]` unless it failed already.
+void Fail(RoundStats& stats, absl::Status status) {
+  if (stats.status.ok()) stats.status = std::move(status);
+}
 
 // The draft keeps at most `keep` tokens of x (and a guided draft's companion the same generated
 // tokens); anything past that leaves its KV with its next call (drop_tail).
@@ -84,28 +141,47 @@ void CutDraft(SpeculativeSequence& s, int64_t keep) {
   }
 }
 
-// The exact residual fallback for sequences none of whose candidates passed: both workers' kept
-// rows at the rejection step, fetched for the whole batch with one call per worker, the two calls
-// at once.
+// The exact residual fallback for sampled chains none of whose candidates passed: both workers'
+// kept rows at the rejection step, fetched for the whole batch with one call per worker, the two
+// calls at once. Deterministic proposals need only the target's row.
 void ResolveByReadRows(WorkerApi& draft, WorkerApi& target,
                        std::span<SpeculativeSequence* const> batch,
-                       std::span<Resolution* const> fallback, std::vector<RoundStats>& stats) {
-  std::vector<RowQuery> rows;
-  for (const Resolution* res : fallback) rows.push_back({batch[res->i]->id, res->n + 1});
-  std::future<absl::StatusOr<std::vector<SequenceAnswer<ProbRow>>>> q_future =
-      std::async(std::launch::async, [&draft, &rows] { return draft.ReadRows(rows); });
-  absl::StatusOr<std::vector<SequenceAnswer<ProbRow>>> p_rows = target.ReadRows(rows);
-  absl::StatusOr<std::vector<SequenceAnswer<ProbRow>>> q_rows = q_future.get();
+                       std::span<const Proposal> proposals, std::span<Resolution* const> fallback,
+                       std::vector<RoundStats>& stats) {
+  std::vector<RowQuery> p_rows_wanted;
+  std::vector<RowQuery> q_rows_wanted;
+  for (const Resolution* res : fallback) {
+    const int32_t row = proposals[res->i].judge == Judge::kSampled ? res->n : res->walk.row;
+    p_rows_wanted.push_back({batch[res->i]->id, row + 1});
+    if (proposals[res->i].judge == Judge::kSampled) {
+      q_rows_wanted.push_back({batch[res->i]->id, res->n + 1});
+    }
+  }
+  std::future<absl::StatusOr<std::vector<SequenceAnswer<ProbRow>>>> q_future;
+  if (!q_rows_wanted.empty()) {
+    q_future = std::async(std::launch::async,
+                          [&draft, &q_rows_wanted] { return draft.ReadRows(q_rows_wanted); });
+  }
+  absl::StatusOr<std::vector<SequenceAnswer<ProbRow>>> p_rows = target.ReadRows(p_rows_wanted);
+  absl::StatusOr<std::vector<SequenceAnswer<ProbRow>>> q_rows =
+      q_future.valid() ? q_future.get() : std::vector<SequenceAnswer<ProbRow>>();
+  size_t q_at = 0;
   for (size_t j = 0; j < fallback.size(); ++j) {
     Resolution& res = *fallback[j];
+    const SpeculativeSequence& s = *batch[res.i];
+    const bool sampled = proposals[res.i].judge == Judge::kSampled;
     res.used_read_rows = true;
-    absl::Status status = !p_rows.ok() ? p_rows.status() : q_rows.status();
-    if (status.ok()) {
-      status = !(*p_rows)[j].value.ok() ? (*p_rows)[j].value.status() : (*q_rows)[j].value.status();
+    absl::Status status = p_rows.status();
+    if (status.ok()) status = (*p_rows)[j].value.status();
+    if (status.ok() && sampled) {
+      status = !q_rows.ok() ? q_rows.status() : (*q_rows)[q_at].value.status();
     }
-    if (status.ok()) {
+    absl::StatusOr<int32_t> t = absl::UnknownError("unreachable");
+    if (!status.ok()) {
+      t = status;
+    } else if (sampled) {
       const ProbRow& p = *(*p_rows)[j].value;
-      const ProbRow& q = *(*q_rows)[j].value;
+      const ProbRow& q = *(*q_rows)[q_at].value;
       int64_t vocab = p.dense()   ? static_cast<int64_t>(p.probs.size())
                       : q.dense() ? static_cast<int64_t>(q.probs.size())
                                   : 0;
@@ -114,23 +190,151 @@ void ResolveByReadRows(WorkerApi& draft, WorkerApi& target,
         for (const int32_t id : p.ids) vocab = std::max<int64_t>(vocab, id + 1);
         for (const int32_t id : q.ids) vocab = std::max<int64_t>(vocab, id + 1);
       }
-      const SpeculativeSequence& s = *batch[res.i];
-      absl::StatusOr<int32_t> t = SampleResidual(
-          s.seed, s.sample, res.ev.position + static_cast<uint32_t>(res.n), p, q, vocab);
-      if (t.ok()) {
-        res.next = *t;
-        continue;
+      t = SampleResidual(s.seed, s.sample, res.position + static_cast<uint32_t>(res.n), p, q,
+                         vocab);
+    } else {
+      const ProbRow& p = *(*p_rows)[j].value;
+      const Proposal& prop = proposals[res.i];
+      std::vector<int32_t> children;
+      int64_t vocab = p.dense() ? static_cast<int64_t>(p.probs.size()) : 0;
+      for (const int32_t id : p.ids) vocab = std::max<int64_t>(vocab, id + 1);
+      for (const int32_t c : res.walk.children) {
+        children.push_back(prop.tokens[static_cast<size_t>(c)]);
+        vocab = std::max<int64_t>(vocab, children.back() + 1);
       }
-      status = t.status();
+      t = SampleExcluding(s.seed, s.sample, res.position + static_cast<uint32_t>(res.n), p,
+                          children, vocab);
     }
-    stats[res.i].status = std::move(status);
+    if (sampled) ++q_at;
+    if (t.ok()) {
+      res.next = *t;
+      continue;
+    }
+    Fail(stats[res.i], t.status());
     res.failed = true;
   }
 }
 
-// The target's logprobs of the tokens each sequence emits: the values Verify reported for each
-// position, and for the residual fallback's tokens (none of those) one QueryLogprobs call for the
-// whole batch. The draft's numbers never enter.
+// Step 1: every drafting sequence's proposal. Prompt lookup happens here, in the coordinator;
+// model drafts come from one Draft call for the whole batch.
+std::vector<Proposal> Propose(WorkerApi& draft, std::span<SpeculativeSequence* const> batch,
+                              const RoundOptions& options, std::vector<RoundStats>& stats,
+                              RoundPhaseTimes& times) {
+  std::vector<Proposal> proposals(batch.size());
+  std::vector<DraftSequenceRequest> draft_reqs;
+  absl::flat_hash_map<SeqId, size_t> index;
+  for (size_t i = 0; i < batch.size(); ++i) {
+    SpeculativeSequence& s = *batch[i];
+    Proposal& prop = proposals[i];
+    prop.k = stats[i].status.ok() ? EffectiveK(s, options.max_seq_len) : 0;
+    prop.judge = JudgeFor(s, prop.k);
+    if (prop.judge == Judge::kNone) continue;
+    if (s.draft_method == DraftMethod::kNgram) {
+      prop.tokens = ProposeNgram(s.tokens, prop.k, s.ngram);
+      prop.k = static_cast<int32_t>(prop.tokens.size());
+      if (prop.k == 0) prop.judge = Judge::kNone;  // no match: this round is plain decoding
+      continue;
+    }
+    index[s.id] = i;
+    DraftSequenceRequest r;
+    r.seq = s.id;
+    r.catch_up.assign(s.tokens.begin() + s.draft_cached, s.tokens.end());
+    r.expected_cached_len = s.draft_cached;
+    r.drop_tail = s.draft_tail;
+    r.compact = s.draft_compact;
+    r.sampling = s.sampling;
+    r.seed = s.seed;
+    r.prompt_len = s.prompt_len;
+    r.sample = s.sample;
+    r.num_speculative_tokens = prop.k;
+    r.draft_sampling = s.draft_sampling;
+    r.max_prefill_tokens = options.prefill_chunk;
+    if (s.tree.is_tree()) {
+      r.tree = s.tree;
+      r.tree.depth = std::min(s.tree.depth, prop.k);
+    }
+    if (s.guidance.has_value() && s.guidance->draft) {
+      r.companion =
+          CompanionRequest{s.guidance->companion, s.guidance->scale,
+                           s.CompanionCatchUp(s.guidance->draft_cached), s.guidance->draft_cached};
+    }
+    if (s.egag.enabled && !s.tree.is_tree()) {
+      r.entropy_stop.enabled = true;
+      r.entropy_stop.min_tokens = s.egag.options.min_tokens;
+      r.entropy_stop.threshold = static_cast<float>(s.egag.options.threshold);
+    }
+    draft_reqs.push_back(std::move(r));
+  }
+  if (draft_reqs.empty()) return proposals;
+
+  const absl::Time draft_start = absl::Now();
+  absl::StatusOr<std::vector<SequenceOutcome>> outcomes =
+      draft.Draft(draft_reqs, [&](const DraftStep& step) {
+        times.draft_forward += absl::Nanoseconds(step.forward_ns);
+        if (step.forward_ns > 0) ++times.draft_steps;
+        for (const DraftToken& t : step.tokens) {
+          const auto it = index.find(t.seq);
+          if (it == index.end()) continue;
+          Proposal& prop = proposals[it->second];
+          prop.tokens.push_back(t.token);
+          prop.q.push_back(t.q_prob);
+          prop.entropies.push_back(t.entropy);
+        }
+      });
+  times.draft = absl::Now() - draft_start;
+  for (const DraftSequenceRequest& r : draft_reqs) {
+    const size_t i = index[r.seq];
+    SpeculativeSequence& s = *batch[i];
+    Proposal& prop = proposals[i];
+    if (!outcomes.ok()) {
+      Fail(stats[i], outcomes.status());
+      continue;
+    }
+    for (const SequenceOutcome& o : *outcomes) {
+      if (o.seq != r.seq) continue;
+      if (!o.status.ok()) Fail(stats[i], o.status);
+      s.draft_cached = o.cached_len;
+      if (r.companion.has_value()) s.guidance->draft_cached = o.companion_cached_len;
+      if (o.status.ok()) {
+        s.draft_tail = false;
+        s.draft_compact = KvCompaction();
+        stats[i].prefilling = o.prefilling;
+      }
+    }
+    if (!stats[i].status.ok()) continue;
+    if (stats[i].prefilling) {
+      // Only a prefill chunk was fed: nothing was drafted, and the target only prefills too.
+      prop = Proposal();
+      continue;
+    }
+    const int32_t got = static_cast<int32_t>(prop.tokens.size());
+    if (r.tree.is_tree()) {
+      prop.parents = TreeParents(r.tree, prop.k);
+      if (got != static_cast<int32_t>(prop.parents.size())) {
+        Fail(stats[i], absl::InternalError(absl::StrCat("draft worker returned ", got, " of ",
+                                                        prop.parents.size(),
+                                                        " tree nodes for sequence ", r.seq)));
+      }
+      continue;
+    }
+    // EGAG may stop a chain early, never before its minimum.
+    const int32_t least =
+        r.entropy_stop.enabled ? std::min(prop.k, r.entropy_stop.min_tokens) : prop.k;
+    if (got < least || got > prop.k) {
+      Fail(stats[i], absl::InternalError(absl::StrCat("draft worker returned ", got, " of ", prop.k,
+                                                      " tokens for sequence ", r.seq)));
+      continue;
+    }
+    stats[i].entropy_stopped = got < prop.k;
+    prop.k = got;
+  }
+  return proposals;
+}
+
+// The target's logprobs of the tokens each sequence emits: the values Verify reported for the row
+// each was drawn from (a chain's j-th token: row j; a tree's: the row of the node before it on the
+// accepted path), and for the residual fallback's tokens (none of those) one QueryLogprobs call
+// for the whole batch. The draft's numbers never enter.
 void AddEmittedLogprobs(WorkerApi& target, std::span<SpeculativeSequence* const> batch,
                         std::span<Resolution> resolutions, std::vector<RoundStats>& stats) {
   std::vector<LogprobQuery> queries;
@@ -140,16 +344,18 @@ void AddEmittedLogprobs(WorkerApi& target, std::span<SpeculativeSequence* const>
     if (res.failed || s.logprobs.mode == LogprobsMode::kOff) continue;
     RoundStats& st = stats[res.i];
     const VerifySequenceResult& v = *res.v;
-    if (v.logprobs.size() < st.appended.size()) {
-      st.status = absl::InternalError(absl::StrCat(
-          "the target worker returned logprobs for ", v.logprobs.size(), " positions of sequence ",
-          s.id, ", which emits ", st.appended.size(), " tokens"));
+    const size_t last_row = static_cast<size_t>(res.RowOf(st.appended.size() - 1));
+    if (v.logprobs.size() <= last_row) {
+      st.status = absl::InternalError(absl::StrCat("the target worker returned logprobs for ",
+                                                   v.logprobs.size(), " rows of sequence ", s.id,
+                                                   ", which emits from row ", last_row));
       res.failed = true;
       continue;
     }
     st.logprobs.resize(st.appended.size());
     for (size_t j = 0; j < st.appended.size(); ++j) {
-      const PositionLogprobs& p = v.logprobs[j];
+      const int32_t row = res.RowOf(j);
+      const PositionLogprobs& p = v.logprobs[static_cast<size_t>(row)];
       TokenLogprobs& t = st.logprobs[j];
       t.top_ids = p.top_ids;
       t.top_logprobs = p.top_logprobs;
@@ -157,7 +363,7 @@ void AddEmittedLogprobs(WorkerApi& target, std::span<SpeculativeSequence* const>
       if (it != p.token_ids.end() && p.token_logprobs.size() == p.token_ids.size()) {
         t.logprob = p.token_logprobs[static_cast<size_t>(it - p.token_ids.begin())];
       } else {
-        queries.push_back({s.id, static_cast<int32_t>(j) + 1, {st.appended[j]}});
+        queries.push_back({s.id, row + 1, {st.appended[j]}});
         asked.emplace_back(&res, j);
       }
     }
@@ -196,83 +402,26 @@ std::vector<RoundStats> RunSpeculationRound(WorkerApi& draft, WorkerApi& target,
   RoundPhaseTimes& times = options.phase_times != nullptr ? *options.phase_times : unused_times;
   times = RoundPhaseTimes();
   const AddElapsedOnExit round_time(&times.round);
-  std::vector<int32_t> k(batch.size());
   for (size_t i = 0; i < batch.size(); ++i) {
-    k[i] = EffectiveK(*batch[i], options.max_seq_len);
-    stats[i].drafted = k[i];
     if (batch[i]->LongestLen() >= options.max_seq_len) {
       stats[i].status = absl::OutOfRangeError(
           absl::StrCat("sequence ", batch[i]->id, " is at max_seq_len ", options.max_seq_len));
     }
   }
 
-  // 1. Draft: per step, every drafting sequence's t_k and q_k(t_k).
-  std::vector<DraftSequenceRequest> draft_reqs;
-  absl::flat_hash_map<SeqId, size_t> index;
+  // 1. Draft: model drafts from the draft worker, prompt lookup here.
+  const std::vector<Proposal> proposals = Propose(draft, batch, options, stats, times);
   for (size_t i = 0; i < batch.size(); ++i) {
-    index[batch[i]->id] = i;
-    if (k[i] == 0 || !stats[i].status.ok()) continue;
-    const SpeculativeSequence& s = *batch[i];
-    DraftSequenceRequest r;
-    r.seq = s.id;
-    r.catch_up.assign(s.tokens.begin() + s.draft_cached, s.tokens.end());
-    r.expected_cached_len = s.draft_cached;
-    r.drop_tail = s.draft_tail;
-    r.sampling = s.sampling;
-    r.seed = s.seed;
-    r.prompt_len = s.prompt_len;
-    r.sample = s.sample;
-    r.num_speculative_tokens = k[i];
-    r.draft_sampling = s.draft_sampling;
-    r.max_prefill_tokens = options.prefill_chunk;
-    if (s.guidance.has_value() && s.guidance->draft) {
-      r.companion =
-          CompanionRequest{s.guidance->companion, s.guidance->scale,
-                           s.CompanionCatchUp(s.guidance->draft_cached), s.guidance->draft_cached};
-    }
-    draft_reqs.push_back(std::move(r));
-  }
-  std::vector<std::vector<int32_t>> drafts(batch.size());
-  std::vector<std::vector<float>> q_draft(batch.size());
-  if (!draft_reqs.empty()) {
-    const absl::Time draft_start = absl::Now();
-    absl::StatusOr<std::vector<SequenceOutcome>> outcomes =
-        draft.Draft(draft_reqs, [&](const DraftStep& step) {
-          times.draft_forward += absl::Nanoseconds(step.forward_ns);
-          if (step.forward_ns > 0) ++times.draft_steps;
-          for (const DraftToken& t : step.tokens) {
-            const size_t i = index[t.seq];
-            drafts[i].push_back(t.token);
-            q_draft[i].push_back(t.q_prob);
-          }
-        });
-    times.draft = absl::Now() - draft_start;
-    for (const DraftSequenceRequest& r : draft_reqs) {
-      const size_t i = index[r.seq];
-      if (!outcomes.ok()) {
-        stats[i].status = outcomes.status();
-        continue;
-      }
-      for (const SequenceOutcome& o : *outcomes) {
-        if (o.seq != r.seq) continue;
-        stats[i].status = o.status;
-        stats[i].prefilling = o.status.ok() && o.prefilling;
-        batch[i]->draft_cached = o.cached_len;
-        if (r.companion.has_value()) batch[i]->guidance->draft_cached = o.companion_cached_len;
-        if (o.status.ok()) batch[i]->draft_tail = false;
-      }
-      if (stats[i].status.ok() && !stats[i].prefilling &&
-          static_cast<int32_t>(drafts[i].size()) != k[i]) {
-        stats[i].status =
-            absl::InternalError(absl::StrCat("draft worker returned ", drafts[i].size(), " of ",
-                                             k[i], " tokens for sequence ", r.seq));
-      }
-    }
+    stats[i].drafted = proposals[i].depth();
+    stats[i].tree_nodes =
+        proposals[i].tree() ? static_cast<int32_t>(proposals[i].tokens.size()) : 0;
   }
 
   // 2. Verify every healthy sequence in one call.
   std::vector<VerifySequenceRequest> verify_reqs;
+  absl::flat_hash_map<SeqId, size_t> index;
   for (size_t i = 0; i < batch.size(); ++i) {
+    index[batch[i]->id] = i;
     if (!stats[i].status.ok()) continue;
     const SpeculativeSequence& s = *batch[i];
     VerifySequenceRequest r;
@@ -280,16 +429,18 @@ std::vector<RoundStats> RunSpeculationRound(WorkerApi& draft, WorkerApi& target,
     r.catch_up.assign(s.tokens.begin() + s.target_cached, s.tokens.end());
     r.expected_cached_len = s.target_cached;
     r.drop_tail = s.target_tail;
+    r.compact = s.target_compact;
     r.sampling = s.sampling;
     r.seed = s.seed;
     r.prompt_len = s.prompt_len;
     r.sample = s.sample;
     r.max_prefill_tokens = options.prefill_chunk;
-    // The draft is still prefilling: the target may prefill too, but this round's K has no
-    // drafts, so nothing may be drawn for the sequence yet.
+    // The draft is still prefilling: the target may prefill too, but this round has no drafts
+    // for the sequence, so nothing may be drawn for it yet.
     r.prefill_only = stats[i].prefilling;
     if (!r.prefill_only) {
-      r.drafts = drafts[i];
+      r.drafts = proposals[i].tokens;
+      r.tree_parents = proposals[i].parents;
       r.num_candidates = s.sampling.greedy() ? 0 : s.num_candidates;
       r.logprobs = s.logprobs;
     }
@@ -305,8 +456,7 @@ std::vector<RoundStats> RunSpeculationRound(WorkerApi& draft, WorkerApi& target,
   absl::StatusOr<std::vector<VerifySequenceResult>> verified = target.Verify(verify_reqs);
   times.verify = absl::Now() - verify_start;
   if (!verified.ok()) {
-    for (const VerifySequenceRequest& r : verify_reqs)
-      stats[index[r.seq]].status = verified.status();
+    for (const VerifySequenceRequest& r : verify_reqs) Fail(stats[index[r.seq]], verified.status());
     return stats;
   }
   // One batched forward pass: every result reports the same time (0 for those that failed first).
@@ -323,42 +473,78 @@ std::vector<RoundStats> RunSpeculationRound(WorkerApi& draft, WorkerApi& target,
   }
 
   // 3. Accept/reject: how many drafts each sequence keeps. Rejected drafts leave both workers'
-  // KV through drop_tail on their next call, unless the draft must answer q_r(y) for the residual.
+  // KV through drop_tail on their next call (after moving a tree's accepted branch into place),
+  // unless the draft must answer q_r(y) for the residual.
   const absl::Time accept_start = absl::Now();
   std::vector<Resolution> resolutions;
   resolutions.reserve(verified->size());
   for (const VerifySequenceResult& v : *verified) {
     const size_t i = index[v.seq];
     if (!v.status.ok()) {
-      stats[i].status = v.status;
+      Fail(stats[i], v.status);
       continue;
     }
     SpeculativeSequence& s = *batch[i];
+    const Proposal& prop = proposals[i];
+    const int64_t len = static_cast<int64_t>(s.tokens.size());
     s.target_cached = v.cached_len;
     s.target_tail = false;
+    s.target_compact = KvCompaction();
     if (s.guidance.has_value()) s.guidance->target_cached = v.companion_cached_len;
     if (v.prefilling) {
       stats[i].prefilling = true;
       stats[i].drafted = 0;
+      stats[i].tree_nodes = 0;
+      stats[i].entropy_stopped = false;
       // Drafts the target never judged: the draft keeps x but its last token, which its next
-      // catch-up feeds again, and drops the rest with that call.
-      CutDraft(s, static_cast<int64_t>(s.tokens.size()) - 1);
+      // catch-up feeds again, and drops the rest (a tree's nodes included) with that call.
+      CutDraft(s, len - 1);
       continue;
     }
     Resolution& res = resolutions.emplace_back();
     res.i = i;
     res.v = &v;
-    res.ev.seed = s.seed;
-    res.ev.sample = s.sample;
-    res.ev.position = static_cast<uint32_t>(v.position);
-    res.ev.draft_tokens = drafts[i];
-    res.ev.q_draft = q_draft[i];
-    res.ev.p_draft = v.p_draft;
-    res.ev.target_argmax = v.argmax;
-    res.ev.bonus_token = v.bonus_token;
-    res.n = CountAccepted(res.ev, s.sampling.greedy());
-    res.needs_residual = res.n < k[i] && !s.sampling.greedy();
-    const int64_t keep = static_cast<int64_t>(s.tokens.size()) + res.n;
+    res.position = static_cast<uint32_t>(v.position);
+    if (prop.judge == Judge::kDeterministic) {
+      ProposalEvidence ev;
+      ev.seed = s.seed;
+      ev.sample = s.sample;
+      ev.position = res.position;
+      ev.tokens = prop.tokens;
+      ev.parents = prop.parents;
+      ev.p_node = v.p_draft;
+      ev.argmax = v.argmax;
+      res.walk = WalkProposal(ev, s.sampling.greedy());
+      res.path = res.walk.path;
+      res.n = static_cast<int32_t>(res.path.size());
+      stats[i].later_children_accepted = res.walk.later_children_accepted;
+    } else {
+      RoundEvidence ev;
+      ev.seed = s.seed;
+      ev.sample = s.sample;
+      ev.position = res.position;
+      ev.draft_tokens = prop.tokens;
+      ev.q_draft = prop.q;
+      ev.p_draft = v.p_draft;
+      ev.target_argmax = v.argmax;
+      ev.bonus_token = v.bonus_token;
+      res.n = CountAccepted(ev, s.sampling.greedy());
+      res.needs_residual = res.n < prop.k && !s.sampling.greedy();
+    }
+    const int64_t keep = len + res.n;
+    if (prop.tree()) {
+      // The accepted branch moves into place, the rest of the tree goes, on each worker's next
+      // call. The draft fed every node but the leaves (depth K).
+      s.target_compact = {len, res.path};
+      s.target_cached = keep;
+      s.target_tail = true;
+      const int32_t fed = std::min(res.n, prop.k - 1);
+      s.draft_compact = {len, std::vector<int32_t>(res.path.begin(), res.path.begin() + fed)};
+      if (s.draft_compact.empty()) s.draft_compact = KvCompaction();
+      s.draft_cached = std::min(s.draft_cached, len + fed);
+      s.draft_tail = true;
+      continue;
+    }
     if (keep < s.target_cached) {
       s.target_cached = keep;
       s.target_tail = true;
@@ -405,40 +591,72 @@ std::vector<RoundStats> RunSpeculationRound(WorkerApi& draft, WorkerApi& target,
         status = (*answers)[j].value.status();
       }
       if (!status.ok()) {
-        stats[res.i].status = std::move(status);
+        Fail(stats[res.i], std::move(status));
         res.failed = true;
       }
     }
   }
 
-  // 5. The correction token: the first candidate that passes, or (rarely) the residual sampled
-  // from both kept rows, read from both workers at once.
+  // 5. The correction or bonus token: the first candidate that passes, or (rarely) the residual
+  // sampled from the kept rows.
   std::vector<Resolution*> fallback;
   for (Resolution& res : resolutions) {
     if (res.failed) continue;
     const SpeculativeSequence& s = *batch[res.i];
+    const Proposal& prop = proposals[res.i];
+    const VerifySequenceResult& v = *res.v;
     const int32_t n = res.n;
-    res.next = res.v->bonus_token;  // n == K (K == 0 included): the bonus or plain sampled token
-    if (n == k[res.i]) continue;
+    if (prop.judge == Judge::kDeterministic) {
+      const int32_t row = res.walk.row;
+      if (res.walk.children.empty()) {
+        // A leaf: the bonus drawn from it (for a tree, leaves are the last nodes, in order).
+        const int32_t first_leaf = static_cast<int32_t>(prop.tokens.size() - v.leaf_bonus.size());
+        res.next = s.sampling.greedy() ? v.argmax[static_cast<size_t>(row)]
+                   : prop.tree()       ? v.leaf_bonus[static_cast<size_t>(row - 1 - first_leaf)]
+                                       : v.bonus_token;
+      } else if (s.sampling.greedy()) {
+        res.next = v.argmax[static_cast<size_t>(row)];
+      } else {
+        std::vector<int32_t> children;
+        for (const int32_t c : res.walk.children) {
+          children.push_back(prop.tokens[static_cast<size_t>(c)]);
+        }
+        if (std::optional<int32_t> c =
+                FirstCandidateOutside(v.candidate_tokens[static_cast<size_t>(row)], children)) {
+          res.next = *c;
+        } else {
+          fallback.push_back(&res);
+        }
+      }
+      continue;
+    }
+    res.next = v.bonus_token;  // n == K (K == 0 included): the bonus or plain sampled token
+    if (n == prop.k) continue;
     if (s.sampling.greedy()) {
-      res.next = res.v->argmax[static_cast<size_t>(n)];
+      res.next = v.argmax[static_cast<size_t>(n)];
     } else if (std::optional<int32_t> c =
-                   ChooseCandidate(s.seed, s.sample, res.ev.position + static_cast<uint32_t>(n),
-                                   res.v->candidate_tokens[static_cast<size_t>(n)],
-                                   res.v->candidate_probs[static_cast<size_t>(n)], res.q_ys)) {
+                   ChooseCandidate(s.seed, s.sample, res.position + static_cast<uint32_t>(n),
+                                   v.candidate_tokens[static_cast<size_t>(n)],
+                                   v.candidate_probs[static_cast<size_t>(n)], res.q_ys)) {
       res.next = *c;
     } else {
       fallback.push_back(&res);
     }
   }
-  if (!fallback.empty()) ResolveByReadRows(draft, target, batch, fallback, stats);
+  if (!fallback.empty()) ResolveByReadRows(draft, target, batch, proposals, fallback, stats);
 
   // 6. The emitted tokens, and their logprobs where asked.
   for (Resolution& res : resolutions) {
     if (res.failed) continue;
+    const Proposal& prop = proposals[res.i];
     RoundStats& st = stats[res.i];
     st.accepted = res.n;
-    st.appended.assign(drafts[res.i].begin(), drafts[res.i].begin() + res.n);
+    if (prop.judge == Judge::kDeterministic) {
+      for (const int32_t node : res.path)
+        st.appended.push_back(prop.tokens[static_cast<size_t>(node)]);
+    } else {
+      st.appended.assign(prop.tokens.begin(), prop.tokens.begin() + res.n);
+    }
     st.appended.push_back(res.next);
     st.used_read_rows = res.used_read_rows;
   }
@@ -448,8 +666,14 @@ std::vector<RoundStats> RunSpeculationRound(WorkerApi& draft, WorkerApi& target,
   for (const Resolution& res : resolutions) {
     if (res.failed) continue;
     SpeculativeSequence& s = *batch[res.i];
+    const Proposal& prop = proposals[res.i];
     const RoundStats& st = stats[res.i];
     s.tokens.insert(s.tokens.end(), st.appended.begin(), st.appended.end());
+    // EGAG learns only from steps whose context is now committed (egag.h).
+    if (s.egag.enabled) {
+      const size_t committed = std::min(prop.entropies.size(), static_cast<size_t>(res.n) + 1);
+      s.egag.Observe(std::span<const float>(prop.entropies).first(committed));
+    }
   }
   times.accept = absl::Now() - accept_start - times.truncate;
   return stats;

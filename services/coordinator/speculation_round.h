@@ -18,9 +18,17 @@
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "base/sampling_params.h"
+#include "services/coordinator/egag.h"
+#include "services/coordinator/ngram_proposer.h"
 #include "services/coordinator/worker_api.h"
 
 namespace specd {
+
+// Who proposes a sequence's drafts.
+enum class DraftMethod {
+  kModel,  // the draft worker: a chain of K sampled drafts, or a tree (SpeculativeSequence::tree)
+  kNgram,  // prompt lookup by the coordinator itself (ngram_proposer.h); no draft worker
+};
 
 // Classifier-free guidance for one sequence: its companion on the target (and, when the draft is
 // guided too, on the draft) holds u = the unconditional prompt followed by x's generated tokens.
@@ -48,6 +56,10 @@ struct SpeculativeSequence {
   // max_new_tokens): drafting past it would be wasted work and skew the acceptance figures.
   int64_t done_len = std::numeric_limits<int64_t>::max();
   DraftSampling draft_sampling = DraftSampling::kProbabilistic;
+  DraftMethod draft_method = DraftMethod::kModel;
+  NgramOptions ngram;
+  TreeShape tree;              // kModel only: branching 0 drafts one chain
+  EgagState egag;              // kModel chains only
   int32_t num_candidates = 4;  // M
   uint32_t sample = 0;         // the completion number (DESIGN.md, "Randomness")
   LogprobsRequest logprobs;    // what the emitted tokens report
@@ -57,7 +69,18 @@ struct SpeculativeSequence {
   // is folded into the worker's next Draft or Verify call (drop_tail), saving an RPC per round.
   bool draft_tail = false;
   bool target_tail = false;
+  // After a tree round, the accepted branch still has to be moved into place on the worker;
+  // it travels with the worker's next Draft or Verify, before drop_tail. While one is pending,
+  // *_cached counts the branch as if it were in place.
+  KvCompaction draft_compact;
+  KvCompaction target_compact;
   std::optional<Guidance> guidance;  // classifier-free guidance, when asked for
+
+  bool uses_draft_worker() const { return draft_method == DraftMethod::kModel; }
+  // What a worker holds is no longer known (it restarted, or the sequence was released there):
+  // the sequence replays from `len` tokens, with no pending compaction.
+  void ResetDraftCache(int64_t len);
+  void ResetTargetCache(int64_t len);
 
   // The companion's length when x has `len` tokens (the same generated tokens after another
   // prompt); `len` is at least prompt_len - 1. 0 without guidance.
@@ -77,11 +100,14 @@ struct TokenLogprobs {
 };
 
 struct RoundStats {
-  int32_t drafted = 0;                  // K used this round
+  int32_t drafted = 0;                  // K used this round: drafts, or a tree's depth
   int32_t accepted = 0;                 // n
   std::vector<int32_t> appended;        // tokens committed this round (n accepted + 1)
   std::vector<TokenLogprobs> logprobs;  // aligned with appended, when the sequence asks
   bool used_read_rows = false;
+  int32_t tree_nodes = 0;               // nodes the target verified, for a tree
+  int32_t later_children_accepted = 0;  // tree: accepted children that were not the first tried
+  bool entropy_stopped = false;         // EGAG stopped the draft before the round's K
   // Only prefill chunks were fed: nothing was drawn, drafted counts 0, appended is empty.
   bool prefilling = false;
   absl::Status status;
@@ -118,8 +144,12 @@ std::vector<RoundStats> RunSpeculationRound(WorkerApi& draft, WorkerApi& target,
 
 // The K a sequence can use this round. A round appends up to K + 1 tokens, so near the end (of
 // max_seq_len for x or a guided sequence's companion, or of the tokens the request still needs) K
-// shrinks to what can still be used, and for the last token decoding falls back to K = 0.
+// shrinks to what can still be used, and for the last token decoding falls back to K = 0. With
+// EGAG it is the request's γ.
 int32_t EffectiveK(const SpeculativeSequence& s, int64_t max_seq_len);
+
+// Target KV tokens a round with K may add to the sequence: K drafts, or a tree's nodes.
+int32_t VerifiedDrafts(const SpeculativeSequence& s, int32_t k);
 
 }  // namespace specd
 

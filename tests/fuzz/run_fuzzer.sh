@@ -55,6 +55,7 @@ case "$target" in
     fi
     sources=("$work/proto/specd/v1/generation.pb.cc"
              "$src/services/coordinator/request_validation.cc"
+             "$src/common/protocol/draft_tree.cc"
              "$src/base/sampling_params.cc" "${tokenizer_sources[@]}")
     header_dirs=("$src/services" "$src/common" "$src/base" "$src/tests/common/tokenizer"
                  "$work/proto")

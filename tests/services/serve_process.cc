@@ -76,6 +76,7 @@ std::vector<ServeProcess::Stream> ServeProcess::Generate(
   std::mutex mu;
   std::condition_variable cv;
   int started = 0, finished = 0;
+  bool hooked = false;  // on_first_tokens has started
   std::vector<Stream> out(reqs.size());
   std::vector<std::thread> threads;
   for (size_t i = 0; i < reqs.size(); ++i) {
@@ -99,6 +100,7 @@ std::vector<ServeProcess::Stream> ServeProcess::Generate(
       out[i].status = reader->Finish();
       std::lock_guard<std::mutex> lock(mu);
       ++finished;
+      if (!hooked) out[i].done_before_hook = true;
       cv.notify_all();
     });
   }
@@ -108,6 +110,7 @@ std::vector<ServeProcess::Stream> ServeProcess::Generate(
       std::unique_lock<std::mutex> lock(mu);
       cv.wait(lock, [&] { return started >= after || finished == static_cast<int>(reqs.size()); });
       finished_then = finished;
+      hooked = true;
     }
     on_first_tokens(finished_then);
   }

@@ -26,6 +26,7 @@ class ServeProcess {
     std::vector<int32_t> tokens;
     std::string text;
     std::vector<v1::GenerateResponse> messages;
+    bool done_before_hook = false;  // finished before Generate's on_first_tokens ran
   };
 
   // Starts `specd serve --listen 127.0.0.1:0 ARGS` (with --pid-dir when `pid_dir` is given) and

@@ -9,9 +9,11 @@
 #include <fstream>
 #include <iostream>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "base/status_macros.h"
 #include "google/protobuf/util/json_util.h"
 #include "grpcpp/grpcpp.h"
@@ -209,6 +211,48 @@ absl::StatusOr<std::vector<int32_t>> ParseKList(const std::string& text) {
   return ks;
 }
 
+// --arms: arms separated by ';', each a comma-separated list of k=N, adaptive, ngram, tree=BxD,
+// egag, no-egag; e.g. "k=4;k=4,tree=2x2;k=14".
+absl::StatusOr<std::vector<bench::ArmSpec>> ParseArmList(const std::string& text) {
+  std::vector<bench::ArmSpec> arms;
+  for (absl::string_view spec : absl::StrSplit(text, ';', absl::SkipWhitespace())) {
+    bench::ArmSpec arm;
+    bool has_k = false;
+    for (absl::string_view part : absl::StrSplit(spec, ',', absl::SkipWhitespace())) {
+      part = absl::StripAsciiWhitespace(part);
+      int32_t b = 0, d = 0;
+      if (absl::ConsumePrefix(&part, "k=")) {
+        has_k = absl::SimpleAtoi(part, &arm.k) && arm.k >= 0;
+        if (!has_k) break;
+      } else if (part == "adaptive") {
+        arm.adaptive = true;
+      } else if (part == "ngram") {
+        arm.ngram = true;
+      } else if (part == "egag" || part == "no-egag") {
+        arm.egag = part == "egag";
+      } else if (absl::ConsumePrefix(&part, "tree=")) {
+        const std::vector<absl::string_view> bd = absl::StrSplit(part, 'x');
+        if (bd.size() != 2 || !absl::SimpleAtoi(bd[0], &b) || !absl::SimpleAtoi(bd[1], &d)) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("--arms: '", spec, "': tree takes BRANCHINGxDEPTH, e.g. tree=2x2"));
+        }
+        arm.tree_branching = b;
+        arm.tree_depth = d;
+      } else {
+        return absl::InvalidArgumentError(
+            absl::StrCat("--arms: '", spec, "': unknown part '", part,
+                         "' (want k=N, adaptive, ngram, tree=BxD, egag or no-egag)"));
+      }
+    }
+    if (!has_k) {
+      return absl::InvalidArgumentError(absl::StrCat("--arms: '", spec, "' needs k=N, N >= 0"));
+    }
+    arms.push_back(arm);
+  }
+  if (arms.empty()) return absl::InvalidArgumentError("--arms is empty");
+  return arms;
+}
+
 struct BenchConfig {
   std::string server;
   int http_port = 0;  // --http: also run every arm over the HTTP API; 0 = not
@@ -219,7 +263,8 @@ struct BenchConfig {
   std::string arrival_name;
   uint64_t seed = 0;
   bool ignore_eos = true, compare = false, adaptive = false, quiet = false;
-  std::vector<int32_t> ks;  // --k; empty: the server's default
+  std::vector<int32_t> ks;                // --k; empty: the server's default
+  std::vector<bench::ArmSpec> arm_specs;  // --arms
   std::vector<bench::ArmSpec> arms;
   std::string prompts_source;
   std::string json_path;
@@ -277,6 +322,9 @@ absl::StatusOr<BenchConfig> ParseConfig(const Flags& args) {
   c.ignore_eos = args.GetBool("ignore-eos");
   c.quiet = args.GetBool("quiet");
   c.json_path = args.Get("json");
+  if (args.Has("k") && args.Has("arms")) {
+    return absl::InvalidArgumentError("give --k or --arms, not both");
+  }
   if (args.Has("http")) {
     // The load generator's HTTP client speaks plain HTTP to loopback, where `specd serve` runs.
     const std::string http = args.Get("http");
@@ -305,12 +353,14 @@ absl::StatusOr<BenchConfig> ParseConfig(const Flags& args) {
       return absl::InvalidArgumentError("--compare needs at least one K > 0 in --k");
     }
   }
+  if (args.Has("arms")) {
+    SPECD_ASSIGN_OR_RETURN(c.arm_specs, ParseArmList(args.Get("arms")));
+  }
   return c;
 }
 
-// The arms: the --k values (the server's default K without --k), with K = 0 first under
-// --compare.
-absl::Status ResolveArms(const v1::GetServerInfoResponse& info, BenchConfig& c) {
+// The --k arms (the server's default K without --k).
+absl::Status ResolveKArms(const v1::GetServerInfoResponse& info, BenchConfig& c) {
   std::vector<int32_t> ks = c.ks;
   if (ks.empty()) ks.push_back(static_cast<int32_t>(info.default_num_speculative_tokens()));
   for (const int32_t k : ks) {
@@ -331,12 +381,31 @@ absl::Status ResolveArms(const v1::GetServerInfoResponse& info, BenchConfig& c) 
   } else {
     for (const int32_t k : ks) c.arms.push_back({k, c.adaptive && k > 0});
   }
+  return absl::OkStatus();
+}
+
+// The arms: --arms, or the --k values (the server's default K without --k), with K = 0 first
+// under --compare, and each arm's HTTP twin with --http.
+absl::Status ResolveArms(const v1::GetServerInfoResponse& info, BenchConfig& c) {
+  if (!c.arm_specs.empty()) {
+    if (c.compare) c.arms.push_back({0, false});
+    for (const bench::ArmSpec& arm : c.arm_specs) {
+      if (!c.compare || arm.k > 0) c.arms.push_back(arm);
+    }
+    if (c.compare && c.arms.size() < 2) {
+      return absl::InvalidArgumentError("--compare needs at least one arm with K > 0 in --arms");
+    }
+  } else {
+    SPECD_RETURN_IF_ERROR(ResolveKArms(info, c));
+  }
   if (c.http_port > 0) {
     // Each arm's HTTP twin right after it, so the two alternate within every repeat.
     std::vector<bench::ArmSpec> both;
     for (const bench::ArmSpec& a : c.arms) {
       both.push_back(a);
-      both.push_back({a.k, a.adaptive, /*http=*/true});
+      bench::ArmSpec twin = a;
+      twin.http = true;
+      both.push_back(twin);
     }
     c.arms = std::move(both);
   }
@@ -375,6 +444,12 @@ std::vector<v1::GenerateRequest> BuildRequests(const BenchConfig& c, const bench
     v1::SpeculationParameters* spec = r.mutable_speculation();
     spec->set_num_speculative_tokens(static_cast<uint32_t>(arm.k));
     spec->set_k_policy(arm.adaptive ? v1::K_POLICY_ADAPTIVE : v1::K_POLICY_FIXED);
+    if (arm.k > 0 && arm.ngram) spec->set_draft_method(v1::DRAFT_METHOD_NGRAM);
+    if (arm.k > 0 && arm.tree_branching > 0) {
+      spec->mutable_tree()->set_branching(static_cast<uint32_t>(arm.tree_branching));
+      spec->mutable_tree()->set_depth(static_cast<uint32_t>(arm.tree_depth));
+    }
+    if (arm.k > 0 && arm.egag.has_value()) spec->set_egag(*arm.egag);
     if (arm.guidance != bench::ArmGuidance::kOff) {
       v1::Guidance* g = r.mutable_guidance();
       g->set_scale(static_cast<float>(c.guidance_scale));
@@ -416,7 +491,8 @@ nlohmann::ordered_json ConfigJson(const BenchConfig& c, int64_t num_prompts) {
   for (const bench::ArmSpec& a : c.arms) {
     arms.push_back({{"k", a.k},
                     {"k_policy", a.adaptive ? "K_POLICY_ADAPTIVE" : "K_POLICY_FIXED"},
-                    {"api", a.http ? "http" : "grpc"}});
+                    {"api", a.http ? "http" : "grpc"},
+                    {"label", a.Label()}});
   }
   return {{"server", c.server},
           {"http_port", c.http_port},
@@ -574,6 +650,10 @@ int RunBench(const std::vector<std::string>& argv) {
       {"top-p", "nucleus mass in (0, 1]", "1"},
       {"seed", "request i of every arm uses seed + i", "0"},
       {"k", "K values, comma-separated, e.g. 4 or 1,2,4,8 (default: the server's default K)", ""},
+      {"arms",
+       "instead of --k: arms separated by ';', each k=N plus any of adaptive, ngram (prompt "
+       "lookup), tree=BxD (a draft tree), egag, no-egag; e.g. \"k=4;k=4,tree=2x2;k=14\"",
+       ""},
       {"compare", "also run K = 0, alternating with the K arms, and report speed-ups", "", true},
       {"adaptive", "K > 0 arms ask for K_POLICY_ADAPTIVE instead of FIXED", "", true},
       {"repeats", "rounds over all arms (default: 3 with --compare, else 1)", ""},

@@ -49,6 +49,7 @@ constexpr char kSummary[] =
     "to 10 s); stderr gets one line per restart and one `NAME pid N on ADDR` line per start.\n"
     "  specd serve --target DIR --draft DIR\n"
     "  specd serve --target DIR --draft-exit-layer 2\n"
+    "  specd serve --target DIR --draft-method ngram    (prompt lookup: no draft worker)\n"
     "  specd serve --target DIR --draft DIR --http-listen 127.0.0.1:8000  (OpenAI API too; prints\n"
     "    `http on HOST:PORT` first)";
 
@@ -293,6 +294,21 @@ int RunServe(const std::vector<std::string>& argv) {
       {"target", "target model directory", "", false, true},
       {"draft", "draft model directory (same tokenizer as the target)", ""},
       {"draft-exit-layer", "instead of --draft: the target's first L layers as the draft", ""},
+      {"draft-method",
+       "how requests that do not say draft: model (the draft worker) or ngram (prompt lookup by "
+       "the coordinator; then no draft worker is started unless --draft or --draft-exit-layer "
+       "is also given)",
+       "model"},
+      {"ngram-min", "prompt lookup: the shortest suffix matched", "1"},
+      {"ngram-max", "prompt lookup: the longest suffix matched, tried first", "4"},
+      {"egag", "entropy-guided adaptive draft length by default (see specd-coordinator --help)", "",
+       true},
+      {"egag-ema-beta", "EGAG: weight of the past in the per-request entropy average", "0.5"},
+      {"egag-threshold", "EGAG: stop drafting once the normalized entropy exceeds this", "0.6"},
+      {"egag-min-tokens", "EGAG: drafts a round always makes", "1"},
+      {"draft-vocab",
+       "the draft computes logits for its N most frequent tokens only (FR-Spec); 0 = all", "0"},
+      {"draft-vocab-file", "token-frequency file ranking the tokens for --draft-vocab", ""},
       {"listen", "public gRPC address of the coordinator", "127.0.0.1:50051"},
       {"backend", "workers' compute back end: cpu, cuda or auto (CUDA when a GPU is present)",
        "auto"},
@@ -340,6 +356,11 @@ int RunServe(const std::vector<std::string>& argv) {
   if (args->Has("draft") && args->Has("draft-exit-layer")) {
     return ReportError(
         "serve", absl::InvalidArgumentError("give either --draft or --draft-exit-layer, not both"));
+  }
+  if (args->Get("draft-method") != "ngram" && args->Get("draft-method") != "model") {
+    return ReportError("serve", absl::InvalidArgumentError(
+                                    absl::StrCat("--draft-method must be model or ngram, got '",
+                                                 args->Get("draft-method"), "'")));
   }
   const std::string pid_dir = args->Get("pid-dir");
   if (!pid_dir.empty() && !std::filesystem::is_directory(pid_dir)) {
@@ -414,6 +435,10 @@ int RunServe(const std::vector<std::string>& argv) {
     if (args->Has("draft-exit-layer")) {
       draft.args.insert(draft.args.end(), {"--exit-layer", args->Get("draft-exit-layer")});
     }
+    draft.args.insert(draft.args.end(), {"--draft-vocab", args->Get("draft-vocab")});
+    if (args->Has("draft-vocab-file")) {
+      draft.args.insert(draft.args.end(), {"--draft-vocab-file", args->Get("draft-vocab-file")});
+    }
     draft.args.insert(draft.args.end(), common.begin(), common.end());
     if (split_gpu) {
       draft.args.insert(draft.args.end(), {"--gpu-memory-fraction", utilization,
@@ -442,7 +467,20 @@ int RunServe(const std::vector<std::string>& argv) {
                 "--worker-call-timeout-seconds",
                 args->Get("worker-call-timeout-seconds"),
                 "--worker-unavailable-seconds",
-                args->Get("worker-unavailable-seconds")};
+                args->Get("worker-unavailable-seconds"),
+                "--draft-method",
+                args->Get("draft-method"),
+                "--ngram-min",
+                args->Get("ngram-min"),
+                "--ngram-max",
+                args->Get("ngram-max"),
+                "--egag-ema-beta",
+                args->Get("egag-ema-beta"),
+                "--egag-threshold",
+                args->Get("egag-threshold"),
+                "--egag-min-tokens",
+                args->Get("egag-min-tokens")};
+  if (args->GetBool("egag")) coord.args.push_back("--egag");
   if (!draft_addr.empty()) coord.args.insert(coord.args.end(), {"--draft", draft_addr});
   for (const char* flag : {"served-model-name", "chat-template"}) {
     if (args->Has(flag))

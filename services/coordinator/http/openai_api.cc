@@ -136,6 +136,9 @@ absl::StatusOr<std::vector<CompletionJob::ChoiceInput>> OpenAiApi::BuildChoices(
   names.prompt = chat ? "messages" : "prompt";
   names.max_new_tokens = "max_tokens";
   names.top_logprobs = chat ? "top_logprobs" : "logprobs";
+  names.draft_method = "draft_method";
+  names.tree = "speculation_tree";
+  names.egag = "egag";
   names.guidance_text = "guidance.unconditional_prompt";
   names.guidance_ids = "guidance.unconditional_prompt";
   // One seed for every choice when the client gives none: the choices differ by their sample

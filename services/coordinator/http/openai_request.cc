@@ -340,6 +340,37 @@ absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(Endpoint endpoint, absl::string
       return FieldError("k_policy", "k_policy must be \"fixed\" or \"adaptive\"");
     }
   }
+  // Who drafts (v1::DraftMethod): the draft model, or prompt lookup by the coordinator.
+  const Json& method = Field(body, "draft_method");
+  if (!method.is_null()) {
+    if (method == "model") {
+      out.base.mutable_speculation()->set_draft_method(v1::DRAFT_METHOD_MODEL);
+    } else if (method == "ngram") {
+      out.base.mutable_speculation()->set_draft_method(v1::DRAFT_METHOD_NGRAM);
+    } else {
+      return FieldError("draft_method", "draft_method must be \"model\" or \"ngram\"");
+    }
+  }
+  // A draft tree verified in one target pass (v1::TreeShape); its limits are checked with K's.
+  const Json& tree = Field(body, "speculation_tree");
+  if (!tree.is_null()) {
+    if (!tree.is_object()) {
+      return FieldError("speculation_tree",
+                        "speculation_tree must be an object {\"branching\": B, \"depth\": D}");
+    }
+    for (const char* part : {"branching", "depth"}) {
+      const Json& v = Field(tree, part);
+      if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() > 64) {
+        return FieldError("speculation_tree", absl::StrCat("speculation_tree.", part,
+                                                           " must be an integer in [0, 64]"));
+      }
+    }
+    v1::TreeShape* shape = out.base.mutable_speculation()->mutable_tree();
+    shape->set_branching(static_cast<uint32_t>(tree["branching"].get<int64_t>()));
+    shape->set_depth(static_cast<uint32_t>(tree["depth"].get<int64_t>()));
+  }
+  SPECD_ASSIGN_OR_RETURN(const std::optional<bool> egag, Bool(body, "egag"));
+  if (egag.has_value()) out.base.mutable_speculation()->set_egag(*egag);
 
   // Logprobs: completions take an integer (the number of alternatives), chat a boolean plus
   // top_logprobs.

@@ -1,9 +1,9 @@
 // Parsing and checking the bodies of POST /v1/completions and /v1/chat/completions (OpenAI's
 // names, plus the llama.cpp/vLLM extensions top_k, min_p, repetition_penalty, ignore_eos,
-// stop_token_ids, num_speculative_tokens, and specd's k_policy, logprobs_mode and
-// return_token_ids). Every rejection is INVALID_ARGUMENT naming the field (see FieldOf); limits
-// that depend on the model (vocabulary, max_seq_len, the operator's caps) are checked afterwards by
-// BuildGenerationRequest, the same code the gRPC API uses.
+// stop_token_ids, num_speculative_tokens, and specd's k_policy, draft_method, speculation_tree,
+// egag, logprobs_mode and return_token_ids). Every rejection is INVALID_ARGUMENT naming the field
+// (see FieldOf); limits that depend on the model (vocabulary, max_seq_len, the operator's caps) are
+// checked afterwards by BuildGenerationRequest, the same code the gRPC API uses.
 #ifndef SPECD_SERVICES_COORDINATOR_HTTP_OPENAI_REQUEST_H_
 #define SPECD_SERVICES_COORDINATOR_HTTP_OPENAI_REQUEST_H_
 

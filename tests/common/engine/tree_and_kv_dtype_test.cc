@@ -1,5 +1,6 @@
 // Two engine features of the back-end seam: draft-tree forward passes (a token's RoPE position
-// apart from its KV slot, attention masked to its ancestors) and bf16/f16 KV caches.
+// apart from its KV slot, attention masked to its ancestors; compaction of the accepted branch,
+// also under prefix caching) and bf16/f16 KV caches.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -95,6 +96,144 @@ TEST(TreeForwardTest, EachNodeGetsTheBitsOfItsPathFedLinearly) {
               0)
         << "tree node " << j << " differs from its path fed linearly";
   }
+}
+
+// A draft worker grows its tree one level per call: nodes fed in an earlier call are seen through
+// tree_first_node. The logits of each node are the same bits as in the one-shot tree, and so as
+// its path fed linearly. CompactKv then keeps one branch, and the next token sees only it.
+TEST(TreeForwardTest, LevelByLevelFeedingAndCompactionMatchTheLinearPath) {
+  ScopedTempDir tmp;
+  auto engine = MakeEngine(WriteModel(tmp), kernels::DType::kF32);
+  ASSERT_NE(engine, nullptr);
+  const std::vector<int32_t> prompt = {1, 17, 200, 5, 99, 3, 250, 8, 8, 61, 120};
+  const Tree tree;  // levels: {n0}, {n1, n2}, {n3, n4}, {n5}
+  const int32_t p = static_cast<int32_t>(prompt.size());
+  const int64_t vocab = engine->config().vocab_size;
+  ASSERT_TRUE(engine->AddSequence(1).ok());
+  {
+    SequenceInput in;
+    in.seq = 1;
+    in.tokens = prompt;
+    (void)testing::ForwardLogits(*engine, std::span<const SequenceInput>(&in, 1));
+  }
+  const std::vector<std::pair<int, int>> levels = {{0, 1}, {1, 2}, {3, 2}, {5, 1}};
+  std::vector<float> per_node(tree.tokens.size() * static_cast<size_t>(vocab));
+  for (const auto& [first, count] : levels) {
+    SequenceInput in;
+    in.seq = 1;
+    in.start_pos = p + first;
+    in.tokens = std::span<const int32_t>(tree.tokens).subspan(first, count);
+    std::vector<int32_t> positions;
+    std::vector<uint64_t> masks;
+    for (int j = first; j < first + count; ++j) {
+      positions.push_back(p + tree.Depth(j) - 1);
+      masks.push_back(tree.Mask(j));
+      in.logit_indices.push_back(j - first);
+    }
+    in.positions = positions;
+    in.tree_first_node = first;
+    in.tree_mask = masks;
+    const std::vector<float> logits =
+        testing::ForwardLogits(*engine, std::span<const SequenceInput>(&in, 1));
+    ASSERT_EQ(logits.size(), static_cast<size_t>(count * vocab));
+    std::copy(logits.begin(), logits.end(), per_node.begin() + first * vocab);
+  }
+  for (int j = 0; j < static_cast<int>(tree.tokens.size()); ++j) {
+    std::vector<int32_t> linear = prompt;
+    const std::vector<int32_t> path = tree.Path(j);
+    linear.insert(linear.end(), path.begin(), path.end());
+    const std::vector<float> all = testing::PrefillAll(*engine, 100 + j, linear);
+    ASSERT_FALSE(all.empty());
+    EXPECT_EQ(std::memcmp(all.data() + (linear.size() - 1) * vocab, per_node.data() + j * vocab,
+                          vocab * sizeof(float)),
+              0)
+        << "tree node " << j << " fed level by level differs from its path fed linearly";
+  }
+
+  // Keep the branch n0 -> n2 -> n4 and feed one more token after it.
+  const std::vector<int32_t> branch = {0, 2, 4};
+  ASSERT_TRUE(engine->CompactKv(1, p, branch).ok());
+  EXPECT_EQ(*engine->kv().Length(1), p + 3);
+  const std::vector<int32_t> next = {77};
+  SequenceInput in;
+  in.seq = 1;
+  in.start_pos = p + 3;
+  in.tokens = next;
+  in.logit_indices = {0};
+  const std::vector<float> after =
+      testing::ForwardLogits(*engine, std::span<const SequenceInput>(&in, 1));
+  std::vector<int32_t> linear = prompt;
+  for (const int n : branch) linear.push_back(tree.tokens[static_cast<size_t>(n)]);
+  linear.push_back(77);
+  const std::vector<float> want = testing::PrefillAll(*engine, 200, linear);
+  EXPECT_EQ(
+      std::memcmp(want.data() + (linear.size() - 1) * vocab, after.data(), vocab * sizeof(float)),
+      0);
+  // Nodes must increase and lie inside the sequence; a bad request changes nothing.
+  EXPECT_FALSE(engine->CompactKv(1, p, std::vector<int32_t>{1, 0}).ok());
+  EXPECT_FALSE(engine->CompactKv(1, p, std::vector<int32_t>{0, 9}).ok());
+  EXPECT_EQ(*engine->kv().Length(1), p + 4);
+}
+
+// With prefix caching, a block is found by the tokens the pool records for it. After a tree's
+// second child is kept, its slot must be recorded under that child's token: a later prompt with
+// the kept child reuses the block (and gets the bits of the path fed linearly), and a prompt with
+// the rejected sibling, whose KV the slot no longer holds, must not.
+TEST(TreeForwardTest, PrefixCacheKeysACompactedBranchByItsTokens) {
+  ScopedTempDir tmp;
+  auto engine = MakeEngine(WriteModel(tmp), kernels::DType::kF32);
+  ASSERT_NE(engine, nullptr);
+  ASSERT_TRUE(engine->kv().prefix_caching());
+  ASSERT_EQ(engine->kv().block_size(), 16);
+  const std::vector<int32_t> prompt = {1, 17, 200, 5, 99, 3, 250, 8, 8, 61, 120, 33, 7, 90};
+  const int32_t p = static_cast<int32_t>(prompt.size());
+  const int64_t vocab = engine->config().vocab_size;
+  ASSERT_TRUE(engine->AddSequence(1).ok());
+  SequenceInput in;
+  in.seq = 1;
+  in.tokens = prompt;
+  (void)testing::ForwardLogits(*engine, std::span<const SequenceInput>(&in, 1));
+  // Two children of the prompt, 40 (node 0) and 41 (node 1), at slots p and p + 1.
+  const std::vector<int32_t> children = {40, 41};
+  const std::vector<int32_t> positions = {p, p};
+  const std::vector<uint64_t> masks = {0b01, 0b10};
+  in = SequenceInput();
+  in.seq = 1;
+  in.start_pos = p;
+  in.tokens = children;
+  in.positions = positions;
+  in.tree_mask = masks;
+  (void)testing::ForwardLogits(*engine, std::span<const SequenceInput>(&in, 1));
+  ASSERT_TRUE(engine->CompactKv(1, p, std::vector<int32_t>{1}).ok());
+  // One more token fills block 0 with committed text: prompt, 41, 77.
+  const std::vector<int32_t> next = {77};
+  in = SequenceInput();
+  in.seq = 1;
+  in.start_pos = p + 1;
+  in.tokens = next;
+  (void)testing::ForwardLogits(*engine, std::span<const SequenceInput>(&in, 1));
+  ASSERT_TRUE(engine->CacheCommitted(1, 16).ok());
+
+  std::vector<int32_t> kept = prompt;
+  kept.insert(kept.end(), {41, 77, 5});
+  ASSERT_TRUE(engine->AddSequence(2).ok());
+  EXPECT_EQ(*engine->AttachCached(2, kept, 16), 16) << "the kept branch's block was not cached";
+  in = SequenceInput();
+  in.seq = 2;
+  in.start_pos = 16;
+  in.tokens = std::span<const int32_t>(kept).subspan(16);
+  in.logit_indices = {0};
+  const std::vector<float> reused =
+      testing::ForwardLogits(*engine, std::span<const SequenceInput>(&in, 1));
+  const std::vector<float> want = testing::PrefillAll(*engine, 3, kept);
+  ASSERT_EQ(reused.size(), static_cast<size_t>(vocab));
+  EXPECT_EQ(std::memcmp(want.data() + 16 * vocab, reused.data(), vocab * sizeof(float)), 0);
+
+  std::vector<int32_t> sibling = prompt;
+  sibling.insert(sibling.end(), {40, 77, 5});
+  ASSERT_TRUE(engine->AddSequence(4).ok());
+  EXPECT_EQ(*engine->AttachCached(4, sibling, 16), 0)
+      << "a block holding the kept child's KV was found under the rejected sibling's token";
 }
 
 TEST(TreeForwardTest, MalformedTreesAreRejectedAndChangeNothing) {

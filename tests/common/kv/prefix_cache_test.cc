@@ -289,6 +289,39 @@ TEST(PrefixCacheTest, ForkedSequencesShareUntilOneWritesIntoTheSharedPartialBloc
   EXPECT_EQ(pool->free_blocks(), 16);
 }
 
+// A draft tree's accepted branch moves into place (LlamaEngine::CompactKv): the tokens the pool
+// records move with the KV, so the block is cached under the kept child, never under the
+// rejected sibling whose slot it was. Slots in blocks others hold are refused, changing nothing.
+TEST(PrefixCacheTest, CompactedTreeBranchIsCachedUnderItsOwnTokens) {
+  const auto pool = MakePool(16, 4, 8);
+  const Tokens prompt = Range(1, 6);
+  ASSERT_TRUE(pool->AddSequence(1).ok());
+  ASSERT_TRUE(pool->Append(1, prompt).ok());
+  ASSERT_TRUE(pool->Append(1, Tokens{40, 41, 42}).ok());  // three children at slots 6, 7, 8
+  EXPECT_EQ(pool->CompactTokens(1, 6, std::vector<int32_t>{1, 0}).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(pool->CompactTokens(1, 6, std::vector<int32_t>{3}).code(),
+            absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(pool->CompactTokens(1, 6, std::vector<int32_t>{1}).ok());  // keep 41
+  ASSERT_TRUE(pool->Truncate(1, 7).ok());
+  ASSERT_TRUE(pool->Append(1, Tokens{77}).ok());  // block 1 is now 5 6 41 77
+  ASSERT_TRUE(pool->CacheCommitted(1, 8).ok());
+  ASSERT_TRUE(pool->AddSequence(2).ok());
+  EXPECT_EQ(*pool->AttachCached(2, Concat(prompt, {41, 77, 9}), 8), 8);
+  ASSERT_TRUE(pool->AddSequence(3).ok());
+  EXPECT_EQ(*pool->AttachCached(3, Concat(prompt, {40, 77, 9}), 8), 4)
+      << "the block was found under the rejected sibling's token";
+
+  // A forked sequence shares the partial block that would be written.
+  ASSERT_TRUE(pool->AddSequence(4).ok());
+  ASSERT_TRUE(pool->Append(4, Concat(Range(100, 6), {50, 51})).ok());
+  ASSERT_TRUE(pool->Fork(4, 5).ok());
+  EXPECT_EQ(pool->CompactTokens(4, 6, std::vector<int32_t>{1}).code(),
+            absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(pool->Release(5).ok());
+  EXPECT_TRUE(pool->CompactTokens(4, 6, std::vector<int32_t>{1}).ok());
+}
+
 // ------------------------------------------------------------------------------------------------
 // The randomized model-checked run.
 

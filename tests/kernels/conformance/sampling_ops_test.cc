@@ -55,7 +55,10 @@ class SamplingOpsTest : public BackendTest {
     std::vector<float> probs;  // [rows, vocab] in row order
     std::vector<int32_t> argmax, error;
     std::vector<float> penalized;
+    std::vector<int32_t> top_ids;  // [rows, kTop]
+    std::vector<float> entropy;
   };
+  static constexpr int32_t kTop = 6;
 
   // ProcessRows of `logits` ([cases.size(), vocab]) for `cases`, row r into pool slot
   // capacity - 1 - r (so slots are not the row order).
@@ -92,6 +95,9 @@ class SamplingOpsTest : public BackendTest {
     a.penalized = device().Output<float>(n * kVocab);
     a.argmax = device().Output<int32_t>(n);
     a.error = device().Output<int32_t>(n);
+    a.top_n = kTop;
+    a.top_ids = device().Output<int32_t>(n * kTop);
+    a.entropy = device().Output<float>(n);
     const absl::Status st = backend().ProcessRows(a);
     EXPECT_TRUE(st.ok()) << st;
     Processed out;
@@ -104,6 +110,8 @@ class SamplingOpsTest : public BackendTest {
     out.argmax = device().Get(a.argmax, n);
     out.error = device().Get(a.error, n);
     out.penalized = device().Get(a.penalized, n * kVocab);
+    out.top_ids = device().Get(a.top_ids, n * kTop);
+    out.entropy = device().Get(a.entropy, n);
     return out;
   }
 
@@ -189,6 +197,47 @@ TEST_P(SamplingOpsTest, ProcessRowsMatchesTheScalarReference) {
       }
     }
   }
+}
+
+// The draft-tree children (top tokens by penalised logit, lowest id on ties) against a full sort
+// of the reference's penalised row, and EGAG's entropy of the raw logits against fp64 libm.
+TEST_P(SamplingOpsTest, ProcessRowsTopTokensAndEntropy) {
+  std::vector<RowCase> cases = Cases();
+  std::vector<float> logits = Logits(cases.size());
+  // Row 0: every logit -inf but two, so the top tokens run into -inf ones (by id).
+  std::fill(logits.begin(), logits.begin() + kVocab, -kInf);
+  logits[500] = 1.0f;
+  logits[7] = 1.0f;
+  const Processed got = Process(logits, cases);
+  for (size_t r = 0; r < cases.size(); ++r) {
+    const std::span<const float> row = std::span<const float>(logits).subspan(r * kVocab, kVocab);
+    std::vector<float> w(kVocab);
+    cpu::LogitsProcessor processor;
+    ASSERT_TRUE(
+        processor.Penalize(row, cases[r].params, {cases[r].prompt, cases[r].output}, w).ok());
+    std::vector<int32_t> order(kVocab);
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return w[a] > w[b]; });
+    EXPECT_EQ(
+        std::vector<int32_t>(got.top_ids.begin() + static_cast<std::ptrdiff_t>(r * kTop),
+                             got.top_ids.begin() + static_cast<std::ptrdiff_t>((r + 1) * kTop)),
+        std::vector<int32_t>(order.begin(), order.begin() + kTop))
+        << "row " << r;
+    double m = -kInf;
+    for (const float x : row) m = std::max(m, static_cast<double>(x));
+    double sum = 0, weighted = 0;
+    for (const float x : row) {
+      if (x == -kInf) continue;
+      sum += std::exp(x - m);
+      weighted += std::exp(x - m) * (x - m);
+    }
+    const double h = (std::log(sum) - weighted / sum) / std::log(static_cast<double>(kVocab));
+    EXPECT_NEAR(got.entropy[r], h, 1e-5) << "row " << r;
+  }
+  EXPECT_NEAR(got.entropy[0], std::log(2.0) / std::log(static_cast<double>(kVocab)), 1e-6);
+  EXPECT_EQ(got.top_ids[0], 7);
+  EXPECT_EQ(got.top_ids[1], 500);
+  EXPECT_EQ(got.top_ids[2], 0);  // then the -inf tokens, lowest ids first
 }
 
 TEST_P(SamplingOpsTest, ProcessRowsReportsBadRowsWithoutDisturbingOthers) {

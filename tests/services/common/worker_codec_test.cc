@@ -68,6 +68,64 @@ TEST(WorkerCodecTest, DraftRequestRoundTrip) {
   EXPECT_EQ(codec::Decode(wire), r);
 }
 
+// Issue 17's fields: a tree shape, EGAG's stop, a pending KV compaction, tree parents, leaf
+// bonuses and step entropies.
+TEST(WorkerCodecTest, TreeEgagAndCompactionFieldsRoundTrip) {
+  DraftSequenceRequest d;
+  FillCommon(d);
+  d.num_speculative_tokens = 4;
+  d.tree = {3, 2};
+  d.entropy_stop = {true, 2, 0.625f};
+  d.compact = {40, {1, 4, 9}};
+  pb::DraftSequence dwire;
+  codec::Encode(d, &dwire);
+  EXPECT_EQ(dwire.tree().branching(), 3);
+  EXPECT_EQ(dwire.tree().depth(), 2);
+  EXPECT_TRUE(dwire.egag());
+  EXPECT_EQ(dwire.egag_min_tokens(), 2);
+  EXPECT_FLOAT_EQ(dwire.egag_threshold(), 0.625f);
+  EXPECT_EQ(dwire.compact().tree_start(), 40);
+  EXPECT_EQ(dwire.compact().kept_nodes_size(), 3);
+  EXPECT_EQ(codec::Decode(dwire), d);
+  // Unset on the wire is off in C++, whatever the other EGAG fields hold.
+  dwire.set_egag(false);
+  EXPECT_EQ(codec::Decode(dwire).entropy_stop, EntropyStop());
+  EXPECT_FALSE(codec::Decode(pb::DraftSequence()).tree.is_tree());
+
+  VerifySequenceRequest v;
+  FillCommon(v);
+  v.drafts = {5, 6, 7, 8};
+  v.tree_parents = {-1, -1, 0, 1};
+  v.compact = {12, {0, 2}};
+  pb::VerifySequence vwire;
+  codec::Encode(v, &vwire);
+  EXPECT_EQ(vwire.tree_parents_size(), 4);
+  EXPECT_EQ(vwire.tree_parents(1), -1);
+  EXPECT_EQ(codec::Decode(vwire), v);
+
+  VerifySequenceResult r;
+  r.seq = 4;
+  r.p_draft = {0.5f, 0.25f, 0.125f, 1.0f};
+  r.argmax = {1, 2, 3, 4, 5};
+  r.leaf_bonus = {77, 78};
+  r.candidate_tokens = {{7, 8}, {9, 10}, {11, 12}};
+  r.candidate_probs = {{0.1f, 0.2f}, {0.3f, 0.4f}, {0.5f, 0.6f}};
+  pb::VerifyResult rwire;
+  codec::Encode(r, KvFree{}, &rwire);
+  EXPECT_EQ(rwire.leaf_bonus_tokens_size(), 2);
+  EXPECT_EQ(codec::Decode(rwire, 0), r);
+
+  const std::vector<DraftToken> tokens = {{1, 5, 1.0f, 0.75f}};
+  DraftStep step;
+  step.step = 1;
+  step.tokens = tokens;
+  step.last = true;
+  pb::DraftResponse resp;
+  codec::Encode(step, KvFree{}, &resp);
+  EXPECT_FLOAT_EQ(resp.steps(0).tokens(0).entropy(), 0.75f);
+  EXPECT_EQ(codec::Decode(resp).front().tokens, tokens);
+}
+
 TEST(WorkerCodecTest, VerifyRequestRoundTrip) {
   VerifySequenceRequest r;
   FillCommon(r);

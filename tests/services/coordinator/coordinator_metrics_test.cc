@@ -87,6 +87,23 @@ TEST(CoordinatorMetricsTest, SpecDecodeCountersFollowVllmDefinitions) {
   EXPECT_EQ(Value(m, "specd_request_duration_seconds_count"), 2);
 }
 
+// Issue 17: the realized K of every drafting sequence round, and how many EGAG cut short.
+TEST(CoordinatorMetricsTest, RealizedDraftLengthAndEgagStops) {
+  CoordinatorMetrics metrics(/*max_position=*/4);
+  // Three rounds: a full K = 4, and two that EGAG stopped after 2 and after 1 draft.
+  metrics.OnDraftLength(4, false);
+  metrics.OnDraftLength(2, true);
+  metrics.OnDraftLength(1, true);
+  const std::map<std::string, double> m = ParseExposition(metrics.Text());
+  EXPECT_EQ(Value(m, "specd_spec_decode_draft_length_count"), 3);
+  EXPECT_EQ(Value(m, "specd_spec_decode_draft_length_sum"), 7);
+  EXPECT_EQ(Value(m, "specd_spec_decode_draft_length_bucket{le=\"0\"}"), 0);
+  EXPECT_EQ(Value(m, "specd_spec_decode_draft_length_bucket{le=\"1\"}"), 1);
+  EXPECT_EQ(Value(m, "specd_spec_decode_draft_length_bucket{le=\"3\"}"), 2);
+  EXPECT_EQ(Value(m, "specd_spec_decode_draft_length_bucket{le=\"4\"}"), 3);
+  EXPECT_EQ(Value(m, "specd_spec_decode_egag_early_stops_total"), 2);
+}
+
 // Guided requests are counted by what they guide, and their drafted and accepted tokens apart
 // from unguided ones', since an unguided draft of a guided target is accepted less often.
 TEST(CoordinatorMetricsTest, GuidanceSplitsTheAcceptanceCountersAndCountsGuidedRequests) {

@@ -31,6 +31,7 @@ namespace {
 
 using testing::ChildProcess;
 using ::testing::HasSubstr;
+using ::testing::Not;
 using testing::ScopedTempDir;
 
 struct Stream {
@@ -43,12 +44,14 @@ struct Stream {
 // Three processes: target, draft, coordinator.
 class Service {
  public:
-  // `worker_flags` go to both workers, `coordinator_flags` to the coordinator.
+  // An empty `draft_model` starts no draft worker. `worker_flags` go to both workers,
+  // `coordinator_flags` to the coordinator and `draft_flags` to the draft worker only.
   static std::unique_ptr<Service> Start(const std::filesystem::path& target_model,
                                         const std::filesystem::path& draft_model,
                                         int64_t draft_exit_layer, int64_t kv_tokens = 16384,
                                         const std::vector<std::string>& worker_flags = {},
-                                        const std::vector<std::string>& coordinator_flags = {}) {
+                                        const std::vector<std::string>& coordinator_flags = {},
+                                        std::vector<std::string> draft_flags = {}) {
     auto s = std::make_unique<Service>();
     std::vector<std::string> kv = {"--kv-tokens", std::to_string(kv_tokens)};
     kv.insert(kv.end(), worker_flags.begin(), worker_flags.end());
@@ -57,18 +60,26 @@ class Service {
     EXPECT_TRUE(target.ok()) << target.status();
     if (!target.ok()) return nullptr;
     s->target = *std::move(target);
-    std::vector<std::string> dargs = kv;
-    if (draft_exit_layer > 0) {
-      dargs.insert(dargs.end(), {"--exit-layer", std::to_string(draft_exit_layer)});
+    std::vector<std::string> cargs = {"--listen",
+                                      "127.0.0.1:0",
+                                      "--target",
+                                      s->target->address(),
+                                      "--max-running",
+                                      "16",
+                                      "--worker-unavailable-seconds",
+                                      "2"};
+    if (!draft_model.empty()) {
+      draft_flags.insert(draft_flags.end(), kv.begin(), kv.end());
+      if (draft_exit_layer > 0) {
+        draft_flags.insert(draft_flags.end(), {"--exit-layer", std::to_string(draft_exit_layer)});
+      }
+      auto draft = ChildProcess::Start(testing::DraftWorkerBinary(),
+                                       testing::WorkerArgs(draft_model, draft_flags));
+      EXPECT_TRUE(draft.ok()) << draft.status();
+      if (!draft.ok()) return nullptr;
+      s->draft = *std::move(draft);
+      cargs.insert(cargs.end(), {"--draft", s->draft->address()});
     }
-    auto draft =
-        ChildProcess::Start(testing::DraftWorkerBinary(), testing::WorkerArgs(draft_model, dargs));
-    EXPECT_TRUE(draft.ok()) << draft.status();
-    if (!draft.ok()) return nullptr;
-    s->draft = *std::move(draft);
-    std::vector<std::string> cargs = {
-        "--listen",          "127.0.0.1:0",   "--target", s->target->address(),           "--draft",
-        s->draft->address(), "--max-running", "16",       "--worker-unavailable-seconds", "2"};
     cargs.insert(cargs.end(), coordinator_flags.begin(), coordinator_flags.end());
     auto coord =
         ChildProcess::Start(testing::BuiltBinary("services/coordinator/specd-coordinator"), cargs);
@@ -117,13 +128,14 @@ class Service {
   }
   void ExpectNoBlocksUsed() {
     auto t = worker::v1::TargetWorker::NewStub(target->Channel());
-    auto d = worker::v1::DraftWorker::NewStub(draft->Channel());
+    auto d = draft != nullptr ? worker::v1::DraftWorker::NewStub(draft->Channel()) : nullptr;
+    auto draft_used = [&] { return d != nullptr ? UsedBlocks(*d) : 0; };
     // Releases are issued right after the last message; give them a moment to land.
-    for (int i = 0; i < 100 && (UsedBlocks(*t) != 0 || UsedBlocks(*d) != 0); ++i) {
+    for (int i = 0; i < 100 && (UsedBlocks(*t) != 0 || draft_used() != 0); ++i) {
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
     EXPECT_EQ(UsedBlocks(*t), 0);
-    EXPECT_EQ(UsedBlocks(*d), 0);
+    EXPECT_EQ(draft_used(), 0);
   }
 
   std::unique_ptr<ChildProcess> target, draft, coordinator;
@@ -257,6 +269,65 @@ TEST_F(SyntheticE2eTest, GreedySpeculativeEqualsPlainOverTheWire) {
   service_->ExpectNoBlocksUsed();
 }
 
+// A prompt that repeats itself, so that prompt lookup finds matches.
+v1::GenerateRequest RepeatingRequest(int p, uint32_t max_new) {
+  v1::GenerateRequest r;
+  r.mutable_token_ids()->add_ids(1);
+  for (int rep = 0; rep < 3; ++rep) {
+    for (int j = 0; j < 2 + p % 4; ++j) r.mutable_token_ids()->add_ids(300 + (p * 37 + j) % 600);
+  }
+  r.mutable_stopping()->set_max_new_tokens(max_new);
+  r.mutable_stopping()->set_ignore_eos(true);
+  return r;
+}
+
+// Every way of drafting (issue 17) over the wire: prompt lookup, EGAG and trees of several
+// shapes stream exactly the tokens of plain decoding, and each really drafted.
+TEST_F(SyntheticE2eTest, GreedyEveryDraftingMethodEqualsPlainOverTheWire) {
+  struct Arm {
+    const char* name;
+    uint32_t k;
+    std::function<void(v1::SpeculationParameters*)> set;
+  };
+  const std::vector<Arm> arms = {
+      {"ngram", 4,
+       [](v1::SpeculationParameters* s) { s->set_draft_method(v1::DRAFT_METHOD_NGRAM); }},
+      {"egag", 6, [](v1::SpeculationParameters* s) { s->set_egag(true); }},
+      {"tree 2x2", 4,
+       [](v1::SpeculationParameters* s) {
+         s->mutable_tree()->set_branching(2);
+         s->mutable_tree()->set_depth(2);
+       }},
+      {"tree 3x1", 3,
+       [](v1::SpeculationParameters* s) {
+         s->mutable_tree()->set_branching(3);
+         s->mutable_tree()->set_depth(1);
+       }},
+  };
+  std::vector<uint32_t> drafted(arms.size(), 0);
+  for (int p = 0; p < 12; ++p) {
+    v1::GenerateRequest r = RepeatingRequest(p, 16);
+    r.mutable_speculation()->set_num_speculative_tokens(0);
+    const Stream plain = service_->Generate(r);
+    ASSERT_TRUE(plain.status.ok()) << plain.status.error_message();
+    ASSERT_EQ(plain.tokens.size(), 16u);
+    for (size_t a = 0; a < arms.size(); ++a) {
+      v1::GenerateRequest m = r;
+      m.mutable_speculation()->set_num_speculative_tokens(arms[a].k);
+      m.mutable_speculation()->set_k_policy(v1::K_POLICY_FIXED);
+      arms[a].set(m.mutable_speculation());
+      const Stream spec = service_->Generate(m);
+      ASSERT_TRUE(spec.status.ok()) << arms[a].name << ": " << spec.status.error_message();
+      EXPECT_EQ(spec.tokens, plain.tokens) << arms[a].name << ", prompt " << p;
+      drafted[a] += spec.last.usage().draft_tokens();
+    }
+  }
+  for (size_t a = 0; a < arms.size(); ++a) {
+    EXPECT_GT(drafted[a], 0u) << arms[a].name << " never drafted";
+  }
+  service_->ExpectNoBlocksUsed();
+}
+
 TEST_F(SyntheticE2eTest, ThirtyTwoConcurrentMixedStreams) {
   std::vector<v1::GenerateRequest> reqs;
   for (int i = 0; i < 32; ++i) {
@@ -313,6 +384,34 @@ TEST_F(SyntheticE2eTest, InvalidRequestsAreRejectedWithPreciseMessages) {
        "exceeds the model's limit"},
       {[](v1::GenerateRequest* r) { r->mutable_speculation()->set_num_speculative_tokens(1000); },
        "num_speculative_tokens must be in [0, 16]"},
+      {[](v1::GenerateRequest* r) {
+         r->mutable_speculation()->set_draft_method(static_cast<v1::DraftMethod>(7));
+       },
+       "speculation.draft_method 7 is not a DraftMethod"},
+      {[](v1::GenerateRequest* r) { r->mutable_speculation()->mutable_tree()->set_depth(1); },
+       "speculation.tree.branching must be in [2, 8], got 0"},
+      {[](v1::GenerateRequest* r) {
+         r->mutable_speculation()->mutable_tree()->set_branching(2);
+         r->mutable_speculation()->mutable_tree()->set_depth(3);
+       },
+       "speculation.tree.depth must be in [1, K = 2], got 3"},
+      {[](v1::GenerateRequest* r) {
+         r->mutable_speculation()->set_num_speculative_tokens(8);
+         r->mutable_speculation()->mutable_tree()->set_branching(4);
+         r->mutable_speculation()->mutable_tree()->set_depth(3);
+       },
+       "speculation.tree (branching 4, depth 3, K 8) has 404 nodes, at most 64"},
+      {[](v1::GenerateRequest* r) {
+         r->mutable_speculation()->set_draft_method(v1::DRAFT_METHOD_NGRAM);
+         r->mutable_speculation()->mutable_tree()->set_branching(2);
+         r->mutable_speculation()->mutable_tree()->set_depth(1);
+       },
+       "speculation.tree needs model drafting"},
+      {[](v1::GenerateRequest* r) {
+         r->mutable_speculation()->set_egag(true);
+         r->mutable_speculation()->set_draft_method(v1::DRAFT_METHOD_NGRAM);
+       },
+       "speculation.egag needs a chain of model drafts"},
   };
   for (const Case& c : cases) {
     v1::GenerateRequest r = TextRequest("hello", 4, 2);
@@ -427,6 +526,42 @@ TEST_F(SyntheticE2eTest, GuidanceOverTheWire) {
   }
   service_->ExpectNoBlocksUsed();
   EXPECT_EQ(MetricValue(service_->target->metrics_port(), "specd_worker_companion_kv_blocks"), 0);
+}
+
+// Issue 17 with guidance: prompt lookup and EGAG (with a guided draft) give guided plain
+// decoding's greedy tokens; a guided tree is refused naming the field.
+TEST_F(SyntheticE2eTest, GuidedPromptLookupAndEgagEqualGuidedPlainDecoding) {
+  for (int p = 0; p < 6; ++p) {
+    v1::GenerateRequest r = RepeatingRequest(p, 16);
+    r.mutable_speculation()->set_num_speculative_tokens(0);
+    r.mutable_speculation()->set_k_policy(v1::K_POLICY_FIXED);
+    r.mutable_guidance()->set_scale(2.5f);
+    r.mutable_guidance()->mutable_unconditional_token_ids()->add_ids(1);
+    const Stream plain = service_->Generate(r);
+    ASSERT_TRUE(plain.status.ok()) << plain.status.error_message();
+    ASSERT_EQ(plain.tokens.size(), 16u);
+    v1::GenerateRequest ngram = r;
+    ngram.mutable_speculation()->set_num_speculative_tokens(4);
+    ngram.mutable_speculation()->set_draft_method(v1::DRAFT_METHOD_NGRAM);
+    EXPECT_EQ(service_->Generate(ngram).tokens, plain.tokens) << "prompt lookup, prompt " << p;
+    v1::GenerateRequest egag = r;
+    egag.mutable_speculation()->set_num_speculative_tokens(6);
+    egag.mutable_speculation()->set_egag(true);
+    egag.mutable_guidance()->set_draft(true);
+    const Stream e = service_->Generate(egag);
+    EXPECT_EQ(e.tokens, plain.tokens) << "EGAG with a guided draft, prompt " << p;
+    EXPECT_GT(e.last.usage().draft_tokens(), 0u);
+  }
+  v1::GenerateRequest tree = RepeatingRequest(0, 4);
+  tree.mutable_speculation()->set_num_speculative_tokens(3);
+  tree.mutable_speculation()->mutable_tree()->set_branching(2);
+  tree.mutable_speculation()->mutable_tree()->set_depth(1);
+  tree.mutable_guidance()->set_scale(2.0f);
+  const Stream refused = service_->Generate(tree);
+  EXPECT_EQ(refused.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(refused.status.error_message(),
+              HasSubstr("speculation.tree cannot be combined with guidance"));
+  service_->ExpectNoBlocksUsed();
 }
 
 // Empty text is a prompt of BOS alone, as in vLLM and llama.cpp: the same tokens as sending the
@@ -639,6 +774,108 @@ TEST(SpecdServeTest, StartsThreeProcessesServesAndStopsOnSigint) {
   }();
   EXPECT_THAT(out, HasSubstr("12 generated, finish FINISH_REASON_LENGTH"));
   EXPECT_THAT(out, HasSubstr("acceptance rate"));
+  (*serve)->Signal(SIGINT);
+  EXPECT_EQ((*serve)->Terminate(), 0);
+}
+
+// A coordinator that drafts by prompt lookup needs no draft worker: it serves greedy output equal
+// to plain decoding, says so in GetServerInfo, and refuses model drafting naming the field.
+TEST(NgramServiceTest, PromptLookupWithoutADraftWorker) {
+  ScopedTempDir tmp;
+  SynthSpec spec;
+  spec.config = *ShapePreset("tiny");
+  spec.config.vocab_size = 1000;
+  spec.residual_scale = 0.1;
+  ASSERT_TRUE(WriteSyntheticModel(spec, tmp.path() / "m").ok());
+  auto service =
+      Service::Start(tmp.path() / "m", "", 0, 16384, {},
+                     {"--draft-method", "ngram", "--ngram-min", "1", "--ngram-max", "3"});
+  ASSERT_NE(service, nullptr);
+  grpc::ClientContext ctx;
+  v1::GetServerInfoResponse info;
+  ASSERT_TRUE(service->stub->GetServerInfo(&ctx, v1::GetServerInfoRequest(), &info).ok());
+  EXPECT_EQ(info.default_draft_method(), v1::DRAFT_METHOD_NGRAM);
+  EXPECT_EQ(info.default_num_speculative_tokens(), 4u);
+  uint32_t drafted = 0;
+  uint32_t accepted = 0;
+  for (int p = 0; p < 8; ++p) {
+    v1::GenerateRequest r = RepeatingRequest(p, 24);
+    r.mutable_speculation()->set_num_speculative_tokens(0);
+    const Stream plain = service->Generate(r);
+    ASSERT_TRUE(plain.status.ok()) << plain.status.error_message();
+    r.mutable_speculation()->clear_num_speculative_tokens();  // the server's default K, by lookup
+    const Stream lookup = service->Generate(r);
+    ASSERT_TRUE(lookup.status.ok()) << lookup.status.error_message();
+    EXPECT_EQ(lookup.tokens, plain.tokens) << "prompt " << p;
+    drafted += lookup.last.usage().draft_tokens();
+    accepted += lookup.last.usage().accepted_tokens();
+  }
+  EXPECT_GT(drafted, 0u);
+  EXPECT_GT(accepted, 0u) << "prompt lookup never had a draft accepted";
+  v1::GenerateRequest model = RepeatingRequest(0, 4);
+  model.mutable_speculation()->set_draft_method(v1::DRAFT_METHOD_MODEL);
+  const Stream refused = service->Generate(model);
+  EXPECT_EQ(refused.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(refused.status.error_message(),
+              HasSubstr("speculation.draft_method: model drafting needs a draft worker"));
+  service->ExpectNoBlocksUsed();
+}
+
+// A draft whose classifier keeps only its 300 most frequent tokens (FR-Spec, ranked by the
+// tokenizer here) still gives exactly plain decoding's greedy output, and drafts.
+TEST(ReducedDraftHeadTest, GreedyEqualsPlainOverTheWire) {
+  ScopedTempDir tmp;
+  SynthSpec spec;
+  spec.config = *ShapePreset("tiny");
+  spec.config.vocab_size = 1000;
+  spec.residual_scale = 0.1;
+  ASSERT_TRUE(WriteSyntheticModel(spec, tmp.path() / "m").ok());
+  auto service = Service::Start(tmp.path() / "m", tmp.path() / "m", 1, 16384, {}, {},
+                                {"--draft-vocab", "300"});
+  ASSERT_NE(service, nullptr);
+  uint32_t accepted = 0;
+  for (int p = 0; p < 8; ++p) {
+    v1::GenerateRequest r = RepeatingRequest(p, 16);
+    r.mutable_speculation()->set_num_speculative_tokens(0);
+    const Stream plain = service->Generate(r);
+    ASSERT_TRUE(plain.status.ok()) << plain.status.error_message();
+    r.mutable_speculation()->set_num_speculative_tokens(3);
+    r.mutable_speculation()->set_k_policy(v1::K_POLICY_FIXED);
+    for (const float temperature : {0.0f, 1.0f}) {
+      r.mutable_sampling()->set_temperature(temperature);
+      r.mutable_sampling()->set_seed(7);
+      const Stream reduced = service->Generate(r);
+      ASSERT_TRUE(reduced.status.ok()) << reduced.status.error_message();
+      if (temperature == 0.0f) {
+        EXPECT_EQ(reduced.tokens, plain.tokens) << "prompt " << p;
+      }
+      EXPECT_GT(reduced.last.usage().draft_tokens(), 0u);
+      accepted += reduced.last.usage().accepted_tokens();
+    }
+  }
+  EXPECT_GT(accepted, 0u);
+  service->ExpectNoBlocksUsed();
+}
+
+TEST(SpecdServeTest, DraftMethodNgramStartsNoDraftWorker) {
+  ScopedTempDir tmp;
+  SynthSpec spec;
+  spec.config = *ShapePreset("tiny");
+  ASSERT_TRUE(WriteSyntheticModel(spec, tmp.path() / "m").ok());
+  auto serve = ChildProcess::Start(
+      testing::BuiltBinary("tools/specd"),
+      {"serve", "--target", (tmp.path() / "m").string(), "--draft-method", "ngram", "--listen",
+       "127.0.0.1:0", "--threads", "1", "--kv-tokens", "2048"});
+  ASSERT_TRUE(serve.ok()) << serve.status();
+  // The coordinator reports how it drafts as it starts serving, about when serve does.
+  std::string err = (*serve)->StderrText();
+  for (int i = 0; i < 100 && err.find("drafting by") == std::string::npos; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    err = (*serve)->StderrText();
+  }
+  EXPECT_THAT(err, HasSubstr("target worker pid"));
+  EXPECT_THAT(err, Not(HasSubstr("draft worker pid")));
+  EXPECT_THAT(err, HasSubstr("drafting by ngram"));
   (*serve)->Signal(SIGINT);
   EXPECT_EQ((*serve)->Terminate(), 0);
 }

@@ -254,7 +254,8 @@ class InProcessFaultTest : public ::testing::Test {
 
   // 16 requests: even ones greedy, odd ones sampled at temperature 1 with their own seed; half
   // with classifier-free guidance (a companion on the target, and on the draft for a quarter),
-  // so every fault also meets guided pairs to replay and resync.
+  // so every fault also meets guided pairs to replay and resync; every fourth drafts a tree and
+  // two draft by prompt lookup (one of them guided).
   static std::vector<GenerationRequest> Requests() {
     std::vector<GenerationRequest> out;
     for (int i = 0; i < 16; ++i) {
@@ -266,6 +267,8 @@ class InProcessFaultTest : public ::testing::Test {
       r.max_new_tokens = 24;
       r.ignore_eos = true;
       r.num_speculative_tokens = 1 + i % 4;
+      if (i % 4 == 3) r.tree = {2, 2};
+      if (i % 8 == 5) r.draft_method = DraftMethod::kNgram;
       if (i % 4 < 2) {
         Guidance g;
         g.scale = 1.5f + static_cast<float>(i % 3);
@@ -435,7 +438,8 @@ std::unique_ptr<testing::ServeProcess> StartServe(const std::filesystem::path& m
       pid_dir);
 }
 
-// 16 requests of 40 tokens: even ones greedy, odd ones sampled at temperature 1 with a seed.
+// 16 requests of 40 tokens: even ones greedy, odd ones sampled at temperature 1 with a seed;
+// every fourth drafts a 2x2 tree, so a killed worker dies mid-tree too.
 // `guided`: every other one with classifier-free guidance, half of those with a guided draft.
 std::vector<v1::GenerateRequest> SixteenStreams(uint32_t max_new = 40, bool guided = false) {
   std::vector<v1::GenerateRequest> out;
@@ -446,6 +450,10 @@ std::vector<v1::GenerateRequest> SixteenStreams(uint32_t max_new = 40, bool guid
     r.mutable_stopping()->set_max_new_tokens(max_new);
     r.mutable_stopping()->set_ignore_eos(true);
     r.mutable_speculation()->set_num_speculative_tokens(1 + i % 4);
+    if (i % 4 == 3) {
+      r.mutable_speculation()->mutable_tree()->set_branching(2);
+      r.mutable_speculation()->mutable_tree()->set_depth(2);
+    }
     if (i % 2 == 1) {
       r.mutable_sampling()->set_temperature(1.0f);
       r.mutable_sampling()->set_seed(500 + i);
@@ -504,6 +512,11 @@ TEST_P(ServeCrashTest, SigkilledWorkerIsRestartedAndEveryStreamIsUnchanged) {
     kill(pid, SIGKILL);
   });
   EXPECT_LT(finished_at_kill, 16) << "the worker died after every stream had finished";
+  int trees_in_flight = 0;  // tree streams still running when the worker was killed
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    trees_in_flight += reqs[i].speculation().has_tree() && !faulted[i].done_before_hook;
+  }
+  EXPECT_GT(trees_in_flight, 0) << "no draft tree was in flight when the worker died";
   for (size_t i = 0; i < reqs.size(); ++i) {
     ASSERT_TRUE(faulted[i].status.ok())
         << "stream " << i << ": " << faulted[i].status.error_message();

@@ -85,7 +85,7 @@ std::vector<Generated> Generate(WorkerApi& draft, WorkerApi& target,
   }
   for (SpeculativeSequence& s : seqs) {
     EXPECT_TRUE(target.Release(s.id).ok());
-    if (s.num_speculative_tokens > 0) (void)draft.Release(s.id);
+    if (s.num_speculative_tokens > 0 && s.uses_draft_worker()) (void)draft.Release(s.id);
   }
   return runs;
 }
@@ -234,6 +234,10 @@ struct Case {
   float temperature;
   int32_t top_k;
   int32_t num_candidates;  // M; 0 sends every rejection to the ReadRows fallback
+  // Issue 17: a draft tree's logprobs come from the rows of its accepted path; prompt lookup's
+  // from its chain's.
+  TreeShape tree = {};
+  DraftMethod method = DraftMethod::kModel;
 };
 
 class LogprobsReferenceTest : public LogprobsTest, public ::testing::WithParamInterface<Case> {};
@@ -252,6 +256,9 @@ TEST_P(LogprobsReferenceTest, EveryLogprobMatchesTheNumpyReferenceOfTheTarget) {
   for (int i = 0; i < 4; ++i) {
     SpeculativeSequence s = Seq(100 + i, Prompt(i), p, /*K=*/4, {c.mode, kTop}, 1000 + i);
     s.num_candidates = c.num_candidates;
+    s.tree = c.tree;
+    s.draft_method = c.method;
+    s.ngram = {1, 2};
     seqs.push_back(std::move(s));
   }
   const std::vector<Generated> runs = Generate(*draft, *target, seqs, kNew);
@@ -309,11 +316,17 @@ TEST_P(LogprobsReferenceTest, EveryLogprobMatchesTheNumpyReferenceOfTheTarget) {
 
 INSTANTIATE_TEST_SUITE_P(
     Cases, LogprobsReferenceTest,
-    ::testing::Values(Case{"raw_greedy", LogprobsMode::kRaw, 0.0f, 0, 4},
-                      Case{"raw_sampled", LogprobsMode::kRaw, 1.0f, 0, 4},
-                      Case{"raw_sampled_fallback", LogprobsMode::kRaw, 1.0f, 0, 0},
-                      Case{"processed_sampled_top_k3", LogprobsMode::kProcessed, 0.8f, 3, 4},
-                      Case{"processed_fallback", LogprobsMode::kProcessed, 1.0f, 0, 0}),
+    ::testing::Values(
+        Case{"raw_greedy", LogprobsMode::kRaw, 0.0f, 0, 4},
+        Case{"raw_sampled", LogprobsMode::kRaw, 1.0f, 0, 4},
+        Case{"raw_sampled_fallback", LogprobsMode::kRaw, 1.0f, 0, 0},
+        Case{"processed_sampled_top_k3", LogprobsMode::kProcessed, 0.8f, 3, 4},
+        Case{"processed_fallback", LogprobsMode::kProcessed, 1.0f, 0, 0},
+        Case{"raw_greedy_tree_2x2", LogprobsMode::kRaw, 0.0f, 0, 4, {2, 2}},
+        Case{"raw_sampled_tree_2x2", LogprobsMode::kRaw, 1.0f, 0, 4, {2, 2}},
+        Case{"raw_tree_fallback", LogprobsMode::kRaw, 1.0f, 0, 0, {3, 1}},
+        Case{"processed_tree_fallback", LogprobsMode::kProcessed, 1.0f, 0, 0, {2, 1}},
+        Case{"raw_sampled_ngram", LogprobsMode::kRaw, 1.0f, 0, 0, {}, DraftMethod::kNgram}),
     [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
 
 // n completions: one seed, sample numbers 0..n-1.

@@ -186,6 +186,75 @@ TEST_F(SchedulerTest, ThirtyTwoMixedConcurrentRequestsFinishAndGreedyOnesMatchSo
   ExpectNoBlocksUsed();
 }
 
+// Every way of drafting (issue 17) through the scheduler, batched together with adaptive K on:
+// prompt lookup, EGAG and trees of two shapes give the greedy tokens of plain decoding, sampled
+// ones run to the end, the realized K is reported, and every block returns. Also with prompts
+// fed 4 tokens per round (chunked prefill), so drafting methods meet prefilling rounds.
+class DraftingMethodsSchedulerTest : public SchedulerTest,
+                                     public ::testing::WithParamInterface<int64_t> {};
+
+TEST_P(DraftingMethodsSchedulerTest, EveryDraftingMethodBatchedTogetherMatchesSolo) {
+  MakeWorkers(8192);
+  std::vector<std::pair<int32_t, bool>> lengths;  // (realized K, EGAG stopped) per drafting round
+  SchedulerOptions o;
+  o.egag = {0.5, 0.3, 1};
+  o.ngram = {1, 3};
+  o.on_draft_length = [&lengths](int32_t k, bool stopped) { lengths.emplace_back(k, stopped); };
+  o.prefill_chunk = GetParam();
+  auto scheduler = MakeScheduler(/*max_running=*/8, 256, o);
+  std::vector<GenerationRequest> reqs;
+  std::vector<std::unique_ptr<Collector>> out;
+  for (int i = 0; i < 16; ++i) {
+    std::vector<int32_t> prompt = {1};
+    for (int rep = 0; rep < 3; ++rep) {
+      for (int j = 0; j < 2 + i % 3; ++j) prompt.push_back(3 + (i * 41 + j * 13) % 290);
+    }
+    GenerationRequest r = Greedy(prompt, 20, 4);
+    r.adaptive_k = true;
+    switch (i % 4) {
+      case 0:
+        r.draft_method = DraftMethod::kNgram;
+        break;
+      case 1:
+        r.egag = true;
+        r.num_speculative_tokens = 6;
+        break;
+      case 2:
+        r.tree = {2, 2};
+        break;
+      case 3:
+        r.tree = {3, 1};
+        r.num_speculative_tokens = 3;
+        break;
+    }
+    if (i >= 12) {  // sampled, with a seed
+      r.sampling.temperature = 0.9f;
+      r.seed = 500 + static_cast<uint64_t>(i);
+    }
+    reqs.push_back(r);
+    out.push_back(std::make_unique<Collector>());
+    ASSERT_TRUE(scheduler->Submit(r, out.back()->Sink()).ok());
+  }
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    ASSERT_TRUE(out[i]->WaitFor(std::chrono::seconds(60))) << "request " << i;
+    const GenerationEvent last = out[i]->last();
+    ASSERT_TRUE(last.error.ok()) << last.error;
+    EXPECT_EQ(static_cast<int64_t>(out[i]->tokens().size()), 20);
+    EXPECT_GT(last.usage.draft_tokens, 0) << "request " << i << " never drafted";
+    if (i < 12) {
+      EXPECT_EQ(out[i]->tokens(), Solo(reqs[i].prompt, 20)) << "request " << i;
+    }
+  }
+  scheduler.reset();
+  EXPECT_FALSE(lengths.empty());
+  EXPECT_TRUE(std::any_of(lengths.begin(), lengths.end(), [](const auto& l) { return l.second; }))
+      << "EGAG never stopped a draft";
+  ExpectNoBlocksUsed();
+}
+
+INSTANTIATE_TEST_SUITE_P(PrefillChunk, DraftingMethodsSchedulerTest, ::testing::Values(0, 4),
+                         [](const auto& info) { return absl::StrCat("chunk", info.param); });
+
 TEST_F(SchedulerTest, StopStringEndsExactlyAtTheStringAndTrimsIt) {
   MakeWorkers(4096);
   auto scheduler = MakeScheduler();

@@ -122,6 +122,126 @@ TEST_P(GreedyParityTest, SpeculativeEqualsPlainForEveryK) {
 // s = 0.05: a draft that mostly agrees; s = 0.6: one that mostly does not.
 INSTANTIATE_TEST_SUITE_P(Agreement, GreedyParityTest, ::testing::Values(0.05, 0.6));
 
+// Every way of drafting (issue 17) against plain decoding, token for token: prompt lookup, EGAG,
+// and trees of several shapes, on prompts that repeat themselves so that prompt lookup matches.
+struct MethodCase {
+  const char* name;
+  DraftMethod method;
+  TreeShape tree;
+  bool egag;
+  int32_t k;
+};
+void PrintTo(const MethodCase& c, std::ostream* os) { *os << c.name; }
+
+class MethodParityTest : public ::testing::TestWithParam<MethodCase> {};
+
+TEST_P(MethodParityTest, GreedyOutputEqualsPlainAndEveryBlockReturns) {
+  const MethodCase& c = GetParam();
+  ScopedTempDir dir;
+  SynthSpec spec;
+  spec.config = testing::SmallConfig();
+  spec.config.num_layers = 4;
+  spec.config.max_position_embeddings = 128;
+  spec.residual_scale = 0.3;
+  spec.seed = 21;
+  testing::WriteSynth(spec, dir.path());
+  auto plain_engine = testing::MakeEngine(dir.path(), 1);
+  ASSERT_NE(plain_engine, nullptr);
+  constexpr int kPrompts = 12;
+  constexpr int64_t kNew = 24;
+  auto target = MakeWorker(dir.path(), 0);
+  auto draft = MakeWorker(dir.path(), 1);
+  std::vector<SpeculativeSequence> seqs(kPrompts);
+  std::vector<std::vector<int32_t>> expected;
+  for (int p = 0; p < kPrompts; ++p) {
+    std::vector<int32_t> prompt = {1};
+    for (int rep = 0; rep < 3; ++rep) {
+      for (int j = 0; j < 2 + p % 4; ++j) prompt.push_back(3 + (p * 31 + j * 17) % 290);
+    }
+    DecodeRequest req;
+    req.prompt = prompt;
+    req.sampling.temperature = 0.0f;
+    req.max_new_tokens = kNew;
+    absl::StatusOr<DecodeResult> out = DecodePlain(*plain_engine, 1, req);
+    ASSERT_TRUE(out.ok()) << out.status();
+    std::vector<int32_t> full = prompt;
+    full.insert(full.end(), out->tokens.begin(), out->tokens.end());
+    expected.push_back(full);
+    SpeculativeSequence& s = seqs[static_cast<size_t>(p)];
+    s.id = 500 + static_cast<SeqId>(p);
+    s.tokens = prompt;
+    s.prompt_len = static_cast<int64_t>(prompt.size());
+    s.sampling.temperature = 0.0f;
+    s.num_speculative_tokens = c.k;
+    s.draft_method = c.method;
+    s.ngram = {1, 3};
+    s.tree = c.tree;
+    s.egag.enabled = c.egag;
+    s.egag.options = {0.5, 0.3, 1};
+  }
+  // Round by round, so that the KV of every tree round can be checked.
+  int64_t drafted = 0, accepted = 0, rejections = 0, stops = 0, later = 0;
+  std::vector<size_t> end;
+  for (const SpeculativeSequence& s : seqs) end.push_back(s.tokens.size() + kNew);
+  while (true) {
+    std::vector<SpeculativeSequence*> running;
+    for (size_t i = 0; i < seqs.size(); ++i) {
+      if (seqs[i].tokens.size() < end[i]) running.push_back(&seqs[i]);
+    }
+    if (running.empty()) break;
+    for (const RoundStats& st : RunSpeculationRound(*draft, *target, running, RoundOptions{128})) {
+      ASSERT_TRUE(st.status.ok()) << st.status;
+      drafted += st.drafted > 0;
+      accepted += st.accepted;
+      rejections += st.accepted < st.drafted;
+      stops += st.entropy_stopped;
+      later += st.later_children_accepted;
+    }
+    // Only the accepted path's KV remains: once the pending compaction has been applied by the
+    // next call, the target holds exactly x but its last token (which every catch-up re-feeds).
+    for (const SpeculativeSequence* s : running) {
+      const absl::StatusOr<int64_t> held = target->runtime().CachedLength(s->id);
+      ASSERT_TRUE(held.ok());
+      if (s->target_compact.empty() && !s->target_tail) EXPECT_EQ(*held, s->target_cached);
+      EXPECT_LE(s->target_cached, static_cast<int64_t>(s->tokens.size()));
+    }
+  }
+  for (size_t p = 0; p < seqs.size(); ++p) {
+    seqs[p].tokens.resize(std::min(seqs[p].tokens.size(), end[p]));
+    EXPECT_EQ(seqs[p].tokens, expected[p]) << c.name << ", prompt " << p;
+  }
+  std::printf(
+      "[%s] %lld drafting rounds, %lld accepted, %lld rejections, %lld EGAG stops, %lld "
+      "later children accepted\n",
+      c.name, static_cast<long long>(drafted), static_cast<long long>(accepted),
+      static_cast<long long>(rejections), static_cast<long long>(stops),
+      static_cast<long long>(later));
+  EXPECT_GT(drafted, 20) << "the method hardly drafted: the test would be vacuous";
+  EXPECT_GT(accepted, 10);
+  EXPECT_GT(rejections, 5);
+  if (c.egag) EXPECT_GT(stops, 0);
+  if (c.tree.is_tree()) EXPECT_GT(later, 0) << "no second-ranked child was ever accepted";
+  for (const SpeculativeSequence& s : seqs) {
+    ASSERT_TRUE(target->Release(s.id).ok());
+    if (s.uses_draft_worker()) ASSERT_TRUE(draft->Release(s.id).ok());
+  }
+  EXPECT_EQ(target->runtime().engine().kv().used_blocks(), 0);
+  EXPECT_EQ(draft->runtime().engine().kv().used_blocks(), 0);
+  if (c.method == DraftMethod::kNgram) {
+    EXPECT_EQ(draft->runtime().num_sequences(), 0);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Methods, MethodParityTest,
+    ::testing::Values(MethodCase{"ngram_k4", DraftMethod::kNgram, {}, false, 4},
+                      MethodCase{"egag_k6", DraftMethod::kModel, {}, true, 6},
+                      MethodCase{"tree_b2_d1_k3", DraftMethod::kModel, {2, 1}, false, 3},
+                      MethodCase{"tree_b2_d2_k4", DraftMethod::kModel, {2, 2}, false, 4},
+                      MethodCase{"tree_b3_d2_k3", DraftMethod::kModel, {3, 2}, false, 3},
+                      MethodCase{"tree_b4_d1_k5", DraftMethod::kModel, {4, 1}, false, 5}),
+    [](const auto& info) { return std::string(info.param.name); });
+
 TEST(SpeculationRoundTest, NearMaxSeqLenKShrinksToZero) {
   SpeculativeSequence s;
   s.tokens.assign(10, 1);

@@ -35,10 +35,17 @@ nlohmann::ordered_json DistributionJson(const Distribution& d) {
 }  // namespace
 
 std::string ArmSpec::Label() const {
-  return absl::StrCat("K=", k, adaptive && k > 0 ? " adaptive" : "", http ? " http" : "",
-                      guidance == ArmGuidance::kTarget           ? " cfg"
-                      : guidance == ArmGuidance::kTargetAndDraft ? " cfg+draft"
-                                                                 : "");
+  std::string label = absl::StrCat("K=", k, adaptive && k > 0 ? " adaptive" : "");
+  if (k > 0) {
+    if (ngram) absl::StrAppend(&label, " ngram");
+    if (tree_branching > 0) absl::StrAppend(&label, " tree ", tree_branching, "x", tree_depth);
+    if (egag.has_value()) absl::StrAppend(&label, *egag ? " egag" : " no-egag");
+  }
+  absl::StrAppend(&label, http ? " http" : "",
+                  guidance == ArmGuidance::kTarget           ? " cfg"
+                  : guidance == ArmGuidance::kTargetAndDraft ? " cfg+draft"
+                                                             : "");
+  return label;
 }
 
 namespace {

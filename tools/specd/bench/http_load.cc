@@ -58,6 +58,13 @@ Json CompletionBody(const v1::GenerateRequest& r) {
     body["num_speculative_tokens"] = r.speculation().num_speculative_tokens();
     if (r.speculation().k_policy() == v1::K_POLICY_FIXED) body["k_policy"] = "fixed";
     if (r.speculation().k_policy() == v1::K_POLICY_ADAPTIVE) body["k_policy"] = "adaptive";
+    if (r.speculation().draft_method() == v1::DRAFT_METHOD_MODEL) body["draft_method"] = "model";
+    if (r.speculation().draft_method() == v1::DRAFT_METHOD_NGRAM) body["draft_method"] = "ngram";
+    if (r.speculation().has_tree()) {
+      body["speculation_tree"] = {{"branching", r.speculation().tree().branching()},
+                                  {"depth", r.speculation().tree().depth()}};
+    }
+    if (r.speculation().has_egag()) body["egag"] = r.speculation().egag();
   }
   return body;
 }

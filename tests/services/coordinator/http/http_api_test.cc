@@ -473,6 +473,50 @@ TEST_F(HttpApiTest, LogprobsAreTheGrpcNumbersTheSameForEveryKAndSorted) {
   EXPECT_EQ(by_k[0], by_k[1]) << "greedy logprobs differ between K = 0 and K = 4";
 }
 
+// Issue 17 over HTTP: prompt lookup, EGAG and draft trees give plain decoding's greedy tokens and
+// its logprobs (a tree's come from the rows of the accepted path), and a tree whose shape does not
+// fit K is refused naming the HTTP field.
+TEST_F(HttpApiTest, EveryDraftingMethodEqualsPlainDecodingWithItsLogprobs) {
+  const Json messages = {
+      {{"role", "user"}, {"content", "The cat sat on the mat. The cat sat on the mat."}}};
+  const Json plain_body = {{"messages", messages}, {"max_tokens", 24},           {"temperature", 0},
+                           {"ignore_eos", true},   {"return_token_ids", true},   {"logprobs", true},
+                           {"top_logprobs", 2},    {"num_speculative_tokens", 0}};
+  const std::vector<Choice> plain = ChoicesOf(Post("/v1/chat/completions", plain_body), true);
+  ASSERT_EQ(plain.at(0).logprobs.size(), 24u);
+  const std::vector<std::pair<std::string, Json>> arms = {
+      {"ngram", {{"draft_method", "ngram"}, {"num_speculative_tokens", 4}}},
+      {"egag", {{"egag", true}, {"num_speculative_tokens", 6}}},
+      {"tree 2x2",
+       {{"speculation_tree", {{"branching", 2}, {"depth", 2}}}, {"num_speculative_tokens", 4}}},
+      {"tree 3x1",
+       {{"speculation_tree", {{"branching", 3}, {"depth", 1}}}, {"num_speculative_tokens", 3}}},
+  };
+  for (const auto& [name, fields] : arms) {
+    Json body = plain_body;
+    body["k_policy"] = "fixed";
+    for (const auto& [key, value] : fields.items()) body[key] = value;
+    const std::vector<Choice> whole = ChoicesOf(Post("/v1/chat/completions", body), true);
+    ASSERT_EQ(whole.size(), 1u) << name;
+    EXPECT_GT(whole[0].usage["speculative"]["drafted_tokens"].get<int64_t>(), 0)
+        << name << " never drafted";
+    body["stream"] = true;
+    const std::vector<Choice> parts = ChoicesOf(Stream("/v1/chat/completions", body), true);
+    for (const std::vector<Choice>* got : {&whole, &parts}) {
+      ASSERT_EQ(got->size(), 1u) << name;
+      EXPECT_EQ(got->front().tokens, plain[0].tokens) << name;
+      EXPECT_EQ(got->front().logprobs, plain[0].logprobs) << name;
+    }
+  }
+  const Json bad = {{"prompt", "a"},
+                    {"num_speculative_tokens", 2},
+                    {"speculation_tree", {{"branching", 2}, {"depth", 3}}}};
+  absl::StatusOr<HttpReply> refused = HttpCall(port(), "POST", "/v1/completions", bad.dump());
+  ASSERT_TRUE(refused.ok());
+  EXPECT_EQ(refused->status, 400);
+  EXPECT_EQ(refused->Json()["error"]["param"], "speculation_tree") << refused->body;
+}
+
 // specd's guidance extension on both endpoints: the same tokens and logprobs as the gRPC API's
 // guidance, for K = 0 and K = 4 with a guided draft, and not those of the unguided request.
 TEST_F(HttpApiTest, GuidanceEqualsTheGrpcApisOnBothEndpoints) {

@@ -79,6 +79,13 @@ INSTANTIATE_TEST_SUITE_P(
         BadCase{kC, R"({"prompt": "a", "logprobs": 2, "logprobs_mode": "final"})", "logprobs_mode"},
         BadCase{kC, R"({"prompt": "a", "ignore_eos": "no"})", "ignore_eos"},
         BadCase{kC, R"({"prompt": "a", "num_speculative_tokens": 65})", "num_speculative_tokens"},
+        BadCase{kC, R"({"prompt": "a", "draft_method": "eagle"})", "draft_method"},
+        BadCase{kC, R"({"prompt": "a", "draft_method": 2})", "draft_method"},
+        BadCase{kC, R"({"prompt": "a", "speculation_tree": [2, 2]})", "speculation_tree"},
+        BadCase{kC, R"({"prompt": "a", "speculation_tree": {"branching": 2}})", "speculation_tree"},
+        BadCase{kC, R"({"prompt": "a", "speculation_tree": {"branching": -1, "depth": 1}})",
+                "speculation_tree"},
+        BadCase{kC, R"({"prompt": "a", "egag": "on"})", "egag"},
         BadCase{kC, R"({"prompt": "a", "logit_bias": {"5": 1}})", "logit_bias"},
         BadCase{kC, R"({"prompt": "a", "suffix": "z"})", "suffix"},
         BadCase{kChat, R"({"model": "m"})", "messages"},
@@ -156,6 +163,34 @@ TEST(OpenAiRequestTest, CompletionFieldsLandInTheGenerateRequest) {
   EXPECT_TRUE(g.logprobs().enabled());
   EXPECT_EQ(g.logprobs().top_logprobs(), 4u);
   EXPECT_EQ(g.logprobs().mode(), v1::LOGPROBS_MODE_PROCESSED);
+}
+
+// Issue 17's speculation fields: who drafts, a draft tree, EGAG. Their limits (a tree's shape
+// against K, a method the server cannot serve) are BuildGenerationRequest's, as on gRPC.
+TEST(OpenAiRequestTest, DraftingFieldsLandInTheSpeculationParameters) {
+  absl::StatusOr<OpenAiRequest> r = ParseOpenAiRequest(kC, R"({
+      "prompt": "a", "num_speculative_tokens": 4, "draft_method": "model",
+      "speculation_tree": {"branching": 3, "depth": 2}, "egag": false})");
+  ASSERT_TRUE(r.ok()) << r.status();
+  const v1::SpeculationParameters& s = r->base.speculation();
+  EXPECT_EQ(s.draft_method(), v1::DRAFT_METHOD_MODEL);
+  ASSERT_TRUE(s.has_tree());
+  EXPECT_EQ(s.tree().branching(), 3u);
+  EXPECT_EQ(s.tree().depth(), 2u);
+  ASSERT_TRUE(s.has_egag());
+  EXPECT_FALSE(s.egag());
+  r = ParseOpenAiRequest(kChat, R"({"messages": [{"role": "user", "content": "hi"}],
+                                    "draft_method": "ngram", "egag": true})");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->base.speculation().draft_method(), v1::DRAFT_METHOD_NGRAM);
+  EXPECT_FALSE(r->base.speculation().has_tree());
+  EXPECT_TRUE(r->base.speculation().egag());
+  // Unset: the server's defaults.
+  r = ParseOpenAiRequest(kC, R"({"prompt": "a"})");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->base.speculation().draft_method(), v1::DRAFT_METHOD_UNSPECIFIED);
+  EXPECT_FALSE(r->base.speculation().has_tree());
+  EXPECT_FALSE(r->base.speculation().has_egag());
 }
 
 // specd's guidance extension lands in the gRPC API's Guidance, where its ranges are checked.
