@@ -357,12 +357,7 @@ TEST_F(DraftingRuntimeTest, ReducedHeadDraftsOverItsTokensOnly) {
     context.push_back(tokens[k].token);
   }
   // q(y) of a token outside the head is 0; of one inside, its row entry.
-  TruncateSequenceRequest query;
-  query.seq = 3;
-  query.new_len = 15;
-  query.query_step = 1;
-  query.query_tokens = {1, kept[5]};
-  absl::StatusOr<TruncateResult> q = draft->Truncate(query);
+  absl::StatusOr<TruncateResult> q = draft->Truncate(testing::Trunc(3, 15, 1, {1, kept[5]}));
   ASSERT_TRUE(q.ok()) << q.status();
   EXPECT_EQ(q->q_probs[0], 0.0f);
   VerifySequenceRequest v;

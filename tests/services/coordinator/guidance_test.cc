@@ -1,8 +1,8 @@
 // Classifier-free guidance through the scheduler and in-process workers: greedy guided output is
-// the same for every K, with the draft unguided or guided, chunked or not, and equals an
-// independent numpy decoding (guided_greedy_reference.py); pairs under KV pressure are preempted
-// and replayed as one (no cache mismatch ever, outputs unchanged, no block left); cancelling frees
-// both halves; max_seq_len bounds the longer of the two texts.
+// the same for every K, with the draft unguided or guided, chunked or not, or with prompt lookup's
+// drafts, and equals an independent numpy decoding (guided_greedy_reference.py); pairs under KV
+// pressure are preempted and replayed as one (no cache mismatch ever, outputs unchanged, no block
+// left); cancelling frees both halves; max_seq_len bounds the longer of the two texts.
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -160,9 +160,11 @@ class GuidanceSchedulerTest : public ::testing::Test {
                                        target != nullptr ? *target : *target_, nullptr, o);
   }
 
-  // Runs `reqs` at once and returns their tokens; every one must succeed.
+  // Runs `reqs` at once and returns their tokens; every one must succeed. `drafted`, when set,
+  // receives the drafts they made in all.
   static std::vector<Tokens> RunAll(Scheduler& scheduler,
-                                    const std::vector<GenerationRequest>& reqs) {
+                                    const std::vector<GenerationRequest>& reqs,
+                                    int64_t* drafted = nullptr) {
     std::vector<std::unique_ptr<Collector>> cs;
     for (const GenerationRequest& r : reqs) {
       cs.push_back(std::make_unique<Collector>());
@@ -172,6 +174,7 @@ class GuidanceSchedulerTest : public ::testing::Test {
     for (auto& c : cs) {
       EXPECT_TRUE(c->Wait());
       EXPECT_TRUE(c->last().error.ok()) << c->last().error;
+      if (drafted != nullptr) *drafted += c->last().usage.draft_tokens;
       out.push_back(c->tokens());
     }
     return out;
@@ -263,13 +266,15 @@ TEST_F(GuidanceSchedulerTest, GreedyGuidedOutputIsTheSameForEveryKAndEqualsNumpy
     int32_t k;
     bool guide_draft;
     int64_t prefill_chunk;
+    DraftMethod method = DraftMethod::kModel;
   };
   const std::vector<Arm> arms = {{"K=0", 0, false, 512},
                                  {"K=1", 1, false, 512},
                                  {"K=4", 4, false, 512},
                                  {"K=1 guided draft", 1, true, 512},
                                  {"K=4 guided draft", 4, true, 512},
-                                 {"K=4 guided draft, chunks of 4", 4, true, 4}};
+                                 {"K=4 guided draft, chunks of 4", 4, true, 4},
+                                 {"K=4 prompt lookup", 4, false, 512, DraftMethod::kNgram}};
   MakeWorkers(16 * 1024);
   std::vector<std::vector<Tokens>> outputs;
   for (const Arm& arm : arms) {
@@ -279,8 +284,11 @@ TEST_F(GuidanceSchedulerTest, GreedyGuidedOutputIsTheSameForEveryKAndEqualsNumpy
     std::vector<GenerationRequest> reqs;
     for (const GreedyCase& c : cases) {
       reqs.push_back(Guided(c.prompt, c.uncond, c.scale, arm.k, arm.guide_draft, kNew));
+      reqs.back().draft_method = arm.method;
     }
-    outputs.push_back(RunAll(*scheduler, reqs));
+    int64_t drafted = 0;
+    outputs.push_back(RunAll(*scheduler, reqs, &drafted));
+    if (arm.k > 0) EXPECT_GT(drafted, 0) << arm.name << " never drafted";
     scheduler.reset();
     ExpectNoBlocksUsed();
   }
