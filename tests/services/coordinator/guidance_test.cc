@@ -20,6 +20,7 @@
 #include "services/coordinator/local_worker.h"
 #include "services/coordinator/scheduler.h"
 #include "tests/common/engine/engine_test_util.h"
+#include "tests/services/coordinator/forwarding_worker.h"
 #include "tests/test_util.h"
 
 namespace specd {
@@ -72,9 +73,9 @@ class Collector {
 // Passes every call through and counts sequence results that say the worker's copy was not
 // what the coordinator believed: a pair split by preemption or replay would show here, even
 // though the scheduler would recover from it.
-class MismatchCounter final : public WorkerApi {
+class MismatchCounter final : public testing::ForwardingWorker {
  public:
-  explicit MismatchCounter(WorkerApi& inner) : inner_(inner) {}
+  explicit MismatchCounter(WorkerApi& inner) : ForwardingWorker(inner) {}
   absl::StatusOr<std::vector<SequenceOutcome>> Draft(
       std::span<const DraftSequenceRequest> batch,
       const std::function<void(const DraftStep&)>& on_step) override {
@@ -100,28 +101,18 @@ class MismatchCounter final : public WorkerApi {
     }
     return out;
   }
-  absl::StatusOr<std::vector<SequenceAnswer<ProbRow>>> ReadRows(
-      std::span<const RowQuery> batch) override {
-    return inner_.ReadRows(batch);
-  }
-  absl::StatusOr<std::vector<SequenceAnswer<std::vector<float>>>> QueryLogprobs(
-      std::span<const LogprobQuery> batch) override {
-    return inner_.QueryLogprobs(batch);
-  }
   // A preempted request whose pair was never admitted there is NOT_FOUND: nothing to free.
   absl::Status Release(SeqId seq) override {
     absl::Status st = inner_.Release(seq);
     if (st.code() != absl::StatusCode::kNotFound) Count(st);
     return st;
   }
-  int64_t FreeKvTokens() const override { return inner_.FreeKvTokens(); }
   int64_t mismatches() const { return mismatches_; }
 
  private:
   void Count(const absl::Status& st) {
     if (!st.ok() && st.code() != absl::StatusCode::kResourceExhausted) ++mismatches_;
   }
-  WorkerApi& inner_;
   int64_t mismatches_ = 0;  // only the scheduler thread calls
 };
 
@@ -288,7 +279,9 @@ TEST_F(GuidanceSchedulerTest, GreedyGuidedOutputIsTheSameForEveryKAndEqualsNumpy
     }
     int64_t drafted = 0;
     outputs.push_back(RunAll(*scheduler, reqs, &drafted));
-    if (arm.k > 0) EXPECT_GT(drafted, 0) << arm.name << " never drafted";
+    if (arm.k > 0) {
+      EXPECT_GT(drafted, 0) << arm.name << " never drafted";
+    }
     scheduler.reset();
     ExpectNoBlocksUsed();
   }

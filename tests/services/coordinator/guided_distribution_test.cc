@@ -31,6 +31,7 @@
 #include "services/coordinator/speculation_round.h"
 #include "tests/base/chi_square.h"
 #include "tests/common/engine/engine_test_util.h"
+#include "tests/services/coordinator/forwarding_worker.h"
 #include "tests/test_util.h"
 
 namespace specd {
@@ -45,9 +46,9 @@ constexpr double kAlpha = 1e-4;
 // The classic mistake, as a target worker for K = 0 rounds: the guided sequence and its companion
 // are verified as two unguided sequences, their processed rows read back, and the next token drawn
 // from norm(max(0, p_u + s (p_c - p_u))).
-class MixingProbabilitiesTarget final : public WorkerApi {
+class MixingProbabilitiesTarget final : public testing::ForwardingWorker {
  public:
-  explicit MixingProbabilitiesTarget(WorkerApi& inner) : inner_(inner) {}
+  explicit MixingProbabilitiesTarget(WorkerApi& inner) : ForwardingWorker(inner) {}
   absl::StatusOr<std::vector<SequenceOutcome>> Draft(
       std::span<const DraftSequenceRequest>,
       const std::function<void(const DraftStep&)>&) override {
@@ -97,28 +98,17 @@ class MixingProbabilitiesTarget final : public WorkerApi {
       std::span<const TruncateSequenceRequest>) override {
     return absl::UnimplementedError("K = 0 rounds truncate nothing");
   }
-  absl::StatusOr<std::vector<SequenceAnswer<ProbRow>>> ReadRows(
-      std::span<const RowQuery> batch) override {
-    return inner_.ReadRows(batch);
-  }
-  absl::StatusOr<std::vector<SequenceAnswer<std::vector<float>>>> QueryLogprobs(
-      std::span<const LogprobQuery> batch) override {
-    return inner_.QueryLogprobs(batch);
-  }
-  absl::Status Release(SeqId seq) override { return inner_.Release(seq); }
-  int64_t FreeKvTokens() const override { return inner_.FreeKvTokens(); }
 
  private:
-  WorkerApi& inner_;
   std::mt19937_64 rng_{20231129};
 };
 
 // The bug that combining guidance with prompt lookup risks: the rounds that verify drafts lose
 // the guidance. Their companion is still fed (so the worker's pair stays whole), but combined at
 // scale 1, u + 1 (c - u) = c: those rows are the conditional distribution's.
-class UnguidedDraftsTarget final : public WorkerApi {
+class UnguidedDraftsTarget final : public testing::ForwardingWorker {
  public:
-  explicit UnguidedDraftsTarget(WorkerApi& inner) : inner_(inner) {}
+  explicit UnguidedDraftsTarget(WorkerApi& inner) : ForwardingWorker(inner) {}
   absl::StatusOr<std::vector<SequenceOutcome>> Draft(
       std::span<const DraftSequenceRequest>,
       const std::function<void(const DraftStep&)>&) override {
@@ -132,23 +122,6 @@ class UnguidedDraftsTarget final : public WorkerApi {
     }
     return inner_.Verify(changed);
   }
-  absl::StatusOr<std::vector<SequenceAnswer<TruncateResult>>> Truncate(
-      std::span<const TruncateSequenceRequest> batch) override {
-    return inner_.Truncate(batch);
-  }
-  absl::StatusOr<std::vector<SequenceAnswer<ProbRow>>> ReadRows(
-      std::span<const RowQuery> batch) override {
-    return inner_.ReadRows(batch);
-  }
-  absl::StatusOr<std::vector<SequenceAnswer<std::vector<float>>>> QueryLogprobs(
-      std::span<const LogprobQuery> batch) override {
-    return inner_.QueryLogprobs(batch);
-  }
-  absl::Status Release(SeqId seq) override { return inner_.Release(seq); }
-  int64_t FreeKvTokens() const override { return inner_.FreeKvTokens(); }
-
- private:
-  WorkerApi& inner_;
 };
 
 // Prompt lookup needs a text that repeats itself: "7 3 5" twice, so the suffix "7 3" has an
