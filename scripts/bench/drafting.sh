@@ -34,36 +34,18 @@ PARTS=("$@")
 [[ ${#PARTS[@]} -eq 0 ]] && PARTS=(trees egag frspec ngram)
 mkdir -p "$OUT" "$MODELS"
 
-server_pid=""
-server_log=""
-stop_server() {
-  if [[ -n "$server_pid" ]]; then
-    kill -INT "$server_pid" 2>/dev/null || true
-    wait "$server_pid" 2>/dev/null || true
-    server_pid=""
-  fi
-  [[ -n "$server_log" ]] && rm -f "$server_log"
-  server_log=""
-}
-trap stop_server EXIT
+BENCH_NAME=drafting
+source scripts/bench/lib.sh
 
-# start_server ARGS...: `specd serve ARGS` on a free port; sets $address.
+# start_server ARGS...: `specd serve ARGS` alone; sets $address.
 start_server() {
-  stop_server
-  server_log=$(mktemp)
-  "$SPECD" serve --listen 127.0.0.1:0 --threads "$THREADS" --kv-tokens 16384 "$@" >"$server_log" &
-  server_pid=$!
-  for _ in $(seq 1 1800); do
-    grep -q "^listening on" "$server_log" && break
-    kill -0 "$server_pid" 2>/dev/null || { echo "drafting: specd serve $* failed" >&2; exit 1; }
-    sleep 0.1
-  done
-  address=$(sed -n 's/^listening on //p' "$server_log")
+  stop_servers
+  serve --threads "$THREADS" --kv-tokens 16384 "$@"
 }
 
 model_for() {  # model_for SCALE: the stories110M-shape target with that residual scale
   local dir="$MODELS/stories110M-s$1"
-  [[ -f "$dir/config.json" ]] || "$SPECD" synth --shape stories110M --residual-scale "$1" --seed 1 --out "$dir" >&2
+  synth_once "$dir" stories110M "$1"
   echo "$dir"
 }
 
@@ -133,5 +115,5 @@ PY
     *) echo "drafting: unknown part '$part' (trees, egag, frspec, ngram)" >&2; exit 2 ;;
   esac
 done
-stop_server
+stop_servers
 echo "drafting: done; JSON in $OUT" >&2

@@ -32,22 +32,12 @@ SAMPLED_STREAMS="${SAMPLED_STREAMS-1}"
 
 [[ -x "$SPECD" ]] || { echo "guidance: no specd at $SPECD (build it, or set SPECD)" >&2; exit 1; }
 mkdir -p "$OUT"
+BENCH_NAME=guidance
+source scripts/bench/lib.sh
 MODEL="$OUT/models/$SHAPE"
-if [[ ! -f "$MODEL/config.json" ]]; then
-  "$SPECD" synth --shape "$SHAPE" --residual-scale 0.1 --seed 1 --out "$MODEL" >&2
-fi
-
-log=$(mktemp)
-"$SPECD" serve --target "$MODEL" --draft-exit-layer "$DRAFT_LAYERS" --listen 127.0.0.1:0 \
-  --threads "$THREADS" --kv-tokens 32768 --max-running 32 --default-k "$K" >"$log" 2>&1 &
-pid=$!
-trap 'kill -INT "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; rm -f "$log"' EXIT
-for _ in $(seq 1 1800); do
-  grep -q "^listening on" "$log" && break
-  kill -0 "$pid" 2>/dev/null || { echo "guidance: specd serve failed" >&2; cat "$log" >&2; exit 1; }
-  sleep 0.1
-done
-address="$(sed -n 's/^listening on //p' "$log")"
+synth_once "$MODEL" "$SHAPE" 0.1
+serve --target "$MODEL" --draft-exit-layer "$DRAFT_LAYERS" --threads "$THREADS" \
+  --kv-tokens 32768 --max-running 32 --default-k "$K"
 
 for streams in $STREAMS; do
   echo "guidance: $streams stream(s)" >&2

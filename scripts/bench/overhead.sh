@@ -21,34 +21,16 @@ K=${K:-4} DRAFT_LAYERS=${DRAFT_LAYERS:-2} THREADS=${THREADS:-2} MAX_TOKENS=${MAX
 REPEATS=${REPEATS:-3} ROUNDS=${ROUNDS:-2} OUT=${OUT:-bench-out/overhead}
 mkdir -p "$OUT"
 
-server_pid=""
-stop_server() {
-  if [[ -n "$server_pid" ]]; then
-    kill -INT "$server_pid" 2>/dev/null || true
-    wait "$server_pid" 2>/dev/null || true
-    server_pid=""
-  fi
-}
-trap stop_server EXIT
+BENCH_NAME=overhead
+source scripts/bench/lib.sh
 
 run_one() {  # BUILD_DIR JSON_OUT
-  local build=$1 json=$2 log
-  log=$(mktemp)
-  "$build/tools/specd" serve --target "$model" --draft-exit-layer "$DRAFT_LAYERS" \
-    --listen 127.0.0.1:0 --threads "$THREADS" --backend cpu \
-    >"$log" 2>&1 &
-  server_pid=$!
-  for _ in $(seq 600); do
-    grep -q "^listening on" "$log" && break
-    kill -0 "$server_pid" 2>/dev/null || { cat "$log" >&2; return 1; }
-    sleep 0.2
-  done
-  local address
-  address=$(sed -n 's/^listening on //p' "$log")
+  local build=$1 json=$2
+  serve_with "$build/tools/specd" --target "$model" --draft-exit-layer "$DRAFT_LAYERS" \
+    --threads "$THREADS" --backend cpu
   "$build/tools/specd" bench --server "$address" --compare --k "$K" --streams 1 \
     --max-tokens "$MAX_TOKENS" --repeats "$REPEATS" --json "$json" >/dev/null
-  stop_server
-  rm -f "$log"
+  stop_servers
 }
 
 for round in $(seq "$ROUNDS"); do

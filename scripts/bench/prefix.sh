@@ -38,36 +38,15 @@ SCENARIOS="${SCENARIOS:-shared-prefix chat long-prompts}"  # which to run
 
 [[ -x "$SPECD" ]] || { echo "prefix: no specd at $SPECD (build it, or set SPECD)" >&2; exit 1; }
 mkdir -p "$OUT"
+BENCH_NAME=prefix
+source scripts/bench/lib.sh
 MODEL="$OUT/models/$SHAPE"
-if [[ ! -f "$MODEL/config.json" ]]; then
-  "$SPECD" synth --shape "$SHAPE" --residual-scale 0.1 --seed 1 --out "$MODEL" >&2
-fi
+synth_once "$MODEL" "$SHAPE" 0.1
 
-pids=()
-logs=()
-stop_servers() {
-  for p in "${pids[@]+"${pids[@]}"}"; do kill -INT "$p" 2>/dev/null || true; done
-  for p in "${pids[@]+"${pids[@]}"}"; do wait "$p" 2>/dev/null || true; done
-  for l in "${logs[@]+"${logs[@]}"}"; do rm -f "$l"; done
-  pids=() logs=()
-}
-trap stop_servers EXIT
-
-# start_server FLAGS...: a `specd serve` on a free port; appends its address to $addresses.
-addresses=()
+# start_server FLAGS...: one more `specd serve` of the model; its address joins $addresses.
 start_server() {
-  local log
-  log=$(mktemp)
-  "$SPECD" serve --target "$MODEL" --draft-exit-layer "$DRAFT_LAYERS" --listen 127.0.0.1:0 \
-    --threads "$THREADS" --kv-tokens 32768 --max-running 32 --default-k "$K" "$@" >"$log" 2>&1 &
-  pids+=($!)
-  logs+=("$log")
-  for _ in $(seq 1 1800); do
-    grep -q "^listening on" "$log" && break
-    kill -0 "${pids[-1]}" 2>/dev/null || { echo "prefix: specd serve $* failed" >&2; exit 1; }
-    sleep 0.1
-  done
-  addresses+=("$(sed -n 's/^listening on //p' "$log")")
+  serve --target "$MODEL" --draft-exit-layer "$DRAFT_LAYERS" --threads "$THREADS" \
+    --kv-tokens 32768 --max-running 32 --default-k "$K" "$@"
 }
 
 common=(--k "$K" --repeats "$REPEATS" --seed 1)
@@ -89,7 +68,6 @@ if wants shared-prefix || wants chat; then
       --user-tokens "$USER_TOKENS" --reply-tokens 32 --json "$OUT/chat.json"
   fi
   stop_servers
-  addresses=()
 fi
 
 if wants long-prompts; then

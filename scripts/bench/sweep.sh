@@ -40,42 +40,21 @@ PY=/usr/bin/python3
 [[ -x "$SPECD" ]] || { echo "sweep: no specd at $SPECD (build it, or set SPECD)" >&2; exit 1; }
 mkdir -p "$OUT" "$MODELS"
 
-server_pid=""
-server_log=""
-stop_server() {
-  if [[ -n "$server_pid" ]]; then
-    kill -INT "$server_pid" 2>/dev/null || true
-    wait "$server_pid" 2>/dev/null || true
-    server_pid=""
-  fi
-  [[ -n "$server_log" ]] && rm -f "$server_log"
-  server_log=""
-}
-trap stop_server EXIT
+BENCH_NAME=sweep
+source scripts/bench/lib.sh
 
-# start_server TARGET_DIR: serves TARGET with its first $DRAFT_LAYERS layers as the draft and
-# sets $address.
+# start_server TARGET_DIR: serves TARGET alone, with its first $DRAFT_LAYERS layers as the draft,
+# and sets $address.
 start_server() {
-  stop_server
-  server_log=$(mktemp)
-  "$SPECD" serve --target "$1" --draft-exit-layer "$DRAFT_LAYERS" --listen 127.0.0.1:0 \
-    --threads "$THREADS" --kv-tokens 16384 --max-running 32 >"$server_log" &
-  server_pid=$!
-  for _ in $(seq 1 1800); do
-    grep -q "^listening on" "$server_log" && break
-    kill -0 "$server_pid" 2>/dev/null || { echo "sweep: specd serve failed on $1" >&2; exit 1; }
-    sleep 0.1
-  done
-  address=$(sed -n 's/^listening on //p' "$server_log")
-  [[ -n "$address" ]] || { echo "sweep: specd serve did not start on $1" >&2; exit 1; }
+  stop_servers
+  serve --target "$1" --draft-exit-layer "$DRAFT_LAYERS" --threads "$THREADS" --kv-tokens 16384 \
+    --max-running 32
 }
 
 # model_for S: the target with residual scale S, written once.
 model_for() {
   local dir="$MODELS/$SHAPE-s$1"
-  if [[ ! -f "$dir/config.json" ]]; then
-    "$SPECD" synth --shape "$SHAPE" --residual-scale "$1" --seed 1 --out "$dir" >&2
-  fi
+  synth_once "$dir" "$SHAPE" "$1"
   echo "$dir"
 }
 
@@ -146,5 +125,5 @@ for streams in $STREAMS; do
       --json "$OUT/concurrency_${policy}_streams$streams.json"
   done
 done
-stop_server
+stop_servers
 echo "sweep: done; JSON in $OUT. Plot with: scripts/bench/plot.sh $OUT" >&2

@@ -109,11 +109,6 @@ class MixingProbabilitiesTarget final : public testing::ForwardingWorker {
 class UnguidedDraftsTarget final : public testing::ForwardingWorker {
  public:
   explicit UnguidedDraftsTarget(WorkerApi& inner) : ForwardingWorker(inner) {}
-  absl::StatusOr<std::vector<SequenceOutcome>> Draft(
-      std::span<const DraftSequenceRequest>,
-      const std::function<void(const DraftStep&)>&) override {
-    return absl::UnimplementedError("a target");
-  }
   absl::StatusOr<std::vector<VerifySequenceResult>> Verify(
       std::span<const VerifySequenceRequest> batch) override {
     std::vector<VerifySequenceRequest> changed(batch.begin(), batch.end());
