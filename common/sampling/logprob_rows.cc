@@ -9,6 +9,7 @@
 
 namespace specd {
 
+using sampling_internal::EnqueueAndWait;
 using sampling_internal::Ensure;
 using sampling_internal::Get;
 using sampling_internal::Layout;
@@ -107,50 +108,52 @@ absl::Status LogprobRows::Run(RowPool& pool) {
   const auto i32 = [dev](int64_t at) { return reinterpret_cast<int32_t*>(dev + at); };
   const auto f32 = [dev](int64_t at) { return reinterpret_cast<float*>(dev + at); };
 
-  // The Logprobs op reads its rows side by side.
-  float* rows = rows_buffer_.as<float>();
-  for (size_t r = 0; r < n_rows; ++r) {
-    const Logits& src = rows_[r].logits;
-    const float* from =
-        src.pool_slot >= 0 ? pool.rows() + int64_t{src.pool_slot} * vocab : src.data;
+  SPECD_RETURN_IF_ERROR(EnqueueAndWait(*backend_, [&]() -> absl::Status {
+    // The Logprobs op reads its rows side by side.
+    float* rows = rows_buffer_.as<float>();
+    for (size_t r = 0; r < n_rows; ++r) {
+      const Logits& src = rows_[r].logits;
+      const float* from =
+          src.pool_slot >= 0 ? pool.rows() + int64_t{src.pool_slot} * vocab : src.data;
+      SPECD_RETURN_IF_ERROR(
+          backend_->CopyDeviceToDevice(rows + static_cast<int64_t>(r) * vocab, from, vocab * 4));
+    }
+    kernels::LogprobsArgs a;
+    a.logits = rows;
+    a.n_rows = static_cast<int64_t>(n_rows);
+    a.vocab = vocab;
+    a.top_n = max_top_n_;
+    a.top_ids = i32(at_top_ids);
+    a.top_logprobs = f32(at_top_logprobs);
+    a.query_rows = i32(at_query_rows);
+    a.query_tokens = i32(at_query_tokens);
+    a.query_logprobs = f32(at_query_logprobs);
+    a.n_queries = static_cast<int64_t>(n_queries);
+    SPECD_RETURN_IF_ERROR(backend_->Logprobs(a));
+    if (any_processed) {
+      kernels::GatherProbsArgs g;
+      g.probs = pool.rows();
+      g.prob_capacity = pool.capacity();
+      g.vocab = vocab;
+      if (n_top > 0) {
+        g.slots = i32(at_top_slots);
+        g.tokens = i32(at_top_ids);  // written by the Logprobs op just enqueued
+        g.out = f32(at_top_probs);
+        g.n = static_cast<int64_t>(n_top);
+        SPECD_RETURN_IF_ERROR(backend_->GatherProbs(g));
+      }
+      if (n_queries > 0) {
+        g.slots = i32(at_query_slots);
+        g.tokens = i32(at_query_tokens);
+        g.out = f32(at_query_probs);
+        g.n = static_cast<int64_t>(n_queries);
+        SPECD_RETURN_IF_ERROR(backend_->GatherProbs(g));
+      }
+    }
     SPECD_RETURN_IF_ERROR(
-        backend_->CopyDeviceToDevice(rows + static_cast<int64_t>(r) * vocab, from, vocab * 4));
-  }
-  kernels::LogprobsArgs a;
-  a.logits = rows;
-  a.n_rows = static_cast<int64_t>(n_rows);
-  a.vocab = vocab;
-  a.top_n = max_top_n_;
-  a.top_ids = i32(at_top_ids);
-  a.top_logprobs = f32(at_top_logprobs);
-  a.query_rows = i32(at_query_rows);
-  a.query_tokens = i32(at_query_tokens);
-  a.query_logprobs = f32(at_query_logprobs);
-  a.n_queries = static_cast<int64_t>(n_queries);
-  SPECD_RETURN_IF_ERROR(backend_->Logprobs(a));
-  if (any_processed) {
-    kernels::GatherProbsArgs g;
-    g.probs = pool.rows();
-    g.prob_capacity = pool.capacity();
-    g.vocab = vocab;
-    if (n_top > 0) {
-      g.slots = i32(at_top_slots);
-      g.tokens = i32(at_top_ids);  // written by the Logprobs op just enqueued
-      g.out = f32(at_top_probs);
-      g.n = static_cast<int64_t>(n_top);
-      SPECD_RETURN_IF_ERROR(backend_->GatherProbs(g));
-    }
-    if (n_queries > 0) {
-      g.slots = i32(at_query_slots);
-      g.tokens = i32(at_query_tokens);
-      g.out = f32(at_query_probs);
-      g.n = static_cast<int64_t>(n_queries);
-      SPECD_RETURN_IF_ERROR(backend_->GatherProbs(g));
-    }
-  }
-  SPECD_RETURN_IF_ERROR(
-      backend_->Download(host + inputs_end, dev + inputs_end, total - inputs_end));
-  SPECD_RETURN_IF_ERROR(backend_->Synchronize());
+        backend_->Download(host + inputs_end, dev + inputs_end, total - inputs_end));
+    return absl::OkStatus();
+  }));
   Get(host, at_top_ids, out_top_ids_);
   Get(host, at_top_logprobs, out_top_logprobs_);
   Get(host, at_query_logprobs, out_queries_);

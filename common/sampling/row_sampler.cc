@@ -11,6 +11,7 @@
 namespace specd {
 namespace {
 
+using sampling_internal::EnqueueAndWait;
 using sampling_internal::Ensure;
 using sampling_internal::Get;
 using sampling_internal::Layout;
@@ -128,70 +129,72 @@ absl::Status RowSampler::Run(float* logits, int64_t logit_rows, RowPool& pool) {
 
   const auto i32 = [dev](int64_t at) { return reinterpret_cast<int32_t*>(dev + at); };
   const auto f32 = [dev](int64_t at) { return reinterpret_cast<float*>(dev + at); };
-  if (n_pairs > 0) {
-    // The guided logits are formed before anything reads them: penalties, temperature and the
-    // rest of the processed distribution then apply to the combined row (DESIGN.md, "The
-    // processed distribution").
-    kernels::CombineLogitsArgs c;
-    c.logits = logits;
-    c.n_rows = logit_rows;
-    c.vocab = pool.vocab();
-    c.cond_rows = i32(at_cond);
-    c.uncond_rows = i32(at_uncond);
-    c.scale = f32(at_scales);
-    c.n_pairs = static_cast<int64_t>(n_pairs);
-    SPECD_RETURN_IF_ERROR(backend_->CombineLogits(c));
-  }
-  if (n_rows > 0) {
-    kernels::ProcessRowsArgs p;
-    p.logits = logits;
-    p.n_rows = static_cast<int64_t>(n_rows);
-    p.vocab = pool.vocab();
-    p.rows = reinterpret_cast<const kernels::RowSampling*>(dev + at_rows);
-    p.history = i32(at_history);
-    p.history_len = static_cast<int64_t>(history_.size());
-    p.probs = pool.rows();
-    p.prob_capacity = pool.capacity();
-    p.argmax = i32(at_argmax);
-    p.error = i32(at_row_error);
-    p.top_n = top_n_;
-    p.top_ids = top_n_ > 0 ? i32(at_top) : nullptr;
-    p.entropy = want_entropy_ ? f32(at_entropy) : nullptr;
-    if (keep_penalized_) {
-      SPECD_RETURN_IF_ERROR(Ensure(*backend_, penalized_,
-                                   static_cast<int64_t>(n_rows) * pool.vocab() * 4,
-                                   kernels::MemoryKind::kScratch, "penalised logits"));
-      p.penalized = penalized_.as<float>();
-      vocab_ = pool.vocab();
+  SPECD_RETURN_IF_ERROR(EnqueueAndWait(*backend_, [&]() -> absl::Status {
+    if (n_pairs > 0) {
+      // The guided logits are formed before anything reads them: penalties, temperature and the
+      // rest of the processed distribution then apply to the combined row (DESIGN.md, "The
+      // processed distribution").
+      kernels::CombineLogitsArgs c;
+      c.logits = logits;
+      c.n_rows = logit_rows;
+      c.vocab = pool.vocab();
+      c.cond_rows = i32(at_cond);
+      c.uncond_rows = i32(at_uncond);
+      c.scale = f32(at_scales);
+      c.n_pairs = static_cast<int64_t>(n_pairs);
+      SPECD_RETURN_IF_ERROR(backend_->CombineLogits(c));
     }
-    SPECD_RETURN_IF_ERROR(backend_->ProcessRows(p));
-  }
-  if (n_draws > 0) {
-    kernels::SampleRowsArgs d;
-    d.probs = pool.rows();
-    d.prob_capacity = pool.capacity();
-    d.vocab = pool.vocab();
-    d.draws = reinterpret_cast<const kernels::Draw*>(dev + at_draws);
-    d.n = static_cast<int64_t>(n_draws);
-    d.tokens = i32(at_drawn);
-    d.token_probs = f32(at_drawn_probs);
-    d.error = i32(at_draw_error);
-    SPECD_RETURN_IF_ERROR(backend_->SampleRows(d));
-  }
-  if (n_lookups > 0) {
-    kernels::GatherProbsArgs g;
-    g.probs = pool.rows();
-    g.prob_capacity = pool.capacity();
-    g.vocab = pool.vocab();
-    g.slots = i32(at_slots);
-    g.tokens = i32(at_tokens);
-    g.out = f32(at_lookups);
-    g.n = static_cast<int64_t>(n_lookups);
-    SPECD_RETURN_IF_ERROR(backend_->GatherProbs(g));
-  }
-  SPECD_RETURN_IF_ERROR(
-      backend_->Download(host + inputs_end, dev + inputs_end, total - inputs_end));
-  SPECD_RETURN_IF_ERROR(backend_->Synchronize());
+    if (n_rows > 0) {
+      kernels::ProcessRowsArgs p;
+      p.logits = logits;
+      p.n_rows = static_cast<int64_t>(n_rows);
+      p.vocab = pool.vocab();
+      p.rows = reinterpret_cast<const kernels::RowSampling*>(dev + at_rows);
+      p.history = i32(at_history);
+      p.history_len = static_cast<int64_t>(history_.size());
+      p.probs = pool.rows();
+      p.prob_capacity = pool.capacity();
+      p.argmax = i32(at_argmax);
+      p.error = i32(at_row_error);
+      p.top_n = top_n_;
+      p.top_ids = top_n_ > 0 ? i32(at_top) : nullptr;
+      p.entropy = want_entropy_ ? f32(at_entropy) : nullptr;
+      if (keep_penalized_) {
+        SPECD_RETURN_IF_ERROR(Ensure(*backend_, penalized_,
+                                     static_cast<int64_t>(n_rows) * pool.vocab() * 4,
+                                     kernels::MemoryKind::kScratch, "penalised logits"));
+        p.penalized = penalized_.as<float>();
+        vocab_ = pool.vocab();
+      }
+      SPECD_RETURN_IF_ERROR(backend_->ProcessRows(p));
+    }
+    if (n_draws > 0) {
+      kernels::SampleRowsArgs d;
+      d.probs = pool.rows();
+      d.prob_capacity = pool.capacity();
+      d.vocab = pool.vocab();
+      d.draws = reinterpret_cast<const kernels::Draw*>(dev + at_draws);
+      d.n = static_cast<int64_t>(n_draws);
+      d.tokens = i32(at_drawn);
+      d.token_probs = f32(at_drawn_probs);
+      d.error = i32(at_draw_error);
+      SPECD_RETURN_IF_ERROR(backend_->SampleRows(d));
+    }
+    if (n_lookups > 0) {
+      kernels::GatherProbsArgs g;
+      g.probs = pool.rows();
+      g.prob_capacity = pool.capacity();
+      g.vocab = pool.vocab();
+      g.slots = i32(at_slots);
+      g.tokens = i32(at_tokens);
+      g.out = f32(at_lookups);
+      g.n = static_cast<int64_t>(n_lookups);
+      SPECD_RETURN_IF_ERROR(backend_->GatherProbs(g));
+    }
+    SPECD_RETURN_IF_ERROR(
+        backend_->Download(host + inputs_end, dev + inputs_end, total - inputs_end));
+    return absl::OkStatus();
+  }));
   Get(host, at_argmax, out_argmax_);
   Get(host, at_row_error, out_row_error_);
   Get(host, at_drawn, out_tokens_);

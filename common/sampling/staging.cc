@@ -12,4 +12,12 @@ absl::Status Ensure(kernels::Backend& backend, kernels::Buffer& buffer, int64_t 
   return absl::OkStatus();
 }
 
+absl::Status EnqueueAndWait(kernels::Backend& backend, absl::FunctionRef<absl::Status()> enqueue) {
+  if (absl::Status st = enqueue(); !st.ok()) {
+    (void)backend.Synchronize();
+    return st;
+  }
+  return backend.Synchronize();
+}
+
 }  // namespace specd::sampling_internal

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "base/math.h"
 #include "kernels/backend.h"
@@ -31,6 +32,11 @@ class Layout {
 // Makes `buffer` hold at least `bytes` (its contents are not kept).
 absl::Status Ensure(kernels::Backend& backend, kernels::Buffer& buffer, int64_t bytes,
                     kernels::MemoryKind kind, const char* what);
+
+// Runs `enqueue` (the ops that read what was uploaded from the staging buffer, and the download
+// back into it), then waits for the device. If `enqueue` fails part-way it still waits before
+// returning the error: the next use must not overwrite staging that an upload is still reading.
+absl::Status EnqueueAndWait(kernels::Backend& backend, absl::FunctionRef<absl::Status()> enqueue);
 
 template <typename T>
 void Put(char* base, int64_t at, const std::vector<T>& v) {

@@ -51,6 +51,14 @@ class CudaGraph final : public RecordedWork {
   cudaGraphExec_t exec_;
 };
 
+// A failed capture call leaves its error as the thread's last CUDA error. The engine then runs
+// the pass eagerly, and every launcher checks cudaGetLastError after its launch: clear it, so
+// that the first op does not report the capture's failure as its own.
+absl::Status CaptureStatus(cudaError_t error, const char* what) {
+  if (error != cudaSuccess) (void)cudaGetLastError();
+  return CudaStatus(error, what);
+}
+
 absl::Status CheckCopy(std::string_view op, const void* dst, const void* src, int64_t bytes) {
   if (bytes < 0) {
     return absl::InvalidArgumentError(
@@ -118,6 +126,8 @@ class CudaBackend final : public Backend {
     const cudaError_t e = cudaStreamSynchronize(stream_.get());
     if (e != cudaSuccess) {
       (void)cudaGetLastError();
+      // A claim made before the failure would otherwise be reported by a later, healthy call.
+      *static_cast<cuda::DeviceError*>(error_host_.get()) = cuda::DeviceError();
       return absl::InternalError(absl::StrCat("CUDA execution failed on ", name_, ": ",
                                               cudaGetErrorName(e), ": ", cudaGetErrorString(e)));
     }
@@ -194,14 +204,14 @@ class CudaBackend final : public Backend {
   bool SupportsRecording() const override { return true; }
   absl::Status BeginRecording() override {
     SPECD_RETURN_IF_ERROR(Use());
-    return CudaStatus(cudaStreamBeginCapture(stream_.get(), cudaStreamCaptureModeThreadLocal),
-                      "cudaStreamBeginCapture");
+    return CaptureStatus(cudaStreamBeginCapture(stream_.get(), cudaStreamCaptureModeThreadLocal),
+                         "cudaStreamBeginCapture");
   }
   absl::StatusOr<std::unique_ptr<RecordedWork>> EndRecording() override {
     SPECD_RETURN_IF_ERROR(Use());
     cudaGraph_t graph = nullptr;
     SPECD_RETURN_IF_ERROR(
-        CudaStatus(cudaStreamEndCapture(stream_.get(), &graph), "cudaStreamEndCapture"));
+        CaptureStatus(cudaStreamEndCapture(stream_.get(), &graph), "cudaStreamEndCapture"));
     cudaGraphExec_t exec = nullptr;
     const cudaError_t e = cudaGraphInstantiate(&exec, graph, 0);
     if (e != cudaSuccess) {

@@ -47,16 +47,10 @@ inline void WriteSynth(const SynthSpec& spec, const std::filesystem::path& dir) 
   ASSERT_TRUE(st.ok()) << st;
 }
 
-// On the CPU back end with `threads` threads, or on the back end SPECD_TEST_BACKEND names
-// ("cuda": scripts/gpu/device_check.sh runs the engine-level tests that compare an engine only
-// with itself, such as invariance, greedy parity and the chi-square tests, on the GPU this way).
-inline std::unique_ptr<LlamaEngine> MakeEngine(const std::filesystem::path& dir, int threads,
-                                               int64_t kv_tokens = 2048, int64_t exit_layer = 0) {
-  EngineOptions options;
-  options.kv_capacity_tokens = kv_tokens;
-  options.kv_block_size = 16;
-  LoadOptions load;
-  load.exit_layer = exit_layer;
+// The CPU back end with `threads` threads, or the back end SPECD_TEST_BACKEND names ("cuda":
+// scripts/gpu/device_check.sh runs the engine-level tests that compare an engine only with
+// itself, such as invariance, greedy parity and the chi-square tests, on the GPU this way).
+inline kernels::BackendOptions TestBackend(int threads) {
   kernels::BackendOptions backend;
   backend.kind = kernels::BackendKind::kCpu;
   backend.num_threads = threads;
@@ -65,9 +59,27 @@ inline std::unique_ptr<LlamaEngine> MakeEngine(const std::filesystem::path& dir,
     EXPECT_TRUE(kind.ok()) << kind.status();
     if (kind.ok()) backend.kind = *kind;
   }
-  absl::StatusOr<std::unique_ptr<LlamaEngine>> engine = CreateEngine(dir, backend, options, load);
+  return backend;
+}
+
+// An engine of the model in `dir` on TestBackend(threads).
+inline std::unique_ptr<LlamaEngine> MakeTestEngine(const std::filesystem::path& dir, int threads,
+                                                   const EngineOptions& options,
+                                                   const LoadOptions& load = {}) {
+  absl::StatusOr<std::unique_ptr<LlamaEngine>> engine =
+      CreateEngine(dir, TestBackend(threads), options, load);
   EXPECT_TRUE(engine.ok()) << engine.status();
   return engine.ok() ? *std::move(engine) : nullptr;
+}
+
+inline std::unique_ptr<LlamaEngine> MakeEngine(const std::filesystem::path& dir, int threads,
+                                               int64_t kv_tokens = 2048, int64_t exit_layer = 0) {
+  EngineOptions options;
+  options.kv_capacity_tokens = kv_tokens;
+  options.kv_block_size = 16;
+  LoadOptions load;
+  load.exit_layer = exit_layer;
+  return MakeTestEngine(dir, threads, options, load);
 }
 
 // Runs `batch` and returns its logit rows on the host ([rows, vocab]); empty on failure.

@@ -19,9 +19,8 @@ using Tokens = std::vector<int32_t>;
 
 constexpr int64_t kBlock = 16;
 
-// On the CPU with `threads` threads, or on the back end SPECD_TEST_BACKEND names (see
-// engine_test_util.h): both engines of a comparison run on it, so it compares a back end with
-// itself.
+// On testing::TestBackend: both engines of a comparison run on it, so it compares a back end
+// with itself.
 std::unique_ptr<LlamaEngine> MakeEngine(const std::filesystem::path& dir, kernels::DType kv,
                                         bool prefix_caching, int threads = 2) {
   EngineOptions options;
@@ -29,17 +28,7 @@ std::unique_ptr<LlamaEngine> MakeEngine(const std::filesystem::path& dir, kernel
   options.kv_block_size = kBlock;
   options.kv_dtype = kv;
   options.prefix_caching = prefix_caching;
-  kernels::BackendOptions backend;
-  backend.kind = kernels::BackendKind::kCpu;
-  backend.num_threads = threads;
-  if (const char* name = std::getenv("SPECD_TEST_BACKEND"); name != nullptr && *name != '\0') {
-    absl::StatusOr<kernels::BackendKind> kind = kernels::ParseBackendKind(name);
-    EXPECT_TRUE(kind.ok()) << kind.status();
-    if (kind.ok()) backend.kind = *kind;
-  }
-  absl::StatusOr<std::unique_ptr<LlamaEngine>> engine = CreateEngine(dir, backend, options);
-  EXPECT_TRUE(engine.ok()) << engine.status();
-  return engine.ok() ? *std::move(engine) : nullptr;
+  return testing::MakeTestEngine(dir, threads, options);
 }
 
 Tokens Prompt(int n, int salt) {

@@ -31,9 +31,7 @@ std::unique_ptr<LlamaEngine> MakeEngine(const std::filesystem::path& dir, kernel
   EngineOptions options;
   options.kv_capacity_tokens = 1024;
   options.kv_dtype = kv;
-  absl::StatusOr<std::unique_ptr<LlamaEngine>> engine = CreateCpuEngine(dir, 2, options);
-  EXPECT_TRUE(engine.ok()) << engine.status();
-  return engine.ok() ? *std::move(engine) : nullptr;
+  return testing::MakeTestEngine(dir, 2, options);
 }
 
 // The tree of kernels/backend.h's AttentionArgs example, after an 11-token prompt:

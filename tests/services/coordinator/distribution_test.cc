@@ -296,11 +296,9 @@ class DistributionTest : public ::testing::TestWithParam<Setting> {
     load.exit_layer = exit_layer;
     // 10 of the 16 tokens; the target's likeliest tokens here include some left out.
     if (reduced_head) load.output_vocab = {0, 2, 3, 4, 6, 7, 9, 11, 12, 14};
-    absl::StatusOr<std::unique_ptr<LlamaEngine>> engine =
-        CreateCpuEngine(dir_->path(), 2, options, load);
-    EXPECT_TRUE(engine.ok()) << engine.status();
-    return std::make_unique<LocalWorker>(
-        std::make_unique<WorkerRuntime>(*std::move(engine), WorkerRuntimeOptions{}));
+    // On testing::TestBackend, so that scripts/gpu/device_check.sh runs it on the GPU.
+    return std::make_unique<LocalWorker>(std::make_unique<WorkerRuntime>(
+        testing::MakeTestEngine(dir_->path(), 2, options, load), WorkerRuntimeOptions{}));
   }
 
   static double PValue(const Setting& s, const std::vector<int64_t>& counts,
