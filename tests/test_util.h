@@ -26,6 +26,13 @@ inline std::filesystem::path SourceDir() {
   return dir != nullptr ? std::filesystem::path(dir) : std::filesystem::current_path();
 }
 
+// The Python that runs the numpy references: Debian's python3-numpy (/usr/bin/python3), unless
+// SPECD_PYTHON names another (on the GPU machine numpy lives in the image's own Python).
+inline std::string Python() {
+  const char* python = std::getenv("SPECD_PYTHON");
+  return python != nullptr && *python != '\0' ? std::string(python) : "/usr/bin/python3";
+}
+
 // A fresh directory under the system temp dir, removed when the object dies.
 class ScopedTempDir {
  public:

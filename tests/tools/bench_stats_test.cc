@@ -55,7 +55,7 @@ class BenchStatsReferenceTest : public ::testing::Test {
     std::ofstream(script) << kReferencePy;
     std::ofstream(in) << cases.dump();
     const std::string cmd =
-        absl::StrCat("/usr/bin/python3 ", script.string(), " ", in.string(), " ", out.string());
+        absl::StrCat(testing::Python(), " ", script.string(), " ", in.string(), " ", out.string());
     EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
     std::ifstream f(out);
     std::stringstream text;

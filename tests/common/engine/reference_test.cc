@@ -34,7 +34,7 @@ std::vector<float> RunReference(const std::filesystem::path& dir,
                                 const std::vector<int32_t>& tokens, int64_t vocab) {
   const std::filesystem::path out = dir / "ref_logits.f32";
   const std::string cmd = absl::StrCat(
-      "/usr/bin/python3 ", (testing::SourceDir() / "tests/reference/llama_ref.py").string(), " ",
+      testing::Python(), " ", (testing::SourceDir() / "tests/reference/llama_ref.py").string(), " ",
       dir.string(), " ", out.string(), " ", absl::StrJoin(tokens, " "));
   const int rc = std::system(cmd.c_str());
   EXPECT_EQ(rc, 0) << "reference failed: " << cmd;

@@ -282,7 +282,7 @@ TEST_P(KvDtypeTest, LogitsMatchNumpyAndAreChunkInvariant) {
 
   const std::filesystem::path out = tmp.path() / "ref_logits.f32";
   const std::string cmd = absl::StrCat(
-      "/usr/bin/python3 ", (testing::SourceDir() / "tests/reference/llama_ref.py").string(), " ",
+      testing::Python(), " ", (testing::SourceDir() / "tests/reference/llama_ref.py").string(), " ",
       dir.string(), " ", out.string(), " ", absl::StrJoin(tokens, " "));
   ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
   std::vector<float> want(got.size());

@@ -117,7 +117,7 @@ class GuidanceTest : public ::testing::Test {
                                        size_t count) {
     const std::string out = (dir_->path() / "reference.f64").string();
     const std::string cmd =
-        absl::StrCat("/usr/bin/python3 ", (testing::SourceDir() / script).string(), " ",
+        absl::StrCat(testing::Python(), " ", (testing::SourceDir() / script).string(), " ",
                      dir_->path().string(), " ", out, " ", args);
     EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
     std::vector<double> values(count);

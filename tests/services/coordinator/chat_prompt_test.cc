@@ -114,7 +114,10 @@ TEST(ChatPromptTest, Llama31TemplateWritesTheOnlyBos) {
   absl::StatusOr<chat::RenderedPrompt> rendered = tmpl->Render(kConversation, options);
   ASSERT_TRUE(rendered.ok());
   EXPECT_TRUE(rendered->starts_with_bos);
-  EXPECT_EQ(Count(*m.tokenizer->Encode(rendered->text, {.parse_special = true}), kBos), 2);
+  EXPECT_EQ(
+      Count(*m.tokenizer->Encode(rendered->text, {.add_bos = std::nullopt, .parse_special = true}),
+            kBos),
+      2);
 }
 
 TEST(ChatPromptTest, Llama3StopsAtEndOfTurnFromGenerationConfig) {

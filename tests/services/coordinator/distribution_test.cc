@@ -194,7 +194,7 @@ class DistributionTest : public ::testing::TestWithParam<Setting> {
   static std::vector<double> Reference(const Setting& s) {
     const std::filesystem::path out = dir_->path() / (s.name + ".f64");
     const std::string cmd = absl::StrCat(
-        "/usr/bin/python3 ",
+        testing::Python(), " ",
         (testing::SourceDir() / "tests/services/coordinator/joint_reference.py").string(), " ",
         dir_->path().string(), " ", out.string(), " ", s.temperature, " ", s.top_k, " ", s.top_p,
         " ", absl::StrJoin(s.prompt, " "));

@@ -686,8 +686,8 @@ TEST_F(SyntheticE2eTest, PythonAndNodeClientsStreamTheSameTokens) {
   const std::string addr = service_->coordinator->address();
   const std::string ids = "1 500 501 502";
   const nlohmann::json py =
-      RunClient(absl::StrCat("/usr/bin/python3 ", src, "/tests/clients/python_client.py ", src, " ",
-                             (tmp_.path() / "py_stubs").string(), " ", addr, " 20 ", ids));
+      RunClient(absl::StrCat(testing::Python(), " ", src, "/tests/clients/python_client.py ", src,
+                             " ", (tmp_.path() / "py_stubs").string(), " ", addr, " 20 ", ids));
   const nlohmann::json js = RunClient(
       absl::StrCat("node ", src, "/tests/clients/node_client.mjs ", src, " ", addr, " 20 ", ids));
   for (const nlohmann::json* j : {&py, &js}) {

@@ -230,7 +230,7 @@ std::vector<std::pair<Tokens, std::vector<double>>> NumpyGreedy(
     }
   }
   const std::string cmd = absl::StrCat(
-      "/usr/bin/python3 ",
+      testing::Python(), " ",
       (testing::SourceDir() / "tests/services/coordinator/guided_greedy_reference.py").string(),
       " ", model.string(), " ", in.string(), " ", n, " ", out.string());
   EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;

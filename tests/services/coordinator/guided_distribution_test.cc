@@ -178,7 +178,7 @@ class GuidedDistribution : public ::testing::Test {
   static std::vector<double> Reference(const Setting& s, const std::string& mix) {
     const std::filesystem::path out = dir_->path() / (s.name + "_" + mix + ".f64");
     const std::string cmd = absl::StrCat(
-        "/usr/bin/python3 ",
+        testing::Python(), " ",
         (testing::SourceDir() / "tests/services/coordinator/guided_joint_reference.py").string(),
         " ", dir_->path().string(), " ", out.string(), " ", s.temperature, " ", s.top_k, " ",
         s.top_p, " ", s.repetition_penalty, " ", s.scale, " ", mix, " ",

@@ -149,7 +149,7 @@ class LogprobsTest : public ::testing::Test {
                .dump();
     }
     const std::string cmd = absl::StrCat(
-        "/usr/bin/python3 ",
+        testing::Python(), " ",
         (testing::SourceDir() / "tests/services/coordinator/logprobs_reference.py").string(), " ",
         dir_->path().string(), " ", in.string(), " ", out.string());
     EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
@@ -394,7 +394,7 @@ class CompletionsTest : public ::testing::Test {
                .dump();
     }
     const std::string cmd = absl::StrCat(
-        "/usr/bin/python3 ",
+        testing::Python(), " ",
         (testing::SourceDir() / "tests/services/coordinator/logprobs_reference.py").string(), " ",
         dir_->path().string(), " ", in.string(), " ", out.string());
     EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;

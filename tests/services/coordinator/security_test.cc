@@ -429,7 +429,7 @@ TEST_F(TlsTokenTest, PythonGrpcioClient) {
   const std::string src = testing::SourceDir().string();
   std::string out;
   const int code =
-      Shell(absl::StrCat("/usr/bin/python3 ", (tmp.path() / "client.py").string(), " ", src, " ",
+      Shell(absl::StrCat(testing::Python(), " ", (tmp.path() / "client.py").string(), " ", src, " ",
                          (tmp.path() / "stubs").string(), " localhost:", coordinator_->port(), " ",
                          pki_->ca.string(), " ", kToken),
             &out);

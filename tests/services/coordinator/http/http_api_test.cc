@@ -671,8 +671,8 @@ TEST_F(HttpApiTest, RealClientsAgreeWithTheGrpcApi) {
   EXPECT_EQ(node["models"], Json::array({"tinymodel"}));
 
   // Python's standard library.
-  ASSERT_EQ(Shell(absl::StrCat("/usr/bin/python3 ", src, "/tests/clients/http_client.py ", port(),
-                               " tinymodel '", prompt, "'"),
+  ASSERT_EQ(Shell(absl::StrCat(testing::Python(), " ", src, "/tests/clients/http_client.py ",
+                               port(), " tinymodel '", prompt, "'"),
                   &out),
             0)
       << out;
