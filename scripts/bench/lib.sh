@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Sourced by the benchmark scripts in this folder: synthetic models written once, and `specd
 # serve` instances started on free ports and stopped on exit. The caller sets BENCH_NAME (the
 # prefix of its messages) and, for `serve` and `synth_once`, SPECD (the specd binary).

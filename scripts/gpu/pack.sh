@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Run HERE (nvcc 13 and the Debian packages of scripts/setup.sh installed, no GPU needed) before a
+# device session: builds the engine-only CUDA binaries that scripts/gpu/device_check.sh runs
+# (Release, sm_90) into build-gpu/, and packs them into .gpu-pack/ (git-ignored) with the shared
+# libraries they need that a bare GPU machine lacks (Abseil, PCRE2, OpenSSL, ...). Carry
+# .gpu-pack: device_check.sh then builds nothing on the device. Every device call starts on a bare
+# machine, and a build there costs minutes of each call's ten.
+#
+# The C library, libstdc++, the CUDA driver and the CUDA toolkit's libraries (cuBLAS, the runtime)
+# are not packed: the GPU machine's own are newer or must match its driver.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+source scripts/gpu/binaries.sh
+BUILD=${SPECD_GPU_PACK_BUILD:-build-gpu}
+PACK=.gpu-pack
+
+mkdir -p "$BUILD"
+cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DSPECD_ENGINE_ONLY=ON \
+      -DSPECD_CUDA_ARCHITECTURES=90-real >"$BUILD/configure.log" 2>&1 ||
+  { cat "$BUILD/configure.log" >&2; exit 1; }
+grep -q "CUDA back end ON" "$BUILD/configure.log" ||
+  { echo "pack: no CUDA toolkit with cuBLAS found; nothing to pack" >&2; exit 1; }
+cmake --build "$BUILD" -j"$(nproc)" --target "${GPU_TARGETS[@]}"
+
+rm -rf "$PACK"
+mkdir -p "$PACK/lib"
+declare -A packed=()
+for b in "${GPU_BINARIES[@]}"; do
+  mkdir -p "$PACK/build/$(dirname "$b")"
+  strip -o "$PACK/build/$b" "$BUILD/$b"
+  while read -r lib; do
+    case "${lib##*/}" in
+      libc.so* | libm.so* | libpthread.so* | libdl.so* | librt.so* | ld-linux* | libstdc++.so* | \
+      libgcc_s.so* | libcuda.so* | libcublas* | libcudart* | libnvidia*) continue ;;
+    esac
+    [[ -n "${packed[$lib]:-}" ]] && continue
+    packed[$lib]=1
+    cp -L "$lib" "$PACK/lib/"
+  done < <(ldd "$BUILD/$b" | awk '$2 == "=>" && $3 ~ /^\// {print $3}')
+done
+# So the device can tell a pack from another commit.
+git rev-parse HEAD >"$PACK/commit"
+git diff --quiet HEAD -- . ':!.gpu-pack' || echo "with uncommitted changes" >>"$PACK/commit"
+echo "pack: $(du -sh "$PACK" | cut -f1) in $PACK ($(ls "$PACK/lib" | wc -l) libraries):" >&2
+ls "$PACK/lib" >&2
