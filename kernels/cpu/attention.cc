@@ -9,7 +9,7 @@
 #include "absl/strings/string_view.h"
 #include "base/status_macros.h"
 #include "kernels/cpu/kv_cache.h"
-#include "kernels/cpu/validate.h"
+#include "kernels/validate.h"
 
 namespace specd::kernels::cpu {
 namespace {

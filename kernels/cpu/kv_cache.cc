@@ -6,8 +6,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "base/status_macros.h"
-#include "kernels/cpu/validate.h"
 #include "kernels/dtype.h"
+#include "kernels/validate.h"
 
 namespace specd::kernels::cpu {
 namespace {

@@ -6,7 +6,7 @@
 #include "absl/strings/string_view.h"
 #include "base/math.h"
 #include "base/status_macros.h"
-#include "kernels/cpu/validate.h"
+#include "kernels/validate.h"
 
 namespace specd::kernels::cpu {
 namespace {

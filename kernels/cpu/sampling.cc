@@ -13,7 +13,7 @@
 #include "base/philox.h"
 #include "base/status_macros.h"
 #include "kernels/cpu/processed.h"
-#include "kernels/cpu/validate.h"
+#include "kernels/validate.h"
 
 namespace specd::kernels::cpu {
 namespace {

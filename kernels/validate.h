@@ -1,7 +1,8 @@
-// Cheap argument checks shared by the CPU ops. Each returns INVALID_ARGUMENT with a message that
-// names the op and the field, e.g. "Matmul: w.cols must be > 0, got 0".
-#ifndef SPECD_KERNELS_CPU_VALIDATE_H_
-#define SPECD_KERNELS_CPU_VALIDATE_H_
+// Argument checks of the ops in kernels/backend.h that do not depend on the back end. Each
+// returns INVALID_ARGUMENT with a message that names the op and the field, e.g. "Matmul: w.cols
+// must be > 0, got 0".
+#ifndef SPECD_KERNELS_VALIDATE_H_
+#define SPECD_KERNELS_VALIDATE_H_
 
 #include <cstdint>
 
@@ -10,7 +11,7 @@
 #include "kernels/backend.h"
 #include "kernels/dtype.h"
 
-namespace specd::kernels::cpu {
+namespace specd::kernels {
 
 absl::Status CheckNotNull(absl::string_view op, absl::string_view field, const void* p);
 absl::Status CheckPositive(absl::string_view op, absl::string_view field, int64_t value);
@@ -31,10 +32,11 @@ absl::Status CheckPagedKv(absl::string_view op, const PagedKv& cache);
 
 // Token t of a paged op: its row of block_tables and its KV slot are in range, and every block
 // that holds slots [0, slot] (all of them when `whole_prefix`, else only the block of slot) is a
-// block of the cache.
+// block of the cache. Reads token_seq, slot and the block table, so only a back end whose
+// arguments are host memory can call it; `cache` must have passed CheckPagedKv.
 absl::Status CheckTokenInCache(absl::string_view op, const PagedKv& cache, const int32_t* token_seq,
                                const int32_t* slot, int64_t t, bool whole_prefix);
 
-}  // namespace specd::kernels::cpu
+}  // namespace specd::kernels
 
-#endif  // SPECD_KERNELS_CPU_VALIDATE_H_
+#endif  // SPECD_KERNELS_VALIDATE_H_

@@ -1,4 +1,4 @@
-#include "kernels/cpu/validate.h"
+#include "kernels/validate.h"
 
 #include <cstdint>
 
@@ -6,7 +6,7 @@
 #include "absl/strings/string_view.h"
 #include "base/status_macros.h"
 
-namespace specd::kernels::cpu {
+namespace specd::kernels {
 namespace {
 
 // 2^48 elements is far beyond any real tensor and keeps every offset (times 4 bytes) in range.
@@ -105,4 +105,4 @@ absl::Status CheckTokenInCache(absl::string_view op, const PagedKv& cache, const
   return absl::OkStatus();
 }
 
-}  // namespace specd::kernels::cpu
+}  // namespace specd::kernels
