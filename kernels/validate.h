@@ -1,6 +1,17 @@
-// Argument checks of the ops in kernels/backend.h that do not depend on the back end. Each
-// returns INVALID_ARGUMENT with a message that names the op and the field, e.g. "Matmul: w.cols
-// must be > 0, got 0".
+// The argument checks of the ops in kernels/backend.h that do not depend on the back end: sizes,
+// dtypes, null pointers and overlapping outputs, everything the host sees without reading an
+// argument's contents. Every back end calls Validate<Op>Args before anything else, so a bad call
+// gets the same INVALID_ARGUMENT, naming the op and the field (e.g. "Matmul: w.cols must be > 0,
+// got 0"), whichever back end runs it.
+//
+// What stays in a back end: checks that read the arguments' contents (ids, positions, slots, row
+// indices: host memory on the CPU, which checks them before it computes; device memory on a GPU,
+// where the kernels check them and Synchronize reports them), and a back end's own limits (CUDA's
+// launch dimensions, shared memory and kernel shapes).
+//
+// Empty calls. Each Validate<Op>Args checks the sizes first; when they make the call empty (the
+// count named below is 0) it returns OK without checking the pointers, which may then be null,
+// and the caller must do nothing more.
 #ifndef SPECD_KERNELS_VALIDATE_H_
 #define SPECD_KERNELS_VALIDATE_H_
 
@@ -12,6 +23,29 @@
 #include "kernels/dtype.h"
 
 namespace specd::kernels {
+
+// ---------------------------------------------------------------------------------------------
+// One check per op. Empty when the named count is 0.
+
+absl::Status ValidateMatmulArgs(const MatmulArgs& args);                // n_tokens
+absl::Status ValidateRmsNormArgs(const RmsNormArgs& args);              // n_tokens
+absl::Status ValidateRopeArgs(const RopeArgs& args);                    // n_tokens
+absl::Status ValidateStoreKvArgs(const StoreKvArgs& args);              // n_tokens
+absl::Status ValidateAttentionArgs(const AttentionArgs& args);          // n_tokens
+absl::Status ValidateSwiGluArgs(const SwiGluArgs& args);                // n_tokens
+absl::Status ValidateEmbeddingArgs(const EmbeddingArgs& args);          // n_tokens
+absl::Status ValidateAddArgs(const AddArgs& args);                      // n
+absl::Status ValidateGatherRowsArgs(const GatherRowsArgs& args);        // n
+absl::Status ValidateCopyKvRowsArgs(const CopyKvRowsArgs& args);        // n
+absl::Status ValidateCombineLogitsArgs(const CombineLogitsArgs& args);  // n_pairs
+absl::Status ValidateProcessRowsArgs(const ProcessRowsArgs& args);      // n_rows
+absl::Status ValidateSampleRowsArgs(const SampleRowsArgs& args);        // n
+absl::Status ValidateGatherProbsArgs(const GatherProbsArgs& args);      // n
+absl::Status ValidateLogprobsArgs(const LogprobsArgs& args);            // n_rows and n_queries
+
+// ---------------------------------------------------------------------------------------------
+// The pieces they are made of, for a back end's own checks. Each returns INVALID_ARGUMENT with a
+// message that starts with "<op>: " and names the field.
 
 absl::Status CheckNotNull(absl::string_view op, absl::string_view field, const void* p);
 absl::Status CheckPositive(absl::string_view op, absl::string_view field, int64_t value);
