@@ -6,13 +6,14 @@
 #include <limits>
 #include <numbers>
 #include <optional>
+#include <system_error>
 #include <utility>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "base/absl_string.h"
 #include "base/status_macros.h"
 #include "common/model/mapped_file.h"
-#include "base/absl_string.h"
 #include "nlohmann/json.hpp"
 
 namespace specd {
@@ -351,6 +352,14 @@ absl::StatusOr<ModelConfig> ParseModelConfig(std::string_view json_text) {
 }
 
 absl::StatusOr<ModelConfig> LoadModelConfig(const std::filesystem::path& dir) {
+  std::error_code error;
+  if (std::filesystem::is_regular_file(dir, error)) {
+    // The commonest mistake: a single-file checkpoint given where a model directory goes.
+    return absl::InvalidArgumentError(absl::StrCat(
+        dir.string(),
+        " is a file; a model is a directory with config.json and .safetensors (a llama2.c "
+        "checkpoint converts to one with `specd convert llama2c`)"));
+  }
   const std::filesystem::path path = dir / "config.json";
   SPECD_ASSIGN_OR_RETURN(const std::unique_ptr<MappedFile> file, MappedFile::Open(path));
   if (file->size() > kMaxConfigBytes) {

@@ -43,10 +43,11 @@ absl::Status CheckDraftRequest(const DraftSequenceRequest& req) {
     absl::Status st = ValidateTreeShape(req.tree, req.num_speculative_tokens, "tree");
     if (!st.ok())
       return absl::InvalidArgumentError(absl::StrCat("sequence ", req.seq, ": ", st.message()));
-    if (req.companion.has_value()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "sequence ", req.seq, ": a draft tree cannot be guided (guided requests draft chains)"));
-    }
+  }
+  if (req.tree.is_tree() && req.companion.has_value()) {
+    // A tree's nodes would need the companion fed the same tree, masks and compaction.
+    return absl::InvalidArgumentError(absl::StrCat(
+        "sequence ", req.seq, ": a guided sequence (with a companion) cannot draft a tree"));
   }
   const EntropyStop& e = req.entropy_stop;
   if (e.enabled && (e.min_tokens < 1 || !(e.threshold >= 0.0f && e.threshold <= 1.0f))) {
@@ -182,20 +183,21 @@ std::vector<SequenceOutcome> WorkerRuntime::Draft(
     }
     const size_t drafting_inputs = inputs.size();  // inputs[b] is active[b]'s
     if (k == 1) inputs.insert(inputs.end(), chunk_inputs.begin(), chunk_inputs.end());
-    // The companions of guided chains, fed the same tokens in the same pass; their logit rows
-    // come after every drafting row (chunks have none). Trees are never guided.
+    // The companions of guided sequences (chains only), fed the same tokens in the same pass;
+    // their logit rows come after every drafting row (chunks have none).
     std::vector<int32_t> companion_input(drafting_inputs, -1);
     for (size_t b = 0; b < drafting_inputs; ++b) {
-      const DraftSequenceRequest& req = batch[active[b]];
+      const size_t i = active[b];
+      const DraftSequenceRequest& req = batch[i];
       if (!req.companion.has_value()) continue;
       SequenceInput in;
       in.seq = req.companion->seq;
       in.start_pos = LengthOrZero(in.seq);
       if (k == 1) {
         in.tokens = std::span<const int32_t>(req.companion->catch_up)
-                        .subspan(static_cast<size_t>(plan[active[b]].companion_cached));
+                        .subspan(static_cast<size_t>(plan[i].companion_cached));
       } else {
-        in.tokens = std::span<const int32_t>(&drafting[active[b]].last, 1);
+        in.tokens = std::span<const int32_t>(&drafting[i].last, 1);
       }
       in.logit_indices = {static_cast<int32_t>(in.tokens.size() - 1)};
       companion_input[b] = static_cast<int32_t>(inputs.size());
@@ -218,14 +220,6 @@ std::vector<SequenceOutcome> WorkerRuntime::Draft(
             Sequence& s = seqs_[req.seq];
             Drafting& d = drafting[active[b]];
             s.tokens.insert(s.tokens.end(), inputs[b].tokens.begin(), inputs[b].tokens.end());
-            if (companion_input[b] >= 0) {
-              // A chain's one row is the next one AddKeptRow adds.
-              const SequenceInput& in = inputs[static_cast<size_t>(companion_input[b])];
-              std::vector<int32_t>& u = seqs_[in.seq].tokens;
-              u.insert(u.end(), in.tokens.begin(), in.tokens.end());
-              sampler_.AddGuidance(static_cast<int32_t>(next_slot), companion_row++,
-                                   req.companion->scale);
-            }
             if (req.entropy_stop.enabled) sampler_.RequestEntropy();
             d.rows.clear();
             if (req.tree.is_tree()) {
@@ -258,6 +252,12 @@ std::vector<SequenceOutcome> WorkerRuntime::Draft(
                                               : kernels::RowMode::kSample;
             d.rows.push_back(
                 AddKeptRow(s, s.tokens.size(), req.sampling, mode, slots[next_slot++]));
+            if (companion_input[b] >= 0) {
+              const SequenceInput& in = inputs[static_cast<size_t>(companion_input[b])];
+              std::vector<int32_t>& u = seqs_[in.seq].tokens;
+              u.insert(u.end(), in.tokens.begin(), in.tokens.end());
+              sampler_.AddGuidance(d.rows.back(), companion_row++, req.companion->scale);
+            }
             if (mode != kernels::RowMode::kSample) continue;
             // t_k sits at position len(x) + k - 1, which is what the cache now holds.
             kernels::Draw draw;

@@ -96,6 +96,11 @@ absl::Status WorkerRuntime::CheckCompanion(const SequenceRequest& req) const {
         named.has_value() ? absl::StrCat("companion ", *named) : std::string("none")));
   }
   if (!req.companion.has_value()) return absl::OkStatus();
+  if (!req.compact.empty()) {
+    // A guided sequence drafts and verifies chains only, so it never has a tree to compact.
+    return absl::InvalidArgumentError(absl::StrCat(
+        "sequence ", req.seq, ": a guided sequence (with a companion) has no tree to compact"));
+  }
   const CompanionRequest& c = *req.companion;
   if (c.seq == req.seq) {
     return absl::InvalidArgumentError(
@@ -150,12 +155,6 @@ absl::StatusOr<WorkerRuntime::Feed> WorkerRuntime::Admit(const SequenceRequest& 
 
   const auto it = seqs_.find(req.seq);
   if (it != seqs_.end() && !req.compact.empty()) {
-    if (comp != nullptr) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("sequence ", req.seq,
-                       ": a draft tree's compaction cannot carry a companion (guided "
-                       "requests draft chains)"));
-    }
     if (req.compact.tree_start + static_cast<int64_t>(req.compact.kept_nodes.size()) !=
         req.expected_cached_len) {
       return absl::InvalidArgumentError(
@@ -163,6 +162,7 @@ absl::StatusOr<WorkerRuntime::Feed> WorkerRuntime::Admit(const SequenceRequest& 
                        " tree nodes from slot ", req.compact.tree_start,
                        " does not leave the expected ", req.expected_cached_len, " cached tokens"));
     }
+    // A guided sequence never holds a tree (CheckCompanion), so its companion has no tail here.
     SPECD_RETURN_IF_ERROR(
         CompactAndTruncate(req.seq, it->second, req.compact, req.expected_cached_len));
   } else if (it != seqs_.end() && req.drop_tail) {

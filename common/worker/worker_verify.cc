@@ -34,6 +34,11 @@ absl::Status CheckVerifyRequest(const VerifySequenceRequest& req, int64_t vocab)
                                                    " draft tokens, at most ", limit, " allowed"));
   }
   if (!req.tree_parents.empty()) {
+    if (req.companion.has_value()) {
+      // A tree's nodes would need the companion fed the same tree, masks and compaction.
+      return absl::InvalidArgumentError(absl::StrCat(
+          "sequence ", req.seq, ": a guided sequence (with a companion) cannot verify a tree"));
+    }
     if (req.tree_parents.size() != req.drafts.size()) {
       return absl::InvalidArgumentError(absl::StrCat("sequence ", req.seq, ": ",
                                                      req.tree_parents.size(), " tree parents for ",
@@ -42,10 +47,6 @@ absl::Status CheckVerifyRequest(const VerifySequenceRequest& req, int64_t vocab)
     absl::Status st = ValidateTreeParents(req.tree_parents);
     if (!st.ok()) {
       return absl::InvalidArgumentError(absl::StrCat("sequence ", req.seq, ": ", st.message()));
-    }
-    if (req.companion.has_value()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "sequence ", req.seq, ": a draft tree cannot be guided (guided requests draft chains)"));
     }
   }
   for (size_t k = 0; k < req.drafts.size(); ++k) {
@@ -142,8 +143,8 @@ std::vector<VerifySequenceResult> WorkerRuntime::Verify(
   // One pass: each verifying sequence feeds the rest of its catch-up plus the drafts, with logits
   // at the last catch-up token and at every draft (a tree's nodes sit at their depth's position
   // and see only their ancestors); then the prefill chunks, without logits; then the companions
-  // of guided chains, fed their own catch-up and the same drafts, whose logit rows thus come
-  // after every row that is processed.
+  // of guided sequences (chains only), fed their own catch-up and the same drafts, whose logit
+  // rows thus come after every row that is processed.
   std::vector<std::vector<int32_t>> feeds(batch.size());
   std::vector<std::vector<int32_t>> companion_feeds(batch.size());
   std::vector<std::vector<int32_t>> positions(batch.size());
@@ -219,15 +220,6 @@ std::vector<VerifySequenceResult> WorkerRuntime::Verify(
             Sequence& s = seqs_[req.seq];
             s.tokens.insert(s.tokens.end(), feeds[i].begin(), feeds[i].end());
             const size_t n = req.drafts.size();
-            if (req.companion.has_value()) {
-              // Its rows are the next n + 1 (a chain: trees are never guided).
-              std::vector<int32_t>& u = seqs_[req.companion->seq].tokens;
-              u.insert(u.end(), companion_feeds[i].begin(), companion_feeds[i].end());
-              for (size_t j = 0; j <= n; ++j) {
-                sampler_.AddGuidance(static_cast<int32_t>(next_slot + j), companion_row++,
-                                     req.companion->scale);
-              }
-            }
             const size_t x_len = s.tokens.size() - n;  // len(x): committed tokens
             const kernels::RowMode mode =
                 req.sampling.greedy() ? kernels::RowMode::kGreedy : kernels::RowMode::kSample;
@@ -251,6 +243,15 @@ std::vector<VerifySequenceResult> WorkerRuntime::Verify(
                 row = AddRow(s, history, req.sampling, mode, slots[next_slot++]);
               }
               if (r == 0) p.first_row = row;
+            }
+            if (req.companion.has_value()) {
+              // A chain's rows are consecutive, and so are its companion's.
+              std::vector<int32_t>& u = seqs_[req.companion->seq].tokens;
+              u.insert(u.end(), companion_feeds[i].begin(), companion_feeds[i].end());
+              for (size_t r = 0; r <= n; ++r) {
+                sampler_.AddGuidance(p.first_row + static_cast<int32_t>(r), companion_row++,
+                                     req.companion->scale);
+              }
             }
             for (size_t j = 0; j < n; ++j) {
               const size_t parent_row = static_cast<size_t>(shape.parents[j] + 1);

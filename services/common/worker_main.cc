@@ -128,6 +128,11 @@ absl::StatusOr<WorkerConfig> ReadConfig(const Flags& flags) {
   if (const std::string peer = flags.Get("gpu-memory-peer"); !peer.empty()) {
     absl::StatusOr<ModelConfig> peer_config = LoadModelConfig(peer);
     if (!peer_config.ok()) {
+      // `specd serve` derives the peer from the models it was given, so a bad --model is the
+      // error to report first.
+      if (absl::StatusOr<ModelConfig> own = LoadModelConfig(c.model); !own.ok()) {
+        return absl::InvalidArgumentError(absl::StrCat("--model: ", own.status().message()));
+      }
       return absl::InvalidArgumentError(
           absl::StrCat("--gpu-memory-peer: ", peer_config.status().message()));
     }
@@ -237,11 +242,17 @@ absl::StatusOr<std::unique_ptr<LlamaEngine>> LoadEngine(const WorkerMainSpec& sp
                                                   : config.draft_vocab_file.string())
               << std::endl;
   }
+  // A load that takes seconds (a large checkpoint, a slow disk) shows progress at most once a
+  // second; a fast one says only that it loaded.
   int last_decile = -1;
+  auto last_line = start;
   load.progress = [&](int64_t done, int64_t total) {
     const int decile = total > 0 ? static_cast<int>(10 * done / total) : 10;
     if (decile == last_decile) return;
     last_decile = decile;
+    const auto now = std::chrono::steady_clock::now();
+    if (now - last_line < std::chrono::seconds(1)) return;
+    last_line = now;
     std::cerr << spec.program << ": loading weights " << 10 * decile << "% (" << done << "/"
               << total << " tensors)" << std::endl;
   };

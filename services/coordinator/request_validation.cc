@@ -340,18 +340,19 @@ absl::StatusOr<GenerationRequest> BuildGenerationRequest(const v1::GenerateReque
                                               " needs model drafting: prompt lookup (ngram) "
                                               "proposes one chain"));
     }
-    if (out.guidance.has_value()) {
-      // A tree's nodes and their KV compaction have no companion counterpart yet.
-      return Invalid(names.tree, absl::StrCat(names.tree,
-                                              " cannot be combined with guidance: guided requests "
-                                              "draft one chain"));
-    }
     out.tree = {static_cast<int32_t>(std::min<uint32_t>(spec.tree().branching(), 1u << 20)),
                 static_cast<int32_t>(std::min<uint32_t>(spec.tree().depth(), 1u << 20))};
     if (absl::Status st =
             ValidateTreeShape(out.tree, static_cast<int32_t>(k), std::string(names.tree).c_str());
         !st.ok()) {
       return Invalid(names.tree, std::string(st.message()));
+    }
+    if (out.guidance.has_value()) {
+      // The companion would have to be fed the same tree, with its masks and compaction.
+      return Invalid(names.tree, absl::StrCat(names.tree,
+                                              " cannot be combined with guidance: a guided "
+                                              "request drafts one chain (leave ",
+                                              names.tree, " unset)"));
     }
   }
   if (spec.has_egag() && spec.egag()) {
@@ -365,6 +366,11 @@ absl::StatusOr<GenerationRequest> BuildGenerationRequest(const v1::GenerateReque
   }
   out.egag = (spec.has_egag() ? spec.egag() : limits.default_egag) &&
              out.draft_method == DraftMethod::kModel && !out.tree.is_tree();
+  if (out.guidance.has_value() && out.guidance->draft && out.draft_method != DraftMethod::kModel) {
+    return Invalid("guidance.draft",
+                   "guidance.draft guides the draft model, and prompt lookup (ngram) drafts "
+                   "without one");
+  }
   if (!v1::DraftSampling_IsValid(spec.draft_sampling())) {
     return Invalid("speculation.draft_sampling",
                    absl::StrCat("speculation.draft_sampling ", spec.draft_sampling(),

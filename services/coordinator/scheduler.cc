@@ -80,13 +80,9 @@ void Scheduler::ReleaseOnWorkers(Active& a, bool gone) {
     ReleaseOn(*draft_, a, gone);
   }
   ReleaseOn(*target_, a, gone);
+  // Release frees a guided sequence's companion with it.
   a.seq.ResetDraftCache(0);
   a.seq.ResetTargetCache(0);
-  if (a.seq.guidance.has_value()) {
-    // Release frees the companion with its sequence.
-    a.seq.guidance->draft_cached = 0;
-    a.seq.guidance->target_cached = 0;
-  }
 }
 
 void Scheduler::ReleaseOn(SupervisedWorker& w, Active& a, bool gone) {
@@ -219,10 +215,10 @@ bool Scheduler::Adapts(const Active& a) {
 
 int64_t Scheduler::KvTokensForNextRound(const Active& a, bool target) {
   const GenerationRequest& r = a.request;
+  // Prompt lookup leaves nothing on the draft worker.
+  if (!target && r.draft_method != DraftMethod::kModel) return 0;
   const int64_t prompt = static_cast<int64_t>(r.prompt.size());
   const int64_t len = a.seq.tokens.empty() ? prompt : static_cast<int64_t>(a.seq.tokens.size());
-  // Prompt lookup never uses the draft worker; a tree verifies its nodes, not K drafts.
-  if (!target && r.draft_method == DraftMethod::kNgram) return 0;
   const int64_t round = (r.tree.is_tree() ? TreeNodeCount(r.tree, r.num_speculative_tokens)
                                           : r.num_speculative_tokens) +
                         1;
@@ -295,9 +291,6 @@ void Scheduler::RecoverWorkers() {
         a.seq.ResetDraftCache(0);
         a.draft_in_doubt = false;
       }
-      if (a.seq.guidance.has_value()) {
-        (w == target_.get() ? a.seq.guidance->target_cached : a.seq.guidance->draft_cached) = 0;
-      }
     };
     for (auto& a : running_) forget(*a);
     std::lock_guard<std::mutex> lock(mu_);
@@ -310,12 +303,13 @@ bool Scheduler::Resync(Active& a, SupervisedWorker& w) {
   int64_t& cached = target ? a.seq.target_cached : a.seq.draft_cached;
   // Whatever the worker holds up to here is a prefix of x: it was fed from x, and drafts past the
   // old x were never committed. The last token stays out, as every catch-up re-feeds it. A tree
-  // whose accepted branch was never moved into place is dropped whole.
+  // whose accepted branch was never moved into place is dropped whole (a guided sequence has no
+  // trees).
+  const int64_t len = static_cast<int64_t>(a.seq.tokens.size());
   const KvCompaction& compact = target ? a.seq.target_compact : a.seq.draft_compact;
-  int64_t keep = std::clamp<int64_t>(cached, 0, static_cast<int64_t>(a.seq.tokens.size()) - 1);
+  int64_t keep = std::clamp<int64_t>(cached, 0, len - 1);
   if (!compact.empty()) keep = std::min(keep, compact.tree_start);
   (target ? a.seq.target_compact : a.seq.draft_compact) = KvCompaction();
-  const int64_t len = static_cast<int64_t>(a.seq.tokens.size());
   TruncateSequenceRequest request;
   request.seq = a.seq.id;
   request.new_len = keep;

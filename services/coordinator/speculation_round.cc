@@ -15,12 +15,14 @@ void SpeculativeSequence::ResetDraftCache(int64_t len) {
   draft_cached = len;
   draft_tail = false;
   draft_compact = KvCompaction();
+  if (guidance.has_value()) guidance->draft_cached = len == 0 ? 0 : CompanionLen(len);
 }
 
 void SpeculativeSequence::ResetTargetCache(int64_t len) {
   target_cached = len;
   target_tail = false;
   target_compact = KvCompaction();
+  if (guidance.has_value()) guidance->target_cached = len == 0 ? 0 : CompanionLen(len);
 }
 
 int64_t SpeculativeSequence::CompanionLen(int64_t len) const {
@@ -122,14 +124,10 @@ Judge JudgeFor(const SpeculativeSequence& s, int32_t k) {
   return Judge::kSampled;
 }
 
-// Fails `stats[i]` unless it failed already.
-void Fail(RoundStats& stats, absl::Status status) {
-  if (stats.status.ok()) stats.status = std::move(status);
-}
-
 // The draft keeps at most `keep` tokens of x (and a guided draft's companion the same generated
 // tokens); anything past that leaves its KV with its next call (drop_tail).
 void CutDraft(SpeculativeSequence& s, int64_t keep) {
+  if (!s.uses_draft_worker()) return;
   if (s.draft_cached > keep) {
     s.draft_cached = keep;
     s.draft_tail = true;
@@ -139,6 +137,11 @@ void CutDraft(SpeculativeSequence& s, int64_t keep) {
     s.guidance->draft_cached = s.CompanionLen(keep);
     s.draft_tail = true;
   }
+}
+
+// Fails `stats[i]` unless it failed already.
+void Fail(RoundStats& stats, absl::Status status) {
+  if (stats.status.ok()) stats.status = std::move(status);
 }
 
 // The exact residual fallback for sampled chains none of whose candidates passed: both workers'
@@ -253,15 +256,15 @@ std::vector<Proposal> Propose(WorkerApi& draft, std::span<SpeculativeSequence* c
       r.tree = s.tree;
       r.tree.depth = std::min(s.tree.depth, prop.k);
     }
-    if (s.guidance.has_value() && s.guidance->draft) {
-      r.companion =
-          CompanionRequest{s.guidance->companion, s.guidance->scale,
-                           s.CompanionCatchUp(s.guidance->draft_cached), s.guidance->draft_cached};
-    }
     if (s.egag.enabled && !s.tree.is_tree()) {
       r.entropy_stop.enabled = true;
       r.entropy_stop.min_tokens = s.egag.options.min_tokens;
       r.entropy_stop.threshold = static_cast<float>(s.egag.options.threshold);
+    }
+    if (s.guidance.has_value() && s.guidance->draft) {
+      r.companion =
+          CompanionRequest{s.guidance->companion, s.guidance->scale,
+                           s.CompanionCatchUp(s.guidance->draft_cached), s.guidance->draft_cached};
     }
     draft_reqs.push_back(std::move(r));
   }
@@ -445,6 +448,7 @@ std::vector<RoundStats> RunSpeculationRound(WorkerApi& draft, WorkerApi& target,
       r.logprobs = s.logprobs;
     }
     if (s.guidance.has_value()) {
+      // Prompt lookup's drafts are verified like a model's chain: the companion is fed them too.
       r.companion = CompanionRequest{s.guidance->companion, s.guidance->scale,
                                      s.CompanionCatchUp(s.guidance->target_cached),
                                      s.guidance->target_cached};

@@ -74,11 +74,15 @@ struct SpeculativeSequence {
   // *_cached counts the branch as if it were in place.
   KvCompaction draft_compact;
   KvCompaction target_compact;
-  std::optional<Guidance> guidance;  // classifier-free guidance, when asked for
+
+  // Classifier-free guidance, when asked for: never with a tree (the request is refused), and
+  // with prompt lookup only on the target (nothing is drafted by a model).
+  std::optional<Guidance> guidance;
 
   bool uses_draft_worker() const { return draft_method == DraftMethod::kModel; }
   // What a worker holds is no longer known (it restarted, or the sequence was released there):
-  // the sequence replays from `len` tokens, with no pending compaction.
+  // the sequence replays from `len` tokens, with no pending compaction, and a guided sequence's
+  // companion there from the same generated tokens (from 0 when `len` is 0).
   void ResetDraftCache(int64_t len);
   void ResetTargetCache(int64_t len);
 

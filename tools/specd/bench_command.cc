@@ -410,12 +410,20 @@ absl::Status ResolveArms(const v1::GetServerInfoResponse& info, BenchConfig& c) 
     c.arms = std::move(both);
   }
   if (c.guidance_scale > 0) {
-    // Each unguided arm, then its guided twins, so every repeat runs them side by side.
+    // Each unguided arm, then its guided twins, so every repeat runs them side by side. The
+    // server refuses guidance with a tree, and a guided draft where prompt lookup drafts.
+    const bool ngram_default = info.default_draft_method() == v1::DRAFT_METHOD_NGRAM;
     std::vector<bench::ArmSpec> arms;
     for (const bench::ArmSpec& a : c.arms) {
       arms.push_back(a);
-      arms.push_back({a.k, a.adaptive, a.http, bench::ArmGuidance::kTarget});
-      if (a.k > 0) arms.push_back({a.k, a.adaptive, a.http, bench::ArmGuidance::kTargetAndDraft});
+      if (a.k > 0 && a.tree_branching > 0) continue;
+      bench::ArmSpec twin = a;
+      twin.guidance = bench::ArmGuidance::kTarget;
+      arms.push_back(twin);
+      if (a.k > 0 && !a.ngram && !ngram_default) {
+        twin.guidance = bench::ArmGuidance::kTargetAndDraft;
+        arms.push_back(twin);
+      }
     }
     c.arms = std::move(arms);
   }

@@ -31,6 +31,17 @@ inline ModelConfig SmallConfig() {
   return c;
 }
 
+// The synthetic model the worker-runtime tests share: SmallConfig with 2 layers, its rows far from
+// one-hot (a large residual scale), so that sampling is exercised.
+inline SynthSpec WorkerTestSpec() {
+  SynthSpec spec;
+  spec.config = SmallConfig();
+  spec.config.num_layers = 2;
+  spec.residual_scale = 0.7;
+  spec.embed_std = 0.5;
+  return spec;
+}
+
 inline void WriteSynth(const SynthSpec& spec, const std::filesystem::path& dir) {
   const absl::Status st = WriteSyntheticModel(spec, dir);
   ASSERT_TRUE(st.ok()) << st;

@@ -421,6 +421,12 @@ TEST(LoadModelConfigTest, ReadsTheDirectoryAndNamesThePathInErrors) {
   EXPECT_EQ(c.status().code(), kInvalid);
   EXPECT_THAT(Message(c.status()),
               HasSubstr((dir.path() / "config.json").string() + ": vocab_size is missing"));
+
+  // A single-file checkpoint where the directory goes is named, with the way to convert it.
+  c = LoadModelConfig(dir.path() / "config.json");
+  EXPECT_EQ(c.status().code(), kInvalid);
+  EXPECT_THAT(Message(c.status()), HasSubstr("config.json is a file; a model is a directory"));
+  EXPECT_THAT(Message(c.status()), HasSubstr("specd convert llama2c"));
 }
 
 // Units in the last place between two finite floats of the same sign.

@@ -13,6 +13,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/cpu/processed.h"
+#include "tests/common/engine/engine_test_util.h"
 #include "tests/common/worker/worker_reference.h"
 #include "tests/test_util.h"
 
@@ -29,20 +30,7 @@ class DraftingRuntimeTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     dir_ = new testing::ScopedTempDir();
-    SynthSpec spec;
-    spec.config.vocab_size = kVocab;
-    spec.config.hidden_size = 64;
-    spec.config.intermediate_size = 96;
-    spec.config.num_layers = 2;
-    spec.config.num_heads = 8;
-    spec.config.num_kv_heads = 4;
-    spec.config.head_dim = 8;
-    spec.config.max_position_embeddings = 256;
-    spec.config.bos_token_ids = {1};
-    spec.config.eos_token_ids = {2};
-    spec.residual_scale = 0.7;
-    spec.embed_std = 0.5;
-    ASSERT_TRUE(WriteSyntheticModel(spec, dir_->path()).ok());
+    testing::WriteSynth(testing::WorkerTestSpec(), dir_->path());
   }
   static void TearDownTestSuite() { delete dir_; }
 
@@ -357,12 +345,7 @@ TEST_F(DraftingRuntimeTest, ReducedHeadDraftsOverItsTokensOnly) {
     context.push_back(tokens[k].token);
   }
   // q(y) of a token outside the head is 0; of one inside, its row entry.
-  TruncateSequenceRequest query;
-  query.seq = 3;
-  query.new_len = 15;
-  query.query_step = 1;
-  query.query_tokens = {1, kept[5]};
-  absl::StatusOr<TruncateResult> q = draft->Truncate(query);
+  absl::StatusOr<TruncateResult> q = draft->Truncate(testing::Trunc(3, 15, 1, {1, kept[5]}));
   ASSERT_TRUE(q.ok()) << q.status();
   EXPECT_EQ(q->q_probs[0], 0.0f);
   VerifySequenceRequest v;

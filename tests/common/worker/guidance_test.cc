@@ -21,6 +21,7 @@
 #include "common/worker/worker_runtime.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/common/engine/engine_test_util.h"
 #include "tests/common/worker/worker_reference.h"
 #include "tests/test_util.h"
 
@@ -87,21 +88,7 @@ class GuidanceTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     dir_ = new testing::ScopedTempDir();
-    SynthSpec spec;
-    spec.config.vocab_size = kVocab;
-    spec.config.hidden_size = 64;
-    spec.config.intermediate_size = 96;
-    spec.config.num_layers = 2;
-    spec.config.num_heads = 8;
-    spec.config.num_kv_heads = 4;
-    spec.config.head_dim = 8;
-    spec.config.max_position_embeddings = 256;
-    spec.config.bos_token_ids = {1};
-    spec.config.eos_token_ids = {2};
-    spec.residual_scale = 0.7;
-    spec.embed_std = 0.5;
-    const absl::Status st = WriteSyntheticModel(spec, dir_->path());
-    ASSERT_TRUE(st.ok()) << st;
+    testing::WriteSynth(testing::WorkerTestSpec(), dir_->path());
   }
   static void TearDownTestSuite() {
     delete dir_;
@@ -466,6 +453,96 @@ TEST_F(GuidanceTest, ChunkedPrefillFeedsBothHalvesAndChangesNoBit) {
   for (int32_t step = 1; step <= 4; ++step) {
     EXPECT_EQ(*chunked->ReadRow(1, step), *whole->ReadRow(1, step)) << "step " << step;
   }
+}
+
+// Draft trees and guidance do not meet (the coordinator refuses the request): a guided sequence
+// drafting or verifying a tree, or compacting one, is INVALID_ARGUMENT and leaves nothing. A
+// guided chain sharing its passes with a tree's many logit rows is combined with its own
+// companion's rows: it drafts and verifies to the same bits as alone.
+TEST_F(GuidanceTest, AGuidedSequenceDraftsAndVerifiesChainsOnlyAndSharesPassesWithTrees) {
+  const auto expect_invalid = [](const absl::Status& st, const std::string& says) {
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+    EXPECT_THAT(std::string(st.message()), HasSubstr(says));
+  };
+  const Tokens cond = Prompt(18, 3);
+  const Tokens uncond = Prompt(7, 4);
+  const auto draft_req = [&](SeqId seq, std::optional<CompanionRequest> companion) {
+    DraftSequenceRequest d;
+    d.seq = seq;
+    d.catch_up = cond;
+    d.num_speculative_tokens = 3;
+    d.sampling = Penalized();
+    d.seed = 77;
+    d.prompt_len = 18;
+    d.companion = std::move(companion);
+    return d;
+  };
+  {
+    auto rt = Runtime();
+    DraftSequenceRequest tree = draft_req(1, Companion(101, 2.0f, uncond));
+    tree.tree = {2, 1};
+    expect_invalid(rt->Draft(std::vector{tree})[0].status, "cannot draft a tree");
+    VerifySequenceRequest v = VerifyReq(2, cond, 0, {5, 6}, 18, Companion(102, 2.0f, uncond));
+    v.tree_parents = {-1, -1};
+    expect_invalid(rt->Verify(std::vector{v})[0].status, "cannot verify a tree");
+    for (const SeqId seq : {1, 2, 101, 102}) {
+      EXPECT_EQ(rt->CachedLength(seq).status().code(), absl::StatusCode::kNotFound) << seq;
+    }
+    // A guided pair that exists refuses a compaction and keeps both lengths.
+    ASSERT_TRUE(
+        rt->Verify(std::vector{VerifyReq(3, cond, 0, {5, 6}, 18, Companion(103, 2.0f, uncond))})[0]
+            .status.ok());
+    VerifySequenceRequest compact = VerifyReq(3, {9}, 19, {}, 18, Companion(103, 2.0f, {9}, 8));
+    compact.compact = {18, {0}};
+    expect_invalid(rt->Verify(std::vector{compact})[0].status, "has no tree to compact");
+    EXPECT_EQ(*rt->CachedLength(3), 20);
+    EXPECT_EQ(*rt->CachedLength(103), 9);
+    EXPECT_TRUE(rt->Release(3).ok());
+    EXPECT_EQ(rt->engine().kv().used_blocks(), 0);
+  }
+
+  // Alone, then after an unguided tree in the same calls.
+  std::vector<std::vector<DraftToken>> drafted(2);
+  std::vector<VerifySequenceResult> verified(2);
+  for (int run = 0; run < 2; ++run) {
+    auto rt = Runtime();
+    std::vector<DraftSequenceRequest> draft_batch;
+    std::vector<VerifySequenceRequest> verify_batch;
+    if (run == 1) {
+      DraftSequenceRequest tree = draft_req(5, std::nullopt);
+      tree.catch_up = Prompt(12, 6);
+      tree.prompt_len = 12;
+      tree.tree = {3, 2};
+      draft_batch.push_back(tree);
+      VerifySequenceRequest v =
+          VerifyReq(6, Prompt(11, 7), 0, {4, 8, 12, 40, 41, 42}, 11, std::nullopt);
+      v.tree_parents = {-1, -1, 0, 0, 1, 1};
+      verify_batch.push_back(v);
+    }
+    draft_batch.push_back(draft_req(1, Companion(101, 2.5f, uncond)));
+    verify_batch.push_back(VerifyReq(2, cond, 0, {cond[2], 17}, 18, Companion(102, 2.5f, uncond)));
+    verify_batch.back().num_candidates = 2;
+    const std::vector<SequenceOutcome> outcomes =
+        rt->Draft(draft_batch, [&](const DraftStep& step) {
+          for (const DraftToken& t : step.tokens) {
+            if (t.seq == 1) drafted[static_cast<size_t>(run)].push_back(t);
+          }
+        });
+    for (const SequenceOutcome& o : outcomes) ASSERT_TRUE(o.status.ok()) << o.status;
+    std::vector<VerifySequenceResult> results = rt->Verify(verify_batch);
+    for (const VerifySequenceResult& r : results) ASSERT_TRUE(r.status.ok()) << r.status;
+    verified[static_cast<size_t>(run)] = results.back();
+  }
+  ASSERT_EQ(drafted[0].size(), 3u);
+  ASSERT_EQ(drafted[1].size(), 3u);
+  for (size_t j = 0; j < 3; ++j) {
+    EXPECT_EQ(drafted[1][j].token, drafted[0][j].token) << "draft " << j + 1;
+    EXPECT_TRUE(SameBits(drafted[1][j].q_prob, drafted[0][j].q_prob)) << "draft " << j + 1;
+  }
+  EXPECT_EQ(verified[1].argmax, verified[0].argmax);
+  EXPECT_TRUE(SameBits(verified[1].p_draft, verified[0].p_draft));
+  EXPECT_EQ(verified[1].bonus_token, verified[0].bonus_token);
+  EXPECT_EQ(verified[1].candidate_tokens, verified[0].candidate_tokens);
 }
 
 }  // namespace

@@ -14,6 +14,7 @@
 #include "common/synth/synth.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/common/engine/engine_test_util.h"
 #include "tests/common/worker/worker_reference.h"
 #include "tests/test_util.h"
 
@@ -32,21 +33,6 @@ using Verifies = std::vector<VerifySequenceRequest>;
 
 constexpr int64_t kVocab = 300;
 constexpr int64_t kBlock = 16;
-
-ModelConfig TestConfig() {
-  ModelConfig c;
-  c.vocab_size = kVocab;
-  c.hidden_size = 64;
-  c.intermediate_size = 96;
-  c.num_layers = 2;
-  c.num_heads = 8;
-  c.num_kv_heads = 4;
-  c.head_dim = 8;
-  c.max_position_embeddings = 256;
-  c.bos_token_ids = {1};
-  c.eos_token_ids = {2};
-  return c;
-}
 
 std::vector<int32_t> Prompt(int n, int salt) {
   std::vector<int32_t> t;
@@ -78,13 +64,7 @@ class WorkerRuntimeTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     dir_ = new testing::ScopedTempDir();
-    SynthSpec spec;
-    spec.config = TestConfig();
-    // A large residual scale keeps the rows far from one-hot, so sampling is exercised.
-    spec.residual_scale = 0.7;
-    spec.embed_std = 0.5;
-    const absl::Status st = WriteSyntheticModel(spec, dir_->path());
-    ASSERT_TRUE(st.ok()) << st;
+    testing::WriteSynth(testing::WorkerTestSpec(), dir_->path());
   }
   static void TearDownTestSuite() {
     delete dir_;

@@ -4,6 +4,7 @@
 #include "services/common/worker_codec.h"
 
 #include <cmath>
+#include <optional>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -179,11 +180,15 @@ TEST(WorkerCodecTest, LogprobQueriesAndAnswersRoundTrip) {
 }
 
 TEST(WorkerCodecTest, TruncateAndReadRowsRequestsRoundTrip) {
-  const std::vector<TruncateSequenceRequest> truncates = {{1, 10, 2, {4, 5}}, {2, 0, 0, {}}};
+  // The last one is guided: its companion's length travels too, and 0 is not "unset".
+  const std::vector<TruncateSequenceRequest> truncates = {
+      {1, 10, 2, {4, 5}, std::nullopt}, {2, 0, 0, {}, std::nullopt}, {3, 7, 0, {}, 0}};
   pb::TruncateRequest wire;
   codec::Encode(truncates, &wire);
-  ASSERT_EQ(wire.sequences_size(), 2);
+  ASSERT_EQ(wire.sequences_size(), 3);
   EXPECT_EQ(wire.sequences(0).query_tokens_size(), 2);
+  EXPECT_FALSE(wire.sequences(1).has_companion_new_len());
+  EXPECT_TRUE(wire.sequences(2).has_companion_new_len());
   EXPECT_EQ(codec::Decode(wire), truncates);
   const std::vector<RowQuery> rows = {{3, 1}, {4, 5}};
   pb::ReadRowsRequest rows_wire;

@@ -31,6 +31,7 @@
 #include "services/coordinator/speculation_round.h"
 #include "tests/base/chi_square.h"
 #include "tests/common/engine/engine_test_util.h"
+#include "tests/services/coordinator/forwarding_worker.h"
 #include "tests/test_util.h"
 
 namespace specd {
@@ -42,43 +43,11 @@ constexpr int kVocab = 16;
 constexpr int kSamples = 20000;
 constexpr double kAlpha = 1e-4;
 
-// A WorkerApi that passes everything to `inner` except what a broken variant rewrites.
-class Forwarding : public WorkerApi {
- public:
-  explicit Forwarding(WorkerApi& inner) : inner_(inner) {}
-  absl::StatusOr<std::vector<SequenceOutcome>> Draft(
-      std::span<const DraftSequenceRequest> batch,
-      const std::function<void(const DraftStep&)>& on_step) override {
-    return inner_.Draft(batch, on_step);
-  }
-  absl::StatusOr<std::vector<VerifySequenceResult>> Verify(
-      std::span<const VerifySequenceRequest> batch) override {
-    return inner_.Verify(batch);
-  }
-  absl::StatusOr<std::vector<SequenceAnswer<TruncateResult>>> Truncate(
-      std::span<const TruncateSequenceRequest> batch) override {
-    return inner_.Truncate(batch);
-  }
-  absl::StatusOr<std::vector<SequenceAnswer<ProbRow>>> ReadRows(
-      std::span<const RowQuery> batch) override {
-    return inner_.ReadRows(batch);
-  }
-  absl::StatusOr<std::vector<SequenceAnswer<std::vector<float>>>> QueryLogprobs(
-      std::span<const LogprobQuery> batch) override {
-    return inner_.QueryLogprobs(batch);
-  }
-  absl::Status Release(SeqId seq) override { return inner_.Release(seq); }
-  int64_t FreeKvTokens() const override { return inner_.FreeKvTokens(); }
-
- protected:
-  WorkerApi& inner_;
-};
-
 // Answers q(y) = 0 for every residual query, so the coordinator takes the first candidate y ~ p:
 // the classic bug of sampling the correction from p.
-class BrokenResidualDraft final : public Forwarding {
+class BrokenResidualDraft final : public testing::ForwardingWorker {
  public:
-  using Forwarding::Forwarding;
+  using ForwardingWorker::ForwardingWorker;
   absl::StatusOr<std::vector<SequenceAnswer<TruncateResult>>> Truncate(
       std::span<const TruncateSequenceRequest> batch) override {
     absl::StatusOr<std::vector<SequenceAnswer<TruncateResult>>> r = inner_.Truncate(batch);
@@ -93,9 +62,9 @@ class BrokenResidualDraft final : public Forwarding {
 
 // EGAG gone wrong: the draft stops before the first draft (past EGAG's minimum) whose acceptance
 // uniform is above 1/2, so the drafts that are verified are the ones likely to be accepted.
-class PeekingDraft final : public Forwarding {
+class PeekingDraft final : public testing::ForwardingWorker {
  public:
-  using Forwarding::Forwarding;
+  using ForwardingWorker::ForwardingWorker;
   absl::StatusOr<std::vector<SequenceOutcome>> Draft(
       std::span<const DraftSequenceRequest> batch,
       const std::function<void(const DraftStep&)>& on_step) override {
@@ -133,10 +102,10 @@ class PeekingDraft final : public Forwarding {
 // before it), which turns the coordinator's u (1 - R) < p' (1 - R) test into u < p(x_c): the
 // renormalisation after rejected children is forgotten. Greedy trees: the first child is always
 // followed, as if it were the target's argmax.
-class BrokenTarget final : public Forwarding {
+class BrokenTarget final : public testing::ForwardingWorker {
  public:
   enum class Bug { kDoubleP, kNoRenormalisation, kFirstChild };
-  BrokenTarget(WorkerApi& inner, Bug bug) : Forwarding(inner), bug_(bug) {}
+  BrokenTarget(WorkerApi& inner, Bug bug) : ForwardingWorker(inner), bug_(bug) {}
   absl::StatusOr<std::vector<VerifySequenceResult>> Verify(
       std::span<const VerifySequenceRequest> batch) override {
     absl::StatusOr<std::vector<VerifySequenceResult>> out = inner_.Verify(batch);
@@ -184,7 +153,7 @@ struct Setting {
   float top_p;
   int32_t k;
   DraftMethod method = DraftMethod::kModel;
-  TreeShape tree;
+  TreeShape tree = {};  // a chain
   bool egag = false;
   bool reduced_head = false;  // the draft keeps 10 of the 16 classifier rows (FR-Spec)
   std::vector<int32_t> prompt = {1, 7, 3};
@@ -310,7 +279,9 @@ class DistributionTest : public ::testing::TestWithParam<Setting> {
         ++counts[static_cast<size_t>(q.tokens[p] * kVocab * kVocab + q.tokens[p + 1] * kVocab +
                                      q.tokens[p + 2])];
         EXPECT_TRUE(target->Release(q.id).ok());
-        if (q.uses_draft_worker()) EXPECT_TRUE(draft->Release(q.id).ok());
+        if (q.uses_draft_worker()) {
+          EXPECT_TRUE(draft->Release(q.id).ok());
+        }
       }
     }
     EXPECT_EQ(target->runtime().engine().kv().used_blocks(), 0);
@@ -364,7 +335,9 @@ TEST_P(DistributionTest, FirstThreeTokensHaveTheTargetsJointDistribution) {
   if (s.method == DraftMethod::kNgram) {
     EXPECT_GT(seen.drafting, s.samples / 2) << "prompt lookup hardly ever matched";
   }
-  if (s.egag) EXPECT_GT(seen.egag_stops, s.samples / 10) << "EGAG hardly ever stopped a draft";
+  if (s.egag) {
+    EXPECT_GT(seen.egag_stops, s.samples / 10) << "EGAG hardly ever stopped a draft";
+  }
   if (s.tree.is_tree()) {
     // Sampled: p' is exercised. Greedy: the tree, not its first chain, made the output.
     EXPECT_GT(seen.later_children, s.temperature > 0.0f ? s.samples / 20 : 0)

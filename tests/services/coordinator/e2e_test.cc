@@ -528,40 +528,64 @@ TEST_F(SyntheticE2eTest, GuidanceOverTheWire) {
   EXPECT_EQ(MetricValue(service_->target->metrics_port(), "specd_worker_companion_kv_blocks"), 0);
 }
 
-// Issue 17 with guidance: prompt lookup and EGAG (with a guided draft) give guided plain
-// decoding's greedy tokens; a guided tree is refused naming the field.
-TEST_F(SyntheticE2eTest, GuidedPromptLookupAndEgagEqualGuidedPlainDecoding) {
-  for (int p = 0; p < 6; ++p) {
+// Guidance meets issue 17's ways of drafting over the wire: with a tree it is refused naming
+// speculation.tree (the companion would need the same tree), and guiding the draft where prompt
+// lookup drafts is refused naming guidance.draft; a guide of scale 1 is no guidance, so its tree
+// is served. Prompt lookup (its drafts reach the companion like a model's chain) and EGAG with a
+// guided draft give guided plain decoding's greedy tokens, with drafts really made.
+TEST_F(SyntheticE2eTest, GuidanceRefusesTreesAndIsExactWithPromptLookupAndEgag) {
+  {
+    v1::GenerateRequest r = TextRequest("hello", 4, 2);
+    r.mutable_speculation()->mutable_tree()->set_branching(2);
+    r.mutable_speculation()->mutable_tree()->set_depth(1);
+    r.mutable_guidance()->set_scale(3.0f);
+    const Stream s = service_->Generate(r);
+    EXPECT_EQ(s.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_THAT(s.status.error_message(),
+                HasSubstr("speculation.tree cannot be combined with guidance"));
+    r.mutable_guidance()->set_scale(1.0f);
+    EXPECT_TRUE(service_->Generate(r).status.ok()) << "scale 1 is no guidance";
+  }
+  {
+    v1::GenerateRequest r = TextRequest("hello", 4, 2);
+    r.mutable_speculation()->set_draft_method(v1::DRAFT_METHOD_NGRAM);
+    r.mutable_guidance()->set_scale(3.0f);
+    r.mutable_guidance()->set_draft(true);
+    const Stream s = service_->Generate(r);
+    EXPECT_EQ(s.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_THAT(s.status.error_message(), HasSubstr("guidance.draft guides the draft model"));
+  }
+
+  uint32_t lookup_drafted = 0;
+  for (int p = 0; p < 8; ++p) {
+    SCOPED_TRACE(absl::StrCat("prompt ", p));
     v1::GenerateRequest r = RepeatingRequest(p, 16);
     r.mutable_speculation()->set_num_speculative_tokens(0);
     r.mutable_speculation()->set_k_policy(v1::K_POLICY_FIXED);
-    r.mutable_guidance()->set_scale(2.5f);
+    r.mutable_guidance()->set_scale(2.0f + static_cast<float>(p % 3));
     r.mutable_guidance()->mutable_unconditional_token_ids()->add_ids(1);
+    r.mutable_guidance()->mutable_unconditional_token_ids()->add_ids(400 + p);
     const Stream plain = service_->Generate(r);
     ASSERT_TRUE(plain.status.ok()) << plain.status.error_message();
     ASSERT_EQ(plain.tokens.size(), 16u);
     v1::GenerateRequest ngram = r;
     ngram.mutable_speculation()->set_num_speculative_tokens(4);
     ngram.mutable_speculation()->set_draft_method(v1::DRAFT_METHOD_NGRAM);
-    EXPECT_EQ(service_->Generate(ngram).tokens, plain.tokens) << "prompt lookup, prompt " << p;
+    const Stream lookup = service_->Generate(ngram);
+    ASSERT_TRUE(lookup.status.ok()) << lookup.status.error_message();
+    EXPECT_EQ(lookup.tokens, plain.tokens) << "prompt lookup";
+    lookup_drafted += lookup.last.usage().draft_tokens();
     v1::GenerateRequest egag = r;
     egag.mutable_speculation()->set_num_speculative_tokens(6);
     egag.mutable_speculation()->set_egag(true);
     egag.mutable_guidance()->set_draft(true);
     const Stream e = service_->Generate(egag);
-    EXPECT_EQ(e.tokens, plain.tokens) << "EGAG with a guided draft, prompt " << p;
+    EXPECT_EQ(e.tokens, plain.tokens) << "EGAG with a guided draft";
     EXPECT_GT(e.last.usage().draft_tokens(), 0u);
   }
-  v1::GenerateRequest tree = RepeatingRequest(0, 4);
-  tree.mutable_speculation()->set_num_speculative_tokens(3);
-  tree.mutable_speculation()->mutable_tree()->set_branching(2);
-  tree.mutable_speculation()->mutable_tree()->set_depth(1);
-  tree.mutable_guidance()->set_scale(2.0f);
-  const Stream refused = service_->Generate(tree);
-  EXPECT_EQ(refused.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
-  EXPECT_THAT(refused.status.error_message(),
-              HasSubstr("speculation.tree cannot be combined with guidance"));
+  EXPECT_GT(lookup_drafted, 0u) << "prompt lookup never drafted for a guided request";
   service_->ExpectNoBlocksUsed();
+  EXPECT_EQ(MetricValue(service_->target->metrics_port(), "specd_worker_companion_kv_blocks"), 0);
 }
 
 // Empty text is a prompt of BOS alone, as in vLLM and llama.cpp: the same tokens as sending the

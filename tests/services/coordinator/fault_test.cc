@@ -252,10 +252,10 @@ class InProcessFaultTest : public ::testing::Test {
     return std::make_unique<Scheduler>(*draft_, *target_, nullptr, o);
   }
 
-  // 16 requests: even ones greedy, odd ones sampled at temperature 1 with their own seed; half
-  // with classifier-free guidance (a companion on the target, and on the draft for a quarter),
-  // so every fault also meets guided pairs to replay and resync; every fourth drafts a tree and
-  // two draft by prompt lookup (one of them guided).
+  // 16 requests: even ones greedy, odd ones sampled at temperature 1 with their own seed; every
+  // fourth drafts a tree and two draft by prompt lookup; half with classifier-free guidance (a
+  // companion on the target, and on the draft for a quarter; the prompt-lookup ones are guided
+  // too), so every fault also meets guided pairs to replay and resync.
   static std::vector<GenerationRequest> Requests() {
     std::vector<GenerationRequest> out;
     for (int i = 0; i < 16; ++i) {
@@ -439,8 +439,8 @@ std::unique_ptr<testing::ServeProcess> StartServe(const std::filesystem::path& m
 }
 
 // 16 requests of 40 tokens: even ones greedy, odd ones sampled at temperature 1 with a seed;
-// every fourth drafts a 2x2 tree, so a killed worker dies mid-tree too.
-// `guided`: every other one with classifier-free guidance, half of those with a guided draft.
+// every fourth drafts a 2x2 tree, so a killed worker dies mid-tree too. `guided`: every other one
+// (none of the trees) with classifier-free guidance, half of those with a guided draft.
 std::vector<v1::GenerateRequest> SixteenStreams(uint32_t max_new = 40, bool guided = false) {
   std::vector<v1::GenerateRequest> out;
   for (int i = 0; i < 16; ++i) {

@@ -1,8 +1,8 @@
 // Classifier-free guidance through the scheduler and in-process workers: greedy guided output is
-// the same for every K, with the draft unguided or guided, chunked or not, and equals an
-// independent numpy decoding (guided_greedy_reference.py); pairs under KV pressure are preempted
-// and replayed as one (no cache mismatch ever, outputs unchanged, no block left); cancelling frees
-// both halves; max_seq_len bounds the longer of the two texts.
+// the same for every K, with the draft unguided or guided, chunked or not, or with prompt lookup's
+// drafts, and equals an independent numpy decoding (guided_greedy_reference.py); pairs under KV
+// pressure are preempted and replayed as one (no cache mismatch ever, outputs unchanged, no block
+// left); cancelling frees both halves; max_seq_len bounds the longer of the two texts.
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -20,6 +20,7 @@
 #include "services/coordinator/local_worker.h"
 #include "services/coordinator/scheduler.h"
 #include "tests/common/engine/engine_test_util.h"
+#include "tests/services/coordinator/forwarding_worker.h"
 #include "tests/test_util.h"
 
 namespace specd {
@@ -72,9 +73,9 @@ class Collector {
 // Passes every call through and counts sequence results that say the worker's copy was not
 // what the coordinator believed: a pair split by preemption or replay would show here, even
 // though the scheduler would recover from it.
-class MismatchCounter final : public WorkerApi {
+class MismatchCounter final : public testing::ForwardingWorker {
  public:
-  explicit MismatchCounter(WorkerApi& inner) : inner_(inner) {}
+  explicit MismatchCounter(WorkerApi& inner) : ForwardingWorker(inner) {}
   absl::StatusOr<std::vector<SequenceOutcome>> Draft(
       std::span<const DraftSequenceRequest> batch,
       const std::function<void(const DraftStep&)>& on_step) override {
@@ -100,28 +101,18 @@ class MismatchCounter final : public WorkerApi {
     }
     return out;
   }
-  absl::StatusOr<std::vector<SequenceAnswer<ProbRow>>> ReadRows(
-      std::span<const RowQuery> batch) override {
-    return inner_.ReadRows(batch);
-  }
-  absl::StatusOr<std::vector<SequenceAnswer<std::vector<float>>>> QueryLogprobs(
-      std::span<const LogprobQuery> batch) override {
-    return inner_.QueryLogprobs(batch);
-  }
   // A preempted request whose pair was never admitted there is NOT_FOUND: nothing to free.
   absl::Status Release(SeqId seq) override {
     absl::Status st = inner_.Release(seq);
     if (st.code() != absl::StatusCode::kNotFound) Count(st);
     return st;
   }
-  int64_t FreeKvTokens() const override { return inner_.FreeKvTokens(); }
   int64_t mismatches() const { return mismatches_; }
 
  private:
   void Count(const absl::Status& st) {
     if (!st.ok() && st.code() != absl::StatusCode::kResourceExhausted) ++mismatches_;
   }
-  WorkerApi& inner_;
   int64_t mismatches_ = 0;  // only the scheduler thread calls
 };
 
@@ -160,9 +151,11 @@ class GuidanceSchedulerTest : public ::testing::Test {
                                        target != nullptr ? *target : *target_, nullptr, o);
   }
 
-  // Runs `reqs` at once and returns their tokens; every one must succeed.
+  // Runs `reqs` at once and returns their tokens; every one must succeed. `drafted`, when set,
+  // receives the drafts they made in all.
   static std::vector<Tokens> RunAll(Scheduler& scheduler,
-                                    const std::vector<GenerationRequest>& reqs) {
+                                    const std::vector<GenerationRequest>& reqs,
+                                    int64_t* drafted = nullptr) {
     std::vector<std::unique_ptr<Collector>> cs;
     for (const GenerationRequest& r : reqs) {
       cs.push_back(std::make_unique<Collector>());
@@ -172,6 +165,7 @@ class GuidanceSchedulerTest : public ::testing::Test {
     for (auto& c : cs) {
       EXPECT_TRUE(c->Wait());
       EXPECT_TRUE(c->last().error.ok()) << c->last().error;
+      if (drafted != nullptr) *drafted += c->last().usage.draft_tokens;
       out.push_back(c->tokens());
     }
     return out;
@@ -263,13 +257,15 @@ TEST_F(GuidanceSchedulerTest, GreedyGuidedOutputIsTheSameForEveryKAndEqualsNumpy
     int32_t k;
     bool guide_draft;
     int64_t prefill_chunk;
+    DraftMethod method = DraftMethod::kModel;
   };
   const std::vector<Arm> arms = {{"K=0", 0, false, 512},
                                  {"K=1", 1, false, 512},
                                  {"K=4", 4, false, 512},
                                  {"K=1 guided draft", 1, true, 512},
                                  {"K=4 guided draft", 4, true, 512},
-                                 {"K=4 guided draft, chunks of 4", 4, true, 4}};
+                                 {"K=4 guided draft, chunks of 4", 4, true, 4},
+                                 {"K=4 prompt lookup", 4, false, 512, DraftMethod::kNgram}};
   MakeWorkers(16 * 1024);
   std::vector<std::vector<Tokens>> outputs;
   for (const Arm& arm : arms) {
@@ -279,8 +275,13 @@ TEST_F(GuidanceSchedulerTest, GreedyGuidedOutputIsTheSameForEveryKAndEqualsNumpy
     std::vector<GenerationRequest> reqs;
     for (const GreedyCase& c : cases) {
       reqs.push_back(Guided(c.prompt, c.uncond, c.scale, arm.k, arm.guide_draft, kNew));
+      reqs.back().draft_method = arm.method;
     }
-    outputs.push_back(RunAll(*scheduler, reqs));
+    int64_t drafted = 0;
+    outputs.push_back(RunAll(*scheduler, reqs, &drafted));
+    if (arm.k > 0) {
+      EXPECT_GT(drafted, 0) << arm.name << " never drafted";
+    }
     scheduler.reset();
     ExpectNoBlocksUsed();
   }

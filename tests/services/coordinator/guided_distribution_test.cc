@@ -3,18 +3,22 @@
 // the first three generated tokens of a guided request matches the closed-form guided
 // distribution of an independent numpy reference (guided_joint_reference.py: llama_ref on both
 // texts, logits combined, then the processed distribution with penalties over the conditional
-// text), with the draft unguided and with the draft guided. Pearson's chi-square with fixed seeds
-// and 20000 samples; exactness is rejected at p < 1e-4.
+// text), with the draft unguided, with the draft guided, and with prompt lookup (n-gram) drafts
+// (one-hot proposals judged by the multi-draft rule against the guided rows). Pearson's
+// chi-square with fixed seeds and 20000 samples; exactness is rejected at p < 1e-4.
 //
 // Power: a deliberately broken guidance that mixes the probabilities instead of the logits,
 // norm(max(0, p_u + s (p_c - p_u))), run through the same rounds (MixingProbabilitiesTarget), is
 // rejected by the same test, and is itself consistent with the reference's closed form of that
-// mistake (so the broken variant is the named bug and nothing else).
+// mistake (so the broken variant is the named bug and nothing else). For prompt lookup, rounds
+// whose drafts are verified with the guidance lost (UnguidedDraftsTarget: the companion is fed
+// but combined at scale 1, which is the conditional distribution) are rejected too.
 #include <cstdio>
 #include <fstream>
 #include <memory>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -27,6 +31,7 @@
 #include "services/coordinator/speculation_round.h"
 #include "tests/base/chi_square.h"
 #include "tests/common/engine/engine_test_util.h"
+#include "tests/services/coordinator/forwarding_worker.h"
 #include "tests/test_util.h"
 
 namespace specd {
@@ -41,9 +46,9 @@ constexpr double kAlpha = 1e-4;
 // The classic mistake, as a target worker for K = 0 rounds: the guided sequence and its companion
 // are verified as two unguided sequences, their processed rows read back, and the next token drawn
 // from norm(max(0, p_u + s (p_c - p_u))).
-class MixingProbabilitiesTarget final : public WorkerApi {
+class MixingProbabilitiesTarget final : public testing::ForwardingWorker {
  public:
-  explicit MixingProbabilitiesTarget(WorkerApi& inner) : inner_(inner) {}
+  explicit MixingProbabilitiesTarget(WorkerApi& inner) : ForwardingWorker(inner) {}
   absl::StatusOr<std::vector<SequenceOutcome>> Draft(
       std::span<const DraftSequenceRequest>,
       const std::function<void(const DraftStep&)>&) override {
@@ -93,21 +98,35 @@ class MixingProbabilitiesTarget final : public WorkerApi {
       std::span<const TruncateSequenceRequest>) override {
     return absl::UnimplementedError("K = 0 rounds truncate nothing");
   }
-  absl::StatusOr<std::vector<SequenceAnswer<ProbRow>>> ReadRows(
-      std::span<const RowQuery> batch) override {
-    return inner_.ReadRows(batch);
-  }
-  absl::StatusOr<std::vector<SequenceAnswer<std::vector<float>>>> QueryLogprobs(
-      std::span<const LogprobQuery> batch) override {
-    return inner_.QueryLogprobs(batch);
-  }
-  absl::Status Release(SeqId seq) override { return inner_.Release(seq); }
-  int64_t FreeKvTokens() const override { return inner_.FreeKvTokens(); }
 
  private:
-  WorkerApi& inner_;
   std::mt19937_64 rng_{20231129};
 };
+
+// The bug that combining guidance with prompt lookup risks: the rounds that verify drafts lose
+// the guidance. Their companion is still fed (so the worker's pair stays whole), but combined at
+// scale 1, u + 1 (c - u) = c: those rows are the conditional distribution's.
+class UnguidedDraftsTarget final : public testing::ForwardingWorker {
+ public:
+  explicit UnguidedDraftsTarget(WorkerApi& inner) : ForwardingWorker(inner) {}
+  absl::StatusOr<std::vector<SequenceOutcome>> Draft(
+      std::span<const DraftSequenceRequest>,
+      const std::function<void(const DraftStep&)>&) override {
+    return absl::UnimplementedError("a target");
+  }
+  absl::StatusOr<std::vector<VerifySequenceResult>> Verify(
+      std::span<const VerifySequenceRequest> batch) override {
+    std::vector<VerifySequenceRequest> changed(batch.begin(), batch.end());
+    for (VerifySequenceRequest& r : changed) {
+      if (!r.drafts.empty() && r.companion.has_value()) r.companion->scale = 1.0f;
+    }
+    return inner_.Verify(changed);
+  }
+};
+
+// Prompt lookup needs a text that repeats itself: "7 3 5" twice, so the suffix "7 3" has an
+// earlier occurrence to continue from.
+const std::vector<int32_t> kRepeating = {1, 7, 3, 5, 7, 3, 5, 7, 3};
 
 struct Setting {
   std::string name;
@@ -118,6 +137,27 @@ struct Setting {
   float scale;
   int32_t k;
   bool guide_draft;
+  DraftMethod method = DraftMethod::kModel;
+  std::vector<int32_t> prompt = {1, 7, 3};
+};
+
+// Prompt lookup on the repeating text, K = 3, for a guided target (scale 2) at temperature 1.
+Setting GuidedNgram(std::string name) {
+  Setting s{std::move(name), 1.0f, 0, 1.0f, 1.0f, 2.0f, 3, false};
+  s.method = DraftMethod::kNgram;
+  s.prompt = kRepeating;
+  return s;
+}
+
+// Which target a run verifies with.
+enum class Variant { kExact, kMixProbabilities, kUnguidedDrafts };
+
+// What a run did: rounds that verified drafts, those of them that rejected one, and the drafts
+// accepted.
+struct Exercised {
+  int64_t drafting = 0;
+  int64_t rejecting = 0;
+  int64_t accepted = 0;
 };
 
 class GuidedDistribution : public ::testing::Test {
@@ -147,7 +187,7 @@ class GuidedDistribution : public ::testing::Test {
         (testing::SourceDir() / "tests/services/coordinator/guided_joint_reference.py").string(),
         " ", dir_->path().string(), " ", out.string(), " ", s.temperature, " ", s.top_k, " ",
         s.top_p, " ", s.repetition_penalty, " ", s.scale, " ", mix, " ",
-        absl::StrJoin(kUncond, ","), " ", absl::StrJoin(kPrompt, ","));
+        absl::StrJoin(kUncond, ","), " ", absl::StrJoin(s.prompt, ","));
     EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
     std::vector<double> joint(kVocab * kVocab * kVocab);
     std::ifstream f(out, std::ios::binary);
@@ -158,12 +198,15 @@ class GuidedDistribution : public ::testing::Test {
   }
 
   // Counts of the first three tokens over kSamples guided requests with different seeds.
-  static std::vector<int64_t> Sample(const Setting& s, bool mix_probabilities,
-                                     int64_t* rejecting_rounds) {
+  static std::vector<int64_t> Sample(const Setting& s, Variant variant, Exercised* seen) {
     auto target = MakeWorker(0);
     auto draft = MakeWorker(1);
     MixingProbabilitiesTarget mixing(*target);
-    WorkerApi& t = mix_probabilities ? static_cast<WorkerApi&>(mixing) : *target;
+    UnguidedDraftsTarget unguided_drafts(*target);
+    WorkerApi& t = variant == Variant::kMixProbabilities ? static_cast<WorkerApi&>(mixing)
+                   : variant == Variant::kUnguidedDrafts ? static_cast<WorkerApi&>(unguided_drafts)
+                                                         : *target;
+    const bool mix_probabilities = variant == Variant::kMixProbabilities;
     std::vector<int64_t> counts(kVocab * kVocab * kVocab, 0);
     constexpr int kBatch = 1000;
     for (int base = 0; base < kSamples; base += kBatch) {
@@ -171,8 +214,8 @@ class GuidedDistribution : public ::testing::Test {
       for (int i = 0; i < kBatch; ++i) {
         SpeculativeSequence& q = seqs[i];
         q.id = static_cast<uint64_t>(base + i + 1);
-        q.tokens = kPrompt;
-        q.prompt_len = static_cast<int64_t>(kPrompt.size());
+        q.tokens = s.prompt;
+        q.prompt_len = static_cast<int64_t>(s.prompt.size());
         q.seed = 0x9d1ded00ULL + static_cast<uint64_t>(base + i);
         q.sampling.temperature = s.temperature;
         q.sampling.top_k = s.top_k;
@@ -180,6 +223,8 @@ class GuidedDistribution : public ::testing::Test {
         q.sampling.repetition_penalty = s.repetition_penalty;
         q.num_speculative_tokens = s.k;
         q.num_candidates = 2;
+        q.draft_method = s.method;
+        q.ngram = {1, 2};
         Guidance g;
         g.scale = s.scale;
         g.uncond_prompt = kUncond;
@@ -190,21 +235,27 @@ class GuidedDistribution : public ::testing::Test {
       while (true) {
         std::vector<SpeculativeSequence*> running;
         for (auto& q : seqs) {
-          if (q.tokens.size() < kPrompt.size() + 3) running.push_back(&q);
+          if (q.tokens.size() < s.prompt.size() + 3) running.push_back(&q);
         }
         if (running.empty()) break;
         for (const RoundStats& st : RunSpeculationRound(*draft, t, running, RoundOptions{32})) {
           EXPECT_TRUE(st.status.ok()) << st.status;
-          *rejecting_rounds += st.accepted < st.drafted;
+          seen->drafting += st.drafted > 0;
+          seen->rejecting += st.accepted < st.drafted;
+          seen->accepted += st.accepted;
         }
       }
       for (auto& q : seqs) {
-        const size_t p = kPrompt.size();
+        const size_t p = s.prompt.size();
         ++counts[static_cast<size_t>(q.tokens[p] * kVocab * kVocab + q.tokens[p + 1] * kVocab +
                                      q.tokens[p + 2])];
         EXPECT_TRUE(t.Release(q.id).ok());
-        if (s.k > 0) EXPECT_TRUE(draft->Release(q.id).ok());
-        if (mix_probabilities) EXPECT_TRUE(target->Release(q.guidance->companion).ok());
+        if (s.k > 0 && q.uses_draft_worker()) {
+          EXPECT_TRUE(draft->Release(q.id).ok());
+        }
+        if (mix_probabilities) {
+          EXPECT_TRUE(target->Release(q.guidance->companion).ok());
+        }
       }
     }
     EXPECT_EQ(target->runtime().engine().kv().used_blocks(), 0);
@@ -228,7 +279,6 @@ class GuidedDistribution : public ::testing::Test {
   }
 
   static inline ScopedTempDir* dir_ = nullptr;
-  static inline const std::vector<int32_t> kPrompt = {1, 7, 3};
   static inline const std::vector<int32_t> kUncond = {1, 12};
 };
 
@@ -237,12 +287,20 @@ class GuidedDistributionTest : public GuidedDistribution,
 
 TEST_P(GuidedDistributionTest, FirstThreeTokensHaveTheGuidedJointDistribution) {
   const Setting& s = GetParam();
-  int64_t rejecting_rounds = 0;
-  const double pv =
-      PValue(Sample(s, /*mix_probabilities=*/false, &rejecting_rounds), Reference(s, "logits"));
-  std::printf("[%s] chi-square p-value %.4f (%lld rounds ended in a rejection)\n", s.name.c_str(),
-              pv, static_cast<long long>(rejecting_rounds));
-  if (s.k > 0) EXPECT_GT(rejecting_rounds, kSamples / 10) << "too few rejections to matter";
+  Exercised seen;
+  const double pv = PValue(Sample(s, Variant::kExact, &seen), Reference(s, "logits"));
+  std::printf(
+      "[%s] chi-square p-value %.4f (%lld rounds verified drafts, %lld ended in a "
+      "rejection, %lld drafts accepted)\n",
+      s.name.c_str(), pv, static_cast<long long>(seen.drafting),
+      static_cast<long long>(seen.rejecting), static_cast<long long>(seen.accepted));
+  if (s.k > 0) {
+    EXPECT_GT(seen.rejecting, kSamples / 10) << "too few rejections to matter";
+    EXPECT_GT(seen.accepted, kSamples / 10) << "too few accepted drafts to matter";
+  }
+  if (s.method == DraftMethod::kNgram) {
+    EXPECT_GT(seen.drafting, kSamples / 2) << "prompt lookup hardly ever matched";
+  }
   EXPECT_GT(pv, kAlpha);
 }
 
@@ -251,13 +309,14 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(Setting{"unguided_draft_t1_s2_k2", 1.0f, 0, 1.0f, 1.0f, 2.0f, 2, false},
                       Setting{"guided_draft_t08_topk10_rep12_s3_k3", 0.8f, 10, 0.95f, 1.2f, 3.0f, 3,
                               true},
-                      Setting{"no_speculation_t1_s2_k0", 1.0f, 0, 1.0f, 1.0f, 2.0f, 0, false}),
+                      Setting{"no_speculation_t1_s2_k0", 1.0f, 0, 1.0f, 1.0f, 2.0f, 0, false},
+                      GuidedNgram("ngram_t1_s2_k3")),
     [](const auto& info) { return info.param.name; });
 
 TEST_F(GuidedDistribution, MixingProbabilitiesInsteadOfLogitsIsDetected) {
   const Setting s{"mixing_t1_s2_k0", 1.0f, 0, 1.0f, 1.0f, 2.0f, 0, false};
-  int64_t unused = 0;
-  const std::vector<int64_t> counts = Sample(s, /*mix_probabilities=*/true, &unused);
+  Exercised unused;
+  const std::vector<int64_t> counts = Sample(s, Variant::kMixProbabilities, &unused);
   const double against_guided = PValue(counts, Reference(s, "logits"));
   const double against_mixed = PValue(counts, Reference(s, "probs"));
   std::printf(
@@ -266,6 +325,18 @@ TEST_F(GuidedDistribution, MixingProbabilitiesInsteadOfLogitsIsDetected) {
       s.name.c_str(), against_guided, against_mixed);
   EXPECT_LT(against_guided, kAlpha);
   EXPECT_GT(against_mixed, kAlpha);
+}
+
+TEST_F(GuidedDistribution, PromptLookupRoundsVerifiedUnguidedAreDetected) {
+  const Setting s = GuidedNgram("ngram_unguided_drafts_t1_s2_k3");
+  Exercised seen;
+  const double pv = PValue(Sample(s, Variant::kUnguidedDrafts, &seen), Reference(s, "logits"));
+  std::printf(
+      "[%s] chi-square p-value %.3g against the guided distribution (%lld rounds verified "
+      "drafts)\n",
+      s.name.c_str(), pv, static_cast<long long>(seen.drafting));
+  EXPECT_GT(seen.drafting, kSamples / 2);
+  EXPECT_LT(pv, kAlpha);
 }
 
 }  // namespace

@@ -191,7 +191,9 @@ TEST_F(LogprobsTest, GreedyLogprobsAreTheSameBitsForEveryK) {
       const std::vector<Generated> runs = Generate(*draft, *target, seqs, kNew);
       int rejections = 0;
       for (const Generated& r : runs) rejections += r.rejections;
-      if (K > 0) EXPECT_GT(rejections, 0) << "the draft never disagreed: the test is vacuous";
+      if (K > 0) {
+        EXPECT_GT(rejections, 0) << "the draft never disagreed: the test is vacuous";
+      }
       if (K == 0) {
         baseline = runs;
         continue;
@@ -288,7 +290,9 @@ TEST_P(LogprobsReferenceTest, EveryLogprobMatchesTheNumpyReferenceOfTheTarget) {
       std::sort(sorted.begin(), sorted.end(), std::greater<>());
       for (size_t k = 0; k < lp.top_ids.size(); ++k) {
         const double expected = want[static_cast<size_t>(lp.top_ids[k])];
-        if (k > 0) EXPECT_GE(lp.top_logprobs[k - 1], lp.top_logprobs[k]) << where << " rank " << k;
+        if (k > 0) {
+          EXPECT_GE(lp.top_logprobs[k - 1], lp.top_logprobs[k]) << where << " rank " << k;
+        }
         if (std::isinf(expected)) {
           // Outside the processed support (top_k): -inf on both sides.
           EXPECT_TRUE(std::isinf(lp.top_logprobs[k]) && lp.top_logprobs[k] < 0) << where;
@@ -299,10 +303,14 @@ TEST_P(LogprobsReferenceTest, EveryLogprobMatchesTheNumpyReferenceOfTheTarget) {
       }
       // The emitted token, when among the top, carries the same value there.
       for (size_t k = 0; k < lp.top_ids.size(); ++k) {
-        if (lp.top_ids[k] == t) EXPECT_TRUE(SameBits(lp.top_logprobs[k], lp.logprob)) << where;
+        if (lp.top_ids[k] == t) {
+          EXPECT_TRUE(SameBits(lp.top_logprobs[k], lp.logprob)) << where;
+        }
       }
       // A greedy token is the argmax: the first of the top.
-      if (c.temperature == 0.0f) EXPECT_EQ(lp.top_ids[0], t) << where;
+      if (c.temperature == 0.0f) {
+        EXPECT_EQ(lp.top_ids[0], t) << where;
+      }
     }
     if (processed && c.top_k > 0 && c.top_k < kTop) {
       // Ranks past top_k are outside the support: -inf, which the HTTP API writes as -9999.

@@ -20,6 +20,7 @@
 #include "gtest/gtest.h"
 #include "services/coordinator/local_worker.h"
 #include "tests/common/engine/engine_test_util.h"
+#include "tests/services/coordinator/forwarding_worker.h"
 #include "tests/test_util.h"
 
 namespace specd {
@@ -503,20 +504,15 @@ TEST_F(SchedulerTest, SmallKvPoolPreemptsAndOutputsAreUnchanged) {
 
 // The target worker with a log of its Verify calls: one per round. Each call records, per
 // sequence, whether it only prefilled; a request's sink records the round it was called after.
-class RecordingTarget final : public WorkerApi {
+class RecordingTarget final : public testing::ForwardingWorker {
  public:
   struct Entry {
     bool ok = false;
     bool prefilling = false;
   };
 
-  explicit RecordingTarget(WorkerApi& inner) : inner_(inner) {}
+  explicit RecordingTarget(WorkerApi& inner) : ForwardingWorker(inner) {}
 
-  absl::StatusOr<std::vector<SequenceOutcome>> Draft(
-      std::span<const DraftSequenceRequest> batch,
-      const std::function<void(const DraftStep&)>& on_step) override {
-    return inner_.Draft(batch, on_step);
-  }
   absl::StatusOr<std::vector<VerifySequenceResult>> Verify(
       std::span<const VerifySequenceRequest> batch) override {
     absl::StatusOr<std::vector<VerifySequenceResult>> out = inner_.Verify(batch);
@@ -527,20 +523,6 @@ class RecordingTarget final : public WorkerApi {
     }
     return out;
   }
-  absl::StatusOr<std::vector<SequenceAnswer<TruncateResult>>> Truncate(
-      std::span<const TruncateSequenceRequest> batch) override {
-    return inner_.Truncate(batch);
-  }
-  absl::StatusOr<std::vector<SequenceAnswer<ProbRow>>> ReadRows(
-      std::span<const RowQuery> batch) override {
-    return inner_.ReadRows(batch);
-  }
-  absl::StatusOr<std::vector<SequenceAnswer<std::vector<float>>>> QueryLogprobs(
-      std::span<const LogprobQuery> batch) override {
-    return inner_.QueryLogprobs(batch);
-  }
-  absl::Status Release(SeqId seq) override { return inner_.Release(seq); }
-  int64_t FreeKvTokens() const override { return inner_.FreeKvTokens(); }
 
   // Verify calls so far, i.e. the index of the round now running or just finished.
   int64_t rounds() {
@@ -553,7 +535,6 @@ class RecordingTarget final : public WorkerApi {
   }
 
  private:
-  WorkerApi& inner_;
   std::mutex mu_;
   std::vector<std::map<SeqId, Entry>> calls_;
 };

@@ -202,7 +202,9 @@ TEST_P(MethodParityTest, GreedyOutputEqualsPlainAndEveryBlockReturns) {
     for (const SpeculativeSequence* s : running) {
       const absl::StatusOr<int64_t> held = target->runtime().CachedLength(s->id);
       ASSERT_TRUE(held.ok());
-      if (s->target_compact.empty() && !s->target_tail) EXPECT_EQ(*held, s->target_cached);
+      if (s->target_compact.empty() && !s->target_tail) {
+        EXPECT_EQ(*held, s->target_cached);
+      }
       EXPECT_LE(s->target_cached, static_cast<int64_t>(s->tokens.size()));
     }
   }
@@ -219,11 +221,17 @@ TEST_P(MethodParityTest, GreedyOutputEqualsPlainAndEveryBlockReturns) {
   EXPECT_GT(drafted, 20) << "the method hardly drafted: the test would be vacuous";
   EXPECT_GT(accepted, 10);
   EXPECT_GT(rejections, 5);
-  if (c.egag) EXPECT_GT(stops, 0);
-  if (c.tree.is_tree()) EXPECT_GT(later, 0) << "no second-ranked child was ever accepted";
+  if (c.egag) {
+    EXPECT_GT(stops, 0);
+  }
+  if (c.tree.is_tree()) {
+    EXPECT_GT(later, 0) << "no second-ranked child was ever accepted";
+  }
   for (const SpeculativeSequence& s : seqs) {
     ASSERT_TRUE(target->Release(s.id).ok());
-    if (s.uses_draft_worker()) ASSERT_TRUE(draft->Release(s.id).ok());
+    if (s.uses_draft_worker()) {
+      ASSERT_TRUE(draft->Release(s.id).ok());
+    }
   }
   EXPECT_EQ(target->runtime().engine().kv().used_blocks(), 0);
   EXPECT_EQ(draft->runtime().engine().kv().used_blocks(), 0);

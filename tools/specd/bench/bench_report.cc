@@ -41,10 +41,9 @@ std::string ArmSpec::Label() const {
     if (tree_branching > 0) absl::StrAppend(&label, " tree ", tree_branching, "x", tree_depth);
     if (egag.has_value()) absl::StrAppend(&label, *egag ? " egag" : " no-egag");
   }
-  absl::StrAppend(&label, http ? " http" : "",
-                  guidance == ArmGuidance::kTarget           ? " cfg"
-                  : guidance == ArmGuidance::kTargetAndDraft ? " cfg+draft"
-                                                             : "");
+  if (http) absl::StrAppend(&label, " http");
+  if (guidance == ArmGuidance::kTarget) absl::StrAppend(&label, " cfg");
+  if (guidance == ArmGuidance::kTargetAndDraft) absl::StrAppend(&label, " cfg+draft");
   return label;
 }
 
@@ -68,11 +67,10 @@ std::vector<GuidanceRow> CompareGuidance(std::span<const ArmSummary> arms) {
   std::vector<GuidanceRow> rows;
   for (const ArmSummary& a : arms) {
     if (a.arm.guidance == ArmGuidance::kOff) continue;
+    ArmSpec unguided = a.arm;
+    unguided.guidance = ArmGuidance::kOff;
     for (const ArmSummary& b : arms) {
-      if (b.arm.guidance != ArmGuidance::kOff || b.arm.k != a.arm.k ||
-          b.arm.adaptive != a.arm.adaptive || b.arm.http != a.arm.http) {
-        continue;
-      }
+      if (b.arm != unguided) continue;
       GuidanceRow r;
       r.arm = a.arm;
       r.tokens_per_s = a.output_tokens_per_s;

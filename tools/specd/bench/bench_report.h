@@ -22,20 +22,21 @@ namespace specd::bench {
 enum class ArmGuidance { kOff, kTarget, kTargetAndDraft };
 
 // One arm of a benchmark: every request of it asks for K drafts with one policy, one way of
-// drafting and guidance.
+// drafting and one guidance.
 struct ArmSpec {
   int32_t k = 0;
-  bool adaptive = false;  // K_POLICY_ADAPTIVE (the server may lower K) instead of FIXED
-  bool http = false;      // over the OpenAI-compatible HTTP API instead of gRPC
-  ArmGuidance guidance = ArmGuidance::kOff;
+  bool adaptive = false;       // K_POLICY_ADAPTIVE (the server may lower K) instead of FIXED
+  bool http = false;           // over the OpenAI-compatible HTTP API instead of gRPC
   bool ngram = false;          // DRAFT_METHOD_NGRAM (prompt lookup) instead of the server's default
   int32_t tree_branching = 0;  // a draft tree of this branching and depth (0: a chain)
   int32_t tree_depth = 0;
-  std::optional<bool> egag;  // speculation.egag; unset: the server's default
+  std::optional<bool> egag = std::nullopt;  // speculation.egag; unset: the server's default
+  ArmGuidance guidance = ArmGuidance::kOff;
 
-  // "K=4", "K=4 adaptive", "K=4 http", "K=4 cfg", "K=4 cfg+draft", "K=4 tree 2x2", "K=4 ngram",
-  // "K=4 egag"
+  // "K=4", "K=4 adaptive", "K=4 http", "K=4 tree 2x2", "K=4 ngram", "K=4 egag", "K=4 cfg",
+  // "K=4 cfg+draft"
   std::string Label() const;
+  bool operator==(const ArmSpec&) const = default;
 };
 
 struct ArmSummary {

@@ -795,6 +795,15 @@ TEST_F(HttpErrorsTest, EveryErrorHasItsStatusAndHarmsNothing) {
       Call("POST", "/v1/completions",
            R"({"prompt": "hi", "guidance": {"scale": 2, "unconditional_prompt": [99999]}})"),
       400, "guidance.unconditional_prompt");
+  // Guidance with a draft tree, and a guided draft where prompt lookup drafts, are refused.
+  ExpectError(Call("POST", "/v1/completions",
+                   R"({"prompt": "hi", "num_speculative_tokens": 2, "guidance": {"scale": 3},
+                       "speculation_tree": {"branching": 2, "depth": 1}})"),
+              400, "speculation_tree");
+  ExpectError(Call("POST", "/v1/completions",
+                   R"({"prompt": "hi", "draft_method": "ngram",
+                       "guidance": {"scale": 3, "draft": true}})"),
+              400, "guidance.draft");
   ExpectError(
       Call("POST", "/v1/chat/completions", R"({"messages": [{"role": "user", "content": "hi"}]})"),
       400, "messages");  // this model has no chat template

@@ -30,7 +30,9 @@ TEST_P(BadRequestTest, IsRefusedNamingTheField) {
   ASSERT_FALSE(r.ok()) << c.body;
   EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(FieldOf(r.status()), c.field) << r.status();
-  if (!c.field.empty()) EXPECT_THAT(std::string(r.status().message()), HasSubstr(c.field));
+  if (!c.field.empty()) {
+    EXPECT_THAT(std::string(r.status().message()), HasSubstr(c.field));
+  }
   EXPECT_EQ(HttpStatusOf(r.status().code()), 400);
 }
 
