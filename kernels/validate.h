@@ -9,9 +9,9 @@
 // where the kernels check them and Synchronize reports them), and a back end's own limits (CUDA's
 // launch dimensions, shared memory and kernel shapes).
 //
-// Empty calls. Each Validate<Op>Args checks the sizes first; when they make the call empty (the
-// count named below is 0) it returns OK without checking the pointers, which may then be null,
-// and the caller must do nothing more.
+// Empty calls. Each Validate<Op>Args checks the scalar arguments (sizes, dtypes, eps, top_n)
+// first; when they make the call empty (the count named below is 0) it returns OK without
+// checking the pointers, which may then be null, and the caller must do nothing more.
 #ifndef SPECD_KERNELS_VALIDATE_H_
 #define SPECD_KERNELS_VALIDATE_H_
 
