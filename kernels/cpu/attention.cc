@@ -6,10 +6,9 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/string_view.h"
 #include "base/status_macros.h"
 #include "kernels/cpu/kv_cache.h"
-#include "kernels/cpu/validate.h"
+#include "kernels/validate.h"
 
 namespace specd::kernels::cpu {
 namespace {
@@ -17,15 +16,12 @@ namespace {
 // Multiply-adds below which a batch of attention tasks runs on the calling thread alone.
 constexpr int64_t kMinParallelMacs = 64 * 1024;
 
+// Sequences, slots, the block table and the tree masks are host memory here, so every token is
+// checked before any is attended (a device back end checks them in its kernel).
 absl::Status CheckTokens(const AttentionArgs& args) {
-  constexpr absl::string_view kOp = "Attention";
-  SPECD_RETURN_IF_ERROR(CheckNotNull(kOp, "token_seq", args.token_seq));
-  SPECD_RETURN_IF_ERROR(CheckNotNull(kOp, "slot", args.slot));
-  if (args.tree_mask != nullptr)
-    SPECD_RETURN_IF_ERROR(CheckNotNull(kOp, "mask_start", args.mask_start));
   for (int64_t t = 0; t < args.n_tokens; ++t) {
-    SPECD_RETURN_IF_ERROR(
-        CheckTokenInCache(kOp, args.cache, args.token_seq, args.slot, t, /*whole_prefix=*/true));
+    SPECD_RETURN_IF_ERROR(CheckTokenInCache("Attention", args.cache, args.token_seq, args.slot, t,
+                                            /*whole_prefix=*/true));
     if (args.tree_mask == nullptr) continue;
     const int64_t window = int64_t{args.slot[t]} - args.mask_start[t];
     if (args.mask_start[t] < 0 || window < 0 || window >= 64) {
@@ -114,38 +110,11 @@ void AttendOneHead(const AttentionArgs& args, const SimdOps& ops, int64_t t, int
 }  // namespace
 
 absl::Status CpuAttention(const AttentionArgs& args, const CpuContext& ctx) {
-  constexpr absl::string_view kOp = "Attention";
-  SPECD_RETURN_IF_ERROR(CheckNonNegative(kOp, "n_tokens", args.n_tokens));
-  SPECD_RETURN_IF_ERROR(CheckPositive(kOp, "n_heads", args.n_heads));
-  SPECD_RETURN_IF_ERROR(CheckPositive(kOp, "n_kv_heads", args.n_kv_heads));
-  SPECD_RETURN_IF_ERROR(CheckPositive(kOp, "head_dim", args.head_dim));
-  if (args.n_heads % args.n_kv_heads != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("Attention: n_heads (", args.n_heads,
-                                                   ") must be a multiple of n_kv_heads (",
-                                                   args.n_kv_heads, ")"));
-  }
-  SPECD_RETURN_IF_ERROR(CheckPagedKv(kOp, args.cache));
-  SPECD_RETURN_IF_ERROR(CheckElementCount(kOp, "n_heads x head_dim", args.n_heads, args.head_dim));
-  if (args.cache.kv_dim != args.n_kv_heads * args.head_dim) {
-    return absl::InvalidArgumentError(absl::StrCat("Attention: cache.kv_dim (", args.cache.kv_dim,
-                                                   ") must equal n_kv_heads x head_dim (",
-                                                   args.n_kv_heads, " x ", args.head_dim, ")"));
-  }
-  if (!std::isfinite(args.scale)) {
-    return absl::InvalidArgumentError("Attention: scale must be finite");
-  }
-  const int64_t width = args.n_heads * args.head_dim;
-  SPECD_RETURN_IF_ERROR(
-      CheckElementCount(kOp, "n_tokens x n_heads x head_dim", args.n_tokens, width));
+  SPECD_RETURN_IF_ERROR(ValidateAttentionArgs(args));
   if (args.n_tokens == 0) return absl::OkStatus();
-  SPECD_RETURN_IF_ERROR(CheckNotNull(kOp, "q", args.q));
-  SPECD_RETURN_IF_ERROR(CheckNotNull(kOp, "out", args.out));
-  if (args.out != args.q) {
-    const int64_t bytes = args.n_tokens * width * 4;
-    SPECD_RETURN_IF_ERROR(CheckNoOverlap(kOp, "out", args.out, bytes, "q", args.q, bytes));
-  }
   SPECD_RETURN_IF_ERROR(CheckTokens(args));
 
+  const int64_t width = args.n_heads * args.head_dim;
   int64_t macs = 0;
   for (int64_t t = 0; t < args.n_tokens; ++t) macs += (int64_t{args.slot[t]} + 1) * width * 2;
   const int64_t tasks = args.n_tokens * args.n_heads;

@@ -5,11 +5,10 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/string_view.h"
 #include "base/math.h"
 #include "base/status_macros.h"
-#include "kernels/cpu/validate.h"
 #include "kernels/dtype.h"
+#include "kernels/validate.h"
 
 namespace specd::kernels::cpu {
 namespace {
@@ -22,14 +21,8 @@ int64_t RowGrain(int64_t dim) { return CeilDiv(kMinElementsPerChunk, dim); }
 }  // namespace
 
 absl::Status CpuSwiGlu(const SwiGluArgs& args, const CpuContext& ctx) {
-  constexpr absl::string_view kOp = "SwiGlu";
-  SPECD_RETURN_IF_ERROR(CheckPositive(kOp, "dim", args.dim));
-  SPECD_RETURN_IF_ERROR(CheckNonNegative(kOp, "n_tokens", args.n_tokens));
-  SPECD_RETURN_IF_ERROR(CheckElementCount(kOp, "n_tokens x dim", args.n_tokens, args.dim));
+  SPECD_RETURN_IF_ERROR(ValidateSwiGluArgs(args));
   if (args.n_tokens == 0) return absl::OkStatus();
-  SPECD_RETURN_IF_ERROR(CheckNotNull(kOp, "gate", args.gate));
-  SPECD_RETURN_IF_ERROR(CheckNotNull(kOp, "up", args.up));
-  SPECD_RETURN_IF_ERROR(CheckNotNull(kOp, "out", args.out));
 
   const int64_t dim = args.dim;
   ctx.pool->ParallelFor(args.n_tokens, RowGrain(dim), [&](int64_t begin, int64_t end) {
@@ -43,13 +36,8 @@ absl::Status CpuSwiGlu(const SwiGluArgs& args, const CpuContext& ctx) {
 }
 
 absl::Status CpuAdd(const AddArgs& args, const CpuContext& ctx) {
-  constexpr absl::string_view kOp = "Add";
-  SPECD_RETURN_IF_ERROR(CheckPositive(kOp, "dim", args.dim));
-  SPECD_RETURN_IF_ERROR(CheckNonNegative(kOp, "n", args.n));
-  SPECD_RETURN_IF_ERROR(CheckElementCount(kOp, "n x dim", args.n, args.dim));
+  SPECD_RETURN_IF_ERROR(ValidateAddArgs(args));
   if (args.n == 0) return absl::OkStatus();
-  SPECD_RETURN_IF_ERROR(CheckNotNull(kOp, "y", args.y));
-  SPECD_RETURN_IF_ERROR(CheckNotNull(kOp, "x", args.x));
 
   const int64_t dim = args.dim;
   ctx.pool->ParallelFor(args.n, RowGrain(dim), [&](int64_t begin, int64_t end) {
@@ -59,19 +47,10 @@ absl::Status CpuAdd(const AddArgs& args, const CpuContext& ctx) {
 }
 
 absl::Status CpuEmbedding(const EmbeddingArgs& args, const CpuContext& ctx) {
-  constexpr absl::string_view kOp = "Embedding";
-  SPECD_RETURN_IF_ERROR(CheckDType(kOp, "table.dtype", args.table.dtype));
-  SPECD_RETURN_IF_ERROR(CheckPositive(kOp, "table.rows", args.table.rows));
-  SPECD_RETURN_IF_ERROR(CheckPositive(kOp, "table.cols", args.table.cols));
-  SPECD_RETURN_IF_ERROR(
-      CheckElementCount(kOp, "table.rows x table.cols", args.table.rows, args.table.cols));
-  SPECD_RETURN_IF_ERROR(CheckNonNegative(kOp, "n_tokens", args.n_tokens));
-  SPECD_RETURN_IF_ERROR(
-      CheckElementCount(kOp, "n_tokens x table.cols", args.n_tokens, args.table.cols));
+  SPECD_RETURN_IF_ERROR(ValidateEmbeddingArgs(args));
   if (args.n_tokens == 0) return absl::OkStatus();
-  SPECD_RETURN_IF_ERROR(CheckNotNull(kOp, "table.data", args.table.data));
-  SPECD_RETURN_IF_ERROR(CheckNotNull(kOp, "ids", args.ids));
-  SPECD_RETURN_IF_ERROR(CheckNotNull(kOp, "out", args.out));
+  // The ids are host memory here, so they are checked before any row is written (a device back
+  // end checks them in its kernel).
   for (int64_t t = 0; t < args.n_tokens; ++t) {
     if (args.ids[t] < 0 || args.ids[t] >= args.table.rows) {
       return absl::InvalidArgumentError(
@@ -108,18 +87,9 @@ absl::Status CpuEmbedding(const EmbeddingArgs& args, const CpuContext& ctx) {
 
 absl::Status CpuGatherRows(const GatherRowsArgs& args, const CpuContext& ctx) {
   (void)ctx;  // a copy of the few rows whose logits are wanted is not worth other threads
-  constexpr absl::string_view kOp = "GatherRows";
-  SPECD_RETURN_IF_ERROR(CheckPositive(kOp, "dim", args.dim));
-  SPECD_RETURN_IF_ERROR(CheckNonNegative(kOp, "n", args.n));
-  SPECD_RETURN_IF_ERROR(CheckNonNegative(kOp, "n_src", args.n_src));
-  SPECD_RETURN_IF_ERROR(CheckElementCount(kOp, "n x dim", args.n, args.dim));
-  SPECD_RETURN_IF_ERROR(CheckElementCount(kOp, "n_src x dim", args.n_src, args.dim));
+  SPECD_RETURN_IF_ERROR(ValidateGatherRowsArgs(args));
   if (args.n == 0) return absl::OkStatus();
-  SPECD_RETURN_IF_ERROR(CheckNotNull(kOp, "src", args.src));
-  SPECD_RETURN_IF_ERROR(CheckNotNull(kOp, "rows", args.rows));
-  SPECD_RETURN_IF_ERROR(CheckNotNull(kOp, "dst", args.dst));
-  SPECD_RETURN_IF_ERROR(CheckNoOverlap(kOp, "dst", args.dst, args.n * args.dim * 4, "src", args.src,
-                                       args.n_src * args.dim * 4));
+  // Row indices in host memory: checked here, before any row is copied.
   for (int64_t i = 0; i < args.n; ++i) {
     if (args.rows[i] < 0 || args.rows[i] >= args.n_src) {
       return absl::InvalidArgumentError(absl::StrCat("GatherRows: rows[", i, "] = ", args.rows[i],

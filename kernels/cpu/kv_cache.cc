@@ -4,10 +4,9 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/string_view.h"
 #include "base/status_macros.h"
-#include "kernels/cpu/validate.h"
 #include "kernels/dtype.h"
+#include "kernels/validate.h"
 
 namespace specd::kernels::cpu {
 namespace {
@@ -58,18 +57,12 @@ void LoadKvAsF32(const void* cache, DType dtype, int64_t offset, int64_t n, floa
 
 absl::Status CpuStoreKv(const StoreKvArgs& args, const CpuContext& ctx) {
   (void)ctx;  // a copy of n_tokens rows is not worth other threads
-  constexpr absl::string_view kOp = "StoreKv";
-  SPECD_RETURN_IF_ERROR(CheckNonNegative(kOp, "n_tokens", args.n_tokens));
-  SPECD_RETURN_IF_ERROR(CheckPagedKv(kOp, args.cache));
-  SPECD_RETURN_IF_ERROR(
-      CheckElementCount(kOp, "n_tokens x cache.kv_dim", args.n_tokens, args.cache.kv_dim));
+  SPECD_RETURN_IF_ERROR(ValidateStoreKvArgs(args));
   if (args.n_tokens == 0) return absl::OkStatus();
-  SPECD_RETURN_IF_ERROR(CheckNotNull(kOp, "k", args.k));
-  SPECD_RETURN_IF_ERROR(CheckNotNull(kOp, "v", args.v));
-  SPECD_RETURN_IF_ERROR(CheckNotNull(kOp, "token_seq", args.token_seq));
-  SPECD_RETURN_IF_ERROR(CheckNotNull(kOp, "slot", args.slot));
+  // Sequences, slots and the block table are host memory here: every token is checked before
+  // anything is stored, so a bad call writes nothing.
   for (int64_t t = 0; t < args.n_tokens; ++t) {
-    SPECD_RETURN_IF_ERROR(CheckTokenInCache(kOp, args.cache, args.token_seq, args.slot, t,
+    SPECD_RETURN_IF_ERROR(CheckTokenInCache("StoreKv", args.cache, args.token_seq, args.slot, t,
                                             /*whole_prefix=*/false));
   }
 
@@ -85,27 +78,16 @@ absl::Status CpuStoreKv(const StoreKvArgs& args, const CpuContext& ctx) {
 
 absl::Status CpuCopyKvRows(const CopyKvRowsArgs& args, const CpuContext& ctx) {
   (void)ctx;
-  constexpr absl::string_view kOp = "CopyKvRows";
-  SPECD_RETURN_IF_ERROR(CheckNonNegative(kOp, "n", args.n));
-  SPECD_RETURN_IF_ERROR(CheckDType(kOp, "dtype", args.dtype));
-  SPECD_RETURN_IF_ERROR(CheckPositive(kOp, "n_layers", args.n_layers));
-  SPECD_RETURN_IF_ERROR(CheckPositive(kOp, "layer_stride", args.layer_stride));
-  SPECD_RETURN_IF_ERROR(CheckPositive(kOp, "kv_dim", args.kv_dim));
-  SPECD_RETURN_IF_ERROR(
-      CheckElementCount(kOp, "n_layers x layer_stride", args.n_layers, args.layer_stride));
-  SPECD_RETURN_IF_ERROR(CheckElementCount(kOp, "n_layers x layer_stride x kv_dim",
-                                          args.n_layers * args.layer_stride, args.kv_dim));
+  SPECD_RETURN_IF_ERROR(ValidateCopyKvRowsArgs(args));
   if (args.n == 0) return absl::OkStatus();
-  SPECD_RETURN_IF_ERROR(CheckNotNull(kOp, "k", args.k));
-  SPECD_RETURN_IF_ERROR(CheckNotNull(kOp, "v", args.v));
-  SPECD_RETURN_IF_ERROR(CheckNotNull(kOp, "src_rows", args.src_rows));
-  SPECD_RETURN_IF_ERROR(CheckNotNull(kOp, "dst_rows", args.dst_rows));
+  // Row indices in host memory: checked here, before any row is copied.
   for (int64_t i = 0; i < args.n; ++i) {
     for (const auto& [name, rows] :
          {std::pair{"src_rows", args.src_rows}, std::pair{"dst_rows", args.dst_rows}}) {
       if (rows[i] < 0 || rows[i] >= args.layer_stride) {
-        return absl::InvalidArgumentError(absl::StrCat(kOp, ": ", name, "[", i, "] = ", rows[i],
-                                                       " is outside [0, ", args.layer_stride, ")"));
+        return absl::InvalidArgumentError(absl::StrCat("CopyKvRows: ", name, "[", i,
+                                                       "] = ", rows[i], " is outside [0, ",
+                                                       args.layer_stride, ")"));
       }
     }
   }

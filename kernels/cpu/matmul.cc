@@ -3,10 +3,9 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "absl/strings/string_view.h"
 #include "base/math.h"
 #include "base/status_macros.h"
-#include "kernels/cpu/validate.h"
+#include "kernels/validate.h"
 
 namespace specd::kernels::cpu {
 namespace {
@@ -31,23 +30,8 @@ int64_t RowGrain(int64_t rows, int64_t cols, int64_t n_tokens, int threads) {
 }  // namespace
 
 absl::Status CpuMatmul(const MatmulArgs& args, const CpuContext& ctx) {
-  constexpr absl::string_view kOp = "Matmul";
-  SPECD_RETURN_IF_ERROR(CheckDType(kOp, "w.dtype", args.w.dtype));
-  SPECD_RETURN_IF_ERROR(CheckPositive(kOp, "w.rows", args.w.rows));
-  SPECD_RETURN_IF_ERROR(CheckPositive(kOp, "w.cols", args.w.cols));
-  SPECD_RETURN_IF_ERROR(CheckNonNegative(kOp, "n_tokens", args.n_tokens));
-  SPECD_RETURN_IF_ERROR(CheckElementCount(kOp, "w.rows x w.cols", args.w.rows, args.w.cols));
-  SPECD_RETURN_IF_ERROR(CheckElementCount(kOp, "n_tokens x w.cols", args.n_tokens, args.w.cols));
-  SPECD_RETURN_IF_ERROR(CheckElementCount(kOp, "n_tokens x w.rows", args.n_tokens, args.w.rows));
+  SPECD_RETURN_IF_ERROR(ValidateMatmulArgs(args));
   if (args.n_tokens == 0) return absl::OkStatus();
-  SPECD_RETURN_IF_ERROR(CheckNotNull(kOp, "x", args.x));
-  SPECD_RETURN_IF_ERROR(CheckNotNull(kOp, "w.data", args.w.data));
-  SPECD_RETURN_IF_ERROR(CheckNotNull(kOp, "y", args.y));
-  const int64_t y_bytes = args.n_tokens * args.w.rows * 4;
-  SPECD_RETURN_IF_ERROR(
-      CheckNoOverlap(kOp, "y", args.y, y_bytes, "x", args.x, args.n_tokens * args.w.cols * 4));
-  SPECD_RETURN_IF_ERROR(CheckNoOverlap(kOp, "y", args.y, y_bytes, "w.data", args.w.data,
-                                       args.w.rows * args.w.cols * DTypeSize(args.w.dtype)));
 
   const MatmulTask task{
       .x = args.x,

@@ -3,10 +3,9 @@
 #include <cmath>
 #include <cstdint>
 
-#include "absl/strings/string_view.h"
 #include "base/math.h"
 #include "base/status_macros.h"
-#include "kernels/cpu/validate.h"
+#include "kernels/validate.h"
 
 namespace specd::kernels::cpu {
 namespace {
@@ -17,17 +16,8 @@ constexpr int64_t kMinElementsPerChunk = 32 * 1024;
 }  // namespace
 
 absl::Status CpuRmsNorm(const RmsNormArgs& args, const CpuContext& ctx) {
-  constexpr absl::string_view kOp = "RmsNorm";
-  SPECD_RETURN_IF_ERROR(CheckPositive(kOp, "dim", args.dim));
-  SPECD_RETURN_IF_ERROR(CheckNonNegative(kOp, "n_tokens", args.n_tokens));
-  SPECD_RETURN_IF_ERROR(CheckElementCount(kOp, "n_tokens x dim", args.n_tokens, args.dim));
-  if (!(args.eps >= 0.0f) || !std::isfinite(args.eps)) {
-    return absl::InvalidArgumentError("RmsNorm: eps must be finite and >= 0");
-  }
+  SPECD_RETURN_IF_ERROR(ValidateRmsNormArgs(args));
   if (args.n_tokens == 0) return absl::OkStatus();
-  SPECD_RETURN_IF_ERROR(CheckNotNull(kOp, "x", args.x));
-  SPECD_RETURN_IF_ERROR(CheckNotNull(kOp, "weight", args.weight));
-  SPECD_RETURN_IF_ERROR(CheckNotNull(kOp, "y", args.y));
 
   const SimdOps& ops = *ctx.ops;
   const int64_t dim = args.dim;

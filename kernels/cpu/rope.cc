@@ -4,10 +4,9 @@
 #include <cstdint>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/string_view.h"
 #include "base/math.h"
 #include "base/status_macros.h"
-#include "kernels/cpu/validate.h"
+#include "kernels/validate.h"
 
 namespace specd::kernels::cpu {
 namespace {
@@ -17,22 +16,9 @@ constexpr int64_t kMinElementsPerChunk = 32 * 1024;
 }  // namespace
 
 absl::Status CpuRope(const RopeArgs& args, const CpuContext& ctx) {
-  constexpr absl::string_view kOp = "Rope";
-  SPECD_RETURN_IF_ERROR(CheckPositive(kOp, "n_heads", args.n_heads));
-  SPECD_RETURN_IF_ERROR(CheckPositive(kOp, "head_dim", args.head_dim));
-  if (args.head_dim % 2 != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("Rope: head_dim must be even, got ", args.head_dim));
-  }
-  SPECD_RETURN_IF_ERROR(CheckNonNegative(kOp, "n_tokens", args.n_tokens));
-  SPECD_RETURN_IF_ERROR(CheckElementCount(kOp, "n_heads x head_dim", args.n_heads, args.head_dim));
-  const int64_t width = args.n_heads * args.head_dim;
-  SPECD_RETURN_IF_ERROR(
-      CheckElementCount(kOp, "n_tokens x n_heads x head_dim", args.n_tokens, width));
+  SPECD_RETURN_IF_ERROR(ValidateRopeArgs(args));
   if (args.n_tokens == 0) return absl::OkStatus();
-  SPECD_RETURN_IF_ERROR(CheckNotNull(kOp, "x", args.x));
-  SPECD_RETURN_IF_ERROR(CheckNotNull(kOp, "pos", args.pos));
-  SPECD_RETURN_IF_ERROR(CheckNotNull(kOp, "inv_freq", args.inv_freq));
+  // Positions in host memory: checked here, before any token is rotated.
   for (int64_t t = 0; t < args.n_tokens; ++t) {
     if (args.pos[t] < 0) {
       return absl::InvalidArgumentError(
@@ -40,6 +26,7 @@ absl::Status CpuRope(const RopeArgs& args, const CpuContext& ctx) {
     }
   }
 
+  const int64_t width = args.n_heads * args.head_dim;
   const int64_t half = args.head_dim / 2;
   const auto tokens = [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {

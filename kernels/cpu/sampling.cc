@@ -13,7 +13,7 @@
 #include "base/philox.h"
 #include "base/status_macros.h"
 #include "kernels/cpu/processed.h"
-#include "kernels/cpu/validate.h"
+#include "kernels/validate.h"
 
 namespace specd::kernels::cpu {
 namespace {
@@ -169,16 +169,11 @@ void RowLogprobs(std::span<const float> w, std::span<float> out) {
 }  // namespace
 
 absl::Status CpuCombineLogits(const CombineLogitsArgs& a, const CpuContext& ctx) {
-  constexpr absl::string_view kOp = "CombineLogits";
-  SPECD_RETURN_IF_ERROR(CheckPositive(kOp, "vocab", a.vocab));
-  SPECD_RETURN_IF_ERROR(CheckNonNegative(kOp, "n_rows", a.n_rows));
-  SPECD_RETURN_IF_ERROR(CheckNonNegative(kOp, "n_pairs", a.n_pairs));
-  SPECD_RETURN_IF_ERROR(CheckElementCount(kOp, "n_rows x vocab", a.n_rows, a.vocab));
+  SPECD_RETURN_IF_ERROR(ValidateCombineLogitsArgs(a));
   if (a.n_pairs == 0) return absl::OkStatus();
-  SPECD_RETURN_IF_ERROR(CheckNotNull(kOp, "logits", a.logits));
-  SPECD_RETURN_IF_ERROR(CheckNotNull(kOp, "cond_rows", a.cond_rows));
-  SPECD_RETURN_IF_ERROR(CheckNotNull(kOp, "uncond_rows", a.uncond_rows));
-  SPECD_RETURN_IF_ERROR(CheckNotNull(kOp, "scale", a.scale));
+  // The pairs and scales are host memory here, so they are checked before any row changes, and
+  // so is disjointness, which the CUDA kernel cannot check (see kernels/cuda/sampling.h).
+  constexpr absl::string_view kOp = "CombineLogits";
   std::vector<bool> used(static_cast<size_t>(a.n_rows), false);
   for (int64_t i = 0; i < a.n_pairs; ++i) {
     SPECD_RETURN_IF_ERROR(CheckRowIndex(kOp, "cond_rows", i, a.cond_rows[i], a.n_rows));
@@ -210,25 +205,9 @@ absl::Status CpuCombineLogits(const CombineLogitsArgs& a, const CpuContext& ctx)
 }
 
 absl::Status CpuProcessRows(const ProcessRowsArgs& a, const CpuContext& ctx) {
-  constexpr absl::string_view kOp = "ProcessRows";
-  SPECD_RETURN_IF_ERROR(CheckPositive(kOp, "vocab", a.vocab));
-  SPECD_RETURN_IF_ERROR(CheckNonNegative(kOp, "n_rows", a.n_rows));
-  SPECD_RETURN_IF_ERROR(CheckNonNegative(kOp, "history_len", a.history_len));
-  SPECD_RETURN_IF_ERROR(CheckNonNegative(kOp, "prob_capacity", a.prob_capacity));
-  SPECD_RETURN_IF_ERROR(CheckElementCount(kOp, "n_rows x vocab", a.n_rows, a.vocab));
-  SPECD_RETURN_IF_ERROR(CheckElementCount(kOp, "prob_capacity x vocab", a.prob_capacity, a.vocab));
+  SPECD_RETURN_IF_ERROR(ValidateProcessRowsArgs(a));
   if (a.n_rows == 0) return absl::OkStatus();
-  SPECD_RETURN_IF_ERROR(CheckNotNull(kOp, "logits", a.logits));
-  SPECD_RETURN_IF_ERROR(CheckNotNull(kOp, "rows", a.rows));
-  SPECD_RETURN_IF_ERROR(CheckNotNull(kOp, "probs", a.probs));
-  SPECD_RETURN_IF_ERROR(CheckNotNull(kOp, "argmax", a.argmax));
-  SPECD_RETURN_IF_ERROR(CheckNotNull(kOp, "error", a.error));
-  if (a.top_n < 0 || a.top_n > kMaxTopTokens || a.top_n > a.vocab) {
-    return absl::InvalidArgumentError(absl::StrCat(kOp, ": top_n must be in [0, ",
-                                                   std::min<int64_t>(kMaxTopTokens, a.vocab),
-                                                   "], got ", a.top_n));
-  }
-  if (a.top_n > 0) SPECD_RETURN_IF_ERROR(CheckNotNull(kOp, "top_ids", a.top_ids));
+  // Each row's request is host memory here: checked before any row is processed.
   for (int64_t r = 0; r < a.n_rows; ++r) SPECD_RETURN_IF_ERROR(CheckRowSampling(a, r));
   ctx.pool->ParallelFor(a.n_rows, 1, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) a.error[r] = ProcessOneRow(a, r);
@@ -237,20 +216,12 @@ absl::Status CpuProcessRows(const ProcessRowsArgs& a, const CpuContext& ctx) {
 }
 
 absl::Status CpuSampleRows(const SampleRowsArgs& a, const CpuContext& ctx) {
-  constexpr absl::string_view kOp = "SampleRows";
-  SPECD_RETURN_IF_ERROR(CheckPositive(kOp, "vocab", a.vocab));
-  SPECD_RETURN_IF_ERROR(CheckNonNegative(kOp, "n", a.n));
-  SPECD_RETURN_IF_ERROR(CheckNonNegative(kOp, "prob_capacity", a.prob_capacity));
-  SPECD_RETURN_IF_ERROR(CheckElementCount(kOp, "prob_capacity x vocab", a.prob_capacity, a.vocab));
+  SPECD_RETURN_IF_ERROR(ValidateSampleRowsArgs(a));
   if (a.n == 0) return absl::OkStatus();
-  SPECD_RETURN_IF_ERROR(CheckNotNull(kOp, "probs", a.probs));
-  SPECD_RETURN_IF_ERROR(CheckNotNull(kOp, "draws", a.draws));
-  SPECD_RETURN_IF_ERROR(CheckNotNull(kOp, "tokens", a.tokens));
-  SPECD_RETURN_IF_ERROR(CheckNotNull(kOp, "token_probs", a.token_probs));
-  SPECD_RETURN_IF_ERROR(CheckNotNull(kOp, "error", a.error));
+  // The draws are host memory here: their rows are checked before any is drawn.
   for (int64_t i = 0; i < a.n; ++i) {
     SPECD_RETURN_IF_ERROR(
-        CheckRowIndex(kOp, "draws.prob_slot", i, a.draws[i].prob_slot, a.prob_capacity));
+        CheckRowIndex("SampleRows", "draws.prob_slot", i, a.draws[i].prob_slot, a.prob_capacity));
   }
   ctx.pool->ParallelFor(a.n, 1, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
@@ -268,16 +239,10 @@ absl::Status CpuSampleRows(const SampleRowsArgs& a, const CpuContext& ctx) {
 
 absl::Status CpuGatherProbs(const GatherProbsArgs& a, const CpuContext& ctx) {
   (void)ctx;  // a lookup per request is not worth other threads
-  constexpr absl::string_view kOp = "GatherProbs";
-  SPECD_RETURN_IF_ERROR(CheckPositive(kOp, "vocab", a.vocab));
-  SPECD_RETURN_IF_ERROR(CheckNonNegative(kOp, "n", a.n));
-  SPECD_RETURN_IF_ERROR(CheckNonNegative(kOp, "prob_capacity", a.prob_capacity));
-  SPECD_RETURN_IF_ERROR(CheckElementCount(kOp, "prob_capacity x vocab", a.prob_capacity, a.vocab));
+  SPECD_RETURN_IF_ERROR(ValidateGatherProbsArgs(a));
   if (a.n == 0) return absl::OkStatus();
-  SPECD_RETURN_IF_ERROR(CheckNotNull(kOp, "probs", a.probs));
-  SPECD_RETURN_IF_ERROR(CheckNotNull(kOp, "slots", a.slots));
-  SPECD_RETURN_IF_ERROR(CheckNotNull(kOp, "tokens", a.tokens));
-  SPECD_RETURN_IF_ERROR(CheckNotNull(kOp, "out", a.out));
+  // The lookups are host memory here: checked before any is made.
+  constexpr absl::string_view kOp = "GatherProbs";
   for (int64_t i = 0; i < a.n; ++i) {
     SPECD_RETURN_IF_ERROR(CheckRowIndex(kOp, "slots", i, a.slots[i], a.prob_capacity));
     SPECD_RETURN_IF_ERROR(CheckRowIndex(kOp, "tokens", i, a.tokens[i], a.vocab));
@@ -287,27 +252,10 @@ absl::Status CpuGatherProbs(const GatherProbsArgs& a, const CpuContext& ctx) {
 }
 
 absl::Status CpuLogprobs(const LogprobsArgs& a, const CpuContext& ctx) {
-  constexpr absl::string_view kOp = "Logprobs";
-  SPECD_RETURN_IF_ERROR(CheckPositive(kOp, "vocab", a.vocab));
-  SPECD_RETURN_IF_ERROR(CheckNonNegative(kOp, "n_rows", a.n_rows));
-  SPECD_RETURN_IF_ERROR(CheckNonNegative(kOp, "n_queries", a.n_queries));
-  SPECD_RETURN_IF_ERROR(CheckElementCount(kOp, "n_rows x vocab", a.n_rows, a.vocab));
-  if (a.top_n < 0 || a.top_n > kMaxTopLogprobs || a.top_n > a.vocab) {
-    return absl::InvalidArgumentError(absl::StrCat(kOp, ": top_n must be in [0, ",
-                                                   std::min<int64_t>(kMaxTopLogprobs, a.vocab),
-                                                   "], got ", a.top_n));
-  }
+  SPECD_RETURN_IF_ERROR(ValidateLogprobsArgs(a));
   if (a.n_rows == 0 && a.n_queries == 0) return absl::OkStatus();
-  SPECD_RETURN_IF_ERROR(CheckNotNull(kOp, "logits", a.logits));
-  if (a.top_n > 0 && a.n_rows > 0) {
-    SPECD_RETURN_IF_ERROR(CheckNotNull(kOp, "top_ids", a.top_ids));
-    SPECD_RETURN_IF_ERROR(CheckNotNull(kOp, "top_logprobs", a.top_logprobs));
-  }
-  if (a.n_queries > 0) {
-    SPECD_RETURN_IF_ERROR(CheckNotNull(kOp, "query_rows", a.query_rows));
-    SPECD_RETURN_IF_ERROR(CheckNotNull(kOp, "query_tokens", a.query_tokens));
-    SPECD_RETURN_IF_ERROR(CheckNotNull(kOp, "query_logprobs", a.query_logprobs));
-  }
+  // The queries are host memory here: checked before any is answered.
+  constexpr absl::string_view kOp = "Logprobs";
   for (int64_t i = 0; i < a.n_queries; ++i) {
     SPECD_RETURN_IF_ERROR(CheckRowIndex(kOp, "query_rows", i, a.query_rows[i], a.n_rows));
     SPECD_RETURN_IF_ERROR(CheckRowIndex(kOp, "query_tokens", i, a.query_tokens[i], a.vocab));

@@ -2,8 +2,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
-#include "kernels/cpu/validate.h"
 #include "kernels/cuda/device_common.cuh"
+#include "kernels/validate.h"
 
 namespace specd::kernels::cuda {
 namespace {
@@ -349,20 +349,10 @@ int64_t AttentionSplitWorkspaceBytes(const AttentionArgs& a) {
 }
 
 absl::Status LaunchAttention(const AttentionArgs& a, const CudaContext& ctx, cudaStream_t stream) {
-  constexpr absl::string_view kOp = "Attention";
-  SPECD_RETURN_IF_ERROR(cpu::CheckNonNegative(kOp, "n_tokens", a.n_tokens));
-  SPECD_RETURN_IF_ERROR(cpu::CheckPositive(kOp, "n_heads", a.n_heads));
-  SPECD_RETURN_IF_ERROR(cpu::CheckPositive(kOp, "n_kv_heads", a.n_kv_heads));
-  SPECD_RETURN_IF_ERROR(cpu::CheckPositive(kOp, "head_dim", a.head_dim));
-  if (a.n_heads % a.n_kv_heads != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "Attention: n_heads ", a.n_heads, " is not a multiple of n_kv_heads ", a.n_kv_heads));
-  }
-  SPECD_RETURN_IF_ERROR(cpu::CheckPagedKv(kOp, a.cache));
-  if (a.cache.kv_dim != a.n_kv_heads * a.head_dim) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("Attention: cache.kv_dim ", a.cache.kv_dim, " != n_kv_heads x head_dim"));
-  }
+  SPECD_RETURN_IF_ERROR(ValidateAttentionArgs(a));
+  // This back end's own limits: the kernel's shapes (UNIMPLEMENTED beyond them, even for an empty
+  // call) and the grid's dimensions. Sequences, slots, block tables and tree masks are device
+  // memory: the kernel checks them and Synchronize reports them.
   const int64_t group = a.n_heads / a.n_kv_heads;
   if (group > kAttentionMaxGroup || a.head_dim > kAttentionMaxHeadDim ||
       group * a.head_dim > kAttentionMaxGroupTimesHeadDim) {
@@ -372,19 +362,7 @@ absl::Status LaunchAttention(const AttentionArgs& a, const CudaContext& ctx, cud
                      " and their product up to ", kAttentionMaxGroupTimesHeadDim, "; got ", group,
                      " and ", a.head_dim));
   }
-  SPECD_RETURN_IF_ERROR(cpu::CheckElementCount(kOp, "n_tokens x n_heads x head_dim", a.n_tokens,
-                                               a.n_heads * a.head_dim));
   if (a.n_tokens == 0) return absl::OkStatus();
-  SPECD_RETURN_IF_ERROR(cpu::CheckNotNull(kOp, "q", a.q));
-  SPECD_RETURN_IF_ERROR(cpu::CheckNotNull(kOp, "out", a.out));
-  SPECD_RETURN_IF_ERROR(cpu::CheckNotNull(kOp, "token_seq", a.token_seq));
-  SPECD_RETURN_IF_ERROR(cpu::CheckNotNull(kOp, "slot", a.slot));
-  if (a.tree_mask != nullptr)
-    SPECD_RETURN_IF_ERROR(cpu::CheckNotNull(kOp, "mask_start", a.mask_start));
-  if (a.q != a.out) {
-    const int64_t bytes = a.n_tokens * a.n_heads * a.head_dim * 4;
-    SPECD_RETURN_IF_ERROR(cpu::CheckNoOverlap(kOp, "out", a.out, bytes, "q", a.q, bytes));
-  }
   const int64_t blocks = a.n_tokens * a.n_kv_heads;
   const int64_t groups_cap = GroupsCap(a.cache);
   if (blocks > 0x7fffffff || groups_cap > 65535) {

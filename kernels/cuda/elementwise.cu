@@ -3,8 +3,8 @@
 #include <algorithm>
 
 #include "base/status_macros.h"
-#include "kernels/cpu/validate.h"
 #include "kernels/cuda/device_common.cuh"
+#include "kernels/validate.h"
 
 namespace specd::kernels::cuda {
 namespace {
@@ -48,29 +48,16 @@ __global__ void GatherRowsKernel(const float* src, const int32_t* rows, float* d
 }  // namespace
 
 absl::Status LaunchSwiGlu(const SwiGluArgs& a, const CudaContext& ctx, cudaStream_t stream) {
-  (void)ctx;
-  constexpr absl::string_view kOp = "SwiGlu";
-  SPECD_RETURN_IF_ERROR(cpu::CheckNonNegative(kOp, "n_tokens", a.n_tokens));
-  SPECD_RETURN_IF_ERROR(cpu::CheckPositive(kOp, "dim", a.dim));
-  SPECD_RETURN_IF_ERROR(cpu::CheckElementCount(kOp, "n_tokens x dim", a.n_tokens, a.dim));
+  SPECD_RETURN_IF_ERROR(ValidateSwiGluArgs(a));
   if (a.n_tokens == 0) return absl::OkStatus();
-  SPECD_RETURN_IF_ERROR(cpu::CheckNotNull(kOp, "gate", a.gate));
-  SPECD_RETURN_IF_ERROR(cpu::CheckNotNull(kOp, "up", a.up));
-  SPECD_RETURN_IF_ERROR(cpu::CheckNotNull(kOp, "out", a.out));
   const int64_t n = a.n_tokens * a.dim;
   SwiGluKernel<<<Blocks(n), kThreads, 0, stream>>>(a.gate, a.up, a.out, n);
   return CudaStatus(cudaGetLastError(), "SwiGlu launch");
 }
 
 absl::Status LaunchAdd(const AddArgs& a, const CudaContext& ctx, cudaStream_t stream) {
-  (void)ctx;
-  constexpr absl::string_view kOp = "Add";
-  SPECD_RETURN_IF_ERROR(cpu::CheckNonNegative(kOp, "n", a.n));
-  SPECD_RETURN_IF_ERROR(cpu::CheckPositive(kOp, "dim", a.dim));
-  SPECD_RETURN_IF_ERROR(cpu::CheckElementCount(kOp, "n x dim", a.n, a.dim));
+  SPECD_RETURN_IF_ERROR(ValidateAddArgs(a));
   if (a.n == 0) return absl::OkStatus();
-  SPECD_RETURN_IF_ERROR(cpu::CheckNotNull(kOp, "y", a.y));
-  SPECD_RETURN_IF_ERROR(cpu::CheckNotNull(kOp, "x", a.x));
   const int64_t n = a.n * a.dim;
   AddKernel<<<Blocks(n), kThreads, 0, stream>>>(a.y, a.x, n);
   return CudaStatus(cudaGetLastError(), "Add launch");
@@ -78,18 +65,10 @@ absl::Status LaunchAdd(const AddArgs& a, const CudaContext& ctx, cudaStream_t st
 
 absl::Status LaunchGatherRows(const GatherRowsArgs& a, const CudaContext& ctx,
                               cudaStream_t stream) {
-  constexpr absl::string_view kOp = "GatherRows";
-  SPECD_RETURN_IF_ERROR(cpu::CheckNonNegative(kOp, "n", a.n));
-  SPECD_RETURN_IF_ERROR(cpu::CheckNonNegative(kOp, "n_src", a.n_src));
-  SPECD_RETURN_IF_ERROR(cpu::CheckPositive(kOp, "dim", a.dim));
-  SPECD_RETURN_IF_ERROR(cpu::CheckElementCount(kOp, "n x dim", a.n, a.dim));
-  SPECD_RETURN_IF_ERROR(cpu::CheckElementCount(kOp, "n_src x dim", a.n_src, a.dim));
+  SPECD_RETURN_IF_ERROR(ValidateGatherRowsArgs(a));
   if (a.n == 0) return absl::OkStatus();
-  SPECD_RETURN_IF_ERROR(cpu::CheckNotNull(kOp, "src", a.src));
-  SPECD_RETURN_IF_ERROR(cpu::CheckNotNull(kOp, "rows", a.rows));
-  SPECD_RETURN_IF_ERROR(cpu::CheckNotNull(kOp, "dst", a.dst));
-  SPECD_RETURN_IF_ERROR(
-      cpu::CheckNoOverlap(kOp, "dst", a.dst, a.n * a.dim * 4, "src", a.src, a.n_src * a.dim * 4));
+  // This back end's own limit (one block per row, in a grid's x dimension). The row indices are
+  // device memory: the kernel checks them and Synchronize reports them.
   if (a.n > 0x7fffffff) return absl::InvalidArgumentError("GatherRows: n too large");
   GatherRowsKernel<<<static_cast<unsigned>(a.n), kThreads, 0, stream>>>(a.src, a.rows, a.dst,
                                                                         a.n_src, a.dim, ctx.error);

@@ -1,8 +1,8 @@
 #include "kernels/cuda/embedding.h"
 
 #include "base/status_macros.h"
-#include "kernels/cpu/validate.h"
 #include "kernels/cuda/device_common.cuh"
+#include "kernels/validate.h"
 
 namespace specd::kernels::cuda {
 namespace {
@@ -25,16 +25,10 @@ __global__ void EmbeddingKernel(const void* table, int64_t rows, int64_t dim, co
 }  // namespace
 
 absl::Status LaunchEmbedding(const EmbeddingArgs& a, const CudaContext& ctx, cudaStream_t stream) {
-  constexpr absl::string_view kOp = "Embedding";
-  SPECD_RETURN_IF_ERROR(cpu::CheckDType(kOp, "table.dtype", a.table.dtype));
-  SPECD_RETURN_IF_ERROR(cpu::CheckPositive(kOp, "table.rows", a.table.rows));
-  SPECD_RETURN_IF_ERROR(cpu::CheckPositive(kOp, "table.cols", a.table.cols));
-  SPECD_RETURN_IF_ERROR(cpu::CheckNonNegative(kOp, "n_tokens", a.n_tokens));
-  SPECD_RETURN_IF_ERROR(cpu::CheckElementCount(kOp, "table", a.table.rows, a.table.cols));
+  SPECD_RETURN_IF_ERROR(ValidateEmbeddingArgs(a));
   if (a.n_tokens == 0) return absl::OkStatus();
-  SPECD_RETURN_IF_ERROR(cpu::CheckNotNull(kOp, "table.data", a.table.data));
-  SPECD_RETURN_IF_ERROR(cpu::CheckNotNull(kOp, "ids", a.ids));
-  SPECD_RETURN_IF_ERROR(cpu::CheckNotNull(kOp, "out", a.out));
+  // This back end's own limit (one block per token, in a grid's x dimension). The ids are device
+  // memory: the kernel checks them and Synchronize reports them.
   if (a.n_tokens > 0x7fffffff) return absl::InvalidArgumentError("Embedding: n_tokens too large");
   const dim3 grid(static_cast<unsigned>(a.n_tokens));
   switch (a.table.dtype) {

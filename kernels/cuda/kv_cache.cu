@@ -4,8 +4,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
-#include "kernels/cpu/validate.h"
 #include "kernels/cuda/device_common.cuh"
+#include "kernels/validate.h"
 
 namespace specd::kernels::cuda {
 namespace {
@@ -103,14 +103,10 @@ __global__ void CopyKvRowsKernel(void* k, void* v, int64_t layer_stride, int64_t
 }  // namespace
 
 absl::Status LaunchStoreKv(const StoreKvArgs& a, const CudaContext& ctx, cudaStream_t stream) {
-  constexpr absl::string_view kOp = "StoreKv";
-  SPECD_RETURN_IF_ERROR(cpu::CheckNonNegative(kOp, "n_tokens", a.n_tokens));
-  SPECD_RETURN_IF_ERROR(cpu::CheckPagedKv(kOp, a.cache));
+  SPECD_RETURN_IF_ERROR(ValidateStoreKvArgs(a));
   if (a.n_tokens == 0) return absl::OkStatus();
-  SPECD_RETURN_IF_ERROR(cpu::CheckNotNull(kOp, "k", a.k));
-  SPECD_RETURN_IF_ERROR(cpu::CheckNotNull(kOp, "v", a.v));
-  SPECD_RETURN_IF_ERROR(cpu::CheckNotNull(kOp, "token_seq", a.token_seq));
-  SPECD_RETURN_IF_ERROR(cpu::CheckNotNull(kOp, "slot", a.slot));
+  // This back end's own limit (one block per token, in a grid's x dimension). Sequences, slots
+  // and the block table are device memory: the kernel checks them and Synchronize reports them.
   if (a.n_tokens > 0x7fffffff) return absl::InvalidArgumentError("StoreKv: n_tokens too large");
   StoreKvKernel<<<static_cast<unsigned>(a.n_tokens), kThreads, 0, stream>>>(
       a.k, a.v, a.cache, a.token_seq, a.slot, ctx.error);
@@ -119,21 +115,11 @@ absl::Status LaunchStoreKv(const StoreKvArgs& a, const CudaContext& ctx, cudaStr
 
 absl::Status LaunchCopyKvRows(const CopyKvRowsArgs& a, const CudaContext& ctx,
                               cudaStream_t stream) {
-  constexpr absl::string_view kOp = "CopyKvRows";
-  SPECD_RETURN_IF_ERROR(cpu::CheckNonNegative(kOp, "n", a.n));
-  SPECD_RETURN_IF_ERROR(cpu::CheckDType(kOp, "dtype", a.dtype));
-  SPECD_RETURN_IF_ERROR(cpu::CheckPositive(kOp, "n_layers", a.n_layers));
-  SPECD_RETURN_IF_ERROR(cpu::CheckPositive(kOp, "layer_stride", a.layer_stride));
-  SPECD_RETURN_IF_ERROR(cpu::CheckPositive(kOp, "kv_dim", a.kv_dim));
-  SPECD_RETURN_IF_ERROR(
-      cpu::CheckElementCount(kOp, "n_layers x layer_stride", a.n_layers, a.layer_stride));
-  SPECD_RETURN_IF_ERROR(
-      cpu::CheckElementCount(kOp, "layers x rows x kv_dim", a.n_layers * a.layer_stride, a.kv_dim));
+  SPECD_RETURN_IF_ERROR(ValidateCopyKvRowsArgs(a));
   if (a.n == 0) return absl::OkStatus();
-  SPECD_RETURN_IF_ERROR(cpu::CheckNotNull(kOp, "k", a.k));
-  SPECD_RETURN_IF_ERROR(cpu::CheckNotNull(kOp, "v", a.v));
-  SPECD_RETURN_IF_ERROR(cpu::CheckNotNull(kOp, "src_rows", a.src_rows));
-  SPECD_RETURN_IF_ERROR(cpu::CheckNotNull(kOp, "dst_rows", a.dst_rows));
+  // This back end's own limits: the rows of one column tile must fit in shared memory, and the
+  // grid's dimensions. The row indices are device memory: the kernel checks them and Synchronize
+  // reports them.
   const int64_t elem = DTypeSize(a.dtype);
   if (a.n > kMaxCopyKvRows) {
     return absl::InvalidArgumentError(

@@ -4,8 +4,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
-#include "kernels/cpu/validate.h"
 #include "kernels/cuda/device_common.cuh"
+#include "kernels/validate.h"
 
 namespace specd::kernels::cuda {
 namespace {
@@ -155,24 +155,9 @@ bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 
 absl::Status LaunchMatmul(const MatmulArgs& a, const CudaContext& ctx, cudaStream_t stream,
                           int tokens_per_warp) {
-  (void)ctx;
-  constexpr absl::string_view kOp = "Matmul";
-  SPECD_RETURN_IF_ERROR(cpu::CheckDType(kOp, "w.dtype", a.w.dtype));
-  SPECD_RETURN_IF_ERROR(cpu::CheckPositive(kOp, "w.rows", a.w.rows));
-  SPECD_RETURN_IF_ERROR(cpu::CheckPositive(kOp, "w.cols", a.w.cols));
-  SPECD_RETURN_IF_ERROR(cpu::CheckNonNegative(kOp, "n_tokens", a.n_tokens));
-  SPECD_RETURN_IF_ERROR(cpu::CheckElementCount(kOp, "w.rows x w.cols", a.w.rows, a.w.cols));
-  SPECD_RETURN_IF_ERROR(cpu::CheckElementCount(kOp, "n_tokens x w.cols", a.n_tokens, a.w.cols));
-  SPECD_RETURN_IF_ERROR(cpu::CheckElementCount(kOp, "n_tokens x w.rows", a.n_tokens, a.w.rows));
+  SPECD_RETURN_IF_ERROR(ValidateMatmulArgs(a));
   if (a.n_tokens == 0) return absl::OkStatus();
-  SPECD_RETURN_IF_ERROR(cpu::CheckNotNull(kOp, "x", a.x));
-  SPECD_RETURN_IF_ERROR(cpu::CheckNotNull(kOp, "w.data", a.w.data));
-  SPECD_RETURN_IF_ERROR(cpu::CheckNotNull(kOp, "y", a.y));
-  const int64_t y_bytes = a.n_tokens * a.w.rows * 4;
-  SPECD_RETURN_IF_ERROR(
-      cpu::CheckNoOverlap(kOp, "y", a.y, y_bytes, "x", a.x, a.n_tokens * a.w.cols * 4));
-  SPECD_RETURN_IF_ERROR(cpu::CheckNoOverlap(kOp, "y", a.y, y_bytes, "w.data", a.w.data,
-                                            a.w.rows * a.w.cols * DTypeSize(a.w.dtype)));
+  // This back end's own choices and limits: the tile shape, and the grid's dimensions.
   int tw = tokens_per_warp;
   if (tw == 0) tw = a.n_tokens == 1 ? 1 : a.n_tokens == 2 ? 2 : a.n_tokens <= 4 ? 4 : 8;
   if (tw != 1 && tw != 2 && tw != 4 && tw != 8) {

@@ -1,13 +1,11 @@
 #include "kernels/cuda/processed.h"
 
-#include <algorithm>
 #include <cstdint>
 
-#include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "kernels/cpu/processed.h"
-#include "kernels/cpu/validate.h"
 #include "kernels/cuda/device_common.cuh"
+#include "kernels/validate.h"
 
 namespace specd::kernels::cuda {
 namespace {
@@ -392,29 +390,12 @@ __global__ void __launch_bounds__(kThreads)
 
 absl::Status LaunchProcessRows(const ProcessRowsArgs& a, const CudaContext& ctx,
                                cudaStream_t stream) {
-  constexpr absl::string_view kOp = "ProcessRows";
-  SPECD_RETURN_IF_ERROR(cpu::CheckPositive(kOp, "vocab", a.vocab));
-  SPECD_RETURN_IF_ERROR(cpu::CheckNonNegative(kOp, "n_rows", a.n_rows));
-  SPECD_RETURN_IF_ERROR(cpu::CheckNonNegative(kOp, "history_len", a.history_len));
-  SPECD_RETURN_IF_ERROR(cpu::CheckNonNegative(kOp, "prob_capacity", a.prob_capacity));
-  SPECD_RETURN_IF_ERROR(cpu::CheckElementCount(kOp, "n_rows x vocab", a.n_rows, a.vocab));
-  SPECD_RETURN_IF_ERROR(
-      cpu::CheckElementCount(kOp, "prob_capacity x vocab", a.prob_capacity, a.vocab));
+  SPECD_RETURN_IF_ERROR(ValidateProcessRowsArgs(a));
   if (a.n_rows == 0) return absl::OkStatus();
+  // This back end's own limits: 32-bit ids in the kernel, one block per row in a grid's x
+  // dimension. The rows' requests are device memory: the kernel checks them and Synchronize
+  // reports them.
   if (a.vocab > 0x7fffffff) return absl::InvalidArgumentError("ProcessRows: vocab too large");
-  SPECD_RETURN_IF_ERROR(cpu::CheckNotNull(kOp, "logits", a.logits));
-  SPECD_RETURN_IF_ERROR(cpu::CheckNotNull(kOp, "rows", a.rows));
-  SPECD_RETURN_IF_ERROR(cpu::CheckNotNull(kOp, "probs", a.probs));
-  SPECD_RETURN_IF_ERROR(cpu::CheckNotNull(kOp, "argmax", a.argmax));
-  SPECD_RETURN_IF_ERROR(cpu::CheckNotNull(kOp, "error", a.error));
-  if (a.top_n < 0 || a.top_n > kMaxTopTokens || a.top_n > a.vocab) {
-    return absl::InvalidArgumentError(absl::StrCat(kOp, ": top_n must be in [0, ",
-                                                   std::min<int64_t>(kMaxTopTokens, a.vocab),
-                                                   "], got ", a.top_n));
-  }
-  if (a.top_n > 0) SPECD_RETURN_IF_ERROR(cpu::CheckNotNull(kOp, "top_ids", a.top_ids));
-  SPECD_RETURN_IF_ERROR(cpu::CheckNoOverlap(kOp, "probs", a.probs, a.prob_capacity * a.vocab * 4,
-                                            "logits", a.logits, a.n_rows * a.vocab * 4));
   if (a.n_rows > 0x7fffffff) return absl::InvalidArgumentError("ProcessRows: n_rows too large");
   ProcessRowsKernel<<<static_cast<unsigned>(a.n_rows), kThreads, 0, stream>>>(a, ctx.error);
   return CudaStatus(cudaGetLastError(), "ProcessRows launch");

@@ -1,9 +1,8 @@
 #include "kernels/cuda/rope.h"
 
-#include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
-#include "kernels/cpu/validate.h"
 #include "kernels/cuda/device_common.cuh"
+#include "kernels/validate.h"
 
 namespace specd::kernels::cuda {
 namespace {
@@ -40,20 +39,10 @@ __global__ void RopeKernel(float* x, const int32_t* pos, const float* inv_freq, 
 }  // namespace
 
 absl::Status LaunchRope(const RopeArgs& a, const CudaContext& ctx, cudaStream_t stream) {
-  constexpr absl::string_view kOp = "Rope";
-  SPECD_RETURN_IF_ERROR(cpu::CheckNonNegative(kOp, "n_tokens", a.n_tokens));
-  SPECD_RETURN_IF_ERROR(cpu::CheckPositive(kOp, "n_heads", a.n_heads));
-  SPECD_RETURN_IF_ERROR(cpu::CheckPositive(kOp, "head_dim", a.head_dim));
-  if (a.head_dim % 2 != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("Rope: head_dim must be even, got ", a.head_dim));
-  }
-  SPECD_RETURN_IF_ERROR(
-      cpu::CheckElementCount(kOp, "n_tokens x n_heads", a.n_tokens, a.n_heads * a.head_dim));
+  SPECD_RETURN_IF_ERROR(ValidateRopeArgs(a));
   if (a.n_tokens == 0) return absl::OkStatus();
-  SPECD_RETURN_IF_ERROR(cpu::CheckNotNull(kOp, "x", a.x));
-  SPECD_RETURN_IF_ERROR(cpu::CheckNotNull(kOp, "pos", a.pos));
-  SPECD_RETURN_IF_ERROR(cpu::CheckNotNull(kOp, "inv_freq", a.inv_freq));
+  // This back end's own limit (one block per token, in a grid's x dimension). The positions are
+  // device memory: the kernel checks them and Synchronize reports them.
   if (a.n_tokens > 0x7fffffff) return absl::InvalidArgumentError("Rope: n_tokens too large");
   RopeKernel<<<static_cast<unsigned>(a.n_tokens), kThreads, 0, stream>>>(
       a.x, a.pos, a.inv_freq, a.n_heads, a.head_dim, ctx.error);

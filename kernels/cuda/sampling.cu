@@ -5,8 +5,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
-#include "kernels/cpu/validate.h"
 #include "kernels/cuda/device_common.cuh"
+#include "kernels/validate.h"
 
 namespace specd::kernels::cuda {
 namespace {
@@ -256,16 +256,10 @@ unsigned Blocks(int64_t n, int threads) { return static_cast<unsigned>(DivUp(n, 
 
 absl::Status LaunchCombineLogits(const CombineLogitsArgs& a, const CudaContext& ctx,
                                  cudaStream_t stream) {
-  constexpr absl::string_view kOp = "CombineLogits";
-  SPECD_RETURN_IF_ERROR(cpu::CheckPositive(kOp, "vocab", a.vocab));
-  SPECD_RETURN_IF_ERROR(cpu::CheckNonNegative(kOp, "n_rows", a.n_rows));
-  SPECD_RETURN_IF_ERROR(cpu::CheckNonNegative(kOp, "n_pairs", a.n_pairs));
-  SPECD_RETURN_IF_ERROR(cpu::CheckElementCount(kOp, "n_rows x vocab", a.n_rows, a.vocab));
+  SPECD_RETURN_IF_ERROR(ValidateCombineLogitsArgs(a));
   if (a.n_pairs == 0) return absl::OkStatus();
-  SPECD_RETURN_IF_ERROR(cpu::CheckNotNull(kOp, "logits", a.logits));
-  SPECD_RETURN_IF_ERROR(cpu::CheckNotNull(kOp, "cond_rows", a.cond_rows));
-  SPECD_RETURN_IF_ERROR(cpu::CheckNotNull(kOp, "uncond_rows", a.uncond_rows));
-  SPECD_RETURN_IF_ERROR(cpu::CheckNotNull(kOp, "scale", a.scale));
+  // This back end's own limit (one grid row per pair, in a grid's y dimension). The pairs and
+  // scales are device memory: the kernel checks them and Synchronize reports them.
   if (a.n_pairs > 65535) return absl::InvalidArgumentError("CombineLogits: n_pairs too large");
   const dim3 grid(static_cast<unsigned>(std::min<int64_t>(DivUp(a.vocab, 256), 1024)),
                   static_cast<unsigned>(a.n_pairs));
@@ -275,19 +269,11 @@ absl::Status LaunchCombineLogits(const CombineLogitsArgs& a, const CudaContext& 
 
 absl::Status LaunchSampleRows(const SampleRowsArgs& a, const CudaContext& ctx,
                               cudaStream_t stream) {
-  constexpr absl::string_view kOp = "SampleRows";
-  SPECD_RETURN_IF_ERROR(cpu::CheckPositive(kOp, "vocab", a.vocab));
-  SPECD_RETURN_IF_ERROR(cpu::CheckNonNegative(kOp, "n", a.n));
-  SPECD_RETURN_IF_ERROR(cpu::CheckNonNegative(kOp, "prob_capacity", a.prob_capacity));
-  SPECD_RETURN_IF_ERROR(
-      cpu::CheckElementCount(kOp, "prob_capacity x vocab", a.prob_capacity, a.vocab));
+  SPECD_RETURN_IF_ERROR(ValidateSampleRowsArgs(a));
   if (a.n == 0) return absl::OkStatus();
+  // This back end's own limits: 32-bit ids in the kernel, one block per draw in a grid's x
+  // dimension. The draws are device memory: the kernel checks them and Synchronize reports them.
   if (a.vocab > 0x7fffffff) return absl::InvalidArgumentError("SampleRows: vocab too large");
-  SPECD_RETURN_IF_ERROR(cpu::CheckNotNull(kOp, "probs", a.probs));
-  SPECD_RETURN_IF_ERROR(cpu::CheckNotNull(kOp, "draws", a.draws));
-  SPECD_RETURN_IF_ERROR(cpu::CheckNotNull(kOp, "tokens", a.tokens));
-  SPECD_RETURN_IF_ERROR(cpu::CheckNotNull(kOp, "token_probs", a.token_probs));
-  SPECD_RETURN_IF_ERROR(cpu::CheckNotNull(kOp, "error", a.error));
   if (a.n > 0x7fffffff) return absl::InvalidArgumentError("SampleRows: n too large");
   SampleRowsKernel<<<static_cast<unsigned>(a.n), kDrawThreads, 0, stream>>>(a, ctx.error);
   return CudaStatus(cudaGetLastError(), "SampleRows launch");
@@ -295,43 +281,18 @@ absl::Status LaunchSampleRows(const SampleRowsArgs& a, const CudaContext& ctx,
 
 absl::Status LaunchGatherProbs(const GatherProbsArgs& a, const CudaContext& ctx,
                                cudaStream_t stream) {
-  constexpr absl::string_view kOp = "GatherProbs";
-  SPECD_RETURN_IF_ERROR(cpu::CheckPositive(kOp, "vocab", a.vocab));
-  SPECD_RETURN_IF_ERROR(cpu::CheckNonNegative(kOp, "n", a.n));
-  SPECD_RETURN_IF_ERROR(cpu::CheckNonNegative(kOp, "prob_capacity", a.prob_capacity));
-  SPECD_RETURN_IF_ERROR(
-      cpu::CheckElementCount(kOp, "prob_capacity x vocab", a.prob_capacity, a.vocab));
+  SPECD_RETURN_IF_ERROR(ValidateGatherProbsArgs(a));
   if (a.n == 0) return absl::OkStatus();
-  SPECD_RETURN_IF_ERROR(cpu::CheckNotNull(kOp, "probs", a.probs));
-  SPECD_RETURN_IF_ERROR(cpu::CheckNotNull(kOp, "slots", a.slots));
-  SPECD_RETURN_IF_ERROR(cpu::CheckNotNull(kOp, "tokens", a.tokens));
-  SPECD_RETURN_IF_ERROR(cpu::CheckNotNull(kOp, "out", a.out));
+  // The lookups are device memory: the kernel checks them and Synchronize reports them.
   GatherProbsKernel<<<Blocks(a.n, 256), 256, 0, stream>>>(a, ctx.error);
   return CudaStatus(cudaGetLastError(), "GatherProbs launch");
 }
 
 absl::Status LaunchLogprobs(const LogprobsArgs& a, const CudaContext& ctx, cudaStream_t stream) {
-  constexpr absl::string_view kOp = "Logprobs";
-  SPECD_RETURN_IF_ERROR(cpu::CheckPositive(kOp, "vocab", a.vocab));
-  SPECD_RETURN_IF_ERROR(cpu::CheckNonNegative(kOp, "n_rows", a.n_rows));
-  SPECD_RETURN_IF_ERROR(cpu::CheckNonNegative(kOp, "n_queries", a.n_queries));
-  SPECD_RETURN_IF_ERROR(cpu::CheckElementCount(kOp, "n_rows x vocab", a.n_rows, a.vocab));
-  if (a.top_n < 0 || a.top_n > kMaxTopLogprobs || a.top_n > a.vocab) {
-    return absl::InvalidArgumentError(absl::StrCat(kOp, ": top_n must be in [0, ",
-                                                   std::min<int64_t>(kMaxTopLogprobs, a.vocab),
-                                                   "], got ", a.top_n));
-  }
+  SPECD_RETURN_IF_ERROR(ValidateLogprobsArgs(a));
   if (a.n_rows == 0 && a.n_queries == 0) return absl::OkStatus();
-  SPECD_RETURN_IF_ERROR(cpu::CheckNotNull(kOp, "logits", a.logits));
-  if (a.top_n > 0 && a.n_rows > 0) {
-    SPECD_RETURN_IF_ERROR(cpu::CheckNotNull(kOp, "top_ids", a.top_ids));
-    SPECD_RETURN_IF_ERROR(cpu::CheckNotNull(kOp, "top_logprobs", a.top_logprobs));
-  }
-  if (a.n_queries > 0) {
-    SPECD_RETURN_IF_ERROR(cpu::CheckNotNull(kOp, "query_rows", a.query_rows));
-    SPECD_RETURN_IF_ERROR(cpu::CheckNotNull(kOp, "query_tokens", a.query_tokens));
-    SPECD_RETURN_IF_ERROR(cpu::CheckNotNull(kOp, "query_logprobs", a.query_logprobs));
-  }
+  // This back end's own limits: the row statistics live in the op workspace, one block per row.
+  // The queries are device memory: the kernel checks them and Synchronize reports them.
   if (a.n_rows * static_cast<int64_t>(sizeof(RowStats)) > ctx.workspace_bytes ||
       a.n_rows > 0x7fffffff) {
     return absl::ResourceExhaustedError(

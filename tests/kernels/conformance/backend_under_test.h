@@ -14,7 +14,9 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "gtest/gtest.h"
 #include "kernels/backend.h"
 #include "kernels/cpu/cpu_backend.h"
@@ -143,6 +145,17 @@ class BackendTest : public ::testing::TestWithParam<BackendCase> {
   std::unique_ptr<Device> device_;
   std::mt19937 rng_{20261123};
 };
+
+// A bad call's status as every back end must return it: INVALID_ARGUMENT with exactly `message`
+// (the checks of kernels/validate.h, which every back end shares).
+inline ::testing::AssertionResult IsInvalidArgument(const absl::Status& status,
+                                                    absl::string_view message) {
+  if (status.code() == absl::StatusCode::kInvalidArgument && status.message() == message) {
+    return ::testing::AssertionSuccess();
+  }
+  return ::testing::AssertionFailure()
+         << "got " << status << ", want INVALID_ARGUMENT: " << message;
+}
 
 inline std::string CaseName(const ::testing::TestParamInfo<BackendCase>& info) {
   return info.param.name;

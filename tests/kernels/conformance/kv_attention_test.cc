@@ -293,6 +293,58 @@ TEST_P(KvAttentionTest, CopyKvRowsReadsEverySourceBeforeWriting) {
   }
 }
 
+// One message per bad call, whichever back end runs it. Each case is one where the CUDA launcher
+// used to disagree with the CPU: another message, or no check at all.
+TEST_P(KvAttentionTest, BadArgumentsGetTheSameMessageOnEveryBackEnd) {
+  // Two tokens, 2 heads of 4 over 1 KV head, a cache of 4 blocks of 2 slots.
+  const std::vector<float> zeros(32, 0.0f);
+  const PagedKv cache{device().Put(zeros),
+                      device().Put(zeros),
+                      DType::kF32,
+                      device().Put(std::vector<int32_t>{0, 1, 2, 3}),
+                      2,
+                      4,
+                      2,
+                      4};
+  const AttentionArgs good{.q = device().Put(std::vector<float>(16, 1.0f)),
+                           .out = device().Output<float>(16),
+                           .cache = cache,
+                           .token_seq = device().Put(std::vector<int32_t>{0, 1}),
+                           .slot = device().Put(std::vector<int32_t>{3, 1}),
+                           .n_tokens = 2,
+                           .n_heads = 2,
+                           .n_kv_heads = 1,
+                           .head_dim = 4,
+                           .scale = 0.5f};
+  ASSERT_TRUE(backend().Attention(good).ok());
+  AttentionArgs a = good;
+  a.n_kv_heads = 3;
+  EXPECT_TRUE(IsInvalidArgument(backend().Attention(a),
+                                "Attention: n_heads (2) must be a multiple of n_kv_heads (3)"));
+  a = good;
+  a.head_dim = 2;
+  EXPECT_TRUE(
+      IsInvalidArgument(backend().Attention(a),
+                        "Attention: cache.kv_dim (4) must equal n_kv_heads x head_dim (1 x 2)"));
+  a = good;
+  a.n_heads = int64_t{1} << 30;
+  a.head_dim = int64_t{1} << 20;
+  EXPECT_TRUE(IsInvalidArgument(
+      backend().Attention(a),
+      "Attention: n_heads x head_dim = 1073741824 x 1048576 elements is out of range"));
+  a = good;
+  a.scale = INFINITY;
+  EXPECT_TRUE(IsInvalidArgument(backend().Attention(a), "Attention: scale must be finite"));
+  EXPECT_TRUE(IsInvalidArgument(
+      backend().StoreKv({nullptr, nullptr, cache, nullptr, nullptr, int64_t{1} << 47}),
+      "StoreKv: n_tokens x cache.kv_dim = 140737488355328 x 4 elements is out of range"));
+  EXPECT_TRUE(IsInvalidArgument(
+      backend().CopyKvRows(
+          {cache.k, cache.v, DType::kF32, 2, int64_t{1} << 45, 8, nullptr, nullptr, 0}),
+      "CopyKvRows: n_layers x layer_stride x kv_dim = 70368744177664 x 8 elements is out of "
+      "range"));
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, KvAttentionTest, ::testing::ValuesIn(AllBackends()), CaseName);
 
 }  // namespace

@@ -236,6 +236,40 @@ TEST_P(ModelOpsTest, BadArgumentsAreErrorsNotCrashes) {
             absl::StatusCode::kInvalidArgument);  // odd head_dim
 }
 
+// One message per bad call, whichever back end runs it. Each case is one where the CUDA launcher
+// used to disagree with the CPU: another order of checks, another message, or no check at all.
+TEST_P(ModelOpsTest, BadArgumentsGetTheSameMessageOnEveryBackEnd) {
+  const std::vector<float> ones(16, 1.0f);
+  float* x = device().Put(ones);
+  const float* w = device().Put(ones);
+  float* y = device().Output<float>(16);
+  EXPECT_TRUE(IsInvalidArgument(backend().RmsNorm({x, w, y, 2, 8, INFINITY}),
+                                "RmsNorm: eps must be finite and >= 0"));
+  EXPECT_TRUE(IsInvalidArgument(backend().RmsNorm({nullptr, nullptr, nullptr, 0, 8, -1.0f}),
+                                "RmsNorm: eps must be finite and >= 0"));
+  EXPECT_TRUE(IsInvalidArgument(backend().RmsNorm({x, w, y, -1, 0, 1e-5f}),
+                                "RmsNorm: dim must be > 0, got 0"));
+  EXPECT_TRUE(
+      IsInvalidArgument(backend().SwiGlu({x, x, y, -1, 0}), "SwiGlu: dim must be > 0, got 0"));
+  EXPECT_TRUE(IsInvalidArgument(backend().Add({y, x, -1, 0}), "Add: dim must be > 0, got 0"));
+  const int32_t* rows = device().Put(std::vector<int32_t>{0, 1});
+  EXPECT_TRUE(IsInvalidArgument(backend().GatherRows({x, rows, y, -1, 2, 0}),
+                                "GatherRows: dim must be > 0, got 0"));
+  EXPECT_TRUE(IsInvalidArgument(
+      backend().Rope({nullptr, nullptr, nullptr, 2, int64_t{1} << 30, int64_t{1} << 20}),
+      "Rope: n_heads x head_dim = 1073741824 x 1048576 elements is out of range"));
+  EXPECT_TRUE(IsInvalidArgument(
+      backend().Rope({nullptr, nullptr, nullptr, int64_t{1} << 44, 4, 8}),
+      "Rope: n_tokens x n_heads x head_dim = 17592186044416 x 32 elements is out of range"));
+  EXPECT_TRUE(IsInvalidArgument(
+      backend().Embedding(
+          {{w, DType::kF32, int64_t{1} << 30, int64_t{1} << 20}, nullptr, nullptr, 0}),
+      "Embedding: table.rows x table.cols = 1073741824 x 1048576 elements is out of range"));
+  EXPECT_TRUE(IsInvalidArgument(
+      backend().Embedding({{w, DType::kF32, 4, 4}, nullptr, nullptr, int64_t{1} << 47}),
+      "Embedding: n_tokens x table.cols = 140737488355328 x 4 elements is out of range"));
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, ModelOpsTest, ::testing::ValuesIn(AllBackends()), CaseName);
 
 }  // namespace

@@ -455,6 +455,32 @@ TEST_P(SamplingOpsTest, LogprobsMatchDoubleLogSoftmax) {
   }
 }
 
+// A probability pool that overlaps the logits is refused by every back end (the CPU used to
+// accept it, though a row's slot would be written while other rows' logits are still read).
+TEST_P(SamplingOpsTest, ProcessRowsRefusesAPoolOverlappingTheLogits) {
+  const int64_t n = 2, capacity = 4;
+  float* memory = device().Put(RandomFloats((n + capacity) * kVocab, rng_));
+  std::vector<RowSampling> rows(2);
+  for (int32_t r = 0; r < 2; ++r) {
+    rows[r].params = Params(1.0f);
+    rows[r].prob_slot = r;
+  }
+  ProcessRowsArgs a;
+  a.logits = memory;
+  a.n_rows = n;
+  a.vocab = kVocab;
+  a.rows = device().Put(rows);
+  a.probs = memory + kVocab;  // slot 0 is row 1's logits
+  a.prob_capacity = capacity;
+  a.argmax = device().Output<int32_t>(n);
+  a.error = device().Output<int32_t>(n);
+  EXPECT_TRUE(
+      IsInvalidArgument(backend().ProcessRows(a), "ProcessRows: probs must not overlap logits"));
+  a.probs = memory + n * kVocab;
+  EXPECT_TRUE(backend().ProcessRows(a).ok());
+  EXPECT_EQ(device().Get(a.error, n), std::vector<int32_t>(2, kRowOk));
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, SamplingOpsTest, ::testing::ValuesIn(AllBackends()), CaseName);
 
 }  // namespace
