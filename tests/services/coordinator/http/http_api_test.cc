@@ -29,6 +29,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "common/synth/synth.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -725,7 +726,7 @@ class HttpErrorsTest : public ::testing::Test {
     serve_ = ServeProcess::Start(
         {"--target", (tmp_.path() / "tinymodel").string(), "--draft-exit-layer", "1", "--threads",
          "1", "--http-listen", "127.0.0.1:0", "--max-running", "1", "--max-queued", "1",
-         "--worker-call-timeout-seconds", "1", "--worker-unavailable-seconds", "2"},
+         "--worker-call-timeout-seconds", "1", "--worker-unavailable-seconds", "2", "--metrics"},
         pids_);
     unsetenv("SPECD_AUTH_TOKEN");
     ASSERT_NE(serve_, nullptr);
@@ -839,13 +840,23 @@ TEST_F(HttpErrorsTest, EveryErrorHasItsStatusAndHarmsNothing) {
   ASSERT_EQ((*running->ReadHead()).status, 200);
   ASSERT_TRUE(running->NextEvent().ok());
   std::unique_ptr<HttpConnection> queued = connect_stream(4);
-  // The queued request is admitted once the running one goes; until then the queue is full.
-  HttpReply refused;
-  for (int i = 0; i < 100; ++i) {
-    refused = Call("POST", "/v1/completions", ok_body);
-    if (refused.status == 429) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  // Only once the coordinator holds it in its queue is a third request sure to find the queue
+  // full (before that, the probe itself would be queued, and wait out the running request).
+  const int metrics = serve_->MetricsPort("coordinator");
+  ASSERT_GT(metrics, 0);
+  bool waiting = false;
+  for (int i = 0; i < 1000 && !waiting; ++i) {
+    absl::StatusOr<std::string> text = testing::HttpGet(metrics, "/metrics");
+    for (absl::string_view line : absl::StrSplit(text.ok() ? *text : "", '\n')) {
+      if (absl::ConsumePrefix(&line, "specd_num_requests_waiting ")) {
+        waiting = std::stod(std::string(line)) >= 1;
+      }
+    }
+    if (!waiting) std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
+  ASSERT_TRUE(waiting) << "the second stream never reached the queue";
+  // The queued request is admitted once the running one goes; until then the queue is full.
+  const HttpReply refused = Call("POST", "/v1/completions", ok_body);
   ExpectError(refused, 429);
   EXPECT_THAT(refused.body, HasSubstr("queue is full"));
   running->Close();  // cancelled, which admits the queued one
