@@ -422,7 +422,6 @@ absl::StatusOr<Logits> LlamaEngine::Forward(std::span<const SequenceInput> batch
 
 absl::StatusOr<Logits> LlamaEngine::Enqueue(std::span<const SequenceInput> batch, int64_t n_tokens,
                                             int64_t n_logits) {
-  const ModelConfig& c = config_;
   kernels::Backend& be = *backend_;
   SPECD_RETURN_IF_ERROR(UploadMetadata(batch, n_tokens, n_logits, kv_->PendingCopies()));
   SPECD_RETURN_IF_ERROR(GrowScratch(n_tokens, n_logits));

@@ -176,7 +176,11 @@ void CheckAccepted(const specd::v1::GenerateRequest& r, const specd::GenerationR
   Check(g.ignore_eos == r.stopping().ignore_eos());
   Check(g.num_speculative_tokens >= 0 &&
         g.num_speculative_tokens <= limits.max_num_speculative_tokens);
-  if (!limits.has_draft) Check(g.num_speculative_tokens == 0);
+  // Without a draft worker only prompt lookup drafts; a request for model drafting is refused,
+  // and the server's default of model drafting decodes plainly.
+  if (!limits.has_draft && g.draft_method == specd::DraftMethod::kModel) {
+    Check(g.num_speculative_tokens == 0);
+  }
   Check(r.request_id().size() <= 256);
 }
 
