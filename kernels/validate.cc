@@ -378,4 +378,15 @@ absl::Status ValidateLogprobsArgs(const LogprobsArgs& args) {
   return absl::OkStatus();
 }
 
+absl::Status ValidateCopyArgs(absl::string_view op, const void* dst, const void* src,
+                              int64_t bytes) {
+  if (bytes < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(op, ": bytes must be >= 0, got ", bytes));
+  }
+  if (bytes > 0 && (dst == nullptr || src == nullptr)) {
+    return absl::InvalidArgumentError(absl::StrCat(op, ": null pointer"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace specd::kernels

@@ -43,6 +43,11 @@ absl::Status ValidateSampleRowsArgs(const SampleRowsArgs& args);        // n
 absl::Status ValidateGatherProbsArgs(const GatherProbsArgs& args);      // n
 absl::Status ValidateLogprobsArgs(const LogprobsArgs& args);            // n_rows and n_queries
 
+// A back end's Upload, Download or CopyDeviceToDevice (named by `op`): no negative size, and no
+// null pointer unless nothing is copied.
+absl::Status ValidateCopyArgs(absl::string_view op, const void* dst, const void* src,
+                              int64_t bytes);
+
 // ---------------------------------------------------------------------------------------------
 // The pieces they are made of, for a back end's own checks. Each returns INVALID_ARGUMENT with a
 // message that starts with "<op>: " and names the field.

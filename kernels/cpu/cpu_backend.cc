@@ -19,20 +19,10 @@
 #include "kernels/cpu/rope.h"
 #include "kernels/cpu/sampling.h"
 #include "kernels/cpu/thread_pool.h"
+#include "kernels/validate.h"
 
 namespace specd::kernels {
 namespace {
-
-absl::Status CheckCopy(std::string_view op, const void* dst, const void* src, int64_t bytes) {
-  if (bytes < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(ToAbsl(op), ": bytes must be >= 0, got ", bytes));
-  }
-  if (bytes > 0 && (dst == nullptr || src == nullptr)) {
-    return absl::InvalidArgumentError(absl::StrCat(ToAbsl(op), ": null pointer"));
-  }
-  return absl::OkStatus();
-}
 
 // Host memory is the device here: every op and copy runs when it is called, so Synchronize has
 // nothing to wait for.
@@ -107,7 +97,7 @@ class CpuBackend final : public Backend {
 
  private:
   static absl::Status Copy(std::string_view op, void* dst, const void* src, int64_t bytes) {
-    SPECD_RETURN_IF_ERROR(CheckCopy(op, dst, src, bytes));
+    SPECD_RETURN_IF_ERROR(ValidateCopyArgs(ToAbsl(op), dst, src, bytes));
     if (bytes > 0) std::memmove(dst, src, static_cast<size_t>(bytes));
     return absl::OkStatus();
   }

@@ -19,6 +19,7 @@
 #include "kernels/cuda/rmsnorm.h"
 #include "kernels/cuda/rope.h"
 #include "kernels/cuda/sampling.h"
+#include "kernels/validate.h"
 
 namespace specd::kernels {
 namespace {
@@ -57,17 +58,6 @@ class CudaGraph final : public RecordedWork {
 absl::Status CaptureStatus(cudaError_t error, const char* what) {
   if (error != cudaSuccess) (void)cudaGetLastError();
   return CudaStatus(error, what);
-}
-
-absl::Status CheckCopy(std::string_view op, const void* dst, const void* src, int64_t bytes) {
-  if (bytes < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(ToAbsl(op), ": bytes must be >= 0, got ", bytes));
-  }
-  if (bytes > 0 && (dst == nullptr || src == nullptr)) {
-    return absl::InvalidArgumentError(absl::StrCat(ToAbsl(op), ": null pointer"));
-  }
-  return absl::OkStatus();
 }
 
 class CudaBackend final : public Backend {
@@ -262,7 +252,7 @@ class CudaBackend final : public Backend {
 
   absl::Status Copy(std::string_view op, void* dst, const void* src, int64_t bytes,
                     cudaMemcpyKind kind) {
-    SPECD_RETURN_IF_ERROR(CheckCopy(op, dst, src, bytes));
+    SPECD_RETURN_IF_ERROR(ValidateCopyArgs(ToAbsl(op), dst, src, bytes));
     if (bytes == 0) return absl::OkStatus();
     SPECD_RETURN_IF_ERROR(Use());
     return CudaStatus(cudaMemcpyAsync(dst, src, static_cast<size_t>(bytes), kind, stream_.get()),

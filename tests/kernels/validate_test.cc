@@ -473,5 +473,14 @@ TEST(ValidateArgsTest, Logprobs) {
               InvalidArgument("Logprobs: query_logprobs must not be null"));
 }
 
+TEST(ValidateArgsTest, Copy) {
+  EXPECT_TRUE(ValidateCopyArgs("Upload", Fake<char>(1), Fake<char>(2), 64).ok());
+  EXPECT_TRUE(ValidateCopyArgs("Upload", nullptr, nullptr, 0).ok()) << "nothing is copied";
+  EXPECT_THAT(ValidateCopyArgs("Download", Fake<char>(1), Fake<char>(2), -1),
+              InvalidArgument("Download: bytes must be >= 0, got -1"));
+  EXPECT_THAT(ValidateCopyArgs("CopyDeviceToDevice", Fake<char>(1), nullptr, 4),
+              InvalidArgument("CopyDeviceToDevice: null pointer"));
+}
+
 }  // namespace
 }  // namespace specd::kernels
