@@ -4,9 +4,11 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <optional>
 #include <random>
 #include <string>
+#include <vector>
 
 #include "gtest/gtest.h"
 
@@ -31,6 +33,24 @@ inline std::filesystem::path SourceDir() {
 inline std::string Python() {
   const char* python = std::getenv("SPECD_PYTHON");
   return python != nullptr && *python != '\0' ? std::string(python) : "/usr/bin/python3";
+}
+
+// Runs the reference script `script` (a path under SourceDir()) as `script MODEL_DIR OUT ARGS` on
+// Python(), and returns the `count` float64 values it wrote to OUT. Fails the test on a non-zero
+// exit or a short output.
+inline std::vector<double> RunF64Reference(const std::string& script,
+                                           const std::filesystem::path& model_dir,
+                                           const std::filesystem::path& out,
+                                           const std::string& args, size_t count) {
+  const std::string cmd = Python() + " " + (SourceDir() / script).string() + " " +
+                          model_dir.string() + " " + out.string() + " " + args;
+  EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  std::vector<double> values(count);
+  std::ifstream f(out, std::ios::binary);
+  f.read(reinterpret_cast<char*>(values.data()),
+         static_cast<std::streamsize>(values.size() * sizeof(double)));
+  EXPECT_TRUE(f.good()) << "short reference output from " << cmd;
+  return values;
 }
 
 // A fresh directory under the system temp dir, removed when the object dies.

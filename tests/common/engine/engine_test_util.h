@@ -42,6 +42,21 @@ inline SynthSpec WorkerTestSpec() {
   return spec;
 }
 
+// The 16-token model of the chi-square tests (the joint of three tokens has 4096 cells): 3 layers,
+// and a residual large enough that its 1-layer draft often disagrees, so rejections and
+// residuals matter.
+inline SynthSpec ChiSquareTestSpec() {
+  SynthSpec spec;
+  spec.config = SmallConfig();
+  spec.config.vocab_size = 16;
+  spec.config.num_layers = 3;
+  spec.config.max_position_embeddings = 32;
+  spec.residual_scale = 0.8;
+  spec.embed_std = 1.0;
+  spec.seed = 5;
+  return spec;
+}
+
 inline void WriteSynth(const SynthSpec& spec, const std::filesystem::path& dir) {
   const absl::Status st = WriteSyntheticModel(spec, dir);
   ASSERT_TRUE(st.ok()) << st;

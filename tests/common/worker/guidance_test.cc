@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <fstream>
 #include <memory>
 #include <optional>
 #include <string>
@@ -115,17 +114,8 @@ class GuidanceTest : public ::testing::Test {
   // Runs a reference script with `args` and reads its float64 output.
   static std::vector<double> Reference(const std::string& script, const std::string& args,
                                        size_t count) {
-    const std::string out = (dir_->path() / "reference.f64").string();
-    const std::string cmd =
-        absl::StrCat(testing::Python(), " ", (testing::SourceDir() / script).string(), " ",
-                     dir_->path().string(), " ", out, " ", args);
-    EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
-    std::vector<double> values(count);
-    std::ifstream f(out, std::ios::binary);
-    f.read(reinterpret_cast<char*>(values.data()),
-           static_cast<std::streamsize>(values.size() * sizeof(double)));
-    EXPECT_TRUE(f.good()) << "short reference output from " << cmd;
-    return values;
+    return testing::RunF64Reference(script, dir_->path(), dir_->path() / "reference.f64", args,
+                                    count);
   }
 
   static std::string Ids(const Tokens& t) { return t.empty() ? "\"\"" : absl::StrJoin(t, ","); }

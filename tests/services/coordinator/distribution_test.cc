@@ -16,7 +16,6 @@
 //  * trees: child x_c accepted with p(x_c) instead of p'(x_c) = p(x_c) / (1 - rejected mass);
 //    for greedy requests, the first child followed as if it were the target's argmax.
 #include <cstdio>
-#include <fstream>
 #include <memory>
 #include <string>
 #include <vector>
@@ -176,35 +175,18 @@ class DistributionTest : public ::testing::TestWithParam<Setting> {
  protected:
   static void SetUpTestSuite() {
     dir_ = new ScopedTempDir();
-    SynthSpec spec;
-    spec.config = testing::SmallConfig();
-    spec.config.vocab_size = kVocab;
-    spec.config.num_layers = 3;
-    spec.config.max_position_embeddings = 32;
-    spec.config.bos_token_ids = {1};
-    spec.config.eos_token_ids = {2};
-    // Large enough that the 1-layer draft often disagrees, so rejections and residuals matter.
-    spec.residual_scale = 0.8;
-    spec.embed_std = 1.0;
-    spec.seed = 5;
+    const SynthSpec spec = testing::ChiSquareTestSpec();
+    ASSERT_EQ(spec.config.vocab_size, kVocab);
     testing::WriteSynth(spec, dir_->path());
   }
   static void TearDownTestSuite() { delete dir_; }
 
   static std::vector<double> Reference(const Setting& s) {
-    const std::filesystem::path out = dir_->path() / (s.name + ".f64");
-    const std::string cmd = absl::StrCat(
-        testing::Python(), " ",
-        (testing::SourceDir() / "tests/services/coordinator/joint_reference.py").string(), " ",
-        dir_->path().string(), " ", out.string(), " ", s.temperature, " ", s.top_k, " ", s.top_p,
-        " ", absl::StrJoin(s.prompt, " "));
-    EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
-    std::vector<double> joint(kVocab * kVocab * kVocab);
-    std::ifstream f(out, std::ios::binary);
-    f.read(reinterpret_cast<char*>(joint.data()),
-           static_cast<std::streamsize>(joint.size() * sizeof(double)));
-    EXPECT_TRUE(f.good());
-    return joint;
+    return testing::RunF64Reference(
+        "tests/services/coordinator/joint_reference.py", dir_->path(),
+        dir_->path() / (s.name + ".f64"),
+        absl::StrCat(s.temperature, " ", s.top_k, " ", s.top_p, " ", absl::StrJoin(s.prompt, " ")),
+        kVocab * kVocab * kVocab);
   }
 
   // Counts of the first three tokens over the setting's requests with different seeds.

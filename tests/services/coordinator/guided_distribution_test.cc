@@ -14,7 +14,6 @@
 // whose drafts are verified with the guidance lost (UnguidedDraftsTarget: the companion is fed
 // but combined at scale 1, which is the conditional distribution) are rejected too.
 #include <cstdio>
-#include <fstream>
 #include <memory>
 #include <random>
 #include <string>
@@ -159,16 +158,8 @@ class GuidedDistribution : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     dir_ = new ScopedTempDir();
-    SynthSpec spec;
-    spec.config = testing::SmallConfig();
-    spec.config.vocab_size = kVocab;
-    spec.config.num_layers = 3;
-    spec.config.max_position_embeddings = 32;
-    spec.config.bos_token_ids = {1};
-    spec.config.eos_token_ids = {2};
-    spec.residual_scale = 0.8;
-    spec.embed_std = 1.0;
-    spec.seed = 5;
+    const SynthSpec spec = testing::ChiSquareTestSpec();
+    ASSERT_EQ(spec.config.vocab_size, kVocab);
     testing::WriteSynth(spec, dir_->path());
   }
   static void TearDownTestSuite() { delete dir_; }
@@ -176,20 +167,13 @@ class GuidedDistribution : public ::testing::Test {
   // The closed-form joint distribution of the first three tokens: guided (mix = "logits") or the
   // probability-mixing mistake (mix = "probs").
   static std::vector<double> Reference(const Setting& s, const std::string& mix) {
-    const std::filesystem::path out = dir_->path() / (s.name + "_" + mix + ".f64");
-    const std::string cmd = absl::StrCat(
-        testing::Python(), " ",
-        (testing::SourceDir() / "tests/services/coordinator/guided_joint_reference.py").string(),
-        " ", dir_->path().string(), " ", out.string(), " ", s.temperature, " ", s.top_k, " ",
-        s.top_p, " ", s.repetition_penalty, " ", s.scale, " ", mix, " ",
-        absl::StrJoin(kUncond, ","), " ", absl::StrJoin(s.prompt, ","));
-    EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
-    std::vector<double> joint(kVocab * kVocab * kVocab);
-    std::ifstream f(out, std::ios::binary);
-    f.read(reinterpret_cast<char*>(joint.data()),
-           static_cast<std::streamsize>(joint.size() * sizeof(double)));
-    EXPECT_TRUE(f.good());
-    return joint;
+    return testing::RunF64Reference(
+        "tests/services/coordinator/guided_joint_reference.py", dir_->path(),
+        dir_->path() / (s.name + "_" + mix + ".f64"),
+        absl::StrCat(s.temperature, " ", s.top_k, " ", s.top_p, " ", s.repetition_penalty, " ",
+                     s.scale, " ", mix, " ", absl::StrJoin(kUncond, ","), " ",
+                     absl::StrJoin(s.prompt, ",")),
+        kVocab * kVocab * kVocab);
   }
 
   // Counts of the first three tokens over kSamples guided requests with different seeds.
