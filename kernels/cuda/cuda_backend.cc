@@ -52,14 +52,6 @@ class CudaGraph final : public RecordedWork {
   cudaGraphExec_t exec_;
 };
 
-// A failed capture call leaves its error as the thread's last CUDA error. The engine then runs
-// the pass eagerly, and every launcher checks cudaGetLastError after its launch: clear it, so
-// that the first op does not report the capture's failure as its own.
-absl::Status CaptureStatus(cudaError_t error, const char* what) {
-  if (error != cudaSuccess) (void)cudaGetLastError();
-  return CudaStatus(error, what);
-}
-
 class CudaBackend final : public Backend {
  public:
   CudaBackend(const CudaBackendOptions& options, std::string name, UniqueStream stream,
@@ -194,19 +186,18 @@ class CudaBackend final : public Backend {
   bool SupportsRecording() const override { return true; }
   absl::Status BeginRecording() override {
     SPECD_RETURN_IF_ERROR(Use());
-    return CaptureStatus(cudaStreamBeginCapture(stream_.get(), cudaStreamCaptureModeThreadLocal),
-                         "cudaStreamBeginCapture");
+    return CudaStatus(cudaStreamBeginCapture(stream_.get(), cudaStreamCaptureModeThreadLocal),
+                      "cudaStreamBeginCapture");
   }
   absl::StatusOr<std::unique_ptr<RecordedWork>> EndRecording() override {
     SPECD_RETURN_IF_ERROR(Use());
     cudaGraph_t graph = nullptr;
     SPECD_RETURN_IF_ERROR(
-        CaptureStatus(cudaStreamEndCapture(stream_.get(), &graph), "cudaStreamEndCapture"));
+        CudaStatus(cudaStreamEndCapture(stream_.get(), &graph), "cudaStreamEndCapture"));
     cudaGraphExec_t exec = nullptr;
     const cudaError_t e = cudaGraphInstantiate(&exec, graph, 0);
     if (e != cudaSuccess) {
       cudaGraphDestroy(graph);
-      (void)cudaGetLastError();
       return CudaStatus(e, "cudaGraphInstantiate");
     }
     return std::make_unique<CudaGraph>(graph, exec);

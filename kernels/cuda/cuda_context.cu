@@ -46,6 +46,7 @@ std::string DeviceErrorMessage(const DeviceError& e) {
 
 absl::Status CudaStatus(cudaError_t error, const char* what) {
   if (error == cudaSuccess) return absl::OkStatus();
+  (void)cudaGetLastError();
   return absl::InternalError(absl::StrCat(what, ": CUDA error ", cudaGetErrorName(error), ": ",
                                           cudaGetErrorString(error)));
 }

@@ -78,7 +78,9 @@ struct CudaContext {
   int attention_split = 0;
 };
 
-// OK, or INTERNAL naming `what` and the CUDA error.
+// OK, or INTERNAL naming `what` and the CUDA error. A failed runtime call also leaves its error as
+// the thread's last CUDA error, and every launcher checks cudaGetLastError after its launch: on
+// failure this clears it, so that the next op does not report this failure as its own.
 absl::Status CudaStatus(cudaError_t error, const char* what);
 
 // cudaSuccess when this build holds machine code or PTX the current device can run.
