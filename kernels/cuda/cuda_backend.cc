@@ -38,16 +38,20 @@ using UniqueHost = std::unique_ptr<void, HostDeleter>;
 
 class CudaGraph final : public RecordedWork {
  public:
-  CudaGraph(cudaGraph_t graph, cudaGraphExec_t exec) : graph_(graph), exec_(exec) {}
+  CudaGraph(int device, cudaGraph_t graph, cudaGraphExec_t exec)
+      : device_(device), graph_(graph), exec_(exec) {}
   ~CudaGraph() override {
-    cudaGraphExecDestroy(exec_);
-    cudaGraphDestroy(graph_);
+    // Its device current, as for every back-end call (the thread may have another one current).
+    (void)CudaStatus(cudaSetDevice(device_), "cudaSetDevice");
+    (void)CudaStatus(cudaGraphExecDestroy(exec_), "cudaGraphExecDestroy");
+    (void)CudaStatus(cudaGraphDestroy(graph_), "cudaGraphDestroy");
   }
   CudaGraph(const CudaGraph&) = delete;
   CudaGraph& operator=(const CudaGraph&) = delete;
   cudaGraphExec_t exec() const { return exec_; }
 
  private:
+  int device_;
   cudaGraph_t graph_;
   cudaGraphExec_t exec_;
 };
@@ -67,6 +71,7 @@ class CudaBackend final : public Backend {
 
   ~CudaBackend() override {
     // Buffers still alive belong to callers; the workspace is ours and goes first.
+    (void)Use();
     (void)cudaStreamSynchronize(stream_.get());
     workspace_ = Buffer();
   }
@@ -200,7 +205,7 @@ class CudaBackend final : public Backend {
       cudaGraphDestroy(graph);
       return CudaStatus(e, "cudaGraphInstantiate");
     }
-    return std::make_unique<CudaGraph>(graph, exec);
+    return std::make_unique<CudaGraph>(options_.device, graph, exec);
   }
   absl::Status Replay(const RecordedWork& work) override {
     SPECD_RETURN_IF_ERROR(Use());
@@ -235,11 +240,9 @@ class CudaBackend final : public Backend {
 
  private:
   // Makes this back end's device current on the calling thread (a worker calls from one engine
-  // thread, tests from others).
-  absl::Status Use() const {
-    return options_.device == 0 ? absl::OkStatus()
-                                : CudaStatus(cudaSetDevice(options_.device), "cudaSetDevice");
-  }
+  // thread, tests from others). Device 0 too: the thread may have made another device current
+  // (another back end, a library), and setting the current device again is cheap.
+  absl::Status Use() const { return CudaStatus(cudaSetDevice(options_.device), "cudaSetDevice"); }
 
   absl::Status Copy(std::string_view op, void* dst, const void* src, int64_t bytes,
                     cudaMemcpyKind kind) {
