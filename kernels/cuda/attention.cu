@@ -17,6 +17,7 @@ constexpr int kMaxPairs = static_cast<int>(kAttentionMaxGroupTimesHeadDim);
 constexpr int kGroupChunks = static_cast<int>(kAttentionGroupChunks);
 constexpr int kKRegs = kMaxD / kWarp;
 constexpr float kNegInf = -__builtin_huge_valf();
+constexpr int32_t kNoBadBlock = 0x7fffffff;
 
 struct Params {
   const float* q;
@@ -51,45 +52,82 @@ struct Smem {
   // The token, read once.
   int32_t seq, slot, mask_start, ok;
   uint64_t mask;
-  int32_t tree, last;
+  int32_t tree, last, bad_block;
 };
 
-__device__ bool LoadToken(const Params& p, int64_t t, int kvh, Smem& s) {
+// Reads token t into `s` and checks it as the CPU does (kernels/cpu/attention.cc): its sequence
+// and slot, every block-table entry of its prefix (also those of blocks a tree mask hides), and
+// its tree mask (mask_start in [slot - 63, slot], the token's own bit set). False, for every
+// thread, when the token is bad; only a `report`ing block records the error, so that one block
+// per token reports it and all of the token's blocks agree to skip it.
+__device__ bool CheckToken(const Params& p, int64_t t, bool report, Smem& s) {
+  const PagedKv& kv = p.cache;
   if (threadIdx.x == 0) {
     const int32_t seq = p.token_seq[t];
     const int32_t slot = p.slot[t];
-    s.ok = 0;
-    if (seq < 0) {
-      ReportError(p.error, DeviceOp::kAttention, DeviceField::kTokenSeq, t, seq);
-    } else if (slot < 0 || slot / p.cache.block_size >= p.cache.max_blocks) {
-      ReportError(p.error, DeviceOp::kAttention, DeviceField::kSlot, t, slot);
-    } else {
-      s.ok = 1;
-    }
     s.seq = seq;
     s.slot = slot;
     s.tree = p.tree_mask != nullptr;
     s.mask = s.tree ? p.tree_mask[t] : 0;
     s.mask_start = s.tree ? p.mask_start[t] : 0;
-  }
-  __syncthreads();
-  const int hd = p.head_dim;
-  if (!s.ok) {
-    // Zeros for this token's heads of the group, so nothing downstream reads garbage.
-    for (int i = threadIdx.x; i < p.group * hd; i += kThreads) {
-      p.out[(t * p.n_kv_heads * p.group + int64_t{kvh} * p.group) * hd + i] = 0.0f;
+    s.bad_block = kNoBadBlock;
+    s.ok = seq >= 0 && slot >= 0 && slot / kv.block_size < kv.max_blocks;
+    if (!s.ok && report) {
+      ReportError(p.error, DeviceOp::kAttention,
+                  seq < 0 ? DeviceField::kTokenSeq : DeviceField::kSlot, t, seq < 0 ? seq : slot);
     }
-    return false;
   }
-  const float* q = p.q + (t * p.n_kv_heads * p.group + int64_t{kvh} * p.group) * hd;
-  for (int i = threadIdx.x; i < p.group * hd; i += kThreads) s.q[i] = q[i];
   __syncthreads();
-  return true;
+  if (!s.ok) return false;
+  // The lowest bad entry, as the CPU reports it. Every visible slot's block is among these, so
+  // the chunks below read the table unchecked.
+  const int32_t* table = kv.block_tables + int64_t{s.seq} * kv.max_blocks;
+  const int32_t last_block = static_cast<int32_t>(s.slot / kv.block_size);
+  for (int32_t b = static_cast<int32_t>(threadIdx.x); b <= last_block; b += kThreads) {
+    const int32_t block = table[b];
+    if (block < 0 || block >= kv.num_blocks) atomicMin(&s.bad_block, b);
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const int64_t window = int64_t{s.slot} - s.mask_start;
+    if (s.bad_block != kNoBadBlock) {
+      s.ok = 0;
+      if (report) {
+        ReportError(p.error, DeviceOp::kAttention, DeviceField::kBlockTable, t, table[s.bad_block]);
+      }
+    } else if (s.tree && (s.mask_start < 0 || window < 0 || window >= 64)) {
+      s.ok = 0;
+      // The value packs slot[t] (high half) with mask_start[t], for the CPU's message.
+      if (report) {
+        ReportError(
+            p.error, DeviceOp::kAttention, DeviceField::kMaskStart, t,
+            static_cast<int64_t>((static_cast<uint64_t>(static_cast<uint32_t>(s.slot)) << 32) |
+                                 static_cast<uint32_t>(s.mask_start)));
+      }
+    } else if (s.tree && ((s.mask >> window) & 1) == 0) {
+      s.ok = 0;
+      if (report) ReportError(p.error, DeviceOp::kAttention, DeviceField::kTreeMask, t, window);
+    }
+  }
+  __syncthreads();
+  return s.ok != 0;
+}
+
+// Zeros for token t's heads of KV head kvh, so nothing downstream reads garbage.
+__device__ void ZeroOutput(const Params& p, int64_t t, int kvh) {
+  float* out = p.out + (t * p.n_kv_heads * p.group + int64_t{kvh} * p.group) * p.head_dim;
+  for (int i = threadIdx.x; i < p.group * p.head_dim; i += kThreads) out[i] = 0.0f;
+}
+
+__device__ void LoadQuery(const Params& p, int64_t t, int kvh, Smem& s) {
+  const float* q = p.q + (t * p.n_kv_heads * p.group + int64_t{kvh} * p.group) * p.head_dim;
+  for (int i = threadIdx.x; i < p.group * p.head_dim; i += kThreads) s.q[i] = q[i];
+  __syncthreads();
 }
 
 // Scores, exponentials and the chunk's (m_c, l_c) in shared memory; false (for every thread)
 // when no slot of chunk c is visible to the token.
-__device__ bool ScoreChunk(const Params& p, int64_t t, int kvh, int64_t c, Smem& s) {
+__device__ bool ScoreChunk(const Params& p, int kvh, int64_t c, Smem& s) {
   const int lane = threadIdx.x % kWarp;
   const int warp = threadIdx.x / kWarp;
   const int G = p.group;
@@ -103,14 +141,10 @@ __device__ bool ScoreChunk(const Params& p, int64_t t, int kvh, int64_t c, Smem&
       visible = j < 64 && ((s.mask >> j) & 1u) != 0;
     }
     int64_t offset = -1;
-    if (visible) {
+    if (visible) {  // CheckToken checked the entry
       const int32_t block = kv.block_tables[int64_t{s.seq} * kv.max_blocks + slot / kv.block_size];
-      if (block < 0 || block >= kv.num_blocks) {
-        ReportError(p.error, DeviceOp::kAttention, DeviceField::kBlockTable, t, block);
-      } else {
-        offset =
-            (int64_t{block} * kv.block_size + slot % kv.block_size) * kv.kv_dim + int64_t{kvh} * hd;
-      }
+      offset =
+          (int64_t{block} * kv.block_size + slot % kv.block_size) * kv.kv_dim + int64_t{kvh} * hd;
     }
     s.offset[threadIdx.x] = offset;
   }
@@ -220,13 +254,12 @@ __device__ void MergePart(const Params& p, State& st, const float* m_part, const
 
 // The state of chunk group `grp` (kGroupChunks chunks merged in order from an empty state) in
 // s.group; false when none of its chunks has a visible slot.
-__device__ bool GroupState(const Params& p, int64_t t, int kvh, int64_t grp, int64_t chunks,
-                           Smem& s) {
+__device__ bool GroupState(const Params& p, int kvh, int64_t grp, int64_t chunks, Smem& s) {
   InitState(p, s.group);
   bool any = false;
   const int64_t end = min(chunks, (grp + 1) * kGroupChunks);
   for (int64_t c = grp * kGroupChunks; c < end; ++c) {
-    if (!ScoreChunk(p, t, kvh, c, s)) continue;
+    if (!ScoreChunk(p, kvh, c, s)) continue;
     any = true;
     MergePart(p, s.group, s.mc, s.lc,
               [&](int i) { return ChunkValue(p, s, i / p.head_dim, i % p.head_dim); });
@@ -247,12 +280,16 @@ __global__ void __launch_bounds__(kThreads) AttentionKernel(Params p) {
   __shared__ Smem s;
   const int64_t t = blockIdx.x / p.n_kv_heads;
   const int kvh = static_cast<int>(blockIdx.x % p.n_kv_heads);
-  if (!LoadToken(p, t, kvh, s)) return;
+  if (!CheckToken(p, t, /*report=*/true, s)) {
+    ZeroOutput(p, t, kvh);
+    return;
+  }
+  LoadQuery(p, t, kvh, s);
   InitState(p, s.total);
   const int64_t chunks = s.slot / kChunk + 1;
   const int64_t groups = DivUp(chunks, kGroupChunks);
   for (int64_t grp = 0; grp < groups; ++grp) {
-    if (!GroupState(p, t, kvh, grp, chunks, s)) continue;
+    if (!GroupState(p, kvh, grp, chunks, s)) continue;
     MergePart(p, s.total, s.group.m, s.group.l, [&](int i) { return s.group.acc[i]; });
   }
   WriteOutput(p, t, kvh, s);
@@ -273,26 +310,13 @@ __global__ void __launch_bounds__(kThreads) AttentionSplitKernel(Params p) {
   }
   __syncthreads();
   if (!s.last) return;
-  if (grp == 0) {
-    if (!LoadToken(p, t, kvh, s)) return;
-  } else {
-    // Only group 0 reports a bad token (and zeros its output); the others just leave.
-    if (threadIdx.x == 0) {
-      const int32_t seq = p.token_seq[t];
-      const int32_t slot = p.slot[t];
-      s.ok = seq >= 0 && slot / p.cache.block_size < p.cache.max_blocks;
-      s.seq = seq;
-      s.slot = slot;
-      s.tree = p.tree_mask != nullptr;
-      s.mask = s.tree ? p.tree_mask[t] : 0;
-      s.mask_start = s.tree ? p.mask_start[t] : 0;
-    }
-    __syncthreads();
-    if (!s.ok) return;
-    const float* q = p.q + (t * p.n_kv_heads * p.group + int64_t{kvh} * p.group) * p.head_dim;
-    for (int i = threadIdx.x; i < p.group * p.head_dim; i += kThreads) s.q[i] = q[i];
-    __syncthreads();
+  // Every group block checks the token; only group 0 reports a bad one and zeros its output, the
+  // others just leave (none of them counts in, so no block merges).
+  if (!CheckToken(p, t, /*report=*/grp == 0, s)) {
+    if (grp == 0) ZeroOutput(p, t, kvh);
+    return;
   }
+  LoadQuery(p, t, kvh, s);
   const int G = p.group;
   const int hd = p.head_dim;
   const int64_t stride = 2 * G + int64_t{G} * hd;
@@ -300,7 +324,7 @@ __global__ void __launch_bounds__(kThreads) AttentionSplitKernel(Params p) {
   const int64_t chunks = s.slot / kChunk + 1;
   const int64_t groups = DivUp(chunks, kGroupChunks);
   float* mine = p.partials + (pair * p.n_groups_cap + grp) * stride;
-  if (GroupState(p, t, kvh, grp, chunks, s)) {
+  if (GroupState(p, kvh, grp, chunks, s)) {
     if (threadIdx.x < G) {
       mine[threadIdx.x] = s.group.m[threadIdx.x];
       mine[G + threadIdx.x] = s.group.l[threadIdx.x];
@@ -352,7 +376,7 @@ absl::Status LaunchAttention(const AttentionArgs& a, const CudaContext& ctx, cud
   SPECD_RETURN_IF_ERROR(ValidateAttentionArgs(a));
   // This back end's own limits: the kernel's shapes (UNIMPLEMENTED beyond them, even for an empty
   // call) and the grid's dimensions. Sequences, slots, block tables and tree masks are device
-  // memory: the kernel checks them and Synchronize reports them.
+  // memory: the kernel checks them (CheckToken) and Synchronize reports them.
   const int64_t group = a.n_heads / a.n_kv_heads;
   if (group > kAttentionMaxGroup || a.head_dim > kAttentionMaxHeadDim ||
       group * a.head_dim > kAttentionMaxGroupTimesHeadDim) {

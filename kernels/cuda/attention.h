@@ -32,9 +32,10 @@ inline constexpr int64_t kAttentionMaxGroup = 16;    // n_heads / n_kv_heads
 inline constexpr int64_t kAttentionMaxHeadDim = 256;
 inline constexpr int64_t kAttentionMaxGroupTimesHeadDim = 2048;
 
-// A token whose sequence, slot or block table is out of range is reported through ctx.error and
-// its output is zeros. UNIMPLEMENTED beyond the group and head_dim limits. n_tokens == 0 is a
-// no-op.
+// A bad token, by the CPU's checks (sequence or slot out of range, any block-table entry of its
+// prefix outside the cache, or with a tree mask: mask_start outside [slot - 63, slot] or the
+// token's own bit clear), is reported through ctx.error and its output rows are zeros.
+// UNIMPLEMENTED beyond the group and head_dim limits. n_tokens == 0 is a no-op.
 absl::Status LaunchAttention(const AttentionArgs& args, const CudaContext& ctx,
                              cudaStream_t stream);
 

@@ -10,7 +10,7 @@ namespace {
 constexpr std::array<const char*, 12> kOpNames = {
     "?",          "Embedding",     "Rope",        "StoreKv",    "Attention",   "GatherRows",
     "CopyKvRows", "CombineLogits", "ProcessRows", "SampleRows", "GatherProbs", "Logprobs"};
-constexpr std::array<const char*, 19> kFieldNames = {"ids",
+constexpr std::array<const char*, 21> kFieldNames = {"ids",
                                                      "pos",
                                                      "token_seq",
                                                      "slot",
@@ -28,7 +28,9 @@ constexpr std::array<const char*, 19> kFieldNames = {"ids",
                                                      "slots",
                                                      "tokens",
                                                      "query_rows",
-                                                     "query_tokens"};
+                                                     "query_tokens",
+                                                     "mask_start",
+                                                     "tree_mask"};
 
 // A kernel that does nothing, to learn whether this build has code the device can run.
 __global__ void ProbeKernel() {}
@@ -40,8 +42,20 @@ std::string DeviceErrorMessage(const DeviceError& e) {
   const char* field = e.field >= 0 && e.field < static_cast<int32_t>(kFieldNames.size())
                           ? kFieldNames[e.field]
                           : "?";
-  return absl::StrCat(op, ": ", field, " at index ", e.index, " is out of range (value ", e.value,
-                      "); the kernel skipped it");
+  switch (static_cast<DeviceField>(e.field)) {
+    case DeviceField::kMaskStart:
+      return absl::StrCat(op, ": mask_start[", e.index,
+                          "] = ", static_cast<int32_t>(static_cast<uint32_t>(e.value)),
+                          " must be in [slot - 63, slot] (slot[", e.index, "] = ", e.value >> 32,
+                          "); the kernel skipped it");
+    case DeviceField::kTreeMask:
+      return absl::StrCat(op, ": tree_mask[", e.index,
+                          "] must let the token see its own slot (bit ", e.value,
+                          "); the kernel skipped it");
+    default:
+      return absl::StrCat(op, ": ", field, " at index ", e.index, " is out of range (value ",
+                          e.value, "); the kernel skipped it");
+  }
 }
 
 absl::Status CudaStatus(cudaError_t error, const char* what) {

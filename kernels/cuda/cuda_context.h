@@ -48,6 +48,8 @@ enum class DeviceField : int32_t {
   kTokens,
   kQueryRows,
   kQueryTokens,
+  kMaskStart,  // value: slot[index] in the high 32 bits, mask_start[index] in the low 32
+  kTreeMask,   // value: the token's own bit (slot - mask_start), which the mask leaves clear
 };
 
 // The first bad argument kernels met since the last Synchronize. Lives in mapped pinned host
@@ -62,7 +64,9 @@ struct DeviceError {
   int64_t value = 0;
 };
 
-// "StoreKv: slot[3] = 99 is out of range (block table entry, or beyond the cache)".
+// "StoreKv: slot at index 3 is out of range (value 99); the kernel skipped it"; a tree mask's
+// errors in the CPU's words (kernels/cpu/attention.cc), e.g. "Attention: tree_mask[3] must let
+// the token see its own slot (bit 5); the kernel skipped it".
 std::string DeviceErrorMessage(const DeviceError& error);
 
 struct CudaContext {
