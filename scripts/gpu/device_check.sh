@@ -7,30 +7,33 @@
 # Prepare here, then carry:
 #   scripts/gpu/pack.sh       builds the binaries below and packs them with their libraries into
 #                             .gpu-pack (carry it: nothing is built on the device);
-#   scripts/gpu/fetch_deps.sh only to build on the device instead (.gpu-deps; the build stage).
+#   scripts/gpu/fetch_deps.sh only to build on the device instead (.gpu-deps; the build stage; the
+#                             service stages then cannot run, the device having no gRPC).
 #
 # usage: scripts/gpu/device_check.sh [STAGE...]     (default: every stage, in this order)
-#   build        checks the packed binaries run (with no .gpu-pack: an engine-only sm_90 build)
-#   conformance  the conformance suite on CUDA (every op, invariance, guard zones) and the
-#                CUDA-only tests (tile shapes, split attention, ProcessRows vs CPU, errors, graphs)
-#   engine_tests engine-level tests that compare an engine with itself, on CUDA
-#                (SPECD_TEST_BACKEND=cuda): batch invariance, draft trees and KV dtypes, prefix
-#                caching (cached KV and copy on write against recomputing), greedy
-#                speculative == plain for every K, and the chi-square distribution tests
-#   hf_parity    logits and greedy tokens against transformers' LlamaForCausalLM
-#   spec_parity  greedy speculative == plain decoding in process, K = 1..8, alone and batched
-#   matmul       specd's matmul next to cuBLAS on the 3B shapes, and cuBLAS's row invariance
-#   decode       batch-1 decode as a fraction of the copy bandwidth, 1B and 3B shapes (bf16,
-#                untied), with and without CUDA graphs, and T_v(4)/T_t
-#   speedup      speculative speed-up in process, 3B target with an early-exit draft, K = 2, 4, 6
-#   hf_generate  transformers' plain and assisted generate() on speedup's 3B checkpoint (run it
-#                in the same call as speedup: every call starts on a bare machine)
-#   sharing      two processes decoding on the GPU at once against one alone (is MPS needed?)
-# Each stage appends to summary.txt; a failed stage is reported and the next one still runs. A
-# device call runs at most 10 minutes, and everything stops at $BUDGET seconds (default 540) so
-# the logs still come back. Three calls cover it:
-#   build conformance engine_tests hf_parity spec_parity | build matmul decode speedup hf_generate
-#   | build sharing
+#   build          checks the packed binaries run (with no .gpu-pack: an engine-only sm_90 build)
+#   conformance    the conformance suite on CUDA (every op, invariance, guard zones) and the
+#                  CUDA-only tests (tile shapes, split attention, ProcessRows vs CPU, errors, graphs)
+#   hf_parity      logits and greedy tokens against transformers' LlamaForCausalLM
+#   spec_parity    greedy speculative == plain decoding in process, K = 1..8, alone and batched
+#   decode         batch-1 decode as a fraction of the copy bandwidth, 1B and 3B shapes (bf16,
+#                  untied), with and without CUDA graphs, and T_v(4)/T_t
+#   engine_tests   engine-level tests that compare an engine with itself, on CUDA
+#                  (SPECD_TEST_BACKEND=cuda): batch invariance, draft trees and KV dtypes, prefix
+#                  caching (cached KV and copy on write against recomputing), greedy
+#                  speculative == plain for every K, and the chi-square distribution tests
+#   speedup        speculative speed-up in process, 3B target with an early-exit draft, K = 2, 4, 6
+#   serve_speedup  the same over gRPC: `specd serve --backend cuda` and `specd bench --compare`
+#                  (speed-up, efficiency, coordinator overhead per round), packed services only
+#   hf_generate    transformers' plain and assisted generate() on the 3B pair's checkpoint
+#   concurrency    tokens/s against 1..64 streams over gRPC, K = 0, fixed K = 4 and adaptive K
+#   matmul         specd's matmul next to cuBLAS on the 3B shapes, and cuBLAS's row invariance
+#   sharing        two processes decoding on the GPU at once against one alone (is MPS needed?)
+# The order is the issue's order of priority. Each stage appends to summary.txt; a failed stage is
+# reported and the next one still runs. Everything stops at $BUDGET seconds (default 480) so the
+# logs still come back within the call's limit; stages left are named in the summary, to pass to
+# the next call. A session has 15 minutes of device time in all, the machine's start included, so
+# plan on two calls: the default list, then what the first one left.
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 1
 source scripts/gpu/binaries.sh
@@ -38,12 +41,12 @@ ROOT=$PWD
 OUT=${OUT:-$ROOT/gpu-results}
 WORK=${SPECD_GPU_WORK:-/tmp/specd-gpu}
 LOGS=$WORK/logs
-DEADLINE=$((SECONDS + ${BUDGET:-540}))
+DEADLINE=$((SECONDS + ${BUDGET:-480}))
 mkdir -p "$OUT" "$LOGS" "$WORK/bin"
 SUMMARY=$OUT/summary.txt
 STAGES=("$@")
-[[ ${#STAGES[@]} -gt 0 ]] || STAGES=(build conformance engine_tests hf_parity spec_parity matmul
-                                     decode speedup hf_generate sharing)
+[[ ${#STAGES[@]} -gt 0 ]] || STAGES=(build conformance hf_parity spec_parity decode engine_tests
+                                     speedup serve_speedup hf_generate concurrency matmul sharing)
 export PYTHONUNBUFFERED=1
 # The tests' numpy references run on the image's Python, and find the sources here.
 SPECD_PYTHON=$(command -v python3)
@@ -80,7 +83,11 @@ else
   fi
 fi
 CUDA_LIBS=/usr/local/cuda/lib64
-for b in "${GPU_BINARIES[@]}"; do
+WRAPPED=("${GPU_BINARIES[@]}")
+# specd finds the services beside it (tools/ and services/ of one tree) through /proc/self/exe,
+# and its children inherit the wrapper's library path.
+[[ -x $BUILD/${GPU_SERVICE_BINARIES[0]} ]] && WRAPPED+=("${GPU_SERVICE_BINARIES[@]}")
+for b in "${WRAPPED[@]}"; do
   printf '#!/bin/sh\nLD_LIBRARY_PATH=%s${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} exec %s "$@"\n' \
     "${LIBS:+$LIBS:}$CUDA_LIBS" "$BUILD/$b" >"$WORK/bin/${b##*/}"
   chmod +x "$WORK/bin/${b##*/}"
@@ -101,7 +108,7 @@ stage_build() {
   fi
   # Every binary finds its libraries.
   local missing
-  missing=$(for b in "${GPU_BINARIES[@]}"; do
+  missing=$(for b in "${WRAPPED[@]}"; do
               LD_LIBRARY_PATH=${LIBS:+$LIBS:}$CUDA_LIBS ldd "$BUILD/$b" | grep "not found"
             done | sort -u)
   [[ -z $missing ]] || { note "missing libraries: $missing"; return 1; }
@@ -174,13 +181,17 @@ stage_decode() {
   return "$rc"
 }
 
+# SPECD_GPU_BACKEND=cpu and SPECD_GPU_SPEC_SHAPE=tiny try the speed stages' plumbing on a machine
+# without a GPU (what they measure then means nothing).
+BACKEND=${SPECD_GPU_BACKEND:-cuda}
 # The 3B target and its early-exit draft: the residual scale and depth are the knobs of the
 # agreement rate (DESIGN.md, "Synthetic pairs"); the acceptance column shows what they gave.
 SPEC_SCALE=${SPECD_GPU_SPEC_SCALE:-0.06}
 SPEC_LAYERS=${SPECD_GPU_SPEC_LAYERS:-4}
-SPEC_MODEL=$WORK/models/llama-3.2-3b-untied-bf16-s$(printf '%f' "$SPEC_SCALE")
+SPEC_SHAPE=${SPECD_GPU_SPEC_SHAPE:-llama-3.2-3b}
+SPEC_MODEL=$WORK/models/$SPEC_SHAPE-untied-bf16-s$(printf '%f' "$SPEC_SCALE")
 stage_speedup() {
-  run_timed "$BIN/spec_bench" --speedup --backend cuda --shape llama-3.2-3b --untied \
+  run_timed "$BIN/spec_bench" --speedup --backend "$BACKEND" --shape "$SPEC_SHAPE" --untied \
       --dtype bf16 --residual-scale "$SPEC_SCALE" --draft-layers "$SPEC_LAYERS" --ks 2,4,6 \
       --new-tokens 256 --model-dir "$WORK/models" >"$LOGS/speedup.log" 2>&1
   local rc=$?
@@ -188,9 +199,97 @@ stage_speedup() {
   return "$rc"
 }
 
+# ensure_spec_model: the 3B pair's target, as the speedup stage writes it (spec_bench names it;
+# `specd synth` writes the same checkpoint: untied, seed 1), for stages run in another call.
+ensure_spec_model() {
+  [[ -f $SPEC_MODEL/config.json ]] && return 0
+  [[ -x $BIN/specd ]] || { note "no $SPEC_MODEL and no packed specd to write it"; return 1; }
+  run_timed "$BIN/specd" synth --shape "$SPEC_SHAPE" --dtype bf16 --residual-scale "$SPEC_SCALE" \
+      --out "$SPEC_MODEL" >"$LOGS/synth_3b.log" 2>&1 ||
+    { note "specd synth failed: $(tail -2 "$LOGS/synth_3b.log")"; return 1; }
+}
+
+# serve_3b LOG ARGS...: `specd serve` of the 3B pair on the GPU, in the background; sets SERVE_PID
+# and SERVE_ADDRESS once it listens.
+serve_3b() {
+  local log=$1
+  shift
+  [[ -x $BIN/specd ]] || { note "no packed service binaries (scripts/gpu/pack.sh packs them)"; return 1; }
+  ensure_spec_model || return 1
+  "$BIN/specd" serve --listen 127.0.0.1:0 --backend "$BACKEND" --target "$SPEC_MODEL" \
+      --draft-exit-layer "$SPEC_LAYERS" --kv-dtype bf16 "$@" >"$log" 2>&1 &
+  SERVE_PID=$!
+  SERVE_ADDRESS=""
+  while ((SECONDS < DEADLINE)) && kill -0 "$SERVE_PID" 2>/dev/null; do
+    SERVE_ADDRESS=$(sed -n 's/^listening on //p' "$log")
+    [[ -n $SERVE_ADDRESS ]] && return 0
+    sleep 0.2
+  done
+  note "specd serve did not start: $(tail -3 "$log")"
+  stop_serve
+  return 1
+}
+
+stop_serve() {
+  [[ -n ${SERVE_PID:-} ]] || return 0
+  kill -INT "$SERVE_PID" 2>/dev/null
+  wait "$SERVE_PID" 2>/dev/null
+  SERVE_PID=""
+}
+
+# bench_summary JSON: one line per arm (speed-up, efficiency, the coordinator's overhead per round).
+bench_summary() {
+  python3 - "$1" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+speedups = {c["label"]: c for c in r.get("compare", [])}
+for a in r["arms"]:
+    c = speedups.get(a["label"], {})
+    def f(x, fmt):
+        return "-" if x is None else fmt % x
+    print(f"streams {r['config']['streams']} K={a['k']} {a['k_policy'][9:].lower()}"
+          f"{f(a.get('mean_k'), ' (mean K %.2f)') if a['k_policy'] == 'K_POLICY_ADAPTIVE' else ''}: "
+          f"{f(a.get('output_tokens_per_s'), '%.1f')} tok/s, "
+          f"alpha {f(a.get('alpha'), '%.3f')}, round {f(a.get('round_ms'), '%.2f')} ms, "
+          f"overhead {f(a.get('overhead_ms'), '%.3f')} ms "
+          f"({f(100 * a['overhead_fraction'] if a.get('overhead_fraction') is not None else None, '%.1f')}%)"
+          + (f", speed-up {f(c.get('measured_speedup'), '%.3f')} of engine-limited "
+             f"{f(c.get('engine_limited_speedup'), '%.3f')} (efficiency {f(c.get('efficiency'), '%.3f')})"
+             if c else ""))
+PY
+}
+
+stage_serve_speedup() {
+  serve_3b "$LOGS/serve_speedup_server.log" || return 1
+  run_timed "$BIN/specd" bench --server "$SERVE_ADDRESS" --compare --k 2,4,6 --streams 1 \
+      --max-tokens 256 --repeats 2 --quiet --json "$LOGS/serve_speedup.json" \
+      >"$LOGS/serve_speedup.log" 2>&1
+  local rc=$?
+  stop_serve
+  ((rc == 0)) || { tail -5 "$LOGS/serve_speedup.log" | tee -a "$SUMMARY"; return "$rc"; }
+  bench_summary "$LOGS/serve_speedup.json" | tee -a "$SUMMARY"
+}
+
+stage_concurrency() {
+  serve_3b "$LOGS/concurrency_server.log" --max-running 64 || return 1
+  local rc=0 streams policy extra
+  for streams in 1 2 4 8 16 32 64; do
+    for policy in fixed adaptive; do
+      extra=()
+      [[ $policy == adaptive ]] && extra=(--adaptive)
+      run_timed "$BIN/specd" bench --server "$SERVE_ADDRESS" --compare --k 4 --streams "$streams" \
+          --requests $((2 * streams)) --max-tokens 128 --repeats 1 --quiet "${extra[@]}" \
+          --json "$LOGS/concurrency_${policy}_$streams.json" \
+          >"$LOGS/concurrency_${policy}_$streams.log" 2>&1 || { rc=1; break 2; }
+      bench_summary "$LOGS/concurrency_${policy}_$streams.json" | tee -a "$SUMMARY"
+    done
+  done
+  stop_serve
+  return "$rc"
+}
+
 stage_hf_generate() {
-  [[ -f $SPEC_MODEL/config.json ]] ||
-    { note "no $SPEC_MODEL: run the speedup stage first, in the same call"; return 1; }
+  ensure_spec_model || return 1
   run_timed python3 tests/reference/hf_generate_bench.py --target "$SPEC_MODEL" \
       --draft-layers "$SPEC_LAYERS" --new-tokens 256 --out "$LOGS/hf_generate.json" \
       >"$LOGS/hf_generate.log" 2>&1
@@ -215,11 +314,16 @@ stage_sharing() {
   return "$rc"
 }
 
-failed=()
 for stage in "${STAGES[@]}"; do
-  if ! declare -F "stage_$stage" >/dev/null; then
-    note "unknown stage $stage"
-    exit 2
+  declare -F "stage_$stage" >/dev/null || { note "unknown stage $stage"; exit 2; }
+done
+failed=()
+for i in "${!STAGES[@]}"; do
+  stage=${STAGES[$i]}
+  if ((DEADLINE - SECONDS < 10)); then
+    note "out of time; stages left for the next call: build ${STAGES[*]:$i}"
+    failed+=("${STAGES[@]:$i}")
+    break
   fi
   t0=$SECONDS
   note "== $stage"

@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
 # Run HERE (nvcc 13 and the Debian packages of scripts/setup.sh installed, no GPU needed) before a
 # device session: builds the engine-only CUDA binaries that scripts/gpu/device_check.sh runs
-# (Release, sm_90) into build-gpu/, and packs them into .gpu-pack/ (git-ignored) with the shared
-# libraries they need that a bare GPU machine lacks (Abseil, PCRE2, OpenSSL, ...). Carry
-# .gpu-pack: device_check.sh then builds nothing on the device. Every device call starts on a bare
-# machine, and a build there costs minutes of each call's ten.
+# (Release, sm_90) into build-gpu/, and the service binaries (specd, the coordinator and both
+# workers) in the full build (build/, which must have the CUDA back end ON, as setup.sh makes it
+# wherever nvcc is found), and packs them into .gpu-pack/ (git-ignored) with the shared libraries
+# they need that a bare GPU machine lacks (gRPC, Protobuf, Abseil, prometheus-cpp, OpenSSL, ...).
+# Carry .gpu-pack: device_check.sh then builds nothing on the device. Every device call starts on
+# a bare machine, and a build there costs minutes of the session's device time.
+#   SPECD_GPU_PACK_BUILD  the engine-only build tree (default build-gpu)
+#   SPECD_BUILD_DIR       the full build tree the services come from (default build)
 #
 # The C library, libstdc++, the CUDA driver and the CUDA toolkit's libraries (cuBLAS, the runtime)
 # are not packed: the GPU machine's own are newer or must match its driver.
@@ -12,6 +16,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 source scripts/gpu/binaries.sh
 BUILD=${SPECD_GPU_PACK_BUILD:-build-gpu}
+FULL_BUILD=${SPECD_BUILD_DIR:-build}
 PACK=.gpu-pack
 
 mkdir -p "$BUILD"
@@ -21,13 +26,21 @@ cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DSPECD_ENGINE_ONLY=ON \
 grep -q "CUDA back end ON" "$BUILD/configure.log" ||
   { echo "pack: no CUDA toolkit with cuBLAS found; nothing to pack" >&2; exit 1; }
 cmake --build "$BUILD" -j"$(nproc)" --target "${GPU_TARGETS[@]}"
+# The services: the full build's own configuration (RelWithDebInfo; stripped below).
+[[ -f $FULL_BUILD/CMakeCache.txt ]] ||
+  { echo "pack: no full build in $FULL_BUILD (run scripts/setup.sh first)" >&2; exit 1; }
+grep -q "^SPECD_CUDA:BOOL=ON" "$FULL_BUILD/CMakeCache.txt" && [[ -d $FULL_BUILD/kernels/cuda ]] ||
+  { echo "pack: $FULL_BUILD has no CUDA back end; its services could not use the GPU" >&2; exit 1; }
+cmake --build "$FULL_BUILD" -j"$(nproc)" --target "${GPU_SERVICE_TARGETS[@]}"
 
 rm -rf "$PACK"
 mkdir -p "$PACK/lib"
 declare -A packed=()
-for b in "${GPU_BINARIES[@]}"; do
+for b in "${GPU_BINARIES[@]}" "${GPU_SERVICE_BINARIES[@]}"; do
+  src=$BUILD/$b
+  [[ -f $src ]] || src=$FULL_BUILD/$b
   mkdir -p "$PACK/build/$(dirname "$b")"
-  strip -o "$PACK/build/$b" "$BUILD/$b"
+  strip -o "$PACK/build/$b" "$src"
   while read -r lib; do
     case "${lib##*/}" in
       libc.so* | libm.so* | libpthread.so* | libdl.so* | librt.so* | ld-linux* | libstdc++.so* | \
@@ -36,7 +49,7 @@ for b in "${GPU_BINARIES[@]}"; do
     [[ -n "${packed[$lib]:-}" ]] && continue
     packed[$lib]=1
     cp -L "$lib" "$PACK/lib/"
-  done < <(ldd "$BUILD/$b" | awk '$2 == "=>" && $3 ~ /^\// {print $3}')
+  done < <(ldd "$src" | awk '$2 == "=>" && $3 ~ /^\// {print $3}')
 done
 # So the device can tell a pack from another commit.
 git rev-parse HEAD >"$PACK/commit"
