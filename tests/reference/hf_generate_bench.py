@@ -11,7 +11,12 @@ import json
 import time
 
 import torch
+import transformers
 from transformers import LlamaForCausalLM
+
+# transformers 4.56 renamed from_pretrained's torch_dtype to dtype (the old name warns, and goes).
+_VERSION = tuple(int(p) for p in transformers.__version__.split(".")[:2])
+DTYPE = {"dtype" if _VERSION >= (4, 56) else "torch_dtype": torch.bfloat16}
 
 
 def timed_generate(model, ids, n, **kw):
@@ -29,9 +34,9 @@ def main():
     ap.add_argument("--new-tokens", type=int, default=256)
     ap.add_argument("--out", default="")
     args = ap.parse_args()
-    target = LlamaForCausalLM.from_pretrained(args.target, torch_dtype=torch.bfloat16).cuda().eval()
-    draft = LlamaForCausalLM.from_pretrained(args.target, torch_dtype=torch.bfloat16,
-                                             num_hidden_layers=args.draft_layers).cuda().eval()
+    target = LlamaForCausalLM.from_pretrained(args.target, **DTYPE).cuda().eval()
+    draft = LlamaForCausalLM.from_pretrained(args.target, num_hidden_layers=args.draft_layers,
+                                             **DTYPE).cuda().eval()
     ids = torch.tensor([[1] + [3 + (7919 * j) % 1000 for j in range(24)]], device="cuda")
     timed_generate(target, ids, 16)  # warm-up
     timed_generate(target, ids, 16, assistant_model=draft)
