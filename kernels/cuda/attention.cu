@@ -17,6 +17,7 @@ constexpr int kMaxPairs = static_cast<int>(kAttentionMaxGroupTimesHeadDim);
 constexpr int kGroupChunks = static_cast<int>(kAttentionGroupChunks);
 constexpr int kKRegs = kMaxD / kWarp;
 constexpr float kNegInf = -__builtin_huge_valf();
+constexpr int kPartialHeader = 1;
 constexpr int32_t kNoBadBlock = 0x7fffffff;
 
 struct Params {
@@ -31,7 +32,9 @@ struct Params {
   int32_t group;  // query heads per KV head
   int32_t head_dim;
   float scale;
-  float* partials;    // split form: [token][kv head][chunk group][2 * group + group * head_dim]
+  // Split form: [token][kv head][chunk group][kPartialHeader + 2 * group + group * head_dim], a
+  // group's visibility flag (1 when any of its slots is visible), then its m, l and acc.
+  float* partials;
   int32_t* counters;  // split form: [token][kv head], zero before the launch
   int64_t n_groups_cap;
   DeviceError* error;
@@ -52,7 +55,7 @@ struct Smem {
   // The token, read once.
   int32_t seq, slot, mask_start, ok;
   uint64_t mask;
-  int32_t tree, last, bad_block;
+  int32_t tree, last, bad_block, visible;
 };
 
 // Reads token t into `s` and checks it as the CPU does (kernels/cpu/attention.cc): its sequence
@@ -319,20 +322,24 @@ __global__ void __launch_bounds__(kThreads) AttentionSplitKernel(Params p) {
   LoadQuery(p, t, kvh, s);
   const int G = p.group;
   const int hd = p.head_dim;
-  const int64_t stride = 2 * G + int64_t{G} * hd;
+  const int64_t stride = kPartialHeader + 2 * G + int64_t{G} * hd;
   const int64_t pair = t * p.n_kv_heads + kvh;
   const int64_t chunks = s.slot / kChunk + 1;
   const int64_t groups = DivUp(chunks, kGroupChunks);
   float* mine = p.partials + (pair * p.n_groups_cap + grp) * stride;
-  if (GroupState(p, kvh, grp, chunks, s)) {
+  // A hidden group (no visible slot) stores only its flag and is skipped by the merge, as in
+  // AttentionKernel; an explicit flag, so that no computed (m, l) can pass for hidden. (Masks
+  // that CheckToken accepts hide no whole group: the 64-slot window ends at the token's slot.)
+  const bool visible = GroupState(p, kvh, grp, chunks, s);
+  if (threadIdx.x == 0) mine[0] = visible ? 1.0f : 0.0f;
+  if (visible) {
     if (threadIdx.x < G) {
-      mine[threadIdx.x] = s.group.m[threadIdx.x];
-      mine[G + threadIdx.x] = s.group.l[threadIdx.x];
+      mine[kPartialHeader + threadIdx.x] = s.group.m[threadIdx.x];
+      mine[kPartialHeader + G + threadIdx.x] = s.group.l[threadIdx.x];
     }
-    for (int i = threadIdx.x; i < G * hd; i += kThreads) mine[2 * G + i] = s.group.acc[i];
-  } else if (threadIdx.x < G) {
-    mine[threadIdx.x] = kNegInf;  // hidden group: skipped by the merge, as in AttentionKernel
-    mine[G + threadIdx.x] = 0.0f;
+    for (int i = threadIdx.x; i < G * hd; i += kThreads) {
+      mine[kPartialHeader + 2 * G + i] = s.group.acc[i];
+    }
   }
   __threadfence();
   __syncthreads();
@@ -344,15 +351,18 @@ __global__ void __launch_bounds__(kThreads) AttentionSplitKernel(Params p) {
   const float* all = p.partials + pair * p.n_groups_cap * stride;
   for (int64_t k = 0; k < groups; ++k) {
     const float* part = all + k * stride;
+    if (threadIdx.x == 0) s.visible = __ldcg(part) != 0.0f;
+    __syncthreads();
+    const bool visible = s.visible != 0;
+    __syncthreads();
+    if (!visible) continue;
     if (threadIdx.x < G) {
-      s.group.m[threadIdx.x] = __ldcg(part + threadIdx.x);
-      s.group.l[threadIdx.x] = __ldcg(part + G + threadIdx.x);
+      s.group.m[threadIdx.x] = __ldcg(part + kPartialHeader + threadIdx.x);
+      s.group.l[threadIdx.x] = __ldcg(part + kPartialHeader + G + threadIdx.x);
     }
     __syncthreads();
-    const bool hidden = s.group.m[0] == kNegInf && s.group.l[0] == 0.0f;
-    __syncthreads();
-    if (hidden) continue;
-    MergePart(p, s.total, s.group.m, s.group.l, [&](int i) { return __ldcg(part + 2 * G + i); });
+    MergePart(p, s.total, s.group.m, s.group.l,
+              [&](int i) { return __ldcg(part + kPartialHeader + 2 * G + i); });
   }
   WriteOutput(p, t, kvh, s);
 }
@@ -363,7 +373,7 @@ int64_t GroupsCap(const PagedKv& c) {
 
 int64_t PartialFloats(const AttentionArgs& a) {
   const int64_t g = a.n_heads / a.n_kv_heads;
-  return a.n_tokens * a.n_kv_heads * GroupsCap(a.cache) * (2 * g + g * a.head_dim);
+  return a.n_tokens * a.n_kv_heads * GroupsCap(a.cache) * (kPartialHeader + 2 * g + g * a.head_dim);
 }
 
 }  // namespace
@@ -389,8 +399,8 @@ absl::Status LaunchAttention(const AttentionArgs& a, const CudaContext& ctx, cud
   if (a.n_tokens == 0) return absl::OkStatus();
   const int64_t blocks = a.n_tokens * a.n_kv_heads;
   const int64_t groups_cap = GroupsCap(a.cache);
-  if (blocks > 0x7fffffff || groups_cap > 65535) {
-    return absl::InvalidArgumentError("Attention: batch or cache too large for one launch");
+  if (blocks > 0x7fffffff) {
+    return absl::InvalidArgumentError("Attention: batch too large for one launch");
   }
   Params p;
   p.q = a.q;
@@ -410,14 +420,19 @@ absl::Status LaunchAttention(const AttentionArgs& a, const CudaContext& ctx, cud
   p.error = ctx.error;
 
   // Split over chunk groups when (token, KV head) pairs alone would leave most SMs idle. Either
-  // form gives the same bits (see attention.h).
+  // form gives the same bits (see attention.h). Only the split form has a group per grid row.
   const bool fits = AttentionSplitWorkspaceBytes(a) <= ctx.workspace_bytes;
+  const bool grid_fits = groups_cap <= 65535;
   bool split = ctx.attention_split > 0 ||
                (ctx.attention_split == 0 && blocks < 2 * int64_t{ctx.sm_count} && groups_cap > 1);
-  if (split && !fits) {
-    if (ctx.attention_split > 0) {
+  if (split && (!fits || !grid_fits)) {
+    if (ctx.attention_split > 0 && !fits) {
       return absl::ResourceExhaustedError(
           "Attention: the split form needs more workspace than the back end has");
+    }
+    if (ctx.attention_split > 0) {
+      return absl::InvalidArgumentError(
+          "Attention: the split form takes at most 65535 chunk groups per sequence");
     }
     split = false;
   }
