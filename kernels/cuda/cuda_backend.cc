@@ -221,21 +221,20 @@ class CudaBackend final : public Backend {
     const cudaError_t e = kind == MemoryKind::kStaging
                               ? cudaHostAlloc(&p, static_cast<size_t>(bytes), cudaHostAllocDefault)
                               : cudaMalloc(&p, static_cast<size_t>(bytes));
-    if (e != cudaSuccess) {
-      (void)cudaGetLastError();  // an allocation failure is not sticky; keep it from the next op
-      return absl::ResourceExhaustedError(
-          absl::StrCat(cudaGetErrorName(e), ": ", cudaGetErrorString(e)));
-    }
-    return p;
+    if (e == cudaSuccess) return p;
+    const absl::Status status =
+        CudaStatus(e, kind == MemoryKind::kStaging ? "cudaHostAlloc" : "cudaMalloc");
+    // Only cudaErrorMemoryAllocation means the memory is not there. The call also returns errors
+    // of earlier asynchronous work, such as a sticky illegal address, which no smaller request
+    // or freed memory would cure: those stay INTERNAL.
+    if (e == cudaErrorMemoryAllocation) return absl::ResourceExhaustedError(status.message());
+    return status;
   }
   void FreeRaw(void* data, int64_t bytes, MemoryKind kind) override {
     (void)bytes;
     (void)Use();
-    if (kind == MemoryKind::kStaging) {
-      cudaFreeHost(data);
-    } else {
-      cudaFree(data);
-    }
+    // Nothing to report a failed free to (an earlier sticky error, say), but clear it all the same.
+    (void)CudaStatus(kind == MemoryKind::kStaging ? cudaFreeHost(data) : cudaFree(data), "free");
   }
 
  private:
