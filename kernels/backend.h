@@ -277,7 +277,8 @@ std::string_view RowErrorMessage(int32_t code);
 struct RowSampling {
   SamplingParams params;
   RowMode mode = RowMode::kSample;
-  int32_t prob_slot = -1;    //!< where the processed row goes in ProcessRowsArgs::probs
+  int32_t prob_slot = -1;    //!< where the processed row goes in ProcessRowsArgs::probs;
+                             //!< the rows of one call have distinct slots
   int64_t prompt_begin = 0;  //!< the prompt's ids: history[prompt_begin, + prompt_len)
   int64_t prompt_len = 0;
   int64_t output_begin = 0;  //!< the output's ids (this round's earlier drafts included)
@@ -311,7 +312,7 @@ struct ProcessRowsArgs {
   int64_t history_len = 0;
   float* probs = nullptr;      //!< the row pool [prob_capacity, vocab]
   int64_t prob_capacity = 0;   //!< rows in the pool; every prob_slot is below it
-  float* penalized = nullptr;  //!< [n_rows, vocab] or null
+  float* penalized = nullptr;  //!< [n_rows, vocab] or null; apart from logits and probs
   int32_t* argmax = nullptr;   //!< [n_rows]
   int32_t* error = nullptr;    //!< [n_rows]
   int32_t top_n = 0;           //!< [0, kMaxTopTokens]

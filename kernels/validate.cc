@@ -320,8 +320,16 @@ absl::Status ValidateProcessRowsArgs(const ProcessRowsArgs& args) {
   }
   if (args.top_n > 0) SPECD_RETURN_IF_ERROR(CheckNotNull(kOp, "top_ids", args.top_ids));
   // A row's pool slot is written while other rows' logits may still be read.
-  return CheckNoOverlap(kOp, "probs", args.probs, args.prob_capacity * args.vocab * 4, "logits",
-                        args.logits, args.n_rows * args.vocab * 4);
+  const int64_t logits_bytes = args.n_rows * args.vocab * 4;
+  const int64_t probs_bytes = args.prob_capacity * args.vocab * 4;
+  SPECD_RETURN_IF_ERROR(
+      CheckNoOverlap(kOp, "probs", args.probs, probs_bytes, "logits", args.logits, logits_bytes));
+  if (args.penalized == nullptr) return absl::OkStatus();
+  // A GPU row counts its history in its penalised row before it reads its logits.
+  SPECD_RETURN_IF_ERROR(CheckNoOverlap(kOp, "penalized", args.penalized, logits_bytes, "logits",
+                                       args.logits, logits_bytes));
+  return CheckNoOverlap(kOp, "penalized", args.penalized, logits_bytes, "probs", args.probs,
+                        probs_bytes);
 }
 
 absl::Status ValidateSampleRowsArgs(const SampleRowsArgs& args) {

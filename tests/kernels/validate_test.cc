@@ -417,6 +417,17 @@ TEST(ValidateArgsTest, ProcessRows) {
               InvalidArgument("ProcessRows: probs must not overlap logits"));
   a.n_rows = 0;
   EXPECT_TRUE(ValidateProcessRowsArgs(a).ok());
+  // The penalised rows are neither the logits nor in the pool.
+  std::vector<float> penalized(2 * 100);
+  a = good;
+  a.penalized = penalized.data();
+  EXPECT_TRUE(ValidateProcessRowsArgs(a).ok());
+  a.penalized = memory.data() + 100;
+  EXPECT_THAT(ValidateProcessRowsArgs(a),
+              InvalidArgument("ProcessRows: penalized must not overlap logits"));
+  a.penalized = memory.data() + 999;
+  EXPECT_THAT(ValidateProcessRowsArgs(a),
+              InvalidArgument("ProcessRows: penalized must not overlap probs"));
 }
 
 TEST(ValidateArgsTest, SampleRowsAndGatherProbs) {
