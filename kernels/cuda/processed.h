@@ -2,13 +2,15 @@
 // and the rounding steps fixed in kernels/cpu/processed.h, its CPU reference).
 //
 // One 1024-thread block per row, working in place in the row's pool slot. Penalties, the argmax,
-// temperature, top-k (ties to the lower id), the softmax's exponentials (the same polynomial as
-// the CPU, operation for operation) and min-p are element-wise or exact (max, integer counts), so
-// the argmax, one-hot rows, greedy tokens and the kept token sets match the CPU bit for bit. The
-// fp64 sums (softmax total, top-p prefix masses, renormalisation) are taken in a fixed order of
-// this kernel (each thread a strided set in ascending id, then a fixed tree), not the CPU's
-// sequential order, so a sampled row's entries may differ from the CPU's in the last bit; on this
-// back end the same row always gets the same bits whatever the batch.
+// temperature, top-k (ties to the lower id) and the softmax's exponentials (the same polynomial
+// as the CPU, operation for operation) are element-wise or exact (max, integer counts), so the
+// argmax, one-hot rows, greedy tokens and top-k's kept set match the CPU bit for bit. The fp64
+// sums (softmax total, top-p prefix masses, renormalisation) are taken in a fixed order of this
+// kernel (each thread a strided set in ascending id, then a fixed tree), not the CPU's
+// sequential order, so a sampled row's entries may differ from the CPU's in the last bit or two,
+// and top-p and min-p, which compare those probabilities, may keep or drop a token within
+// rounding of their threshold where the CPU does the opposite. On this back end the same row
+// always gets the same bits whatever the batch.
 //
 // Top-k and top-p find their thresholds by binary search over the order-preserving bit patterns
 // of the values (count, or fp64 mass, of the entries at or above a candidate), then keep ties at
