@@ -56,6 +56,16 @@ class CudaGraph final : public RecordedWork {
   cudaGraphExec_t exec_;
 };
 
+// Synchronize, Download or Allocate between BeginRecording and EndRecording (kernels/backend.h
+// forbids them there): refused before any CUDA call, which would invalidate the capture, so the
+// recording goes on and a device error waiting for the next Synchronize stays recorded.
+absl::Status RefusedWhileRecording(const char* call) {
+  return absl::FailedPreconditionError(
+      absl::StrCat(call,
+                   " while recording (between BeginRecording and EndRecording): nothing may "
+                   "allocate, download or synchronize until EndRecording; the recording goes on"));
+}
+
 class CudaBackend final : public Backend {
  public:
   CudaBackend(const CudaBackendOptions& options, std::string name, UniqueStream stream,
@@ -72,6 +82,7 @@ class CudaBackend final : public Backend {
   ~CudaBackend() override {
     // Buffers still alive belong to callers; the workspace is ours and goes first.
     (void)Use();
+    if (recording_) (void)EndRecording();  // a stream must not be destroyed while capturing
     (void)cudaStreamSynchronize(stream_.get());
     workspace_ = Buffer();
   }
@@ -102,6 +113,7 @@ class CudaBackend final : public Backend {
     return Copy("Upload", device_dst, host_src, bytes, cudaMemcpyHostToDevice);
   }
   absl::Status Download(void* host_dst, const void* device_src, int64_t bytes) override {
+    if (recording_) return RefusedWhileRecording("Download");
     return Copy("Download", host_dst, device_src, bytes, cudaMemcpyDeviceToHost);
   }
   absl::Status CopyDeviceToDevice(void* dst, const void* src, int64_t bytes) override {
@@ -109,6 +121,7 @@ class CudaBackend final : public Backend {
   }
 
   absl::Status Synchronize() override {
+    if (recording_) return RefusedWhileRecording("Synchronize");
     SPECD_RETURN_IF_ERROR(Use());
     const cudaError_t e = cudaStreamSynchronize(stream_.get());
     if (e != cudaSuccess) {
@@ -190,15 +203,31 @@ class CudaBackend final : public Backend {
 
   bool SupportsRecording() const override { return true; }
   absl::Status BeginRecording() override {
+    if (recording_) {
+      return absl::FailedPreconditionError("BeginRecording: already recording; EndRecording first");
+    }
     SPECD_RETURN_IF_ERROR(Use());
-    return CudaStatus(cudaStreamBeginCapture(stream_.get(), cudaStreamCaptureModeThreadLocal),
-                      "cudaStreamBeginCapture");
+    SPECD_RETURN_IF_ERROR(
+        CudaStatus(cudaStreamBeginCapture(stream_.get(), cudaStreamCaptureModeThreadLocal),
+                   "cudaStreamBeginCapture"));
+    recording_ = true;
+    return absl::OkStatus();
   }
   absl::StatusOr<std::unique_ptr<RecordedWork>> EndRecording() override {
-    SPECD_RETURN_IF_ERROR(Use());
+    if (!recording_) {
+      return absl::FailedPreconditionError("EndRecording: not recording; BeginRecording first");
+    }
+    recording_ = false;
+    // The capture ends whatever else failed: the stream must return to normal.
+    const absl::Status use = Use();
     cudaGraph_t graph = nullptr;
-    SPECD_RETURN_IF_ERROR(
-        CudaStatus(cudaStreamEndCapture(stream_.get(), &graph), "cudaStreamEndCapture"));
+    const absl::Status ended =
+        CudaStatus(cudaStreamEndCapture(stream_.get(), &graph), "cudaStreamEndCapture");
+    const absl::Status failed = !use.ok() ? use : ended;
+    if (!failed.ok()) {
+      if (graph != nullptr) (void)CudaStatus(cudaGraphDestroy(graph), "cudaGraphDestroy");
+      return failed;
+    }
     cudaGraphExec_t exec = nullptr;
     const cudaError_t e = cudaGraphInstantiate(&exec, graph, 0);
     if (e != cudaSuccess) {
@@ -216,6 +245,7 @@ class CudaBackend final : public Backend {
 
  protected:
   absl::StatusOr<void*> AllocateRaw(int64_t bytes, MemoryKind kind) override {
+    if (recording_) return RefusedWhileRecording("Allocate");
     SPECD_RETURN_IF_ERROR(Use());
     void* p = nullptr;
     const cudaError_t e = kind == MemoryKind::kStaging
@@ -258,6 +288,8 @@ class CudaBackend final : public Backend {
   UniqueHost error_host_;
   cuda::CudaContext ctx_;
   Buffer workspace_;
+  // Between BeginRecording and EndRecording: the stream is capturing a CUDA graph.
+  bool recording_ = false;
 };
 
 }  // namespace
