@@ -141,64 +141,51 @@ class CudaBackend final : public Backend {
   }
 
   absl::Status Matmul(const MatmulArgs& a) override {
-    SPECD_RETURN_IF_ERROR(Use());
-    return cuda::LaunchMatmul(a, ctx_, stream_.get(), options_.matmul_tokens_per_warp);
+    return Enqueue([&] {
+      return cuda::LaunchMatmul(a, ctx_, stream_.get(), options_.matmul_tokens_per_warp);
+    });
   }
   absl::Status RmsNorm(const RmsNormArgs& a) override {
-    SPECD_RETURN_IF_ERROR(Use());
-    return cuda::LaunchRmsNorm(a, ctx_, stream_.get());
+    return Enqueue([&] { return cuda::LaunchRmsNorm(a, ctx_, stream_.get()); });
   }
   absl::Status Rope(const RopeArgs& a) override {
-    SPECD_RETURN_IF_ERROR(Use());
-    return cuda::LaunchRope(a, ctx_, stream_.get());
+    return Enqueue([&] { return cuda::LaunchRope(a, ctx_, stream_.get()); });
   }
   absl::Status StoreKv(const StoreKvArgs& a) override {
-    SPECD_RETURN_IF_ERROR(Use());
-    return cuda::LaunchStoreKv(a, ctx_, stream_.get());
+    return Enqueue([&] { return cuda::LaunchStoreKv(a, ctx_, stream_.get()); });
   }
   absl::Status Attention(const AttentionArgs& a) override {
-    SPECD_RETURN_IF_ERROR(Use());
-    return cuda::LaunchAttention(a, ctx_, stream_.get());
+    return Enqueue([&] { return cuda::LaunchAttention(a, ctx_, stream_.get()); });
   }
   absl::Status SwiGlu(const SwiGluArgs& a) override {
-    SPECD_RETURN_IF_ERROR(Use());
-    return cuda::LaunchSwiGlu(a, ctx_, stream_.get());
+    return Enqueue([&] { return cuda::LaunchSwiGlu(a, ctx_, stream_.get()); });
   }
   absl::Status Embedding(const EmbeddingArgs& a) override {
-    SPECD_RETURN_IF_ERROR(Use());
-    return cuda::LaunchEmbedding(a, ctx_, stream_.get());
+    return Enqueue([&] { return cuda::LaunchEmbedding(a, ctx_, stream_.get()); });
   }
   absl::Status Add(const AddArgs& a) override {
-    SPECD_RETURN_IF_ERROR(Use());
-    return cuda::LaunchAdd(a, ctx_, stream_.get());
+    return Enqueue([&] { return cuda::LaunchAdd(a, ctx_, stream_.get()); });
   }
   absl::Status GatherRows(const GatherRowsArgs& a) override {
-    SPECD_RETURN_IF_ERROR(Use());
-    return cuda::LaunchGatherRows(a, ctx_, stream_.get());
+    return Enqueue([&] { return cuda::LaunchGatherRows(a, ctx_, stream_.get()); });
   }
   absl::Status CopyKvRows(const CopyKvRowsArgs& a) override {
-    SPECD_RETURN_IF_ERROR(Use());
-    return cuda::LaunchCopyKvRows(a, ctx_, stream_.get());
+    return Enqueue([&] { return cuda::LaunchCopyKvRows(a, ctx_, stream_.get()); });
   }
   absl::Status CombineLogits(const CombineLogitsArgs& a) override {
-    SPECD_RETURN_IF_ERROR(Use());
-    return cuda::LaunchCombineLogits(a, ctx_, stream_.get());
+    return Enqueue([&] { return cuda::LaunchCombineLogits(a, ctx_, stream_.get()); });
   }
   absl::Status ProcessRows(const ProcessRowsArgs& a) override {
-    SPECD_RETURN_IF_ERROR(Use());
-    return cuda::LaunchProcessRows(a, ctx_, stream_.get());
+    return Enqueue([&] { return cuda::LaunchProcessRows(a, ctx_, stream_.get()); });
   }
   absl::Status SampleRows(const SampleRowsArgs& a) override {
-    SPECD_RETURN_IF_ERROR(Use());
-    return cuda::LaunchSampleRows(a, ctx_, stream_.get());
+    return Enqueue([&] { return cuda::LaunchSampleRows(a, ctx_, stream_.get()); });
   }
   absl::Status GatherProbs(const GatherProbsArgs& a) override {
-    SPECD_RETURN_IF_ERROR(Use());
-    return cuda::LaunchGatherProbs(a, ctx_, stream_.get());
+    return Enqueue([&] { return cuda::LaunchGatherProbs(a, ctx_, stream_.get()); });
   }
   absl::Status Logprobs(const LogprobsArgs& a) override {
-    SPECD_RETURN_IF_ERROR(Use());
-    return cuda::LaunchLogprobs(a, ctx_, stream_.get());
+    return Enqueue([&] { return cuda::LaunchLogprobs(a, ctx_, stream_.get()); });
   }
 
   bool SupportsRecording() const override { return true; }
@@ -218,12 +205,20 @@ class CudaBackend final : public Backend {
       return absl::FailedPreconditionError("EndRecording: not recording; BeginRecording first");
     }
     recording_ = false;
+    const absl::Status op_failed = std::exchange(recording_error_, absl::OkStatus());
     // The capture ends whatever else failed: the stream must return to normal.
     const absl::Status use = Use();
     cudaGraph_t graph = nullptr;
     const absl::Status ended =
         CudaStatus(cudaStreamEndCapture(stream_.get(), &graph), "cudaStreamEndCapture");
-    const absl::Status failed = !use.ok() ? use : ended;
+    absl::Status failed = !use.ok() ? use : ended;
+    if (!op_failed.ok()) {
+      // The recording misses the failed op's work: replaying it would compute something else.
+      failed = absl::Status(op_failed.code(),
+                            absl::StrCat("EndRecording: the recording is discarded because an op "
+                                         "failed while recording: ",
+                                         op_failed.message()));
+    }
     if (!failed.ok()) {
       if (graph != nullptr) (void)CudaStatus(cudaGraphDestroy(graph), "cudaGraphDestroy");
       return failed;
@@ -237,10 +232,11 @@ class CudaBackend final : public Backend {
     return std::make_unique<CudaGraph>(options_.device, graph, exec);
   }
   absl::Status Replay(const RecordedWork& work) override {
-    SPECD_RETURN_IF_ERROR(Use());
-    const auto* graph = dynamic_cast<const CudaGraph*>(&work);
-    if (graph == nullptr) return absl::InvalidArgumentError("Replay: not a CUDA graph");
-    return CudaStatus(cudaGraphLaunch(graph->exec(), stream_.get()), "cudaGraphLaunch");
+    return Enqueue([&]() -> absl::Status {
+      const auto* graph = dynamic_cast<const CudaGraph*>(&work);
+      if (graph == nullptr) return absl::InvalidArgumentError("Replay: not a CUDA graph");
+      return CudaStatus(cudaGraphLaunch(graph->exec(), stream_.get()), "cudaGraphLaunch");
+    });
   }
 
  protected:
@@ -273,13 +269,26 @@ class CudaBackend final : public Backend {
   // (another back end, a library), and setting the current device again is cheap.
   absl::Status Use() const { return CudaStatus(cudaSetDevice(options_.device), "cudaSetDevice"); }
 
+  // Every op, copy and replay is enqueued through here: with this back end's device current,
+  // and, while recording, keeping the first failure, so that EndRecording discards a recording
+  // that misses work (kernels/backend.h). A refused Synchronize, Download or Allocate (see
+  // RefusedWhileRecording) enqueues nothing and leaves the recording as it was.
+  template <typename Launch>
+  absl::Status Enqueue(const Launch& launch) {
+    absl::Status status = Use();
+    if (status.ok()) status = launch();
+    if (!status.ok() && recording_ && recording_error_.ok()) recording_error_ = status;
+    return status;
+  }
+
   absl::Status Copy(std::string_view op, void* dst, const void* src, int64_t bytes,
                     cudaMemcpyKind kind) {
-    SPECD_RETURN_IF_ERROR(ValidateCopyArgs(ToAbsl(op), dst, src, bytes));
-    if (bytes == 0) return absl::OkStatus();
-    SPECD_RETURN_IF_ERROR(Use());
-    return CudaStatus(cudaMemcpyAsync(dst, src, static_cast<size_t>(bytes), kind, stream_.get()),
-                      "cudaMemcpyAsync");
+    return Enqueue([&]() -> absl::Status {
+      SPECD_RETURN_IF_ERROR(ValidateCopyArgs(ToAbsl(op), dst, src, bytes));
+      if (bytes == 0) return absl::OkStatus();
+      return CudaStatus(cudaMemcpyAsync(dst, src, static_cast<size_t>(bytes), kind, stream_.get()),
+                        "cudaMemcpyAsync");
+    });
   }
 
   const CudaBackendOptions options_;
@@ -290,6 +299,8 @@ class CudaBackend final : public Backend {
   Buffer workspace_;
   // Between BeginRecording and EndRecording: the stream is capturing a CUDA graph.
   bool recording_ = false;
+  // The first op, copy or replay that failed while recording, or OK.
+  absl::Status recording_error_;
 };
 
 }  // namespace
