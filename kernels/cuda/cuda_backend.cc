@@ -36,13 +36,24 @@ struct HostDeleter {
 };
 using UniqueHost = std::unique_ptr<void, HostDeleter>;
 
+// Makes `device` current on the calling thread (a worker calls from one engine thread, tests
+// from others), device 0 too: the thread may have made another device current (another back
+// end, a library). It sets it only when another is current: cheap, and no cudaSetDevice runs
+// inside a recording, where every call finds the device BeginRecording made current.
+absl::Status MakeCurrent(int device) {
+  int current = -1;
+  if (CudaStatus(cudaGetDevice(&current), "cudaGetDevice").ok() && current == device) {
+    return absl::OkStatus();
+  }
+  return CudaStatus(cudaSetDevice(device), "cudaSetDevice");
+}
+
 class CudaGraph final : public RecordedWork {
  public:
   CudaGraph(int device, cudaGraph_t graph, cudaGraphExec_t exec)
       : device_(device), graph_(graph), exec_(exec) {}
   ~CudaGraph() override {
-    // Its device current, as for every back-end call (the thread may have another one current).
-    (void)CudaStatus(cudaSetDevice(device_), "cudaSetDevice");
+    (void)MakeCurrent(device_);
     (void)CudaStatus(cudaGraphExecDestroy(exec_), "cudaGraphExecDestroy");
     (void)CudaStatus(cudaGraphDestroy(graph_), "cudaGraphDestroy");
   }
@@ -264,10 +275,7 @@ class CudaBackend final : public Backend {
   }
 
  private:
-  // Makes this back end's device current on the calling thread (a worker calls from one engine
-  // thread, tests from others). Device 0 too: the thread may have made another device current
-  // (another back end, a library), and setting the current device again is cheap.
-  absl::Status Use() const { return CudaStatus(cudaSetDevice(options_.device), "cudaSetDevice"); }
+  absl::Status Use() const { return MakeCurrent(options_.device); }
 
   // Every op, copy and replay is enqueued through here: with this back end's device current,
   // and, while recording, keeping the first failure, so that EndRecording discards a recording
