@@ -79,7 +79,10 @@ absl::StatusOr<Buffer> Backend::Allocate(int64_t bytes, MemoryKind kind, std::st
   }
   absl::StatusOr<void*> data = AllocateRaw(bytes, kind);
   if (!data.ok()) {
-    return absl::ResourceExhaustedError(
+    // The back end's code stands: out of memory is RESOURCE_EXHAUSTED, a broken device or an
+    // allocation while recording is not.
+    return absl::Status(
+        data.status().code(),
         absl::StrCat("cannot allocate ", bytes, " bytes (", bytes >> 20, " MiB) of ",
                      ToAbsl(MemoryKindName(kind)), " memory for ", ToAbsl(what), " on ",
                      ToAbsl(name()), ": ", data.status().message()));
