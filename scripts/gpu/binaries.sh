@@ -22,5 +22,5 @@ GPU_SERVICE_BINARIES=(tools/specd
                       services/draft_worker/specd-draft-worker)
 GPU_TARGETS=()
 for b in "${GPU_BINARIES[@]}"; do GPU_TARGETS+=("${b##*/}"); done
-GPU_SERVICE_TARGETS=()
-for b in "${GPU_SERVICE_BINARIES[@]}"; do GPU_SERVICE_TARGETS+=("${b##*/}"); done
+# The workers' targets are not named as their files.
+GPU_SERVICE_TARGETS=(specd specd-coordinator specd_target_worker specd_draft_worker)

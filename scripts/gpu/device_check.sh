@@ -66,9 +66,16 @@ run_timed() {
 # The binaries: packed (.gpu-pack, from scripts/gpu/pack.sh) or built here. Each is called
 # through a wrapper in $WORK/bin that finds the packed libraries, which are not put on every
 # process's path: Python and PyTorch keep the machine's own.
-if [[ -z ${SPECD_GPU_BUILD:-} && -d .gpu-pack/build ]]; then
-  BUILD=$ROOT/.gpu-pack/build
-  LIBS=$ROOT/.gpu-pack/lib
+PACKED=""
+if [[ -z ${SPECD_GPU_BUILD:-} && -f .gpu-pack/pack.tar.xz ]]; then
+  PACKED=1
+  rm -rf "$WORK/pack" && mkdir -p "$WORK/pack"
+  # Python's tarfile where the image has no xz program.
+  tar -xJf .gpu-pack/pack.tar.xz -C "$WORK/pack" 2>/dev/null ||
+    python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' \
+        .gpu-pack/pack.tar.xz "$WORK/pack" || { note "cannot unpack .gpu-pack"; exit 1; }
+  BUILD=$WORK/pack/build
+  LIBS=$WORK/pack/lib
   note "packed binaries of $(tr '\n' ' ' <.gpu-pack/commit)"
 else
   BUILD=${SPECD_GPU_BUILD:-$ROOT/build-gpu}
@@ -96,7 +103,7 @@ BIN=$WORK/bin
 
 stage_build() {
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee -a "$SUMMARY"
-  if [[ $BUILD != "$ROOT/.gpu-pack/build" ]]; then
+  if [[ -z $PACKED ]]; then
     local t0=$SECONDS
     run_timed cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DSPECD_ENGINE_ONLY=ON \
           -DSPECD_CUDA_ARCHITECTURES=90-real >"$LOGS/configure.log" 2>&1 || return 1
@@ -112,6 +119,7 @@ stage_build() {
               LD_LIBRARY_PATH=${LIBS:+$LIBS:}$CUDA_LIBS ldd "$BUILD/$b" | grep "not found"
             done | sort -u)
   [[ -z $missing ]] || { note "missing libraries: $missing"; return 1; }
+  [[ -x $BIN/specd ]] || note "no service binaries: serve_speedup and concurrency cannot run"
 }
 
 # Fails when a CUDA test skipped: a missing or broken back end would otherwise pass.

@@ -33,14 +33,17 @@ grep -q "^SPECD_CUDA:BOOL=ON" "$FULL_BUILD/CMakeCache.txt" && [[ -d $FULL_BUILD/
   { echo "pack: $FULL_BUILD has no CUDA back end; its services could not use the GPU" >&2; exit 1; }
 cmake --build "$FULL_BUILD" -j"$(nproc)" --target "${GPU_SERVICE_TARGETS[@]}"
 
-rm -rf "$PACK"
-mkdir -p "$PACK/lib"
+# Assembled in a folder, then carried as one xz archive (about 10 MB for 60 MB of binaries and
+# libraries), which keeps the carry well under its limit.
+STAGE=$(mktemp -d)
+trap 'rm -rf "$STAGE"' EXIT
+mkdir -p "$STAGE/lib"
 declare -A packed=()
 for b in "${GPU_BINARIES[@]}" "${GPU_SERVICE_BINARIES[@]}"; do
   src=$BUILD/$b
   [[ -f $src ]] || src=$FULL_BUILD/$b
-  mkdir -p "$PACK/build/$(dirname "$b")"
-  strip -o "$PACK/build/$b" "$src"
+  mkdir -p "$STAGE/build/$(dirname "$b")"
+  strip -o "$STAGE/build/$b" "$src"
   while read -r lib; do
     case "${lib##*/}" in
       libc.so* | libm.so* | libpthread.so* | libdl.so* | librt.so* | ld-linux* | libstdc++.so* | \
@@ -48,11 +51,14 @@ for b in "${GPU_BINARIES[@]}" "${GPU_SERVICE_BINARIES[@]}"; do
     esac
     [[ -n "${packed[$lib]:-}" ]] && continue
     packed[$lib]=1
-    cp -L "$lib" "$PACK/lib/"
+    cp -L "$lib" "$STAGE/lib/"
   done < <(ldd "$src" | awk '$2 == "=>" && $3 ~ /^\// {print $3}')
 done
+rm -rf "$PACK"
+mkdir -p "$PACK"
+tar -cJf "$PACK/pack.tar.xz" -C "$STAGE" build lib
 # So the device can tell a pack from another commit.
 git rev-parse HEAD >"$PACK/commit"
 git diff --quiet HEAD -- . ':!.gpu-pack' || echo "with uncommitted changes" >>"$PACK/commit"
-echo "pack: $(du -sh "$PACK" | cut -f1) in $PACK ($(ls "$PACK/lib" | wc -l) libraries):" >&2
-ls "$PACK/lib" >&2
+echo "pack: $(du -sh "$STAGE" | cut -f1) ($(ls "$STAGE/lib" | wc -l) libraries) as" \
+     "$(du -h "$PACK/pack.tar.xz" | cut -f1) in $PACK/pack.tar.xz" >&2
