@@ -27,6 +27,7 @@
 #                  (speed-up, efficiency, coordinator overhead per round), packed services only
 #   hf_generate    transformers' plain and assisted generate() on the 3B pair's checkpoint
 #   concurrency    tokens/s against 1..64 streams over gRPC, K = 0, fixed K = 4 and adaptive K
+#   sanitize       compute-sanitizer's memcheck and racecheck over the CUDA-only tests
 #   matmul         specd's matmul next to cuBLAS on the 3B shapes, and cuBLAS's row invariance
 #   sharing        two processes decoding on the GPU at once against one alone (is MPS needed?)
 # The order is the issue's order of priority. Each stage appends to summary.txt; a failed stage is
@@ -46,7 +47,8 @@ mkdir -p "$OUT" "$LOGS" "$WORK/bin"
 SUMMARY=$OUT/summary.txt
 STAGES=("$@")
 [[ ${#STAGES[@]} -gt 0 ]] || STAGES=(build conformance hf_parity spec_parity decode engine_tests
-                                     speedup serve_speedup hf_generate concurrency matmul sharing)
+                                     speedup serve_speedup hf_generate concurrency sanitize matmul
+                                     sharing)
 export PYTHONUNBUFFERED=1
 # The tests' numpy references run on the image's Python, and find the sources here.
 SPECD_PYTHON=$(command -v python3)
@@ -138,6 +140,25 @@ stage_conformance() {
   grep -E "^\[  (PASSED|FAILED|SKIPPED) |^\[  FAILED  \]" "$LOGS/conformance.log" \
       "$LOGS/cuda_test.log" | tee -a "$SUMMARY"
   no_skips "$LOGS/conformance.log" "$LOGS/cuda_test.log" && [[ $a -eq 0 && $b -eq 0 ]]
+}
+
+# compute-sanitizer (in the device image) over the CUDA-only tests: memcheck for out-of-bounds
+# and misaligned accesses, racecheck for shared-memory races in the kernels with block-wide
+# reductions and merges. Called on the binary itself, with the wrapper's library path.
+stage_sanitize() {
+  command -v compute-sanitizer >/dev/null || { note "no compute-sanitizer"; return 1; }
+  local test=$BUILD/tests/kernels/cuda/kernels_cuda_test rc=0 tool filter
+  for tool in memcheck racecheck; do
+    filter='*'
+    [[ $tool == racecheck ]] && filter='*Attention*:*ProcessRows*:*CopyKvRows*'
+    LD_LIBRARY_PATH=${LIBS:+$LIBS:}$CUDA_LIBS run_timed compute-sanitizer --tool "$tool" \
+        --error-exitcode 3 "$test" --gtest_filter="$filter" --gtest_color=no \
+        >"$LOGS/sanitize_$tool.log" 2>&1 || rc=1
+    echo "$tool: $(grep -E '^========= (ERROR SUMMARY|RACECHECK SUMMARY)' "$LOGS/sanitize_$tool.log" |
+                   tr '\n' ' ')$(grep -cE '^\[  FAILED  \]' "$LOGS/sanitize_$tool.log") failed" |
+        tee -a "$SUMMARY"
+  done
+  no_skips "$LOGS"/sanitize_*.log && return "$rc"
 }
 
 stage_engine_tests() {
