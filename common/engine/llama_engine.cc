@@ -25,6 +25,14 @@ constexpr int64_t kScratchTokenStep = 64;
 constexpr int64_t kMaxTreeNodes = 64;  // one 64-bit mask word per node
 constexpr int64_t kMaxCopyRowsPerCall = 4096;
 
+// The most pad tokens a recorded pass gets: the trash sequence's length.
+constexpr int64_t MaxPadTokens() {
+  int64_t most = 0;
+  for (int64_t n = 1; n <= kMaxRecordedTokens; ++n) most = std::max(most, RecordedBucket(n) - n);
+  return most;
+}
+constexpr int64_t kMaxPadTokens = MaxPadTokens();
+
 // Byte offsets of the metadata arrays in the staging buffer (and its device copy).
 struct MetadataLayout {
   int64_t ids, pos, slot, token_seq, block_tables, logit_rows, mask_start, tree_mask, copy_src,
@@ -147,13 +155,21 @@ absl::StatusOr<std::unique_ptr<LlamaEngine>> LlamaEngine::Create(
   // The model (its whole config, layer count after an early exit included) and the KV dtype.
   kv_config.cache_salt = absl::HashOf(ModelConfigToJson(c), kernels::DTypeName(options.kv_dtype));
   SPECD_ASSIGN_OR_RETURN(std::unique_ptr<KvPool> kv, KvPool::Create(kv_config));
+  const bool record = options.record_forwards && backend->SupportsRecording();
+  // Recorded passes are padded, and pad tokens need a sequence of their own: a table row of
+  // trash blocks (a model whose context is shorter than the padding is never padded).
+  const int64_t trash_blocks =
+      record && kv_config.max_blocks_per_seq * options.kv_block_size >= kMaxPadTokens
+          ? CeilDiv(kMaxPadTokens, options.kv_block_size)
+          : 0;
   auto engine = std::unique_ptr<LlamaEngine>(
       new LlamaEngine(c, std::move(backend), std::move(kv), max_seq_len, options.kv_dtype));
-  engine->record_forwards_ = options.record_forwards;
+  engine->trash_blocks_ = trash_blocks;
   kernels::Backend& be = *engine->backend_;
   engine->weights_ = std::move(device_weights);
   engine->output_vocab_ = std::move(output_vocab);
-  const int64_t cache_bytes = c.num_layers * layer_rows * row_bytes;
+  const int64_t cache_bytes =
+      c.num_layers * (num_blocks + trash_blocks) * options.kv_block_size * row_bytes;
   SPECD_ASSIGN_OR_RETURN(engine->k_cache_,
                          be.Allocate(cache_bytes, kernels::MemoryKind::kKvCache, "the K cache"));
   SPECD_ASSIGN_OR_RETURN(engine->v_cache_,
@@ -261,15 +277,14 @@ absl::Status LlamaEngine::Validate(std::span<const SequenceInput> batch) const {
   return absl::OkStatus();
 }
 
-absl::Status LlamaEngine::UploadMetadata(std::span<const SequenceInput> batch, int64_t n_tokens,
-                                         int64_t n_logits, std::span<const KvBlockCopy> copies) {
-  const bool tree = std::any_of(batch.begin(), batch.end(),
-                                [](const SequenceInput& in) { return !in.tree_mask.empty(); });
+absl::Status LlamaEngine::UploadMetadata(std::span<const SequenceInput> batch, const Shape& shape,
+                                         std::span<const KvBlockCopy> copies) {
+  const bool tree = shape.tree;
   const int64_t stride = kv_->max_blocks_per_seq();
   int64_t n_copy_rows = 0;
   for (const KvBlockCopy& c : copies) n_copy_rows += c.rows;
   const MetadataLayout m =
-      LayoutFor(n_tokens, static_cast<int64_t>(batch.size()), stride, n_logits, tree, n_copy_rows);
+      LayoutFor(shape.tokens, shape.seqs, stride, shape.logits, tree, n_copy_rows);
   SPECD_RETURN_IF_ERROR(Ensure(*backend_, staging_, m.bytes, kernels::MemoryKind::kStaging,
                                "forward metadata", &buffers_generation_));
   SPECD_RETURN_IF_ERROR(Ensure(*backend_, meta_device_, m.bytes, kernels::MemoryKind::kScratch,
@@ -317,6 +332,28 @@ absl::Status LlamaEngine::UploadMetadata(std::span<const SequenceInput> batch, i
       tree_mask[t] = in_tree ? in.tree_mask[static_cast<size_t>(node)] : 1;
     }
   }
+  // Padding: pad token j is token 0 at slot and position j of the trash sequence (the table row
+  // after the real ones), seeing slots 0..j as any causal token does; further pad sequences hold
+  // no blocks, and pad logit rows read row 0.
+  const int64_t n_seqs = static_cast<int64_t>(batch.size());
+  for (int64_t b = n_seqs; b < shape.seqs; ++b) {
+    int32_t* row = tables + b * stride;
+    std::fill(row, row + stride, -1);
+    if (b > n_seqs) continue;
+    for (int64_t i = 0; i < trash_blocks_; ++i) {
+      row[i] = static_cast<int32_t>(kv_->total_blocks() + i);
+    }
+  }
+  for (int64_t j = 0; t < shape.tokens; ++t, ++j) {
+    ids[t] = 0;
+    slot[t] = static_cast<int32_t>(j);
+    pos[t] = static_cast<int32_t>(j);
+    token_seq[t] = static_cast<int32_t>(n_seqs);
+    if (!tree) continue;
+    mask_start[t] = slot[t];
+    tree_mask[t] = 1;
+  }
+  std::fill(logit_rows + r, logit_rows + shape.logits, 0);
   SPECD_RETURN_IF_ERROR(backend_->Upload(meta_device_.data(), host, m.bytes));
   staging_in_flight_ = true;
   const char* dev = meta_device_.as<const char>();
@@ -339,7 +376,7 @@ absl::Status LlamaEngine::CopyBlocks(int64_t n_rows) {
   a.v = v_cache_.data();
   a.dtype = kv_dtype_;
   a.n_layers = config_.num_layers;
-  a.layer_stride = kv_->total_blocks() * kv_->block_size();
+  a.layer_stride = device_blocks() * kv_->block_size();
   a.kv_dim = config_.kv_dim();
   // A back end may bound the rows of one call (the CUDA kernel stages them in shared memory);
   // copies never chain, so splitting them changes nothing.
@@ -422,12 +459,19 @@ absl::StatusOr<Logits> LlamaEngine::Forward(std::span<const SequenceInput> batch
 
 absl::StatusOr<Logits> LlamaEngine::Enqueue(std::span<const SequenceInput> batch, int64_t n_tokens,
                                             int64_t n_logits) {
-  kernels::Backend& be = *backend_;
-  SPECD_RETURN_IF_ERROR(UploadMetadata(batch, n_tokens, n_logits, kv_->PendingCopies()));
-  SPECD_RETURN_IF_ERROR(GrowScratch(n_tokens, n_logits));
-  if (record_forwards_ && be.SupportsRecording() && n_tokens <= kMaxRecordedTokens) {
-    SPECD_RETURN_IF_ERROR(
-        EnqueueModelRecorded(static_cast<int64_t>(batch.size()), n_tokens, n_logits));
+  const bool tree = std::any_of(batch.begin(), batch.end(),
+                                [](const SequenceInput& in) { return !in.tree_mask.empty(); });
+  const int64_t n_seqs = static_cast<int64_t>(batch.size());
+  // A pass that may be recorded is padded to its bucket, and the pad rows are computed like the
+  // real ones; every op is row invariant, so the real rows' bits do not change.
+  const bool recorded = trash_blocks_ > 0 && n_tokens <= kMaxRecordedTokens;
+  const Shape shape = recorded ? Shape{RecordedBucket(n_tokens), RecordedBucket(n_seqs + 1),
+                                       RecordedBucket(n_logits), tree}
+                               : Shape{n_tokens, n_seqs, n_logits, tree};
+  SPECD_RETURN_IF_ERROR(UploadMetadata(batch, shape, kv_->PendingCopies()));
+  SPECD_RETURN_IF_ERROR(GrowScratch(shape.tokens, shape.logits));
+  if (recorded) {
+    SPECD_RETURN_IF_ERROR(EnqueueModelRecorded(shape));
   } else {
     SPECD_RETURN_IF_ERROR(EnqueueModel(n_tokens, n_logits));
   }
@@ -438,29 +482,37 @@ absl::StatusOr<Logits> LlamaEngine::Enqueue(std::span<const SequenceInput> batch
   return logits;
 }
 
-absl::Status LlamaEngine::EnqueueModelRecorded(int64_t n_seqs, int64_t n_tokens, int64_t n_logits) {
+absl::Status LlamaEngine::EnqueueModelRecorded(const Shape& shape) {
   kernels::Backend& be = *backend_;
   if (recorded_generation_ != buffers_generation_) {
     // A buffer a recording points into has moved: every recording is stale.
     recorded_.clear();
     recorded_generation_ = buffers_generation_;
   }
-  const ShapeKey key{n_tokens, n_seqs, n_logits, meta_.tree_mask != nullptr};
-  if (const auto it = recorded_.find(key); it != recorded_.end()) return be.Replay(*it->second);
-  // Record a shape the second time it is seen; one-off shapes (prefill chunks) run eagerly.
-  if (++shape_seen_[key] < 2 || recorded_.size() >= kMaxRecordedShapes) {
-    return EnqueueModel(n_tokens, n_logits);
+  if (const auto it = recorded_.find(shape); it != recorded_.end()) {
+    it->second.last_used = ++replay_clock_;
+    return be.Replay(*it->second.work);
   }
-  if (!be.BeginRecording().ok()) return EnqueueModel(n_tokens, n_logits);
-  const absl::Status enqueued = EnqueueModel(n_tokens, n_logits);
+  // Record a shape the second time it is seen; one-off shapes (prefill chunks) run eagerly.
+  if (++shape_seen_[shape] < 2) return EnqueueModel(shape.tokens, shape.logits);
+  if (!be.BeginRecording().ok()) return EnqueueModel(shape.tokens, shape.logits);
+  const absl::Status enqueued = EnqueueModel(shape.tokens, shape.logits);
   absl::StatusOr<std::unique_ptr<kernels::RecordedWork>> work = be.EndRecording();
   if (!enqueued.ok() || !work.ok()) {
     // Nothing ran: run it eagerly, which reports the op's own error if there was one.
-    return EnqueueModel(n_tokens, n_logits);
+    return EnqueueModel(shape.tokens, shape.logits);
   }
-  const kernels::RecordedWork& recorded = **work;
-  recorded_[key] = *std::move(work);
-  return be.Replay(recorded);
+  if (recorded_.size() >= kMaxRecordedShapes) {
+    // The working set moved (another load, another K): the least recently replayed goes.
+    auto oldest = recorded_.begin();
+    for (auto it = recorded_.begin(); it != recorded_.end(); ++it) {
+      if (it->second.last_used < oldest->second.last_used) oldest = it;
+    }
+    recorded_.erase(oldest);
+  }
+  Recording& recording = recorded_[shape];
+  recording = {*std::move(work), ++replay_clock_};
+  return be.Replay(*recording.work);
 }
 
 absl::Status LlamaEngine::EnqueueModel(int64_t n_tokens, int64_t n_logits) {
@@ -492,7 +544,7 @@ absl::Status LlamaEngine::RunLayers(int64_t n) {
   float* gate = s_.gate.as<float>();
   float* up = s_.up.as<float>();
   const int64_t layer_bytes =
-      kv_->total_blocks() * kv_->block_size() * c.kv_dim() * kernels::DTypeSize(kv_dtype_);
+      device_blocks() * kv_->block_size() * c.kv_dim() * kernels::DTypeSize(kv_dtype_);
   const float eps = static_cast<float>(c.rms_norm_eps);
   kernels::Backend& be = *backend_;
 
@@ -504,7 +556,7 @@ absl::Status LlamaEngine::RunLayers(int64_t n) {
     cache.dtype = kv_dtype_;
     cache.block_tables = meta_.block_tables;
     cache.max_blocks = kv_->max_blocks_per_seq();
-    cache.num_blocks = kv_->total_blocks();
+    cache.num_blocks = device_blocks();
     cache.block_size = kv_->block_size();
     cache.kv_dim = c.kv_dim();
     // attn_norm -> q/k/v -> rope -> store -> attention -> attn_out (o_proj) -> residual
@@ -590,7 +642,7 @@ absl::Status LlamaEngine::CompactKv(KvPool::SeqId seq, int64_t tree_start,
     c.v = v_cache_.data();
     c.dtype = kv_dtype_;
     c.n_layers = config_.num_layers;
-    c.layer_stride = kv_->total_blocks() * bs;
+    c.layer_stride = device_blocks() * bs;
     c.kv_dim = config_.kv_dim();
     c.src_rows = compact_device_.as<const int32_t>();
     c.dst_rows = compact_device_.as<const int32_t>() + n;

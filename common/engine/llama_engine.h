@@ -37,9 +37,10 @@ struct EngineOptions {
   // Automatic prefix caching in the KV pool (common/kv/kv_pool.h).
   bool prefix_caching = true;
   // Record forward passes of up to kMaxRecordedTokens tokens (decode and verify shapes) as one
-  // replayable unit per batch shape, on back ends that record (CUDA graphs): a decode step is
-  // then one launch instead of ~16 per layer. A shape is recorded the second time it is seen, so
-  // one-off prefill shapes never pay for recording. No effect on the CPU.
+  // replayable unit per shape bucket (RecordedBucket: the pass is padded up to it), on back ends
+  // that record (CUDA graphs): a decode step is then one launch instead of ~16 per layer. A
+  // bucket is recorded the second time it is seen, so one-off prefill shapes never pay for
+  // recording. No effect on the CPU.
   bool record_forwards = true;
   // The share of the device's memory this engine may use (vLLM's gpu_memory_utilization), on
   // back ends with device memory. When > 0 the KV cache takes what remains of that share after
@@ -69,9 +70,20 @@ absl::StatusOr<int64_t> KvTokensForShare(const ModelMemory& own, double fraction
                                          int64_t total_bytes, int64_t peer_fixed_bytes,
                                          int64_t peer_kv_bytes_per_token);
 
-// Forward passes recorded per batch shape, at most this many tokens, and this many shapes.
+// Forward passes are recorded per shape bucket (RecordedBucket) of at most this many tokens, and
+// at most this many recordings are kept (the least recently replayed goes first).
 inline constexpr int64_t kMaxRecordedTokens = 256;
 inline constexpr size_t kMaxRecordedShapes = 48;
+
+// The bucket a recorded pass's token, sequence or logit-row count is padded up to: exact up to
+// 8, then multiples of 8 up to 64, of 16 up to 128, of 32 beyond. A busy server's passes (decode
+// steps, verifies, draft catch-ups of 1 to K+1 tokens per sequence) then share a few recordings
+// instead of needing one per exact shape; the padding costs little where recording pays (small,
+// launch-bound passes that read every weight once whatever their rows).
+constexpr int64_t RecordedBucket(int64_t n) {
+  const int64_t step = n <= 8 ? 1 : n <= 64 ? 8 : n <= 128 ? 16 : 32;
+  return (n + step - 1) / step * step;
+}
 
 // One sequence's part of a forward call.
 struct SequenceInput {
@@ -173,8 +185,20 @@ class LlamaEngine {
   // Fills the staging buffer with ids, positions, slots, block tables, logit rows, the tree mask
   // and the rows of pending block copies, uploads them in one copy, and enqueues the copies (never
   // recorded: they come before the model, whose recordings stay keyed by its shape alone).
-  absl::Status UploadMetadata(std::span<const SequenceInput> batch, int64_t n_tokens,
-                              int64_t n_logits, std::span<const KvBlockCopy> copies);
+  // A pass's shape: its real counts, or a recorded pass's buckets (RecordedBucket). Rows past
+  // the real ones are padding: pad tokens feed the trash sequence (see trash_blocks_), pad
+  // sequences have empty block tables and pad logit rows repeat row 0.
+  struct Shape {
+    int64_t tokens, seqs, logits;
+    bool tree;
+    bool operator==(const Shape&) const = default;
+    template <typename H>
+    friend H AbslHashValue(H h, const Shape& k) {
+      return H::combine(std::move(h), k.tokens, k.seqs, k.logits, k.tree);
+    }
+  };
+  absl::Status UploadMetadata(std::span<const SequenceInput> batch, const Shape& shape,
+                              std::span<const KvBlockCopy> copies);
   absl::Status CopyBlocks(int64_t n_rows);
   absl::Status GrowScratch(int64_t n_tokens, int64_t n_logits);
   absl::Status RunLayers(int64_t n_tokens);
@@ -182,8 +206,10 @@ class LlamaEngine {
                                  int64_t n_logits);
   // The model from the embedding to the logits, on the current metadata and scratch.
   absl::Status EnqueueModel(int64_t n_tokens, int64_t n_logits);
-  // EnqueueModel through a recording of this shape when there is (or should now be) one.
-  absl::Status EnqueueModelRecorded(int64_t n_seqs, int64_t n_tokens, int64_t n_logits);
+  // EnqueueModel of a padded shape through its recording when there is (or should now be) one.
+  absl::Status EnqueueModelRecorded(const Shape& shape);
+  // KV blocks on the back end: the pool's, then the trash sequence's.
+  int64_t device_blocks() const { return kv_->total_blocks() + trash_blocks_; }
 
   const ModelConfig config_;
   // Declared first so that it is destroyed last: every Buffer below belongs to it.
@@ -216,22 +242,22 @@ class LlamaEngine {
   // Set while staging_ may still be read by an enqueued upload.
   bool staging_in_flight_ = false;
 
-  // Recorded forward passes by (tokens, sequences, logit rows, tree), valid while
-  // buffers_generation_ is what it was when they were recorded (a grown buffer moves).
-  struct ShapeKey {
-    int64_t tokens, seqs, logits;
-    bool tree;
-    bool operator==(const ShapeKey&) const = default;
-    template <typename H>
-    friend H AbslHashValue(H h, const ShapeKey& k) {
-      return H::combine(std::move(h), k.tokens, k.seqs, k.logits, k.tree);
-    }
+  // Recorded forward passes by padded shape, valid while buffers_generation_ is what it was
+  // when they were recorded (a grown buffer moves), each with when it was last replayed.
+  struct Recording {
+    std::unique_ptr<kernels::RecordedWork> work;
+    int64_t last_used = 0;
   };
-  bool record_forwards_ = true;
+  // Blocks after the pool's in the KV cache that pad tokens write and read (slot j of the trash
+  // sequence for pad token j), so padding never touches a real sequence's KV. 0 when passes are
+  // not recorded (EngineOptions::record_forwards off, a back end that does not record, or a
+  // context shorter than the padding), and then nothing is padded.
+  int64_t trash_blocks_ = 0;
   int64_t buffers_generation_ = 0;
   int64_t recorded_generation_ = 0;
-  absl::flat_hash_map<ShapeKey, std::unique_ptr<kernels::RecordedWork>> recorded_;
-  absl::flat_hash_map<ShapeKey, int> shape_seen_;
+  int64_t replay_clock_ = 0;
+  absl::flat_hash_map<Shape, Recording> recorded_;
+  absl::flat_hash_map<Shape, int> shape_seen_;
 
   // Activations, grown as needed and reused.
   struct Scratch {

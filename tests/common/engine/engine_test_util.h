@@ -6,10 +6,13 @@
 #include <filesystem>
 #include <memory>
 #include <string>
+#include <string_view>
 
+#include "base/status_macros.h"
 #include "common/engine/llama_engine.h"
 #include "common/synth/synth.h"
 #include "gtest/gtest.h"
+#include "tests/common/engine/recording_backend.h"
 
 namespace specd::testing {
 
@@ -62,6 +65,13 @@ inline void WriteSynth(const SynthSpec& spec, const std::filesystem::path& dir) 
   ASSERT_TRUE(st.ok()) << st;
 }
 
+// SPECD_TEST_BACKEND=cpu-recording: the CPU inside a RecordingBackend, so that engines record
+// and replay their forward passes as on a GPU (CI runs some engine tests so).
+inline bool TestBackendRecords() {
+  const char* name = std::getenv("SPECD_TEST_BACKEND");
+  return name != nullptr && std::string_view(name) == "cpu-recording";
+}
+
 // The CPU back end with `threads` threads, or the back end SPECD_TEST_BACKEND names ("cuda":
 // scripts/gpu/device_check.sh runs the engine-level tests that compare an engine only with
 // itself, such as invariance, greedy parity and the chi-square tests, on the GPU this way).
@@ -69,7 +79,8 @@ inline kernels::BackendOptions TestBackend(int threads) {
   kernels::BackendOptions backend;
   backend.kind = kernels::BackendKind::kCpu;
   backend.num_threads = threads;
-  if (const char* name = std::getenv("SPECD_TEST_BACKEND"); name != nullptr && *name != '\0') {
+  if (const char* name = std::getenv("SPECD_TEST_BACKEND");
+      name != nullptr && *name != '\0' && !TestBackendRecords()) {
     absl::StatusOr<kernels::BackendKind> kind = kernels::ParseBackendKind(name);
     EXPECT_TRUE(kind.ok()) << kind.status();
     if (kind.ok()) backend.kind = *kind;
@@ -77,12 +88,23 @@ inline kernels::BackendOptions TestBackend(int threads) {
   return backend;
 }
 
-// An engine of the model in `dir` on TestBackend(threads).
+// An engine of the model in `dir` on RecordingBackend over the CPU with `threads` threads.
+inline absl::StatusOr<std::unique_ptr<LlamaEngine>> CreateRecordingEngine(
+    const std::filesystem::path& dir, int threads, const EngineOptions& options,
+    const LoadOptions& load = {}) {
+  SPECD_ASSIGN_OR_RETURN(std::unique_ptr<ModelWeights> weights, LoadModelWeights(dir, load));
+  SPECD_ASSIGN_OR_RETURN(std::unique_ptr<kernels::Backend> cpu, kernels::CreateCpuBackend(threads));
+  return LlamaEngine::Create(std::move(weights), std::make_unique<RecordingBackend>(std::move(cpu)),
+                             options);
+}
+
+// An engine of the model in `dir` on TestBackend(threads), or on a RecordingBackend.
 inline std::unique_ptr<LlamaEngine> MakeTestEngine(const std::filesystem::path& dir, int threads,
                                                    const EngineOptions& options,
                                                    const LoadOptions& load = {}) {
   absl::StatusOr<std::unique_ptr<LlamaEngine>> engine =
-      CreateEngine(dir, TestBackend(threads), options, load);
+      TestBackendRecords() ? CreateRecordingEngine(dir, threads, options, load)
+                           : CreateEngine(dir, TestBackend(threads), options, load);
   EXPECT_TRUE(engine.ok()) << engine.status();
   return engine.ok() ? *std::move(engine) : nullptr;
 }
