@@ -248,7 +248,9 @@ def main():
                 continue
             import torch
             ref_f32 = hf_model(BASE, stored, tied, torch.float32, args.device)
-            inv = ref_f32.model.rotary_emb.inv_freq.float().cpu().numpy()
+            # The RoPE module moved between transformers versions (per layer, then the model's).
+            inv = next(b for n, b in ref_f32.named_buffers()
+                       if n.endswith("inv_freq")).float().cpu().numpy()
             want_inv = llama3_inv_freq(BASE)
             case["inv_freq_max_rel_diff"] = float(np.max(np.abs(inv - want_inv) / want_inv))
             if case["inv_freq_max_rel_diff"] > 1e-6:
