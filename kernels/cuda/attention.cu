@@ -116,14 +116,19 @@ __device__ bool CheckToken(const Params& p, int64_t t, bool report, Smem& s) {
   return s.ok != 0;
 }
 
+// Where token t's query heads of KV head kvh start in q and out: [group, head_dim] floats.
+__device__ int64_t HeadsOffset(const Params& p, int64_t t, int kvh) {
+  return (t * p.n_kv_heads * p.group + int64_t{kvh} * p.group) * p.head_dim;
+}
+
 // Zeros for token t's heads of KV head kvh, so nothing downstream reads garbage.
 __device__ void ZeroOutput(const Params& p, int64_t t, int kvh) {
-  float* out = p.out + (t * p.n_kv_heads * p.group + int64_t{kvh} * p.group) * p.head_dim;
+  float* out = p.out + HeadsOffset(p, t, kvh);
   for (int i = threadIdx.x; i < p.group * p.head_dim; i += kThreads) out[i] = 0.0f;
 }
 
 __device__ void LoadQuery(const Params& p, int64_t t, int kvh, Smem& s) {
-  const float* q = p.q + (t * p.n_kv_heads * p.group + int64_t{kvh} * p.group) * p.head_dim;
+  const float* q = p.q + HeadsOffset(p, t, kvh);
   for (int i = threadIdx.x; i < p.group * p.head_dim; i += kThreads) s.q[i] = q[i];
   __syncthreads();
 }
@@ -272,7 +277,7 @@ __device__ bool GroupState(const Params& p, int kvh, int64_t grp, int64_t chunks
 
 __device__ void WriteOutput(const Params& p, int64_t t, int kvh, const Smem& s) {
   const int hd = p.head_dim;
-  float* out = p.out + (t * p.n_kv_heads * p.group + int64_t{kvh} * p.group) * hd;
+  float* out = p.out + HeadsOffset(p, t, kvh);
   for (int i = threadIdx.x; i < p.group * hd; i += kThreads) {
     out[i] = __fdiv_rn(s.total.acc[i], s.total.l[i / hd]);
   }

@@ -208,6 +208,13 @@ BatchArrays PlaceBatch(Device& device, const Shape& shape, const std::vector<Que
           n};
 }
 
+// A CUDA back end whose attention always splits (1), never splits (-1) or chooses (0).
+std::unique_ptr<Backend> CudaWithAttentionSplit(int split) {
+  CudaBackendOptions options;
+  options.attention_split = split;
+  return MakeCuda(options);
+}
+
 AttentionArgs Args(const BatchArrays& b, const PagedKv& cache, const Shape& shape) {
   AttentionArgs a;
   a.q = b.q;
@@ -294,9 +301,7 @@ TEST_P(CudaAttentionTest, SplitAndSingleBlockFormsGiveTheSameBitsAndMatchTheRefe
   const std::vector<Query>& all = c.queries();
   std::vector<std::vector<float>> results;
   for (const int split : {1, -1}) {
-    CudaBackendOptions options;
-    options.attention_split = split;
-    std::unique_ptr<Backend> backend = MakeCuda(options);
+    std::unique_ptr<Backend> backend = CudaWithAttentionSplit(split);
     ASSERT_NE(backend, nullptr);
     Device device(*backend);
     const PagedKv cache = c.Place(device);
@@ -329,9 +334,7 @@ INSTANTIATE_TEST_SUITE_P(Shapes, CudaAttentionTest,
 TEST_F(CudaTest, RecordedSplitAttentionReplaysNewSlotsToTheEagerBits) {
   const Shape shape{"bf16_g8_d128", DType::kBF16, 2, 8, 128};
   const PagedCase c(shape, rng_);
-  CudaBackendOptions options;
-  options.attention_split = 1;
-  std::unique_ptr<Backend> backend = MakeCuda(options);
+  std::unique_ptr<Backend> backend = CudaWithAttentionSplit(1);
   ASSERT_NE(backend, nullptr);
   ASSERT_TRUE(backend->SupportsRecording());
   Device device(*backend);
@@ -450,9 +453,7 @@ TEST_F(CudaTest, ABadTokenFailsTheNextSynchronizeAndGetsZerosAlone) {
   }
 
   for (const int split : {1, -1}) {
-    CudaBackendOptions options;
-    options.attention_split = split;
-    std::unique_ptr<Backend> backend = MakeCuda(options);
+    std::unique_ptr<Backend> backend = CudaWithAttentionSplit(split);
     ASSERT_NE(backend, nullptr);
     Device device(*backend);
     const PagedKv good_cache = c.Place(device);
