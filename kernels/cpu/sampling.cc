@@ -7,6 +7,7 @@
 #include <span>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "base/inverse_cdf.h"
@@ -208,7 +209,17 @@ absl::Status CpuProcessRows(const ProcessRowsArgs& a, const CpuContext& ctx) {
   SPECD_RETURN_IF_ERROR(ValidateProcessRowsArgs(a));
   if (a.n_rows == 0) return absl::OkStatus();
   // Each row's request is host memory here: checked before any row is processed.
-  for (int64_t r = 0; r < a.n_rows; ++r) SPECD_RETURN_IF_ERROR(CheckRowSampling(a, r));
+  absl::flat_hash_map<int32_t, int64_t> row_of_slot;
+  for (int64_t r = 0; r < a.n_rows; ++r) {
+    SPECD_RETURN_IF_ERROR(CheckRowSampling(a, r));
+    // Rows run in parallel, so two rows writing one pool slot would race.
+    const auto [at, fresh] = row_of_slot.try_emplace(a.rows[r].prob_slot, r);
+    if (!fresh) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("ProcessRows: rows[", r, "].prob_slot = ", a.rows[r].prob_slot, " is rows[",
+                       at->second, "]'s slot too; each row needs its own"));
+    }
+  }
   ctx.pool->ParallelFor(a.n_rows, 1, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) a.error[r] = ProcessOneRow(a, r);
   });

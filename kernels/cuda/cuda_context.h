@@ -48,8 +48,9 @@ enum class DeviceField : int32_t {
   kTokens,
   kQueryRows,
   kQueryTokens,
-  kMaskStart,  // value: slot[index] in the high 32 bits, mask_start[index] in the low 32
-  kTreeMask,   // value: the token's own bit (slot - mask_start), which the mask leaves clear
+  kMaskStart,         // value: slot[index] in the high 32 bits, mask_start[index] in the low 32
+  kTreeMask,          // value: the token's own bit (slot - mask_start), which the mask leaves clear
+  kRepeatedProbSlot,  // value: the slot an earlier row of the call already writes
 };
 
 // The first bad argument kernels met since the last Synchronize. Lives in mapped pinned host

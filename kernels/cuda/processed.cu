@@ -20,6 +20,7 @@ struct Shared {
   double d[kWarp];
   int64_t l[kWarp];
   int32_t bad;
+  int32_t repeated;
 };
 
 // kernels/cpu/processed.cc's ExpNonPositive, one IEEE operation at a time (see processed.h).
@@ -114,7 +115,20 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t V = a.vocab;
   const int tid = threadIdx.x;
   const RowSampling rs = a.rows[r];
-  if (tid == 0) s.bad = RowValid(a, r, rs, error) ? 0 : 1;
+  if (tid == 0) {
+    s.bad = RowValid(a, r, rs, error) ? 0 : 1;
+    s.repeated = 0;
+  }
+  __syncthreads();
+  // Rows run in parallel, so two rows writing one pool slot would race; the later one is refused.
+  for (int64_t j = tid; j < r; j += blockDim.x) {
+    if (a.rows[j].prob_slot == rs.prob_slot) s.repeated = 1;
+  }
+  __syncthreads();
+  if (tid == 0 && s.repeated && !s.bad) {
+    ReportError(error, DeviceOp::kProcessRows, DeviceField::kRepeatedProbSlot, r, rs.prob_slot);
+    s.bad = 1;
+  }
   __syncthreads();
   if (s.bad) {
     if (tid == 0) a.error[r] = kRowBadHistory;

@@ -10,6 +10,7 @@
 #include <limits>
 #include <numeric>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "base/inverse_cdf.h"
@@ -479,6 +480,37 @@ TEST_P(SamplingOpsTest, ProcessRowsRefusesAPoolOverlappingTheLogits) {
   a.probs = memory + n * kVocab;
   EXPECT_TRUE(backend().ProcessRows(a).ok());
   EXPECT_EQ(device().Get(a.error, n), std::vector<int32_t>(2, kRowOk));
+}
+
+// Rows run in parallel, so two rows of one call writing one pool slot would race: every back end
+// refuses the later row (the CPU before it runs, a GPU at the next Synchronize).
+TEST_P(SamplingOpsTest, ProcessRowsRefusesTwoRowsSharingASlot) {
+  const int64_t n = 3, capacity = 4;
+  std::vector<RowSampling> rows(n);
+  for (int32_t r = 0; r < n; ++r) rows[r].params = Params(1.0f);
+  rows[0].prob_slot = 2;
+  rows[1].prob_slot = 0;
+  rows[2].prob_slot = 2;
+  ProcessRowsArgs a;
+  a.logits = device().Put(RandomFloats(n * kVocab, rng_));
+  a.n_rows = n;
+  a.vocab = kVocab;
+  a.rows = device().Put(rows);
+  a.probs = device().Output<float>(capacity * kVocab);
+  a.prob_capacity = capacity;
+  a.argmax = device().Output<int32_t>(n);
+  a.error = device().Output<int32_t>(n);
+  absl::Status status = backend().ProcessRows(a);
+  if (status.ok()) status = backend().Synchronize();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+  EXPECT_NE(status.message().find("ProcessRows: rows[2].prob_slot = 2 is"), std::string::npos)
+      << status;
+  EXPECT_NE(status.message().find("each row needs its own"), std::string::npos) << status;
+  // The same rows with their own slots run, and the back end is fine afterwards.
+  rows[2].prob_slot = 3;
+  a.rows = device().Put(rows);
+  EXPECT_TRUE(backend().ProcessRows(a).ok());
+  EXPECT_EQ(device().Get(a.error, n), std::vector<int32_t>(n, kRowOk));
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, SamplingOpsTest, ::testing::ValuesIn(AllBackends()), CaseName);
