@@ -278,7 +278,8 @@ struct RowSampling {
   SamplingParams params;
   RowMode mode = RowMode::kSample;
   int32_t prob_slot = -1;    //!< where the processed row goes in ProcessRowsArgs::probs;
-                             //!< the rows of one call have distinct slots
+                             //!< the rows of one call have distinct slots (a
+                             //!< repeated one is refused)
   int64_t prompt_begin = 0;  //!< the prompt's ids: history[prompt_begin, + prompt_len)
   int64_t prompt_len = 0;
   int64_t output_begin = 0;  //!< the output's ids (this round's earlier drafts included)
@@ -440,7 +441,8 @@ class Backend {
   virtual absl::Status Logprobs(const LogprobsArgs& args) = 0;
 
   // Recording (see RecordedWork). Between BeginRecording and EndRecording, ops and copies are
-  // recorded instead of enqueued; nothing may allocate, download or synchronize. EndRecording
+  // recorded instead of enqueued; nothing may allocate, download or synchronize (a Buffer may go
+  // out of scope: a back end that cannot free then releases it at EndRecording). EndRecording
   // after a failed op discards the recording and returns the stream to normal. Back ends that
   // execute eagerly (the CPU) do not record: SupportsRecording() is false and the calls are
   // UNIMPLEMENTED.

@@ -5,6 +5,7 @@
 #include <memory>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "base/absl_string.h"
@@ -222,6 +223,7 @@ class CudaBackend final : public Backend {
     cudaGraph_t graph = nullptr;
     const absl::Status ended =
         CudaStatus(cudaStreamEndCapture(stream_.get(), &graph), "cudaStreamEndCapture");
+    for (const HeldFree& f : std::exchange(held_frees_, {})) FreeNow(f.data, f.kind);
     absl::Status failed = !use.ok() ? use : ended;
     if (!op_failed.ok()) {
       // The recording misses the failed op's work: replaying it would compute something else.
@@ -269,12 +271,26 @@ class CudaBackend final : public Backend {
   }
   void FreeRaw(void* data, int64_t bytes, MemoryKind kind) override {
     (void)bytes;
+    // cudaFree synchronizes, which would invalidate the capture: the memory goes at EndRecording.
+    if (recording_) {
+      held_frees_.push_back({data, kind});
+      return;
+    }
+    FreeNow(data, kind);
+  }
+
+ private:
+  struct HeldFree {
+    void* data;
+    MemoryKind kind;
+  };
+
+  void FreeNow(void* data, MemoryKind kind) {
     (void)Use();
     // Nothing to report a failed free to (an earlier sticky error, say), but clear it all the same.
     (void)CudaStatus(kind == MemoryKind::kStaging ? cudaFreeHost(data) : cudaFree(data), "free");
   }
 
- private:
   absl::Status Use() const { return MakeCurrent(options_.device); }
 
   // Every op, copy and replay is enqueued through here: with this back end's device current,
@@ -309,6 +325,8 @@ class CudaBackend final : public Backend {
   bool recording_ = false;
   // The first op, copy or replay that failed while recording, or OK.
   absl::Status recording_error_;
+  // Buffers freed while recording, released by EndRecording.
+  std::vector<HeldFree> held_frees_;
 };
 
 }  // namespace

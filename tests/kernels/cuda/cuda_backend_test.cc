@@ -5,6 +5,8 @@
 //    the next Synchronize is still reported by it;
 //  * an op or copy that fails while recording makes EndRecording discard the recording and
 //    return the failure, and the stream then runs eagerly again;
+//  * a Buffer freed while recording neither breaks the recording nor leaks: its memory is
+//    released at EndRecording;
 //  * BeginRecording twice, or EndRecording without a recording, is FAILED_PRECONDITION;
 //  * a failed CUDA call (a graph launched into a capturing stream) leaves no stale error behind
 //    for the next op's launch check.
@@ -103,6 +105,29 @@ TEST_F(CudaBackendTest, SynchronizeDownloadAndAllocateWhileRecordingAreRefusedAn
   EXPECT_EQ(Y(), YAfter(1));
   ASSERT_TRUE(backend_->Replay(**work).ok());
   EXPECT_EQ(Y(), YAfter(2));
+}
+
+TEST_F(CudaBackendTest, ABufferFreedWhileRecordingIsReleasedAtEndRecording) {
+  constexpr int64_t kBytes = int64_t{64} << 20;
+  const int64_t before = backend_->allocated_bytes(MemoryKind::kScratch);
+  absl::StatusOr<Buffer> held = backend_->Allocate(kBytes, MemoryKind::kScratch, "test");
+  ASSERT_TRUE(held.ok()) << held.status();
+  const absl::StatusOr<DeviceMemory> with_buffer = backend_->QueryDeviceMemory();
+  ASSERT_TRUE(with_buffer.ok()) << with_buffer.status();
+
+  ASSERT_TRUE(backend_->BeginRecording().ok());
+  const absl::Status add = AddXToY();
+  *held = Buffer();
+  absl::StatusOr<std::unique_ptr<RecordedWork>> work = backend_->EndRecording();
+
+  EXPECT_TRUE(add.ok()) << add;
+  ASSERT_TRUE(work.ok()) << work.status();
+  EXPECT_EQ(backend_->allocated_bytes(MemoryKind::kScratch), before);
+  const absl::StatusOr<DeviceMemory> after = backend_->QueryDeviceMemory();
+  ASSERT_TRUE(after.ok()) << after.status();
+  EXPECT_GE(after->free_bytes, with_buffer->free_bytes + kBytes / 2) << "the buffer leaked";
+  ASSERT_TRUE(backend_->Replay(**work).ok());
+  EXPECT_EQ(Y(), YAfter(1));
 }
 
 TEST_F(CudaBackendTest, ARefusedSynchronizeWhileRecordingKeepsAPendingDeviceError) {
