@@ -28,6 +28,7 @@
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "services/common/engine_thread.h"
+#include "services/common/listen_address.h"
 #include "services/common/worker_metrics.h"
 
 namespace specd {
@@ -37,7 +38,7 @@ namespace pb = ::specd::worker::v1;
 
 std::vector<FlagSpec> WorkerFlags() {
   return {
-      {"listen", "gRPC address host:port; port 0 picks a free one", "127.0.0.1:0"},
+      {"listen", "gRPC address host:port (port 0 picks a free one) or unix:PATH", "127.0.0.1:0"},
       {"model", "model directory (Hugging Face format)", "", false, true},
       {"exit-layer", "run only the first L layers (early-exit self-speculation draft); 0 = all",
        "0"},
@@ -82,7 +83,7 @@ std::vector<FlagSpec> WorkerFlags() {
 }
 
 struct WorkerConfig {
-  std::string listen;
+  ListenAddress listen;
   std::filesystem::path model;
   int64_t exit_layer = 0;
   int64_t draft_vocab = 0;
@@ -96,11 +97,7 @@ struct WorkerConfig {
 
 absl::StatusOr<WorkerConfig> ReadConfig(const Flags& flags) {
   WorkerConfig c;
-  c.listen = flags.Get("listen");
-  if (c.listen.rfind(':') == std::string::npos) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--listen must be host:port, got '", c.listen, "'"));
-  }
+  SPECD_ASSIGN_OR_RETURN(c.listen, ParseListenAddress("listen", flags.Get("listen")));
   c.model = flags.Get("model");
   SPECD_ASSIGN_OR_RETURN(c.exit_layer, flags.GetInt("exit-layer", 0, 1 << 20));
   SPECD_ASSIGN_OR_RETURN(c.draft_vocab, flags.GetInt("draft-vocab", 0, int64_t{1} << 31));
@@ -155,8 +152,6 @@ absl::StatusOr<WorkerConfig> ReadConfig(const Flags& flags) {
   SPECD_ASSIGN_OR_RETURN(c.drain_seconds, flags.GetInt("drain-seconds", 0, 3600));
   return c;
 }
-
-std::string HostOf(const std::string& address) { return address.substr(0, address.rfind(':')); }
 
 absl::StatusOr<std::string> ReadFile(const std::filesystem::path& path) {
   std::ifstream in(path, std::ios::binary);
@@ -343,7 +338,7 @@ int WorkerMain(int argc, char** argv, const WorkerMainSpec& spec) {
   WorkerRpcs rpcs(&engine_thread, *std::move(info));
   const std::unique_ptr<grpc::Service> service = spec.make_service(&rpcs);
 
-  const std::string host = HostOf(config->listen);
+  const std::string& host = config->listen.host;
   if (config->metrics_port >= 0) {
     absl::StatusOr<int> port = metrics.Serve(host, static_cast<int>(config->metrics_port));
     if (!port.ok()) return Fail(spec, port.status());
@@ -354,17 +349,17 @@ int WorkerMain(int argc, char** argv, const WorkerMainSpec& spec) {
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort(config->listen, grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort(config->listen.grpc, grpc::InsecureServerCredentials(), &port);
   builder.RegisterService(service.get());
   const std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) {
-    return Fail(
-        spec, absl::UnavailableError(absl::StrCat("--listen: cannot listen on ", config->listen)));
+    return Fail(spec, absl::UnavailableError(
+                          absl::StrCat("--listen: cannot listen on ", config->listen.grpc)));
   }
   server->GetHealthCheckService()->SetServingStatus(spec.service_name, true);
-  std::cout << "listening on " << host << ":" << port << std::endl;
-  std::cerr << spec.program << ": serving " << spec.service_name << " on " << host << ":" << port
-            << std::endl;
+  const std::string bound = config->listen.Bound(port);
+  std::cout << "listening on " << bound << std::endl;
+  std::cerr << spec.program << ": serving " << spec.service_name << " on " << bound << std::endl;
 
   int signal_number = 0;
   sigwait(&stop_signals, &signal_number);

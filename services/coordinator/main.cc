@@ -27,6 +27,7 @@
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
+#include "services/common/listen_address.h"
 #include "services/common/tls.h"
 #include "services/coordinator/auth.h"
 #include "services/coordinator/chat_prompt.h"
@@ -43,7 +44,8 @@ constexpr char kProgram[] = "specd-coordinator";
 
 std::vector<FlagSpec> CoordinatorFlags() {
   return {
-      {"listen", "public gRPC address host:port; port 0 picks a free one", "127.0.0.1:50051"},
+      {"listen", "public gRPC address host:port (port 0 picks a free one) or unix:PATH",
+       "127.0.0.1:50051"},
       {"target", "target worker address host:port", "", false, true},
       {"draft",
        "draft worker address host:port; without one, model drafting is plain decoding (K = 0)", ""},
@@ -322,8 +324,12 @@ int Run(int argc, char** argv) {
     return 2;
   }
 
-  const std::string listen = flags->Get("listen");
-  const std::string host = listen.substr(0, listen.rfind(':'));
+  const absl::StatusOr<ListenAddress> listen = ParseListenAddress("listen", flags->Get("listen"));
+  if (!listen.ok()) {
+    std::cerr << kProgram << ": " << listen.status().message() << "\n";
+    return 2;
+  }
+  const std::string& host = listen->host;
   // Declared before everything it observes, so it outlives them.
   CoordinatorMetrics metrics;
   // Printed before "listening on", as the workers do, so launchers that stop reading at the
@@ -361,7 +367,7 @@ int Run(int argc, char** argv) {
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort(flags->Get("listen"), api->credentials, &port);
+  builder.AddListeningPort(listen->grpc, api->credentials, &port);
   // A bigger request is refused by gRPC with RESOURCE_EXHAUSTED before any handler sees it.
   builder.SetMaxReceiveMessageSize(static_cast<int>(api->max_request_bytes));
   builder.RegisterService(&service);
@@ -369,13 +375,13 @@ int Run(int argc, char** argv) {
   if (server == nullptr || port == 0) {
     // gRPC checks the certificate and key only here, and logs which one it rejected.
     return Fail(absl::UnavailableError(absl::StrCat(
-        "--listen: cannot listen on ", flags->Get("listen"),
+        "--listen: cannot listen on ", listen->grpc,
         api->tls ? ", or --tls-cert and --tls-key are not a certificate chain and its private key"
                  : "")));
   }
   grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService();
   health->SetServingStatus(false);
-  std::cout << "listening on " << host << ":" << port << std::endl;
+  std::cout << "listening on " << listen->Bound(port) << std::endl;
 
   const absl::Duration wait = absl::Seconds(static_cast<double>(wait_seconds));
   const absl::StatusOr<int64_t> call_timeout_s =

@@ -101,6 +101,10 @@ absl::StatusOr<std::unique_ptr<ChildProcess>> ChildProcess::Start(
       const std::string line = buffer.substr(0, eol);
       buffer.erase(0, eol + 1);
       child->startup_lines_.push_back(line);
+      if (absl::StartsWith(line, "listening on unix")) {
+        child->address_ = line.substr(13);
+        return child;
+      }
       int* port = absl::StartsWith(line, "listening on ") ? &child->port_
                   : absl::StartsWith(line, "metrics on ") ? &child->metrics_port_
                   : absl::StartsWith(line, "http on ")    ? &child->http_port_
@@ -109,7 +113,10 @@ absl::StatusOr<std::unique_ptr<ChildProcess>> ChildProcess::Start(
       if (!absl::SimpleAtoi(line.substr(line.rfind(':') + 1), port)) {
         return absl::InternalError(absl::StrCat("cannot parse '", line, "'"));
       }
-      if (child->port_ != 0) return child;
+      if (child->port_ != 0) {
+        child->address_ = absl::StrCat("127.0.0.1:", child->port_);
+        return child;
+      }
     }
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
         deadline - std::chrono::steady_clock::now());

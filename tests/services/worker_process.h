@@ -21,9 +21,9 @@ std::filesystem::path BuiltBinary(const std::string& relative);
 class ChildProcess {
  public:
   // Starts `binary args...` with stdout on a pipe and stderr in a temporary file, and waits until
-  // it prints "listening on HOST:PORT" (after "metrics on HOST:PORT" unless metrics are off, and
-  // "http on HOST:PORT" when it serves the HTTP API).
-  // An error carries the child's stderr.
+  // it prints "listening on HOST:PORT" or "listening on unix:PATH" (after "metrics on HOST:PORT"
+  // unless metrics are off, and "http on HOST:PORT" when it serves the HTTP API). An error carries
+  // the child's stderr.
   static absl::StatusOr<std::unique_ptr<ChildProcess>> Start(const std::filesystem::path& binary,
                                                              const std::vector<std::string>& args);
 
@@ -35,12 +35,13 @@ class ChildProcess {
   ChildProcess(const ChildProcess&) = delete;
   ChildProcess& operator=(const ChildProcess&) = delete;
 
-  int port() const { return port_; }
+  int port() const { return port_; }                  // 0 on a Unix socket
   int metrics_port() const { return metrics_port_; }  // 0 when metrics are off
   int http_port() const { return http_port_; }        // 0 without an HTTP API ("http on ...")
   // What it printed on stdout up to its "listening on" line, one entry a line.
   const std::vector<std::string>& startup_lines() const { return startup_lines_; }
-  std::string address() const { return "127.0.0.1:" + std::to_string(port_); }
+  // What a client dials: 127.0.0.1:PORT, or the Unix socket it printed.
+  const std::string& address() const { return address_; }
   std::shared_ptr<grpc::Channel> Channel() const;
 
   // Sends SIGTERM and waits: the exit code, or 128 + signal if it died of a signal.
@@ -59,6 +60,7 @@ class ChildProcess {
   int port_ = 0;
   int metrics_port_ = 0;
   int http_port_ = 0;
+  std::string address_;
   std::vector<std::string> startup_lines_;
 };
 

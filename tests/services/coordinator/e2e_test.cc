@@ -86,21 +86,26 @@ class Service {
     EXPECT_TRUE(coord.ok()) << coord.status();
     if (!coord.ok()) return nullptr;
     s->coordinator = *std::move(coord);
-    s->stub = v1::Generation::NewStub(s->coordinator->Channel());
-    // The coordinator listens before it has checked its workers; health says when it serves.
-    auto health = grpc::health::v1::Health::NewStub(s->coordinator->Channel());
+    return s->WaitServing() ? std::move(s) : nullptr;
+  }
+
+  // Sets the stub on the coordinator and waits until it serves: it listens before it has
+  // checked its workers, and health says when it serves.
+  bool WaitServing() {
+    stub = v1::Generation::NewStub(coordinator->Channel());
+    auto health = grpc::health::v1::Health::NewStub(coordinator->Channel());
     for (int i = 0; i < 300; ++i) {
       grpc::ClientContext ctx;
       grpc::health::v1::HealthCheckRequest req;
       grpc::health::v1::HealthCheckResponse reply;
       if (health->Check(&ctx, req, &reply).ok() &&
           reply.status() == grpc::health::v1::HealthCheckResponse::SERVING) {
-        return s;
+        return true;
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
-    ADD_FAILURE() << "coordinator never became SERVING: " << s->coordinator->StderrText();
-    return nullptr;
+    ADD_FAILURE() << "coordinator never became SERVING: " << coordinator->StderrText();
+    return false;
   }
 
   Stream Generate(const v1::GenerateRequest& req, int deadline_ms = 60000) {
@@ -902,6 +907,85 @@ TEST(SpecdServeTest, DraftMethodNgramStartsNoDraftWorker) {
   EXPECT_THAT(err, HasSubstr("drafting by ngram"));
   (*serve)->Signal(SIGINT);
   EXPECT_EQ((*serve)->Terminate(), 0);
+}
+
+// All three services on Unix sockets (--listen unix:PATH): each prints the socket it listens on,
+// serves /metrics on loopback TCP, and the coordinator reaches its workers there.
+TEST(UnixSocketE2eTest, ThreeProcessesOnUnixSocketsGenerateExactlyAndServeMetrics) {
+  ScopedTempDir tmp;
+  SynthSpec spec;
+  spec.config = *ShapePreset("tiny");
+  spec.residual_scale = 0.1;
+  ASSERT_TRUE(WriteSyntheticModel(spec, tmp.path() / "m").ok());
+  const std::string target_socket = "unix:" + (tmp.path() / "target.sock").string();
+  const std::string draft_socket = "unix:" + (tmp.path() / "draft.sock").string();
+  const std::string coordinator_socket = "unix:" + (tmp.path() / "coordinator.sock").string();
+  Service s;
+  auto target =
+      ChildProcess::Start(testing::TargetWorkerBinary(),
+                          testing::WorkerArgs(tmp.path() / "m", {"--listen", target_socket}));
+  ASSERT_TRUE(target.ok()) << target.status();
+  s.target = *std::move(target);
+  auto draft = ChildProcess::Start(
+      testing::DraftWorkerBinary(),
+      testing::WorkerArgs(tmp.path() / "m", {"--listen", draft_socket, "--exit-layer", "1"}));
+  ASSERT_TRUE(draft.ok()) << draft.status();
+  s.draft = *std::move(draft);
+  auto coordinator =
+      ChildProcess::Start(testing::BuiltBinary("services/coordinator/specd-coordinator"),
+                          {"--listen", coordinator_socket, "--target", target_socket, "--draft",
+                           draft_socket, "--metrics-port", "0"});
+  ASSERT_TRUE(coordinator.ok()) << coordinator.status();
+  s.coordinator = *std::move(coordinator);
+  for (const ChildProcess* p : {s.target.get(), s.draft.get(), s.coordinator.get()}) {
+    EXPECT_THAT(p->startup_lines(),
+                ::testing::Contains(absl::StrCat("metrics on 127.0.0.1:", p->metrics_port())));
+    EXPECT_GT(p->metrics_port(), 0);
+    EXPECT_THAT(testing::HttpGet(p->metrics_port(), "/metrics").value_or(""), HasSubstr("# TYPE"));
+  }
+  EXPECT_EQ(s.target->address(), target_socket);
+  EXPECT_EQ(s.draft->address(), draft_socket);
+  EXPECT_EQ(s.coordinator->address(), coordinator_socket);
+  EXPECT_EQ(s.coordinator->startup_lines().back(), "listening on " + coordinator_socket);
+  ASSERT_TRUE(s.WaitServing());
+
+  v1::GenerateRequest r = RepeatingRequest(1, 24);
+  r.mutable_speculation()->set_num_speculative_tokens(0);
+  const Stream plain = s.Generate(r);
+  ASSERT_TRUE(plain.status.ok()) << plain.status.error_message();
+  r.mutable_speculation()->set_num_speculative_tokens(4);
+  r.mutable_speculation()->set_k_policy(v1::K_POLICY_FIXED);
+  const Stream speculative = s.Generate(r);
+  ASSERT_TRUE(speculative.status.ok()) << speculative.status.error_message();
+  EXPECT_EQ(speculative.tokens, plain.tokens);
+  EXPECT_EQ(plain.tokens.size(), 24u);
+  EXPECT_GT(speculative.last.usage().draft_tokens(), 0u);
+  s.ExpectNoBlocksUsed();
+}
+
+// A --listen that is neither host:port nor a Unix socket stops each service at start, naming
+// the flag.
+TEST(ListenFlagTest, EveryServiceRefusesAnAddressWithoutAPort) {
+  ScopedTempDir tmp;
+  SynthSpec spec;
+  spec.config = *ShapePreset("tiny");
+  ASSERT_TRUE(WriteSyntheticModel(spec, tmp.path() / "m").ok());
+  const std::vector<std::pair<std::filesystem::path, std::vector<std::string>>> runs = {
+      {testing::TargetWorkerBinary(),
+       testing::WorkerArgs(tmp.path() / "m", {"--listen", "localhost"})},
+      {testing::DraftWorkerBinary(),
+       testing::WorkerArgs(tmp.path() / "m", {"--listen", "localhost"})},
+      {testing::BuiltBinary("services/coordinator/specd-coordinator"),
+       {"--listen", "localhost", "--target", "127.0.0.1:1"}}};
+  for (const auto& [binary, args] : runs) {
+    std::string err;
+    const absl::StatusOr<int> rc = ChildProcess::Run(binary, args, &err);
+    ASSERT_TRUE(rc.ok()) << rc.status();
+    EXPECT_EQ(*rc, 2) << binary;
+    EXPECT_THAT(err, HasSubstr("--listen must be host:port (port 0 picks a free one) or "
+                               "unix:PATH, got 'localhost'"))
+        << binary;
+  }
 }
 
 TEST(CoordinatorStartupTest, RefusesADraftWithAnotherVocabulary) {
