@@ -20,6 +20,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "base/flags.h"
+#include "base/log_line.h"
 #include "base/status_macros.h"
 #include "common/engine/llama_engine.h"
 #include "common/model/config.h"
@@ -206,18 +207,21 @@ absl::StatusOr<pb::InfoResponse> StaticInfo(const WorkerMainSpec& spec, const Wo
     }
     info.set_tokenizer_fingerprint((*tokenizer)->Fingerprint());
   } else {
-    std::cerr << spec.program << ": warning: " << dir.string()
-              << " has no tokenizer.json; Info will carry no tokenizer" << std::endl;
+    LogLine(spec.program) << "warning: " << dir.string()
+                          << " has no tokenizer.json; Info will carry no tokenizer";
   }
   return info;
 }
 
 absl::StatusOr<std::unique_ptr<LlamaEngine>> LoadEngine(const WorkerMainSpec& spec,
                                                         const WorkerConfig& config) {
-  std::cerr << spec.program << ": loading " << config.model.string();
-  if (config.exit_layer > 0) std::cerr << " (first " << config.exit_layer << " layers)";
-  std::cerr << " on the " << kernels::BackendKindName(config.backend.kind) << " back end, "
-            << kernels::KvDTypeFlagName(config.engine.kv_dtype) << " KV" << std::endl;
+  LogLine(spec.program) << "loading " << config.model.string()
+                        << (config.exit_layer > 0
+                                ? absl::StrCat(" (first ", config.exit_layer, " layers)")
+                                : std::string())
+                        << " on the " << kernels::BackendKindName(config.backend.kind)
+                        << " back end, " << kernels::KvDTypeFlagName(config.engine.kv_dtype)
+                        << " KV";
   const auto start = std::chrono::steady_clock::now();
   LoadOptions load;
   load.exit_layer = config.exit_layer;
@@ -231,11 +235,10 @@ absl::StatusOr<std::unique_ptr<LlamaEngine>> LoadEngine(const WorkerMainSpec& sp
     SPECD_ASSIGN_OR_RETURN(load.output_vocab,
                            SelectOutputVocab(config.model, model_config->vocab_size,
                                              config.draft_vocab, config.draft_vocab_file));
-    std::cerr << spec.program << ": the classifier keeps " << config.draft_vocab << " of "
-              << model_config->vocab_size << " tokens, ranked by "
-              << (config.draft_vocab_file.empty() ? std::string("the tokenizer")
-                                                  : config.draft_vocab_file.string())
-              << std::endl;
+    LogLine(spec.program) << "the classifier keeps " << config.draft_vocab << " of "
+                          << model_config->vocab_size << " tokens, ranked by "
+                          << (config.draft_vocab_file.empty() ? std::string("the tokenizer")
+                                                              : config.draft_vocab_file.string());
   }
   // A load that takes seconds (a large checkpoint, a slow disk) shows progress at most once a
   // second; a fast one says only that it loaded.
@@ -248,22 +251,22 @@ absl::StatusOr<std::unique_ptr<LlamaEngine>> LoadEngine(const WorkerMainSpec& sp
     const auto now = std::chrono::steady_clock::now();
     if (now - last_line < std::chrono::seconds(1)) return;
     last_line = now;
-    std::cerr << spec.program << ": loading weights " << 10 * decile << "% (" << done << "/"
-              << total << " tensors)" << std::endl;
+    LogLine(spec.program) << "loading weights " << 10 * decile << "% (" << done << "/" << total
+                          << " tensors)";
   };
   SPECD_ASSIGN_OR_RETURN(std::unique_ptr<LlamaEngine> engine,
                          CreateEngine(config.model, config.backend, config.engine, load));
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   const ModelConfig& c = engine->config();
-  std::cerr << spec.program << ": loaded " << c.num_layers << " layers, hidden " << c.hidden_size
-            << ", vocab " << c.vocab_size << " in " << seconds << " s; KV "
-            << engine->kv().total_blocks() << " blocks of " << engine->kv().block_size()
-            << " tokens in " << kernels::KvDTypeFlagName(engine->kv_dtype()) << " ("
-            << engine->kv_bytes_per_token() << " bytes/token), prefix caching "
-            << (engine->kv().prefix_caching() ? "on" : "off") << "; max_seq_len "
-            << engine->max_seq_len() << "; " << engine->backend().name() << " back end, "
-            << engine->backend().num_threads() << " threads" << std::endl;
+  LogLine(spec.program) << "loaded " << c.num_layers << " layers, hidden " << c.hidden_size
+                        << ", vocab " << c.vocab_size << " in " << seconds << " s; KV "
+                        << engine->kv().total_blocks() << " blocks of " << engine->kv().block_size()
+                        << " tokens in " << kernels::KvDTypeFlagName(engine->kv_dtype()) << " ("
+                        << engine->kv_bytes_per_token() << " bytes/token), prefix caching "
+                        << (engine->kv().prefix_caching() ? "on" : "off") << "; max_seq_len "
+                        << engine->max_seq_len() << "; " << engine->backend().name()
+                        << " back end, " << engine->backend().num_threads() << " threads";
   return engine;
 }
 
@@ -293,7 +296,7 @@ DrainWait WaitForSequencesReleased(EngineThread& engine, const sigset_t& stop_si
 }
 
 int Fail(const WorkerMainSpec& spec, const absl::Status& status) {
-  std::cerr << spec.program << ": " << status.message() << std::endl;
+  LogLine(spec.program) << status.message();
   return 1;
 }
 
@@ -359,21 +362,20 @@ int WorkerMain(int argc, char** argv, const WorkerMainSpec& spec) {
   server->GetHealthCheckService()->SetServingStatus(spec.service_name, true);
   const std::string bound = config->listen.Bound(port);
   std::cout << "listening on " << bound << std::endl;
-  std::cerr << spec.program << ": serving " << spec.service_name << " on " << bound << std::endl;
+  LogLine(spec.program) << "serving " << spec.service_name << " on " << bound;
 
   int signal_number = 0;
   sigwait(&stop_signals, &signal_number);
-  std::cerr << spec.program << ": " << (signal_number == SIGTERM ? "SIGTERM" : "SIGINT")
-            << ": draining (up to " << config->drain_seconds << " s)" << std::endl;
+  LogLine(spec.program) << (signal_number == SIGTERM ? "SIGTERM" : "SIGINT") << ": draining (up to "
+                        << config->drain_seconds << " s)";
   server->GetHealthCheckService()->SetServingStatus(false);
   const auto deadline =
       std::chrono::steady_clock::now() + std::chrono::seconds(config->drain_seconds);
   const DrainWait wait = WaitForSequencesReleased(engine_thread, stop_signals, deadline);
-  std::cerr << spec.program << ": "
-            << (wait == DrainWait::kReleased   ? "no sequences held"
-                : wait == DrainWait::kDeadline ? "drain period over"
-                                               : "second signal")
-            << "; stopping" << std::endl;
+  LogLine(spec.program) << (wait == DrainWait::kReleased   ? "no sequences held"
+                            : wait == DrainWait::kDeadline ? "drain period over"
+                                                           : "second signal")
+                        << "; stopping";
   // New calls are refused from here; in-flight ones finish (their jobs still run on the engine
   // thread) or are cancelled at the deadline, at once after a second signal. Shutdown returns
   // once every reactor is done.
@@ -385,7 +387,7 @@ int WorkerMain(int argc, char** argv, const WorkerMainSpec& spec) {
                    std::chrono::duration_cast<std::chrono::system_clock::duration>(left));
   server->Wait();
   engine_thread.Stop();
-  std::cerr << spec.program << ": stopped" << std::endl;
+  LogLine(spec.program) << "stopped";
   return 0;
 }
 

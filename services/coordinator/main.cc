@@ -22,6 +22,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "base/flags.h"
+#include "base/log_line.h"
 #include "base/status_macros.h"
 #include "common/tokenizer/tokenizer.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
@@ -113,7 +114,7 @@ std::vector<FlagSpec> CoordinatorFlags() {
 }
 
 int Fail(const absl::Status& st) {
-  std::cerr << kProgram << ": " << st.message() << std::endl;
+  LogLine(kProgram) << st.message();
   return 1;
 }
 
@@ -187,8 +188,8 @@ void Drain(GenerationService& service, grpc::Server& server, http::OpenAiApi* ht
         absl::StrCat(why, " before this request finished; retry it on another replica");
     int64_t ended = service.EndOpenStreams(grpc::Status(grpc::StatusCode::UNAVAILABLE, message));
     if (http_api != nullptr) ended += http_api->EndOpenRequests(absl::UnavailableError(message));
-    std::cerr << kProgram << ": " << (interrupted ? "second signal" : "drain period over")
-              << "; ended " << ended << " unfinished request(s)" << std::endl;
+    LogLine(kProgram) << (interrupted ? "second signal" : "drain period over") << "; ended "
+                      << ended << " unfinished request(s)";
   }
   // The streams just ended get a moment to deliver their last messages.
   server.Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
@@ -246,7 +247,7 @@ int Run(int argc, char** argv) {
   for (int i = 0; i < 8; ++i) {
     absl::StatusOr<int64_t> v = flags->GetInt(int_flags[i], 0, maxes[i]);
     if (!v.ok()) {
-      std::cerr << kProgram << ": " << v.status().message() << "\n";
+      LogLine(kProgram) << v.status().message();
       return 2;
     }
     n[i] = *v;
@@ -258,19 +259,17 @@ int Run(int argc, char** argv) {
   const absl::StatusOr<int64_t> prefill_chunk = flags->GetInt("prefill-chunk", 0, 1 << 24);
   for (const absl::Status& st : {metrics_port.status(), prefill_chunk.status()}) {
     if (!st.ok()) {
-      std::cerr << kProgram << ": " << st.message() << "\n";
+      LogLine(kProgram) << st.message();
       return 2;
     }
   }
   if (default_k > max_k) {
-    std::cerr << kProgram << ": --default-k (" << default_k << ") exceeds --max-k (" << max_k
-              << ")\n";
+    LogLine(kProgram) << "--default-k (" << default_k << ") exceeds --max-k (" << max_k << ")";
     return 2;
   }
   const std::string draft_method = flags->Get("draft-method");
   if (draft_method != "model" && draft_method != "ngram") {
-    std::cerr << kProgram << ": --draft-method must be model or ngram, got '" << draft_method
-              << "'\n";
+    LogLine(kProgram) << "--draft-method must be model or ngram, got '" << draft_method << "'";
     return 2;
   }
   NgramOptions ngram;
@@ -293,13 +292,13 @@ int Run(int argc, char** argv) {
     }
     if (st.ok()) st = ValidateEgagOptions(egag);
     if (!st.ok()) {
-      std::cerr << kProgram << ": " << st.message() << "\n";
+      LogLine(kProgram) << st.message();
       return 2;
     }
   }
   absl::StatusOr<PublicApiConfig> api = ReadPublicApiConfig(*flags);
   if (!api.ok()) {
-    std::cerr << kProgram << ": " << api.status().message() << "\n";
+    LogLine(kProgram) << api.status().message();
     return 2;
   }
   // Read now, so that a wrong path fails before anything starts.
@@ -307,26 +306,26 @@ int Run(int argc, char** argv) {
   if (!flags->Get("chat-template").empty()) {
     absl::StatusOr<std::string> source = ReadTextFile("chat-template", flags->Get("chat-template"));
     if (!source.ok()) {
-      std::cerr << kProgram << ": " << source.status().message() << "\n";
+      LogLine(kProgram) << source.status().message();
       return 2;
     }
     // Its syntax too; the special tokens come with the target's tokenizer_config.json later.
     if (absl::StatusOr<chat::ChatTemplate> t = chat::ChatTemplate::FromSource(*source, "");
         !t.ok()) {
-      std::cerr << kProgram << ": --chat-template: " << t.status().message() << "\n";
+      LogLine(kProgram) << "--chat-template: " << t.status().message();
       return 2;
     }
     chat_template = *std::move(source);
   }
   if (api->max_new_tokens_limit > 0 && default_max_new > api->max_new_tokens_limit) {
-    std::cerr << kProgram << ": --default-max-new-tokens (" << default_max_new
-              << ") exceeds --max-new-tokens-limit (" << api->max_new_tokens_limit << ")\n";
+    LogLine(kProgram) << "--default-max-new-tokens (" << default_max_new
+                      << ") exceeds --max-new-tokens-limit (" << api->max_new_tokens_limit << ")";
     return 2;
   }
 
   const absl::StatusOr<ListenAddress> listen = ParseListenAddress("listen", flags->Get("listen"));
   if (!listen.ok()) {
-    std::cerr << kProgram << ": " << listen.status().message() << "\n";
+    LogLine(kProgram) << listen.status().message();
     return 2;
   }
   const std::string& host = listen->host;
@@ -390,7 +389,7 @@ int Run(int argc, char** argv) {
       flags->GetInt("worker-unavailable-seconds", 0, 86400);
   for (const absl::Status& st : {call_timeout_s.status(), unavailable_s.status()}) {
     if (!st.ok()) {
-      std::cerr << kProgram << ": " << st.message() << "\n";
+      LogLine(kProgram) << st.message();
       return 2;
     }
   }
@@ -444,9 +443,8 @@ int Run(int argc, char** argv) {
     if (!loaded.ok()) return Fail(loaded.status());
     chat = std::make_unique<ChatPrompt>(*std::move(loaded));
     if (!chat->available()) {
-      std::cerr << kProgram
-                << ": chat requests will be refused: " << chat->unavailable_reason().message()
-                << std::endl;
+      LogLine(kProgram) << "chat requests will be refused: "
+                        << chat->unavailable_reason().message();
     }
   } else if (chat_template.has_value()) {
     return Fail(absl::FailedPreconditionError(
@@ -484,12 +482,7 @@ int Run(int argc, char** argv) {
   so.ngram = ngram;
   so.egag = egag;
   so.worker_unavailable_timeout = absl::Seconds(static_cast<double>(*unavailable_s));
-  so.on_worker_event = [](const std::string& event) {
-    // One write: specd serve's children share a stderr, and pieces would interleave mid-line.
-    const std::string line = absl::StrCat(kProgram, ": ", event, "\n");
-    std::cerr.write(line.data(), static_cast<std::streamsize>(line.size()));
-    std::cerr.flush();
-  };
+  so.on_worker_event = [](const std::string& event) { LogLine(kProgram) << event; };
   so.on_round = [&metrics](const RoundPhaseTimes& t) {
     metrics.OnRoundPhase(CoordinatorMetrics::Phase::kDraft, t.draft);
     metrics.OnRoundPhase(CoordinatorMetrics::Phase::kVerify, t.verify);
@@ -534,21 +527,20 @@ int Run(int argc, char** argv) {
   service.SetServing(&state);
   if (http_api != nullptr) http_api->SetServing(&state);
   health->SetServingStatus(true);
-  std::cerr << kProgram << ": serving on " << host << ":" << port << " (target "
-            << flags->Get("target")
-            << (draft ? absl::StrCat(", draft ", flags->Get("draft")) : std::string(", no draft"))
-            << ", drafting by " << draft_method << "; " << (api->tls ? "TLS" : "plaintext") << ", "
-            << (api->options.auth.enabled() ? "bearer token required" : "no token")
-            << (http_server != nullptr
-                    ? absl::StrCat("; HTTP API on port ", http_server->port(), " as model '",
-                                   state.info.served_model_name(), "'")
-                    : std::string())
-            << ")" << std::endl;
+  LogLine(kProgram) << "serving on " << listen->Bound(port) << " (target " << flags->Get("target")
+                    << (draft ? absl::StrCat(", draft ", flags->Get("draft"))
+                              : std::string(", no draft"))
+                    << ", drafting by " << draft_method << "; " << (api->tls ? "TLS" : "plaintext")
+                    << ", " << (api->options.auth.enabled() ? "bearer token required" : "no token")
+                    << (http_server != nullptr
+                            ? absl::StrCat("; HTTP API on port ", http_server->port(),
+                                           " as model '", state.info.served_model_name(), "'")
+                            : std::string())
+                    << ")";
   if (!api->tls && !api->options.auth.enabled() && !IsLoopback(host)) {
-    std::cerr << kProgram << ": warning: " << host
-              << " is not loopback and the API has neither TLS nor a token; anyone who can "
-                 "reach it can generate (see --tls-cert, --auth-token-file)"
-              << std::endl;
+    LogLine(kProgram) << "warning: " << host
+                      << " is not loopback and the API has neither TLS nor a token; anyone who can "
+                         "reach it can generate (see --tls-cert, --auth-token-file)";
   }
 
   int signal_number = 0;
@@ -557,10 +549,10 @@ int Run(int argc, char** argv) {
     signal_number = sigtimedwait(&stop_signals, nullptr, &poll);
     service.CancelAbandoned();
   }
-  std::cerr << kProgram << ": " << (signal_number == SIGTERM ? "SIGTERM" : "SIGINT")
-            << ": draining (up to " << drain_seconds << " s)" << std::endl;
+  LogLine(kProgram) << (signal_number == SIGTERM ? "SIGTERM" : "SIGINT") << ": draining (up to "
+                    << drain_seconds << " s)";
   Drain(service, *server, http_api.get(), http_server.get(), stop_signals, drain_seconds);
-  std::cerr << kProgram << ": stopped" << std::endl;
+  LogLine(kProgram) << "stopped";
   // A scrape after this point must not read the scheduler, which goes before the metrics do.
   metrics.SetQueueSource(nullptr, nullptr);
   return 0;

@@ -26,6 +26,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "base/log_line.h"
 #include "tools/specd/command.h"
 #include "tools/specd/health_check.h"
 
@@ -34,13 +35,7 @@ extern char** environ;
 namespace specd::cli {
 namespace {
 
-// One line on stderr in a single write: the children share that stderr, and a line written in
-// pieces interleaves with theirs mid-line.
-void LogLine(const std::string& text) {
-  const std::string line = absl::StrCat("specd serve: ", text, "\n");
-  std::cerr.write(line.data(), static_cast<std::streamsize>(line.size()));
-  std::cerr.flush();
-}
+constexpr char kProgram[] = "specd serve";
 
 constexpr char kSummary[] =
     "Serve a model with speculative decoding: a target worker, a draft worker and the\n"
@@ -203,15 +198,14 @@ void WritePidFile(const Child& child, const std::string& pid_dir) {
   // Renamed into place so a reader never sees a half-written pid.
   std::error_code ec;
   std::filesystem::rename(tmp, path, ec);
-  if (ec)
-    std::cerr << "specd serve: cannot write " << path.string() << ": " << ec.message() << "\n";
+  if (ec) LogLine(kProgram) << "cannot write " << path.string() << ": " << ec.message();
 }
 
 absl::Status Start(Child& child, const sigset_t& stop_signals, const std::string& pid_dir) {
   if (absl::Status st = Spawn(child); !st.ok()) return st;
   if (absl::Status st = WaitForAddress(child, stop_signals); !st.ok()) return st;
   WritePidFile(child, pid_dir);
-  LogLine(absl::StrCat(child.name, " pid ", child.pid, " on ", child.listen));
+  LogLine(kProgram) << child.name << " pid " << child.pid << " on " << child.listen;
   return absl::OkStatus();
 }
 
@@ -239,7 +233,8 @@ void StopAll(std::vector<Child>& children) {
 void ScheduleRestart(Child& child, absl::Time now) {
   if (now - child.started >= kStableAfter) child.backoff = kFirstBackoff;
   child.restart_at = now + child.backoff;
-  LogLine(absl::StrCat("restarting the ", child.name, " in ", absl::FormatDuration(child.backoff)));
+  LogLine(kProgram) << "restarting the " << child.name << " in "
+                    << absl::FormatDuration(child.backoff);
   child.backoff = std::min(child.backoff * 2, kMaxBackoff);
 }
 
@@ -248,7 +243,7 @@ void ReapExited(std::vector<Child>& children) {
   for (Child& c : children) {
     int status = 0;
     if (c.pid <= 0 || waitpid(c.pid, &status, WNOHANG) != c.pid) continue;
-    LogLine(absl::StrCat("the ", c.name, " (pid ", c.pid, ") ", DescribeExit(status)));
+    LogLine(kProgram) << "the " << c.name << " (pid " << c.pid << ") " << DescribeExit(status);
     c.pid = -1;
     if (c.out_fd >= 0) close(c.out_fd);
     c.out_fd = -1;
@@ -266,7 +261,7 @@ void RestartDue(std::vector<Child>& children, const sigset_t& stop_signals,
     const absl::Status st = Start(c, stop_signals, pid_dir);
     if (st.code() == absl::StatusCode::kCancelled) return;
     if (!st.ok()) {
-      std::cerr << "specd serve: " << st.message() << std::endl;
+      LogLine(kProgram) << st.message();
       ScheduleRestart(c, absl::Now());
     }
   }
@@ -394,7 +389,7 @@ int RunServe(const std::vector<std::string>& argv) {
   auto fail = [&](const absl::Status& st) {
     StopAll(children);
     if (st.code() == absl::StatusCode::kCancelled) {  // Ctrl-C while starting
-      std::cerr << "specd serve: stopping" << std::endl;
+      LogLine(kProgram) << "stopping";
       return 0;
     }
     return ReportError("serve", st);
@@ -522,7 +517,7 @@ int RunServe(const std::vector<std::string>& argv) {
     ReapExited(children);
     RestartDue(children, signals, pid_dir);
   }
-  std::cerr << "specd serve: stopping" << std::endl;
+  LogLine(kProgram) << "stopping";
   StopAll(children);
   return 0;
 }
