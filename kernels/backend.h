@@ -323,7 +323,10 @@ struct ProcessRowsArgs {
 
 //! One draw by inverse CDF (DESIGN.md, "Randomness"): u = StreamUniform(seed, position, purpose,
 //! index, sample), then the smallest id i with u * C_last < C_i, C the fp64 prefix sums of the
-//! row in id order. The CPU back end calls base/inverse_cdf.h.
+//! row in id order. The CPU back end calls base/inverse_cdf.h, which sums in one sequence; a back
+//! end may sum in another order (CUDA sums segments of the row in parallel), so its draw can
+//! differ from the CPU's only when u * C_last falls within rounding of a prefix sum (about 1e-10
+//! of draws). Each back end agrees with itself, which is what exactness needs.
 struct Draw {
   int32_t prob_slot = 0;  //!< the row to draw from, in the row pool
   uint32_t position = 0;

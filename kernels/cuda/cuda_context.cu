@@ -10,7 +10,7 @@ namespace {
 constexpr std::array<const char*, 12> kOpNames = {
     "?",          "Embedding",     "Rope",        "StoreKv",    "Attention",   "GatherRows",
     "CopyKvRows", "CombineLogits", "ProcessRows", "SampleRows", "GatherProbs", "Logprobs"};
-constexpr std::array<const char*, 22> kFieldNames = {"ids",
+constexpr std::array<const char*, 23> kFieldNames = {"ids",
                                                      "pos",
                                                      "token_seq",
                                                      "slot",
@@ -31,7 +31,8 @@ constexpr std::array<const char*, 22> kFieldNames = {"ids",
                                                      "query_tokens",
                                                      "mask_start",
                                                      "tree_mask",
-                                                     "rows.prob_slot"};
+                                                     "rows.prob_slot",
+                                                     "scale"};
 
 // A kernel that does nothing, to learn whether this build has code the device can run.
 __global__ void ProbeKernel() {}
@@ -57,6 +58,8 @@ std::string DeviceErrorMessage(const DeviceError& e) {
       return absl::StrCat(op, ": rows[", e.index, "].prob_slot = ", e.value,
                           " is an earlier row's slot too; each row needs its own; the kernel "
                           "skipped it");
+    case DeviceField::kScale:
+      return absl::StrCat(op, ": scale[", e.index, "] must be finite; the kernel skipped it");
     default:
       return absl::StrCat(op, ": ", field, " at index ", e.index, " is out of range (value ",
                           e.value, "); the kernel skipped it");

@@ -51,6 +51,7 @@ enum class DeviceField : int32_t {
   kMaskStart,         // value: slot[index] in the high 32 bits, mask_start[index] in the low 32
   kTreeMask,          // value: the token's own bit (slot - mask_start), which the mask leaves clear
   kRepeatedProbSlot,  // value: the slot an earlier row of the call already writes
+  kScale,             // a guidance scale that is not finite; value unused
 };
 
 // The first bad argument kernels met since the last Synchronize. Lives in mapped pinned host

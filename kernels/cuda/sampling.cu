@@ -159,8 +159,11 @@ __global__ void CombineLogitsKernel(CombineLogitsArgs a, DeviceError* error) {
       ReportError(error, DeviceOp::kCombineLogits,
                   bad_cond     ? DeviceField::kCondRows
                   : bad_uncond ? DeviceField::kUncondRows
-                               : DeviceField::kParams,
-                  pair, bad_cond ? cond : uncond);
+                               : DeviceField::kScale,
+                  pair,
+                  bad_cond     ? cond
+                  : bad_uncond ? uncond
+                               : 0);
     }
     return;
   }

@@ -3,7 +3,9 @@
 // kernels/cpu/processed.h (itself checked against an independent numpy reference in
 // tests/kernels/cpu/processed_test.cc), base/inverse_cdf.h with base/philox.h for draws, and
 // double-precision log-softmax. On the CPU every result is bit-identical to the reference; other
-// back ends must match one-hot rows, argmaxes and draws exactly and sampled rows within 1e-6.
+// back ends must match one-hot rows, argmaxes and these draws exactly and sampled rows within
+// 1e-6 (their fp64 sums run in another order, so a draw could differ only when u lands within
+// rounding of a prefix sum, about 1e-10 of draws: none of the fixed draws here).
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -401,6 +403,29 @@ TEST_P(SamplingOpsTest, CombineLogitsIsOneRoundingPerOperation) {
       ASSERT_EQ(got[r * kVocab + i], want) << "row " << r << " token " << i;
     }
   }
+}
+
+// A guidance scale that is not finite is refused in the CPU's words (a GPU reports it at the next
+// Synchronize, adding that the kernel skipped the pair), and the back end runs on.
+TEST_P(SamplingOpsTest, CombineLogitsRefusesANonFiniteScale) {
+  const int64_t rows = 4;
+  float* d = device().Put(RandomFloats(rows * kVocab, rng_, -20, 20));
+  const std::vector<int32_t> cond = {0, 2}, uncond = {1, 3};
+  for (const float bad : {std::numeric_limits<float>::quiet_NaN(), kInf}) {
+    const std::vector<float> scale = {1.5f, bad};
+    const CombineLogitsArgs a{
+        d, rows, kVocab, device().Put(cond), device().Put(uncond), device().Put(scale), 2};
+    absl::Status status = backend().CombineLogits(a);
+    if (status.ok()) status = backend().Synchronize();
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+    EXPECT_EQ(status.message().rfind("CombineLogits: scale[1] must be finite", 0), 0) << status;
+  }
+  const std::vector<float> fine = {1.5f, 2.0f};
+  EXPECT_TRUE(backend()
+                  .CombineLogits({d, rows, kVocab, device().Put(cond), device().Put(uncond),
+                                  device().Put(fine), 2})
+                  .ok());
+  EXPECT_TRUE(backend().Synchronize().ok());
 }
 
 TEST_P(SamplingOpsTest, LogprobsMatchDoubleLogSoftmax) {
