@@ -150,7 +150,8 @@ struct PagedKv {
 };
 
 //! Writes k[t], v[t] (f32, rounded to nearest even when the cache is bf16/f16) into the cache at
-//! KV slot slot[t] of sequence token_seq[t].
+//! KV slot slot[t] of sequence token_seq[t]. Tokens of one call name distinct (sequence, slot)
+//! pairs: a GPU stores them in parallel, so two stores to one slot would race.
 struct StoreKvArgs {
   const float* k = nullptr;            //!< [n_tokens, kv_dim]
   const float* v = nullptr;            //!< [n_tokens, kv_dim]
