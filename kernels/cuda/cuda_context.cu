@@ -58,6 +58,10 @@ std::string DeviceErrorMessage(const DeviceError& e) {
       return absl::StrCat(op, ": rows[", e.index, "].prob_slot = ", e.value,
                           " is an earlier row's slot too; each row needs its own; the kernel "
                           "skipped it");
+    case DeviceField::kHistoryRange:
+      return absl::StrCat(op, ": rows[", e.index,
+                          "] names history outside [0, history_len = ", e.value,
+                          "); the kernel skipped it");
     case DeviceField::kScale:
       return absl::StrCat(op, ": scale[", e.index, "] must be finite; the kernel skipped it");
     default:

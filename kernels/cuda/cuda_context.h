@@ -42,7 +42,7 @@ enum class DeviceField : int32_t {
   kProbSlot,
   kMode,
   kParams,
-  kHistoryRange,
+  kHistoryRange,  // value: history_len
   kDrawSlot,
   kSlots,
   kTokens,

@@ -102,7 +102,7 @@ __device__ bool RowValid(const ProcessRowsArgs& a, int64_t r, const RowSampling&
       rs.prompt_len > a.history_len - rs.prompt_begin || rs.output_begin < 0 || rs.output_len < 0 ||
       rs.output_begin > a.history_len || rs.output_len > a.history_len - rs.output_begin ||
       (a.history == nullptr && (rs.prompt_len > 0 || rs.output_len > 0))) {
-    return report(DeviceField::kHistoryRange, rs.prompt_begin);
+    return report(DeviceField::kHistoryRange, a.history_len);
   }
   if (!ParamsValid(rs.params)) return report(DeviceField::kParams, 0);
   return true;

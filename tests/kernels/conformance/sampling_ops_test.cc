@@ -405,6 +405,42 @@ TEST_P(SamplingOpsTest, CombineLogitsIsOneRoundingPerOperation) {
   }
 }
 
+// A row whose penalty history range runs past the history is refused in the CPU's words (a GPU
+// reports it at the next Synchronize), whichever of its two ranges is bad.
+TEST_P(SamplingOpsTest, ProcessRowsRefusesAHistoryRangeOutsideTheHistory) {
+  const int64_t n = 2;
+  const std::vector<int32_t> history = {5, 6, 7, 8};
+  for (const bool bad_output : {false, true}) {
+    std::vector<RowSampling> rows(n);
+    for (int32_t r = 0; r < n; ++r) {
+      rows[r].params = Params(1.0f, 0, 1, 0, 1.2f);
+      rows[r].prob_slot = r;
+      rows[r].prompt_len = 2;
+      rows[r].output_begin = 2;
+      rows[r].output_len = 2;
+    }
+    (bad_output ? rows[1].output_len : rows[1].prompt_len) = 5;
+    ProcessRowsArgs a;
+    a.logits = device().Put(RandomFloats(n * kVocab, rng_));
+    a.n_rows = n;
+    a.vocab = kVocab;
+    a.rows = device().Put(rows);
+    a.history = device().Put(history);
+    a.history_len = 4;
+    a.probs = device().Output<float>(n * kVocab);
+    a.prob_capacity = n;
+    a.argmax = device().Output<int32_t>(n);
+    a.error = device().Output<int32_t>(n);
+    absl::Status status = backend().ProcessRows(a);
+    if (status.ok()) status = backend().Synchronize();
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+    EXPECT_EQ(status.message().rfind(
+                  "ProcessRows: rows[1] names history outside [0, history_len = 4)", 0),
+              0)
+        << status;
+  }
+}
+
 // A guidance scale that is not finite is refused in the CPU's words (a GPU reports it at the next
 // Synchronize, adding that the kernel skipped the pair), and the back end runs on.
 TEST_P(SamplingOpsTest, CombineLogitsRefusesANonFiniteScale) {
