@@ -138,6 +138,11 @@ class BackendTest : public ::testing::TestWithParam<BackendCase> {
 
   Backend& backend() { return *backend_; }
   Device& device() { return *device_; }
+  // A call's verdict on its arguments: its own status, or, where the back end checks them on the
+  // device (CUDA reports a bad index at the next Synchronize), that Synchronize's.
+  absl::Status Checked(const absl::Status& launched) {
+    return launched.ok() ? backend_->Synchronize() : launched;
+  }
   // The one back end every other is compared with where no closed form exists.
   bool IsCpu() const { return GetParam().name.rfind("cpu_", 0) == 0; }
 

@@ -118,6 +118,22 @@ class SamplingOpsTest : public BackendTest {
     return out;
   }
 
+  // ProcessRows of `rows` over random logits into a pool of `capacity` rows, with no history,
+  // penalised rows, top ids or entropy.
+  ProcessRowsArgs RowsArgs(const std::vector<RowSampling>& rows, int64_t capacity) {
+    const int64_t n = static_cast<int64_t>(rows.size());
+    ProcessRowsArgs a;
+    a.logits = device().Put(RandomFloats(n * kVocab, rng_));
+    a.n_rows = n;
+    a.vocab = kVocab;
+    a.rows = device().Put(rows);
+    a.probs = device().Output<float>(capacity * kVocab);
+    a.prob_capacity = capacity;
+    a.argmax = device().Output<int32_t>(n);
+    a.error = device().Output<int32_t>(n);
+    return a;
+  }
+
   // What the scalar reference makes of row `r`: the row (or one-hot), its argmax and error.
   static void Reference(std::span<const float> logits, const RowCase& c, std::vector<float>* row,
                         int32_t* argmax, int32_t* error) {
@@ -420,19 +436,10 @@ TEST_P(SamplingOpsTest, ProcessRowsRefusesAHistoryRangeOutsideTheHistory) {
       rows[r].output_len = 2;
     }
     (bad_output ? rows[1].output_len : rows[1].prompt_len) = 5;
-    ProcessRowsArgs a;
-    a.logits = device().Put(RandomFloats(n * kVocab, rng_));
-    a.n_rows = n;
-    a.vocab = kVocab;
-    a.rows = device().Put(rows);
+    ProcessRowsArgs a = RowsArgs(rows, n);
     a.history = device().Put(history);
     a.history_len = 4;
-    a.probs = device().Output<float>(n * kVocab);
-    a.prob_capacity = n;
-    a.argmax = device().Output<int32_t>(n);
-    a.error = device().Output<int32_t>(n);
-    absl::Status status = backend().ProcessRows(a);
-    if (status.ok()) status = backend().Synchronize();
+    const absl::Status status = Checked(backend().ProcessRows(a));
     EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
     EXPECT_EQ(status.message().rfind(
                   "ProcessRows: rows[1] names history outside [0, history_len = 4)", 0),
@@ -451,8 +458,7 @@ TEST_P(SamplingOpsTest, CombineLogitsRefusesANonFiniteScale) {
     const std::vector<float> scale = {1.5f, bad};
     const CombineLogitsArgs a{
         d, rows, kVocab, device().Put(cond), device().Put(uncond), device().Put(scale), 2};
-    absl::Status status = backend().CombineLogits(a);
-    if (status.ok()) status = backend().Synchronize();
+    const absl::Status status = Checked(backend().CombineLogits(a));
     EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
     EXPECT_EQ(status.message().rfind("CombineLogits: scale[1] must be finite", 0), 0) << status;
   }
@@ -552,17 +558,8 @@ TEST_P(SamplingOpsTest, ProcessRowsRefusesTwoRowsSharingASlot) {
   rows[0].prob_slot = 2;
   rows[1].prob_slot = 0;
   rows[2].prob_slot = 2;
-  ProcessRowsArgs a;
-  a.logits = device().Put(RandomFloats(n * kVocab, rng_));
-  a.n_rows = n;
-  a.vocab = kVocab;
-  a.rows = device().Put(rows);
-  a.probs = device().Output<float>(capacity * kVocab);
-  a.prob_capacity = capacity;
-  a.argmax = device().Output<int32_t>(n);
-  a.error = device().Output<int32_t>(n);
-  absl::Status status = backend().ProcessRows(a);
-  if (status.ok()) status = backend().Synchronize();
+  ProcessRowsArgs a = RowsArgs(rows, capacity);
+  const absl::Status status = Checked(backend().ProcessRows(a));
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
   EXPECT_NE(status.message().find("ProcessRows: rows[2].prob_slot = 2 is"), std::string::npos)
       << status;
