@@ -59,11 +59,15 @@ struct Smem {
 };
 
 // Reads token t into `s` and checks it as the CPU does (kernels/cpu/attention.cc): its sequence
-// and slot, every block-table entry of its prefix (also those of blocks a tree mask hides), and
+// and slot, the block-table entries of its prefix (also those of blocks a tree mask hides), and
 // its tree mask (mask_start in [slot - 63, slot], the token's own bit set). False, for every
-// thread, when the token is bad; only a `report`ing block records the error, so that one block
-// per token reports it and all of the token's blocks agree to skip it.
-__device__ bool CheckToken(const Params& p, int64_t t, bool report, Smem& s) {
+// thread, when the token is bad. Only a `report`ing block records the error, and it checks every
+// entry of the prefix, so that it finds the lowest bad one as the CPU does; a block that does not
+// report (a split block of chunk group `grp`) checks only the entries of its group's slots, which
+// are all it reads, because at long contexts every split block rescanning the whole table would
+// read a sizeable fraction of what it reads of the keys. The reporting block of a bad token never
+// counts in, so no block merges, whatever the others found.
+__device__ bool CheckToken(const Params& p, int64_t t, bool report, int64_t grp, Smem& s) {
   const PagedKv& kv = p.cache;
   if (threadIdx.x == 0) {
     const int32_t seq = p.token_seq[t];
@@ -85,8 +89,13 @@ __device__ bool CheckToken(const Params& p, int64_t t, bool report, Smem& s) {
   // The lowest bad entry, as the CPU reports it. Every visible slot's block is among these, so
   // the chunks below read the table unchecked.
   const int32_t* table = kv.block_tables + int64_t{s.seq} * kv.max_blocks;
-  const int32_t last_block = static_cast<int32_t>(s.slot / kv.block_size);
-  for (int32_t b = static_cast<int32_t>(threadIdx.x); b <= last_block; b += kThreads) {
+  constexpr int64_t kGroupSlots = int64_t{kChunk} * kGroupChunks;
+  const int64_t first_slot = report ? 0 : grp * kGroupSlots;
+  const int64_t last_slot = report ? s.slot : min(int64_t{s.slot}, (grp + 1) * kGroupSlots - 1);
+  const int32_t first_block = static_cast<int32_t>(first_slot / kv.block_size);
+  const int32_t last_block = static_cast<int32_t>(last_slot / kv.block_size);
+  for (int32_t b = first_block + static_cast<int32_t>(threadIdx.x); b <= last_block;
+       b += kThreads) {
     const int32_t block = table[b];
     if (block < 0 || block >= kv.num_blocks) atomicMin(&s.bad_block, b);
   }
@@ -288,7 +297,7 @@ __global__ void __launch_bounds__(kThreads) AttentionKernel(Params p) {
   __shared__ Smem s;
   const int64_t t = blockIdx.x / p.n_kv_heads;
   const int kvh = static_cast<int>(blockIdx.x % p.n_kv_heads);
-  if (!CheckToken(p, t, /*report=*/true, s)) {
+  if (!CheckToken(p, t, /*report=*/true, /*grp=*/0, s)) {
     ZeroOutput(p, t, kvh);
     return;
   }
@@ -320,7 +329,7 @@ __global__ void __launch_bounds__(kThreads) AttentionSplitKernel(Params p) {
   if (!s.last) return;
   // Every group block checks the token; only group 0 reports a bad one and zeros its output, the
   // others just leave (none of them counts in, so no block merges).
-  if (!CheckToken(p, t, /*report=*/grp == 0, s)) {
+  if (!CheckToken(p, t, /*report=*/grp == 0, grp, s)) {
     if (grp == 0) ZeroOutput(p, t, kvh);
     return;
   }
