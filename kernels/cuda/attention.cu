@@ -327,8 +327,8 @@ __global__ void __launch_bounds__(kThreads) AttentionSplitKernel(Params p) {
   }
   __syncthreads();
   if (!s.last) return;
-  // Every group block checks the token; only group 0 reports a bad one and zeros its output, the
-  // others just leave (none of them counts in, so no block merges).
+  // Group 0 checks the whole token, reports a bad one, zeros its output and never counts in, so
+  // no block merges; the other groups check what they read and leave on a bad entry there.
   if (!CheckToken(p, t, /*report=*/grp == 0, grp, s)) {
     if (grp == 0) ZeroOutput(p, t, kvh);
     return;
