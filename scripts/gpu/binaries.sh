@@ -14,13 +14,15 @@ GPU_BINARIES=(tests/kernels/conformance/kernels_conformance_test
               tools/bench/engine/decode_bench
               tools/bench/kernels/cuda_matmul_bench
               "${GPU_ENGINE_TESTS[@]}")
-# The service and its client, from a full build (gRPC, prometheus-cpp): only packed, since the
-# device has no gRPC. `specd serve` finds the services beside it in this same layout.
+# The service, its client and the worker-call benchmark, from a full build (gRPC,
+# prometheus-cpp): only packed, since the device has no gRPC. `specd serve` finds the services
+# beside it in this same layout.
 GPU_SERVICE_BINARIES=(tools/specd
                       services/coordinator/specd-coordinator
                       services/target_worker/specd-target-worker
-                      services/draft_worker/specd-draft-worker)
+                      services/draft_worker/specd-draft-worker
+                      tools/bench/services/worker_rpc_bench)
 GPU_TARGETS=()
 for b in "${GPU_BINARIES[@]}"; do GPU_TARGETS+=("${b##*/}"); done
 # The workers' targets are not named as their files.
-GPU_SERVICE_TARGETS=(specd specd-coordinator specd_target_worker specd_draft_worker)
+GPU_SERVICE_TARGETS=(specd specd-coordinator specd_target_worker specd_draft_worker worker_rpc_bench)

@@ -24,7 +24,8 @@
 #                  speculative == plain for every K, and the chi-square distribution tests
 #   speedup        speculative speed-up in process, 3B target with an early-exit draft, K = 2, 4, 6
 #   serve_speedup  the same over gRPC: `specd serve --backend cuda` and `specd bench --compare`
-#                  (speed-up, efficiency, coordinator overhead per round), packed services only
+#                  (speed-up, efficiency, coordinator overhead per round), then where a worker
+#                  call's time goes (worker_rpc_bench), packed services only
 #   hf_generate    transformers' plain and assisted generate() on the 3B pair's checkpoint
 #   concurrency    tokens/s against 1..64 streams over gRPC, K = 0, fixed K = 4 and adaptive K
 #   sanitize       compute-sanitizer's memcheck and racecheck over the CUDA-only tests
@@ -299,6 +300,15 @@ stage_serve_speedup() {
       --max-tokens 256 --repeats 2 --quiet --json "$LOGS/serve_speedup.json" \
       >"$LOGS/serve_speedup.log" 2>&1
   local rc=$?
+  # Where a worker call's time goes beyond the forward pass (gRPC, the engine-thread hand-off,
+  # the codec), against the same target worker.
+  local target
+  target=$(sed -n 's/^specd serve: target worker pid [0-9]* on //p' "$LOGS/serve_speedup_server.log")
+  if [[ -n $target ]]; then
+    run_timed "$BIN/worker_rpc_bench" --target "$target" --calls 1000 \
+        --json "$LOGS/worker_rpc.json" >"$LOGS/worker_rpc.log" 2>&1
+    tee -a "$SUMMARY" <"$LOGS/worker_rpc.log"
+  fi
   stop_serve
   ((rc == 0)) || { tail -5 "$LOGS/serve_speedup.log" | tee -a "$SUMMARY"; return "$rc"; }
   bench_summary "$LOGS/serve_speedup.json" | tee -a "$SUMMARY"
