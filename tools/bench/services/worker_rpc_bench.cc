@@ -8,13 +8,22 @@
 //  * a K = 0 Verify, one decode step of one sequence: that, plus the codec, the worker runtime's
 //    bookkeeping and the forward pass, which the reply times (forward_ns) and which is subtracted.
 // The last line is what `specd bench` reports as a K = 0 round's overhead, less the coordinator's
-// own work. Speed is never asserted: these are figures to read side by side.
+// own work. Beside them, the machine's own floor for any same-host call: a 32-byte ping-pong with
+// a child process over a Unix socketpair (two wake-ups, no gRPC), which bounds what a path around
+// gRPC could save. Speed is never asserted: these are figures to read side by side.
 //
 // usage: worker_rpc_bench --target ADDR [--calls N] [--prompt-len P] [--steps S] [--json FILE]
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -51,6 +60,51 @@ Summary Summarize(std::vector<double> v) {
   const auto at = [&v](double q) { return v[static_cast<size_t>(q * (v.size() - 1))]; };
   return {at(0.5), at(0.1), at(0.9)};
 }
+
+// A child process that echoes 32-byte messages over a Unix socketpair: the round trip of two
+// same-host wake-ups with nothing else on the path.
+class EchoChild {
+ public:
+  static absl::StatusOr<std::unique_ptr<EchoChild>> Start() {
+    int fds[2];
+    if (socketpair(AF_UNIX, SOCK_STREAM, 0, fds) != 0) {
+      return absl::InternalError(absl::StrCat("socketpair: ", std::strerror(errno)));
+    }
+    const pid_t pid = fork();
+    if (pid < 0) return absl::InternalError(absl::StrCat("fork: ", std::strerror(errno)));
+    if (pid == 0) {  // only async-signal-safe calls: the parent has gRPC's threads
+      close(fds[0]);
+      char buf[kBytes];
+      while (read(fds[1], buf, kBytes) == kBytes && write(fds[1], buf, kBytes) == kBytes) {
+      }
+      _exit(0);
+    }
+    close(fds[1]);
+    return std::unique_ptr<EchoChild>(new EchoChild(pid, fds[0]));
+  }
+
+  ~EchoChild() {
+    close(fd_);  // the child reads EOF and exits
+    waitpid(pid_, nullptr, 0);
+  }
+  EchoChild(const EchoChild&) = delete;
+  EchoChild& operator=(const EchoChild&) = delete;
+
+  absl::StatusOr<double> RoundTripMicros() {
+    char buf[kBytes] = {};
+    const Clock::time_point start = Clock::now();
+    if (write(fd_, buf, kBytes) != kBytes || read(fd_, buf, kBytes) != kBytes) {
+      return absl::InternalError("the echoing child process stopped answering");
+    }
+    return MicrosSince(start);
+  }
+
+ private:
+  static constexpr ssize_t kBytes = 32;
+  EchoChild(pid_t pid, int fd) : pid_(pid), fd_(fd) {}
+  const pid_t pid_;
+  const int fd_;
+};
 
 absl::Status Check(const grpc::Status& st, const std::string& what) {
   if (st.ok()) return absl::OkStatus();
@@ -146,11 +200,16 @@ absl::Status Run(const Flags& flags) {
   }
   Decoder decoder(target.get(), *prompt_len, *steps, static_cast<int32_t>(info.vocab_size()));
 
-  std::vector<double> floor_us, handoff_us, verify_us, forward_us, beyond_us;
+  absl::StatusOr<std::unique_ptr<EchoChild>> echo = EchoChild::Start();
+  if (!echo.ok()) return echo.status();
+  std::vector<double> os_us, floor_us, handoff_us, verify_us, forward_us, beyond_us;
   // The first calls warm the connection and the worker's buffers; they are not counted.
   const int64_t warmup = std::min<int64_t>(*calls / 10, 50);
   for (int64_t i = 0; i < warmup + *calls; ++i) {
     const bool keep = i >= warmup;
+    absl::StatusOr<double> os = (*echo)->RoundTripMicros();
+    if (!os.ok()) return os.status();
+    if (keep) os_us.push_back(*os);
     {
       grpc::ClientContext ctx;
       grpc::health::v1::HealthCheckResponse resp;
@@ -185,7 +244,7 @@ absl::Status Run(const Flags& flags) {
   }
   if (absl::Status st = decoder.Restart(); !st.ok()) return st;
 
-  const Summary floor = Summarize(floor_us), handoff = Summarize(handoff_us),
+  const Summary os = Summarize(os_us), floor = Summarize(floor_us), handoff = Summarize(handoff_us),
                 verify = Summarize(verify_us), forward = Summarize(forward_us),
                 beyond = Summarize(beyond_us);
   const auto line = [](const char* what, const Summary& s) {
@@ -193,13 +252,16 @@ absl::Status Run(const Flags& flags) {
   };
   std::printf("worker_rpc_bench: target worker at %s (%s back end), %lld calls of each\n",
               address.c_str(), info.backend().c_str(), static_cast<long long>(*calls));
+  line("same-host floor (socketpair ping-pong, no gRPC)", os);
   line("gRPC unary floor (Health/Check, on gRPC's threads)", floor);
   line("+ engine-thread hand-off (Release of an unknown sequence)", handoff);
   line("K = 0 Verify, one decode step: whole call", verify);
   line("  its forward pass (the reply's forward_ns)", forward);
   line("  beyond the forward pass", beyond);
-  std::printf("  hand-off %.1f us, codec and runtime bookkeeping %.1f us, gRPC %.1f us (medians)\n",
-              handoff.median - floor.median, beyond.median - handoff.median, floor.median);
+  std::printf(
+      "  differences of medians: hand-off %.1f us, codec and runtime bookkeeping %.1f us; gRPC "
+      "%.1f us\n",
+      handoff.median - floor.median, beyond.median - handoff.median, floor.median);
 
   if (const std::string path = flags.Get("json"); !path.empty()) {
     const auto j = [](const Summary& s) {
@@ -208,6 +270,7 @@ absl::Status Run(const Flags& flags) {
     const nlohmann::json report = {{"target", address},
                                    {"backend", info.backend()},
                                    {"calls", *calls},
+                                   {"socketpair_ping_pong", j(os)},
                                    {"grpc_floor", j(floor)},
                                    {"engine_thread_call", j(handoff)},
                                    {"verify_k0", j(verify)},
