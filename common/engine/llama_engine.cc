@@ -24,6 +24,8 @@ constexpr int64_t kMaxKvBytes = int64_t{1} << 38;  // 256 GiB
 constexpr int64_t kScratchTokenStep = 64;
 constexpr int64_t kMaxTreeNodes = 64;  // one 64-bit mask word per node
 constexpr int64_t kMaxCopyRowsPerCall = 4096;
+// The narrowest block table a recorded pass uploads (LlamaEngine::TableStride).
+constexpr int64_t kMinRecordedTableStride = 8;
 
 // The most pad tokens a recorded pass gets: the trash sequence's length.
 constexpr int64_t MaxPadTokens() {
@@ -280,7 +282,7 @@ absl::Status LlamaEngine::Validate(std::span<const SequenceInput> batch) const {
 absl::Status LlamaEngine::UploadMetadata(std::span<const SequenceInput> batch, const Shape& shape,
                                          std::span<const KvBlockCopy> copies) {
   const bool tree = shape.tree;
-  const int64_t stride = kv_->max_blocks_per_seq();
+  const int64_t stride = shape.table_stride;
   int64_t n_copy_rows = 0;
   for (const KvBlockCopy& c : copies) n_copy_rows += c.rows;
   const MetadataLayout m =
@@ -362,6 +364,7 @@ absl::Status LlamaEngine::UploadMetadata(std::span<const SequenceInput> batch, c
   meta_.slot = reinterpret_cast<const int32_t*>(dev + m.slot);
   meta_.token_seq = reinterpret_cast<const int32_t*>(dev + m.token_seq);
   meta_.block_tables = reinterpret_cast<const int32_t*>(dev + m.block_tables);
+  meta_.table_stride = stride;
   meta_.logit_rows = reinterpret_cast<const int32_t*>(dev + m.logit_rows);
   meta_.mask_start = tree ? reinterpret_cast<const int32_t*>(dev + m.mask_start) : nullptr;
   meta_.tree_mask = tree ? reinterpret_cast<const uint64_t*>(dev + m.tree_mask) : nullptr;
@@ -457,6 +460,19 @@ absl::StatusOr<Logits> LlamaEngine::Forward(std::span<const SequenceInput> batch
   return out;
 }
 
+absl::StatusOr<int64_t> LlamaEngine::TableStride(std::span<const SequenceInput> batch,
+                                                 bool padded) const {
+  int64_t longest = padded ? trash_blocks_ : 1;
+  for (const SequenceInput& in : batch) {
+    SPECD_ASSIGN_OR_RETURN(const std::vector<int32_t>* table, kv_->BlockTable(in.seq));
+    longest = std::max(longest, static_cast<int64_t>(table->size()));
+  }
+  if (!padded) return longest;
+  int64_t bucket = kMinRecordedTableStride;
+  while (bucket < longest) bucket *= 2;
+  return std::min(bucket, kv_->max_blocks_per_seq());
+}
+
 absl::StatusOr<Logits> LlamaEngine::Enqueue(std::span<const SequenceInput> batch, int64_t n_tokens,
                                             int64_t n_logits) {
   const bool tree = std::any_of(batch.begin(), batch.end(),
@@ -465,9 +481,10 @@ absl::StatusOr<Logits> LlamaEngine::Enqueue(std::span<const SequenceInput> batch
   // A pass that may be recorded is padded to its bucket, and the pad rows are computed like the
   // real ones; every op is row invariant, so the real rows' bits do not change.
   const bool recorded = trash_blocks_ > 0 && n_tokens <= kMaxRecordedTokens;
+  SPECD_ASSIGN_OR_RETURN(const int64_t stride, TableStride(batch, recorded));
   const Shape shape = recorded ? Shape{RecordedBucket(n_tokens), RecordedBucket(n_seqs + 1),
-                                       RecordedBucket(n_logits), tree}
-                               : Shape{n_tokens, n_seqs, n_logits, tree};
+                                       RecordedBucket(n_logits), tree, stride}
+                               : Shape{n_tokens, n_seqs, n_logits, tree, stride};
   SPECD_RETURN_IF_ERROR(UploadMetadata(batch, shape, kv_->PendingCopies()));
   SPECD_RETURN_IF_ERROR(GrowScratch(shape.tokens, shape.logits));
   if (recorded) {
@@ -555,7 +572,7 @@ absl::Status LlamaEngine::RunLayers(int64_t n) {
     cache.v = v_cache_.as<char>() + l * layer_bytes;
     cache.dtype = kv_dtype_;
     cache.block_tables = meta_.block_tables;
-    cache.max_blocks = kv_->max_blocks_per_seq();
+    cache.max_blocks = meta_.table_stride;
     cache.num_blocks = device_blocks();
     cache.block_size = kv_->block_size();
     cache.kv_dim = c.kv_dim();

@@ -191,12 +191,19 @@ class LlamaEngine {
   struct Shape {
     int64_t tokens, seqs, logits;
     bool tree;
+    int64_t table_stride;  // block-table entries uploaded per sequence (TableStride)
     bool operator==(const Shape&) const = default;
     template <typename H>
     friend H AbslHashValue(H h, const Shape& k) {
-      return H::combine(std::move(h), k.tokens, k.seqs, k.logits, k.tree);
+      return H::combine(std::move(h), k.tokens, k.seqs, k.logits, k.tree, k.table_stride);
     }
   };
+  // How wide this pass's block tables are: its longest sequence's table (and the trash
+  // sequence's when padded), a recorded pass's rounded up to a power of two so that a decoding
+  // batch keeps one shape for many steps, never past the longest a sequence may have. Not the
+  // widest any sequence may have: at a 131072-token context that is 8192 entries per sequence,
+  // uploaded every pass, and the attention kernels size their split grid from it.
+  absl::StatusOr<int64_t> TableStride(std::span<const SequenceInput> batch, bool padded) const;
   absl::Status UploadMetadata(std::span<const SequenceInput> batch, const Shape& shape,
                               std::span<const KvBlockCopy> copies);
   absl::Status CopyBlocks(int64_t n_rows);
@@ -228,7 +235,8 @@ class LlamaEngine {
     const int32_t* pos = nullptr;
     const int32_t* slot = nullptr;
     const int32_t* token_seq = nullptr;
-    const int32_t* block_tables = nullptr;
+    const int32_t* block_tables = nullptr;  // [seqs, table_stride]
+    int64_t table_stride = 0;
     const int32_t* logit_rows = nullptr;
     const uint64_t* tree_mask = nullptr;  // null when no sequence feeds a tree
     const int32_t* mask_start = nullptr;

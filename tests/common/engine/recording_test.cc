@@ -2,7 +2,8 @@
 // computes on the CPU (RecordingBackend), against the same engine on the plain CPU back end:
 //  * every pass gives the plain engine's bits, whether it ran eagerly, was recorded or was
 //    replayed, and whatever padding its shape bucket added (pad tokens, sequences, logit rows);
-//  * passes whose shapes fall in one bucket share one recording;
+//  * passes whose shapes fall in one bucket share one recording, and a growing sequence's
+//    passes are recorded again only when its block table outgrows the width uploaded;
 //  * beyond kMaxRecordedShapes the least recently replayed recording goes, and comes back when
 //    its shape does.
 #include <cstring>
@@ -124,6 +125,18 @@ TEST_F(RecordingTest, ShapesInOneBucketShareOneRecording) {
   }
   EXPECT_EQ(backend_->recordings(), 1);
   EXPECT_EQ(backend_->replays(), 7);  // the first pass ran eagerly, the second recorded
+}
+
+TEST_F(RecordingTest, AGrowingSequenceIsRecordedOncePerTableWidth) {
+  // A pass uploads block tables only as wide as its longest sequence's, rounded up to a power of
+  // two (at least 8 blocks of 16 tokens): decoding from 100 to 160 tokens crosses from 8 blocks
+  // to 9, so the decode shape is recorded at width 8 and again at width 16, and every pass,
+  // either side, gives the plain engine's bits.
+  Pass({{1, 100, 1}}, 0);  // seen once: runs eagerly, never recorded
+  for (int step = 0; step < 60; ++step) Pass({{1, 1, 1}}, step + 1);
+  EXPECT_EQ(backend_->recordings(), 2);
+  // Each width: its first pass eager, then recorded and replayed, then replays.
+  EXPECT_EQ(backend_->replays(), (28 - 1) + (32 - 1));
 }
 
 TEST_F(RecordingTest, TheLeastRecentlyReplayedRecordingGoesAndComesBack) {
