@@ -8,9 +8,10 @@
 //  * a K = 0 Verify, one decode step of one sequence: that, plus the codec, the worker runtime's
 //    bookkeeping and the forward pass, which the reply times (forward_ns) and which is subtracted.
 // The last line is what `specd bench` reports as a K = 0 round's overhead, less the coordinator's
-// own work. Beside them, the machine's own floor for any same-host call: a 32-byte ping-pong with
-// a child process over a Unix socketpair (two wake-ups, no gRPC), which bounds what a path around
-// gRPC could save. Speed is never asserted: these are figures to read side by side.
+// own work. Beside them, interleaved too, the machine's own floor for any same-host call: a
+// 32-byte ping-pong with a child process over a Unix socketpair (two wake-ups, no gRPC), which
+// bounds what a path around gRPC could save. Speed is never asserted: these are figures to read
+// side by side.
 //
 // usage: worker_rpc_bench --target ADDR [--calls N] [--prompt-len P] [--steps S] [--json FILE]
 #include <sys/socket.h>
@@ -29,7 +30,6 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
 #include "base/flags.h"
 #include "common/protocol/worker_protocol.h"
 #include "grpc/health/v1/health.grpc.pb.h"
@@ -117,6 +117,12 @@ class Decoder {
  public:
   Decoder(pb::TargetWorker::Stub* stub, int64_t prompt_len, int64_t steps, int32_t vocab)
       : stub_(stub), prompt_len_(prompt_len), steps_(steps), vocab_(vocab) {}
+  // A run that stopped on an error still gives the worker its blocks back.
+  ~Decoder() {
+    if (holds_) (void)Restart();
+  }
+  Decoder(const Decoder&) = delete;
+  Decoder& operator=(const Decoder&) = delete;
 
   // Latency of the call, in microseconds, and the forward pass it reports.
   absl::Status Step(double* micros, double* forward_micros) {
@@ -135,6 +141,7 @@ class Decoder {
     codec::Encode(r, req.add_sequences());
     pb::VerifyResponse resp;
     grpc::ClientContext ctx;
+    holds_ = true;  // the worker may hold the sequence from here on, whatever the reply
     const Clock::time_point start = Clock::now();
     const grpc::Status st = stub_->Verify(&ctx, req, &resp);
     if (!st.ok()) return Check(st, "Verify");
@@ -156,6 +163,7 @@ class Decoder {
     grpc::ClientContext ctx;
     absl::Status st = Check(stub_->Release(&ctx, req, &resp), "Release");
     ++seq_;
+    holds_ = false;
     cached_ = 0;
     produced_ = 0;
     return st;
@@ -166,6 +174,7 @@ class Decoder {
   const int64_t prompt_len_, steps_;
   const int32_t vocab_;
   SeqId seq_ = kFirstSeq;
+  bool holds_ = false;
   int64_t cached_ = 0, produced_ = 0;
   int32_t last_ = 0;
 };
