@@ -118,6 +118,12 @@ int Fail(const absl::Status& st) {
   return 1;
 }
 
+// A bad flag: its message, and the exit code of a usage error.
+int FlagError(const absl::Status& st) {
+  LogLine(kProgram) << st.message();
+  return 2;
+}
+
 // How the public API is secured and bounded (issue 9).
 struct PublicApiConfig {
   std::shared_ptr<grpc::ServerCredentials> credentials;
@@ -247,8 +253,7 @@ int Run(int argc, char** argv) {
   for (int i = 0; i < 8; ++i) {
     absl::StatusOr<int64_t> v = flags->GetInt(int_flags[i], 0, maxes[i]);
     if (!v.ok()) {
-      LogLine(kProgram) << v.status().message();
-      return 2;
+      return FlagError(v.status());
     }
     n[i] = *v;
   }
@@ -259,8 +264,7 @@ int Run(int argc, char** argv) {
   const absl::StatusOr<int64_t> prefill_chunk = flags->GetInt("prefill-chunk", 0, 1 << 24);
   for (const absl::Status& st : {metrics_port.status(), prefill_chunk.status()}) {
     if (!st.ok()) {
-      LogLine(kProgram) << st.message();
-      return 2;
+      return FlagError(st);
     }
   }
   if (default_k > max_k) {
@@ -292,22 +296,19 @@ int Run(int argc, char** argv) {
     }
     if (st.ok()) st = ValidateEgagOptions(egag);
     if (!st.ok()) {
-      LogLine(kProgram) << st.message();
-      return 2;
+      return FlagError(st);
     }
   }
   absl::StatusOr<PublicApiConfig> api = ReadPublicApiConfig(*flags);
   if (!api.ok()) {
-    LogLine(kProgram) << api.status().message();
-    return 2;
+    return FlagError(api.status());
   }
   // Read now, so that a wrong path fails before anything starts.
   std::optional<std::string> chat_template;
   if (!flags->Get("chat-template").empty()) {
     absl::StatusOr<std::string> source = ReadTextFile("chat-template", flags->Get("chat-template"));
     if (!source.ok()) {
-      LogLine(kProgram) << source.status().message();
-      return 2;
+      return FlagError(source.status());
     }
     // Its syntax too; the special tokens come with the target's tokenizer_config.json later.
     if (absl::StatusOr<chat::ChatTemplate> t = chat::ChatTemplate::FromSource(*source, "");
@@ -325,8 +326,7 @@ int Run(int argc, char** argv) {
 
   const absl::StatusOr<ListenAddress> listen = ParseListenAddress("listen", flags->Get("listen"));
   if (!listen.ok()) {
-    LogLine(kProgram) << listen.status().message();
-    return 2;
+    return FlagError(listen.status());
   }
   const std::string& host = listen->host;
   // Declared before everything it observes, so it outlives them.
@@ -389,8 +389,7 @@ int Run(int argc, char** argv) {
       flags->GetInt("worker-unavailable-seconds", 0, 86400);
   for (const absl::Status& st : {call_timeout_s.status(), unavailable_s.status()}) {
     if (!st.ok()) {
-      LogLine(kProgram) << st.message();
-      return 2;
+      return FlagError(st);
     }
   }
   const absl::Duration call_timeout = absl::Seconds(static_cast<double>(*call_timeout_s));
