@@ -1,6 +1,5 @@
 #include "services/common/worker_main.h"
 
-#include <pthread.h>
 #include <signal.h>
 
 #include <algorithm>
@@ -30,6 +29,7 @@
 #include "grpcpp/health_check_service_interface.h"
 #include "services/common/engine_thread.h"
 #include "services/common/listen_address.h"
+#include "services/common/service_process.h"
 #include "services/common/worker_metrics.h"
 
 namespace specd {
@@ -303,13 +303,7 @@ int Fail(const WorkerMainSpec& spec, const absl::Status& status) {
 }  // namespace
 
 int WorkerMain(int argc, char** argv, const WorkerMainSpec& spec) {
-  // Every thread started from here on inherits this mask, so SIGTERM/SIGINT reach only the
-  // sigwait below and the drain runs on this thread, not in a signal handler.
-  sigset_t stop_signals;
-  sigemptyset(&stop_signals);
-  sigaddset(&stop_signals, SIGTERM);
-  sigaddset(&stop_signals, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  const sigset_t stop_signals = StartServiceProcess();
 
   const std::vector<FlagSpec> specs = WorkerFlags();
   const std::vector<std::string> args(argv + 1, argv + argc);

@@ -1,7 +1,6 @@
 // specd-coordinator: the public gRPC API over a draft and a target worker. It owns every request,
 // runs accept/reject, and is NOT_SERVING (health) until both workers are reachable and agree on
 // the vocabulary.
-#include <pthread.h>
 #include <signal.h>
 
 #include <cerrno>
@@ -29,6 +28,7 @@
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "services/common/listen_address.h"
+#include "services/common/service_process.h"
 #include "services/common/tls.h"
 #include "services/coordinator/auth.h"
 #include "services/coordinator/chat_prompt.h"
@@ -224,11 +224,7 @@ v1::ModelInfo ModelInfoOf(const worker::v1::InfoResponse& info) {
 }
 
 int Run(int argc, char** argv) {
-  sigset_t stop_signals;
-  sigemptyset(&stop_signals);
-  sigaddset(&stop_signals, SIGTERM);
-  sigaddset(&stop_signals, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  const sigset_t stop_signals = StartServiceProcess();
 
   const std::vector<FlagSpec> specs = CoordinatorFlags();
   const std::vector<std::string> args(argv + 1, argv + argc);
