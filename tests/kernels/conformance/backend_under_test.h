@@ -12,6 +12,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -46,24 +47,28 @@ inline std::vector<BackendCase> AllBackends() {
 }
 
 // Test data in a back end's memory. Every array sits between two guard zones of a sentinel byte
-// pattern; outputs start as the sentinel too, so an element an op forgets to write shows up as a
-// NaN (floats) or an absurd value.
+// pattern. Outputs start as NaN (all bits set) when they are floats and as the sentinel
+// otherwise, so an element an op forgets to write shows up as a NaN, which no comparison passes,
+// or as an absurd value.
 class Device {
  public:
   static constexpr int64_t kGuardBytes = 256;
   static constexpr uint8_t kSentinel = 0xa5;
+  static constexpr uint8_t kUnwrittenFloat = 0xff;
 
   explicit Device(Backend& backend) : backend_(backend) {}
 
   // A copy of `host` in back-end memory.
   template <typename T>
   T* Put(const std::vector<T>& host) {
-    return static_cast<T*>(Place(host.data(), static_cast<int64_t>(host.size() * sizeof(T))));
+    return static_cast<T*>(
+        Place(host.data(), static_cast<int64_t>(host.size() * sizeof(T)), kSentinel));
   }
-  // `n` elements of uninitialised (sentinel) output.
+  // `n` elements of unwritten output.
   template <typename T>
   T* Output(int64_t n) {
-    return static_cast<T*>(Place(nullptr, n * static_cast<int64_t>(sizeof(T))));
+    return static_cast<T*>(Place(nullptr, n * static_cast<int64_t>(sizeof(T)),
+                                 std::is_floating_point_v<T> ? kUnwrittenFloat : kSentinel));
   }
   // `n` elements read back (synchronizes).
   template <typename T>
@@ -99,13 +104,17 @@ class Device {
   }
 
  private:
-  void* Place(const void* host, int64_t bytes) {
+  void* Place(const void* host, int64_t bytes, uint8_t payload_fill) {
     const int64_t total = bytes + 2 * kGuardBytes;
     absl::StatusOr<Buffer> buffer = backend_.Allocate(total, MemoryKind::kScratch, "test array");
     EXPECT_TRUE(buffer.ok()) << buffer.status();
     if (!buffer.ok()) return nullptr;
     std::vector<uint8_t> image(static_cast<size_t>(total), kSentinel);
-    if (host != nullptr && bytes > 0) std::memcpy(image.data() + kGuardBytes, host, bytes);
+    if (host != nullptr && bytes > 0) {
+      std::memcpy(image.data() + kGuardBytes, host, bytes);
+    } else {
+      std::fill_n(image.begin() + kGuardBytes, bytes, payload_fill);
+    }
     absl::StatusOr<Buffer> staging = backend_.Allocate(total, MemoryKind::kStaging, "test write");
     EXPECT_TRUE(staging.ok()) << staging.status();
     if (!staging.ok()) return nullptr;

@@ -101,21 +101,34 @@ TEST_P(ModelOpsTest, MatmulMatchesDoubleReferenceForEveryDtypeAndShape) {
 }
 
 TEST_P(ModelOpsTest, MatmulRowsAreBatchInvariant) {
+  // 700 columns take the kernels' scalar loads, 768 (a multiple of 8) their vector loads.
   for (const DType dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
-    const int64_t rows = 96, cols = 700, n = 64;
-    const TestWeight w = RandomWeight(dtype, rows, cols, rng_);
-    const std::vector<float> x = RandomFloats(n * cols, rng_);
-    for (const int r : {0, 31, 63}) {
-      std::vector<float> reference;
-      for (const std::vector<int>& batch : InvarianceBatches(n, r, rng_)) {
-        const std::vector<float> y =
-            Matmul(w, PickRows(x, cols, batch), static_cast<int64_t>(batch.size()));
-        const int at = static_cast<int>(std::find(batch.begin(), batch.end(), r) - batch.begin());
-        const std::vector<float> row(y.begin() + at * rows, y.begin() + (at + 1) * rows);
-        if (reference.empty()) reference = row;
-        EXPECT_TRUE(SameBits(row, reference))
-            << DTypeName(dtype) << ": row " << r << " in a batch of " << batch.size();
+    for (const int64_t cols : {700, 768}) {
+      const int64_t rows = 96, n = 64;
+      const TestWeight w = RandomWeight(dtype, rows, cols, rng_);
+      const std::vector<float> x = RandomFloats(n * cols, rng_);
+      for (const int r : {0, 31, 63}) {
+        std::vector<float> reference;
+        for (const std::vector<int>& batch : InvarianceBatches(n, r, rng_)) {
+          const std::vector<float> y =
+              Matmul(w, PickRows(x, cols, batch), static_cast<int64_t>(batch.size()));
+          const int at = static_cast<int>(std::find(batch.begin(), batch.end(), r) - batch.begin());
+          const std::vector<float> row(y.begin() + at * rows, y.begin() + (at + 1) * rows);
+          if (reference.empty()) reference = row;
+          EXPECT_TRUE(SameBits(row, reference))
+              << DTypeName(dtype) << " " << cols << " columns: row " << r << " in a batch of "
+              << batch.size();
+        }
       }
+      // x 4 bytes past a 16-byte boundary cannot take vector loads; the bits stay the same.
+      std::vector<float> shifted(1);
+      shifted.insert(shifted.end(), x.begin(), x.end());
+      float* y = device().Output<float>(n * rows);
+      const absl::Status st = backend().Matmul(
+          {device().Put(shifted) + 1, {device().Put(w.bytes), w.dtype, w.rows, w.cols}, y, n});
+      ASSERT_TRUE(st.ok()) << st;
+      EXPECT_TRUE(SameBits(device().Get(y, n * rows), Matmul(w, x, n)))
+          << DTypeName(dtype) << " " << cols << " columns, x misaligned";
     }
   }
 }
@@ -146,32 +159,49 @@ TEST_P(ModelOpsTest, RmsNormMatchesReferenceAndIsBatchInvariant) {
 }
 
 TEST_P(ModelOpsTest, RopeMatchesReferenceAtPositionsApartFromSlots) {
-  const int64_t heads = 4, head_dim = 16, half = head_dim / 2;
-  // Tree nodes at the same depth share a position, so positions repeat and need not ascend.
-  const std::vector<int32_t> pos = {0, 1, 7, 7, 7, 300, 2, 4095};
-  const int64_t n = static_cast<int64_t>(pos.size());
-  std::vector<float> inv_freq(half);
-  for (int64_t i = 0; i < half; ++i)
-    inv_freq[i] = static_cast<float>(std::pow(10000.0, -2.0 * i / head_dim));
-  const std::vector<float> x = RandomFloats(n * heads * head_dim, rng_);
-  const std::vector<float> y = Rope(x, pos, inv_freq, heads, head_dim);
-  std::vector<double> want(y.size());
-  for (int64_t t = 0; t < n; ++t) {
-    for (int64_t h = 0; h < heads; ++h) {
-      for (int64_t i = 0; i < half; ++i) {
-        const double angle = static_cast<float>(static_cast<float>(pos[t]) * inv_freq[i]);
-        const int64_t a = (t * heads + h) * head_dim + i, b = a + half;
-        want[a] = x[a] * std::cos(angle) - x[b] * std::sin(angle);
-        want[b] = x[b] * std::cos(angle) + x[a] * std::sin(angle);
+  struct Shape {
+    int64_t heads, head_dim;
+    double base;
+    double low_freq_divisor;  // llama3 scaling divides the frequencies below 1/8192 by this
+    std::vector<int32_t> pos;
+  };
+  // Tree nodes at the same depth share a position, so positions repeat and need not ascend. The
+  // second shape is Llama-3.2-3B's (more rotation pairs per token than a block has threads) at
+  // positions up to its 131072-token context.
+  const std::vector<Shape> shapes = {
+      {4, 16, 10000.0, 1.0, {0, 1, 7, 7, 7, 300, 2, 4095}},
+      {24, 128, 500000.0, 32.0, {0, 131071, 8191, 8191, 65536, 3}},
+  };
+  for (const Shape& s : shapes) {
+    const int64_t heads = s.heads, head_dim = s.head_dim, half = head_dim / 2;
+    const std::vector<int32_t>& pos = s.pos;
+    const int64_t n = static_cast<int64_t>(pos.size());
+    std::vector<float> inv_freq(half);
+    for (int64_t i = 0; i < half; ++i) {
+      const double f = std::pow(s.base, -2.0 * static_cast<double>(i) / head_dim);
+      inv_freq[i] = static_cast<float>(f < 1.0 / 8192 ? f / s.low_freq_divisor : f);
+    }
+    const std::vector<float> x = RandomFloats(n * heads * head_dim, rng_);
+    const std::vector<float> y = Rope(x, pos, inv_freq, heads, head_dim);
+    std::vector<double> want(y.size());
+    for (int64_t t = 0; t < n; ++t) {
+      for (int64_t h = 0; h < heads; ++h) {
+        for (int64_t i = 0; i < half; ++i) {
+          const double angle = static_cast<float>(static_cast<float>(pos[t]) * inv_freq[i]);
+          const int64_t a = (t * heads + h) * head_dim + i, b = a + half;
+          want[a] = x[a] * std::cos(angle) - x[b] * std::sin(angle);
+          want[b] = x[b] * std::cos(angle) + x[a] * std::sin(angle);
+        }
       }
     }
-  }
-  EXPECT_TRUE(AllClose(y.data(), want, {2e-6}, 1e-5));
-  // The same (token, position) alone gives the same bits.
-  for (int64_t t = 0; t < n; ++t) {
-    const std::vector<float> one = Rope(PickRows(x, heads * head_dim, {static_cast<int>(t)}),
-                                        {pos[t]}, inv_freq, heads, head_dim);
-    EXPECT_TRUE(SameBits(one, PickRows(y, heads * head_dim, {static_cast<int>(t)}))) << t;
+    EXPECT_TRUE(AllClose(y.data(), want, {2e-6}, 1e-5)) << heads << " x " << head_dim;
+    // The same (token, position) alone gives the same bits.
+    for (int64_t t = 0; t < n; ++t) {
+      const std::vector<float> one = Rope(PickRows(x, heads * head_dim, {static_cast<int>(t)}),
+                                          {pos[t]}, inv_freq, heads, head_dim);
+      EXPECT_TRUE(SameBits(one, PickRows(y, heads * head_dim, {static_cast<int>(t)})))
+          << heads << " x " << head_dim << ", token " << t;
+    }
   }
 }
 
