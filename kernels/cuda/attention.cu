@@ -17,7 +17,6 @@ constexpr int kMaxPairs = static_cast<int>(kAttentionMaxGroupTimesHeadDim);
 constexpr int kGroupChunks = static_cast<int>(kAttentionGroupChunks);
 constexpr int kKRegs = kMaxD / kWarp;
 constexpr float kNegInf = -__builtin_huge_valf();
-constexpr int kPartialHeader = 1;
 constexpr int32_t kNoBadBlock = 0x7fffffff;
 
 struct Params {
@@ -32,8 +31,8 @@ struct Params {
   int32_t group;  // query heads per KV head
   int32_t head_dim;
   float scale;
-  // Split form: [token][kv head][chunk group][kPartialHeader + 2 * group + group * head_dim], a
-  // group's visibility flag (1 when any of its slots is visible), then its m, l and acc.
+  // Split form: [token][kv head][chunk group][2 * group + group * head_dim], a group's m, l and
+  // acc.
   float* partials;
   int32_t* counters;  // split form: [token][kv head], zero before the launch
   int64_t n_groups_cap;
@@ -50,23 +49,38 @@ struct Smem {
   float q[kMaxPairs];
   State total, group;
   float e[kMaxG][kChunk];  // scores, then exp(score - m_c)
-  int64_t offset[kChunk];  // cache element offset of each slot's row; -1 when hidden
+  int64_t offset[kChunk];  // cache element offset of each key's row; -1 past the last key
   float mc[kMaxG], lc[kMaxG];
   // The token, read once.
   int32_t seq, slot, mask_start, ok;
   uint64_t mask;
-  int32_t tree, last, bad_block, visible;
+  int32_t tree, last, bad_block;
+  // The keys the token sees, numbered by rank: ranks [0, base) are slots [0, base), and rank
+  // base + k is the slot of the k-th set bit of `window_bits` past base. Chunks and groups cut
+  // ranks, not slots, at fixed positions, so a tree node, whose ancestors sit at slots with holes
+  // between them, is reduced exactly as its path fed at consecutive slots (kernels/cpu's sums skip
+  // hidden slots too, by adding exact zeros).
+  int64_t base, n_keys;
+  uint64_t window_bits;
 };
 
-// Reads token t into `s` and checks it as the CPU does (kernels/cpu/attention.cc): its sequence
-// and slot, the block-table entries of its prefix (also those of blocks a tree mask hides), and
-// its tree mask (mask_start in [slot - 63, slot], the token's own bit set). False, for every
-// thread, when the token is bad. Only a `report`ing block records the error, and it checks every
-// entry of the prefix, so that it finds the lowest bad one as the CPU does; a block that does not
-// report (a split block of chunk group `grp`) checks only the entries of its group's slots, which
-// are all it reads, because at long contexts every split block rescanning the whole table would
-// read a sizeable fraction of what it reads of the keys. The reporting block of a bad token never
-// counts in, so no block merges, whatever the others found.
+// The slot of the key of rank `rank` (< s.n_keys).
+__device__ __forceinline__ int64_t KeySlot(const Smem& s, int64_t rank) {
+  if (rank < s.base) return rank;
+  uint64_t bits = s.window_bits;
+  for (int64_t k = rank - s.base; k > 0; --k) bits &= bits - 1;  // drop the lowest set bit
+  return s.base + __ffsll(static_cast<long long>(bits)) - 1;
+}
+
+// Reads token t into `s` (its keys too) and checks it as the CPU does (kernels/cpu/attention.cc):
+// its sequence and slot, the block-table entries of its prefix (also those of blocks a tree mask
+// hides), and its tree mask (mask_start in [slot - 63, slot], the token's own bit set). False, for
+// every thread, when the token is bad. Only a `report`ing block records the error, and it checks
+// every entry of the prefix, so that it finds the lowest bad one as the CPU does; a block that
+// does not report (a split block of chunk group `grp`) checks only the entries of its group's
+// keys' slots, which are all it reads, because at long contexts every split block rescanning the
+// whole table would read a sizeable fraction of what it reads of the keys. The reporting block of
+// a bad token never counts in, so no block merges, whatever the others found.
 __device__ bool CheckToken(const Params& p, int64_t t, bool report, int64_t grp, Smem& s) {
   const PagedKv& kv = p.cache;
   if (threadIdx.x == 0) {
@@ -86,12 +100,26 @@ __device__ bool CheckToken(const Params& p, int64_t t, bool report, int64_t grp,
   }
   __syncthreads();
   if (!s.ok) return false;
-  // The lowest bad entry, as the CPU reports it. Every visible slot's block is among these, so
-  // the chunks below read the table unchecked.
+  if (threadIdx.x == 0) {
+    // A bad mask_start or mask is refused below; until then its keys only need to stay within
+    // [0, slot] (the clamps on the table range).
+    const int64_t window = int64_t{s.slot} - s.mask_start;
+    s.base = s.tree ? max(int32_t{0}, s.mask_start) : int64_t{s.slot} + 1;
+    s.window_bits = !s.tree || window < 0 ? 0
+                    : window >= 63        ? s.mask
+                                          : s.mask & ((uint64_t{2} << window) - 1);
+    s.n_keys = s.base + __popcll(s.window_bits);
+  }
+  __syncthreads();
+  // The lowest bad entry, as the CPU reports it. Every key's block is among these, so the chunks
+  // below read the table unchecked.
   const int32_t* table = kv.block_tables + int64_t{s.seq} * kv.max_blocks;
-  constexpr int64_t kGroupSlots = int64_t{kChunk} * kGroupChunks;
-  const int64_t first_slot = report ? 0 : grp * kGroupSlots;
-  const int64_t last_slot = report ? s.slot : min(int64_t{s.slot}, (grp + 1) * kGroupSlots - 1);
+  constexpr int64_t kGroupKeys = int64_t{kChunk} * kGroupChunks;
+  const int64_t last_key = s.n_keys - 1;
+  const int64_t last_slot =
+      report ? s.slot : min(int64_t{s.slot}, KeySlot(s, min(last_key, (grp + 1) * kGroupKeys - 1)));
+  const int64_t first_slot =
+      report ? 0 : max(int64_t{0}, min(last_slot, KeySlot(s, min(last_key, grp * kGroupKeys))));
   const int32_t first_block = static_cast<int32_t>(first_slot / kv.block_size);
   const int32_t last_block = static_cast<int32_t>(last_slot / kv.block_size);
   for (int32_t b = first_block + static_cast<int32_t>(threadIdx.x); b <= last_block;
@@ -142,33 +170,28 @@ __device__ void LoadQuery(const Params& p, int64_t t, int kvh, Smem& s) {
   __syncthreads();
 }
 
-// Scores, exponentials and the chunk's (m_c, l_c) in shared memory; false (for every thread)
-// when no slot of chunk c is visible to the token.
-__device__ bool ScoreChunk(const Params& p, int kvh, int64_t c, Smem& s) {
+// Scores, exponentials and the chunk's (m_c, l_c) in shared memory, for the keys of ranks
+// [64c, 64c + 64); c must hold at least one key.
+__device__ void ScoreChunk(const Params& p, int kvh, int64_t c, Smem& s) {
   const int lane = threadIdx.x % kWarp;
   const int warp = threadIdx.x / kWarp;
   const int G = p.group;
   const int hd = p.head_dim;
   const PagedKv& kv = p.cache;
   if (threadIdx.x < kChunk) {
-    const int64_t slot = c * kChunk + threadIdx.x;
-    bool visible = slot <= s.slot;
-    if (visible && s.tree && slot >= s.mask_start) {
-      const int64_t j = slot - s.mask_start;
-      visible = j < 64 && ((s.mask >> j) & 1u) != 0;
-    }
+    const int64_t rank = c * kChunk + threadIdx.x;
     int64_t offset = -1;
-    if (visible) {  // CheckToken checked the entry
+    if (rank < s.n_keys) {  // CheckToken checked the entry
+      const int64_t slot = KeySlot(s, rank);
       const int32_t block = kv.block_tables[int64_t{s.seq} * kv.max_blocks + slot / kv.block_size];
       offset =
           (int64_t{block} * kv.block_size + slot % kv.block_size) * kv.kv_dim + int64_t{kvh} * hd;
     }
     s.offset[threadIdx.x] = offset;
   }
-  const int any = __syncthreads_or(threadIdx.x < kChunk && s.offset[threadIdx.x] >= 0);
-  if (!any) return false;
+  __syncthreads();
 
-  // q . k for every visible slot: lane i holds dims i, i + 32, ...; one fused multiply-add chain
+  // q . k for every key: lane i holds dims i, i + 32, ...; one fused multiply-add chain
   // per lane in that order, then the butterfly.
   for (int j = warp; j < kChunk; j += kWarps) {
     const int64_t offset = s.offset[j];
@@ -210,12 +233,11 @@ __device__ bool ScoreChunk(const Params& p, int kvh, int64_t c, Smem& s) {
     }
   }
   __syncthreads();
-  return true;
 }
 
-// Element d of head g of the chunk's weighted value sum: slots in ascending order, one fused
-// multiply-add each, skipping weights that are exactly 0 (hidden slots, whose rows may hold
-// anything; for a visible slot that is the same as adding 0 * v).
+// Element d of head g of the chunk's weighted value sum: keys in ascending order, one fused
+// multiply-add each, skipping weights that are exactly 0 (ranks past the last key, which have no
+// row; for a key that is the same as adding 0 * v).
 __device__ float ChunkValue(const Params& p, const Smem& s, int g, int d) {
   float part = 0.0f;
   for (int j = 0; j < kChunk; ++j) {
@@ -269,19 +291,16 @@ __device__ void MergePart(const Params& p, State& st, const float* m_part, const
   __syncthreads();
 }
 
-// The state of chunk group `grp` (kGroupChunks chunks merged in order from an empty state) in
-// s.group; false when none of its chunks has a visible slot.
-__device__ bool GroupState(const Params& p, int kvh, int64_t grp, int64_t chunks, Smem& s) {
+// The state of chunk group `grp` (up to kGroupChunks chunks merged in order from an empty state)
+// in s.group.
+__device__ void GroupState(const Params& p, int kvh, int64_t grp, int64_t chunks, Smem& s) {
   InitState(p, s.group);
-  bool any = false;
   const int64_t end = min(chunks, (grp + 1) * kGroupChunks);
   for (int64_t c = grp * kGroupChunks; c < end; ++c) {
-    if (!ScoreChunk(p, kvh, c, s)) continue;
-    any = true;
+    ScoreChunk(p, kvh, c, s);
     MergePart(p, s.group, s.mc, s.lc,
               [&](int i) { return ChunkValue(p, s, i / p.head_dim, i % p.head_dim); });
   }
-  return any;
 }
 
 __device__ void WriteOutput(const Params& p, int64_t t, int kvh, const Smem& s) {
@@ -303,10 +322,10 @@ __global__ void __launch_bounds__(kThreads) AttentionKernel(Params p) {
   }
   LoadQuery(p, t, kvh, s);
   InitState(p, s.total);
-  const int64_t chunks = s.slot / kChunk + 1;
+  const int64_t chunks = DivUp(s.n_keys, kChunk);
   const int64_t groups = DivUp(chunks, kGroupChunks);
   for (int64_t grp = 0; grp < groups; ++grp) {
-    if (!GroupState(p, kvh, grp, chunks, s)) continue;
+    GroupState(p, kvh, grp, chunks, s);
     MergePart(p, s.total, s.group.m, s.group.l, [&](int i) { return s.group.acc[i]; });
   }
   WriteOutput(p, t, kvh, s);
@@ -320,8 +339,8 @@ __global__ void __launch_bounds__(kThreads) AttentionSplitKernel(Params p) {
   const int kvh = static_cast<int>(blockIdx.x % p.n_kv_heads);
   const int64_t grp = blockIdx.y;
   if (threadIdx.x == 0) {
-    // Blocks past the token's last group leave at once (their count is not waited for); group
-    // 0 always runs, to report a bad token.
+    // Blocks past the group of the token's slot leave at once (their count is not waited for);
+    // group 0 always runs, to report a bad token.
     const int32_t slot = p.slot[t];
     s.last = grp == 0 || (slot >= 0 && grp <= slot / (kChunk * kGroupChunks));
   }
@@ -333,28 +352,23 @@ __global__ void __launch_bounds__(kThreads) AttentionSplitKernel(Params p) {
     if (grp == 0) ZeroOutput(p, t, kvh);
     return;
   }
+  // A tree token's keys can end a group before its slot does: the groups past its last key leave
+  // uncounted too.
+  const int64_t chunks = DivUp(s.n_keys, kChunk);
+  const int64_t groups = DivUp(chunks, kGroupChunks);
+  if (grp >= groups) return;
   LoadQuery(p, t, kvh, s);
   const int G = p.group;
   const int hd = p.head_dim;
-  const int64_t stride = kPartialHeader + 2 * G + int64_t{G} * hd;
+  const int64_t stride = 2 * G + int64_t{G} * hd;
   const int64_t pair = t * p.n_kv_heads + kvh;
-  const int64_t chunks = s.slot / kChunk + 1;
-  const int64_t groups = DivUp(chunks, kGroupChunks);
   float* mine = p.partials + (pair * p.n_groups_cap + grp) * stride;
-  // A hidden group (no visible slot) stores only its flag and is skipped by the merge, as in
-  // AttentionKernel; an explicit flag, so that no computed (m, l) can pass for hidden. (Masks
-  // that CheckToken accepts hide no whole group: the 64-slot window ends at the token's slot.)
-  const bool visible = GroupState(p, kvh, grp, chunks, s);
-  if (threadIdx.x == 0) mine[0] = visible ? 1.0f : 0.0f;
-  if (visible) {
-    if (threadIdx.x < G) {
-      mine[kPartialHeader + threadIdx.x] = s.group.m[threadIdx.x];
-      mine[kPartialHeader + G + threadIdx.x] = s.group.l[threadIdx.x];
-    }
-    for (int i = threadIdx.x; i < G * hd; i += kThreads) {
-      mine[kPartialHeader + 2 * G + i] = s.group.acc[i];
-    }
+  GroupState(p, kvh, grp, chunks, s);
+  if (threadIdx.x < G) {
+    mine[threadIdx.x] = s.group.m[threadIdx.x];
+    mine[G + threadIdx.x] = s.group.l[threadIdx.x];
   }
+  for (int i = threadIdx.x; i < G * hd; i += kThreads) mine[2 * G + i] = s.group.acc[i];
   __threadfence();
   __syncthreads();
   if (threadIdx.x == 0) s.last = atomicAdd(&p.counters[pair], 1) == groups - 1;
@@ -365,18 +379,12 @@ __global__ void __launch_bounds__(kThreads) AttentionSplitKernel(Params p) {
   const float* all = p.partials + pair * p.n_groups_cap * stride;
   for (int64_t k = 0; k < groups; ++k) {
     const float* part = all + k * stride;
-    if (threadIdx.x == 0) s.visible = __ldcg(part) != 0.0f;
-    __syncthreads();
-    const bool visible = s.visible != 0;
-    __syncthreads();
-    if (!visible) continue;
     if (threadIdx.x < G) {
-      s.group.m[threadIdx.x] = __ldcg(part + kPartialHeader + threadIdx.x);
-      s.group.l[threadIdx.x] = __ldcg(part + kPartialHeader + G + threadIdx.x);
+      s.group.m[threadIdx.x] = __ldcg(part + threadIdx.x);
+      s.group.l[threadIdx.x] = __ldcg(part + G + threadIdx.x);
     }
     __syncthreads();
-    MergePart(p, s.total, s.group.m, s.group.l,
-              [&](int i) { return __ldcg(part + kPartialHeader + 2 * G + i); });
+    MergePart(p, s.total, s.group.m, s.group.l, [&](int i) { return __ldcg(part + 2 * G + i); });
   }
   WriteOutput(p, t, kvh, s);
 }
@@ -387,7 +395,7 @@ int64_t GroupsCap(const PagedKv& c) {
 
 int64_t PartialFloats(const AttentionArgs& a) {
   const int64_t g = a.n_heads / a.n_kv_heads;
-  return a.n_tokens * a.n_kv_heads * GroupsCap(a.cache) * (kPartialHeader + 2 * g + g * a.head_dim);
+  return a.n_tokens * a.n_kv_heads * GroupsCap(a.cache) * (2 * g + g * a.head_dim);
 }
 
 }  // namespace

@@ -3,16 +3,18 @@
 // chunked prefill and draft trees (64-bit node masks) in one launch, reading the block table in
 // the kernel.
 //
-// Invariance. A token's keys are cut into chunks of kAttentionChunk slots at FIXED slot
-// positions (slots [64c, 64c + 64)), never at points chosen from the batch, and the chunks into
-// fixed groups of kAttentionGroupChunks. A chunk's partial softmax (its max, sum of exponentials
-// and weighted values) is computed by one block with a fixed thread mapping; a group's state is
-// its chunks merged in ascending order from an empty state, and the output is the groups' states
-// merged in ascending order, every merge by one function. The launcher may run all groups of a
-// (token, KV head) in one block, or each group in its own block with the last block to finish
-// merging the stored group states in the same order: the two give the same bits, so that choice,
-// which does depend on the batch's size, never changes a result. A chunk or group whose slots are
-// all hidden (tree masks) is skipped in both.
+// Invariance. The keys a token sees are numbered by rank (its prefix, then with a tree mask the
+// slots the mask shows, in slot order) and cut into chunks of kAttentionChunk keys at FIXED
+// ranks (ranks [64c, 64c + 64)), never at points chosen from the batch, and the chunks into fixed
+// groups of kAttentionGroupChunks. Cutting ranks rather than slots makes a tree node, whose
+// ancestors sit at slots with holes between them, give the bits of its path fed at consecutive
+// slots, as the CPU's does. A chunk's partial softmax (its max, sum of exponentials and weighted
+// values) is computed by one block with a fixed thread mapping; a group's state is its chunks
+// merged in ascending order from an empty state, and the output is the groups' states merged in
+// ascending order, every merge by one function. The launcher may run all groups of a (token, KV
+// head) in one block, or each group in its own block with the last block to finish merging the
+// stored group states in the same order: the two give the same bits, so that choice, which does
+// depend on the batch's size, never changes a result.
 #ifndef SPECD_KERNELS_CUDA_ATTENTION_H_
 #define SPECD_KERNELS_CUDA_ATTENTION_H_
 
@@ -27,7 +29,7 @@
 namespace specd::kernels::cuda {
 
 inline constexpr int64_t kAttentionChunk = 64;
-inline constexpr int64_t kAttentionGroupChunks = 8;  // 512 slots per chunk group
+inline constexpr int64_t kAttentionGroupChunks = 8;  // 512 keys per chunk group
 inline constexpr int64_t kAttentionMaxGroup = 16;    // n_heads / n_kv_heads
 inline constexpr int64_t kAttentionMaxHeadDim = 256;
 inline constexpr int64_t kAttentionMaxGroupTimesHeadDim = 2048;

@@ -9,6 +9,7 @@
 #include <map>
 #include <numeric>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -289,6 +290,116 @@ TEST_P(KvAttentionTest, CopyKvRowsReadsEverySourceBeforeWriting) {
         }
       }
       EXPECT_EQ(got, want) << DTypeName(dtype);
+    }
+  }
+}
+
+// A draft-tree node attends over its prefix and its ancestors, which sit at slots with holes
+// between them. Once the path is accepted its tokens are fed again at consecutive slots, so the
+// node must get exactly the bits of the path's last token seeing the same keys there: a hidden
+// slot changes no sum, and wherever a back end cuts the keys into pieces must not depend on the
+// holes. The trees straddle a 64-slot boundary (past a 60-token prefix) and a 512-slot one (past
+// 500); the linear token runs both with a causal tree mask and with no mask at all.
+TEST_P(KvAttentionTest, ATreeNodeGetsTheBitsOfItsPathStoredLinearly) {
+  constexpr int64_t kBlockSize = 16, kTreeNodes = 40;
+  // The node's ancestors and itself, as offsets from the tree's first slot.
+  const std::vector<int32_t> path = {0, 3, 7, 12, 20, 33};
+  const int64_t depth = static_cast<int64_t>(path.size());
+  uint64_t path_mask = 0;
+  for (const int32_t node : path) path_mask |= uint64_t{1} << node;
+  for (const DType dtype : {DType::kF32, DType::kBF16}) {
+    if (!backend().SupportsKvDtype(dtype)) continue;
+    for (const int32_t prefix : {60, 500}) {
+      // Sequence 0 holds the prefix and the tree, sequence 1 the prefix and the path; their
+      // tables run in opposite directions over one pool.
+      const int64_t len = prefix + kTreeNodes;
+      const int64_t max_blocks = (len + kBlockSize - 1) / kBlockSize;
+      const int64_t num_blocks = 2 * max_blocks;
+      std::vector<int32_t> tables(static_cast<size_t>(2 * max_blocks));
+      for (int64_t b = 0; b < max_blocks; ++b) {
+        tables[b] = static_cast<int32_t>(b);
+        tables[max_blocks + b] = static_cast<int32_t>(num_blocks - 1 - b);
+      }
+      const int64_t pool_bytes = num_blocks * kBlockSize * kKvDim * DTypeSize(dtype);
+      const PagedKv cache{device().Output<uint8_t>(pool_bytes),
+                          device().Output<uint8_t>(pool_bytes),
+                          dtype,
+                          device().Put(tables),
+                          max_blocks,
+                          num_blocks,
+                          kBlockSize,
+                          kKvDim};
+      const std::vector<float> k = RandomFloats(len * kKvDim, rng_, -2.0f, 2.0f);
+      const std::vector<float> v = RandomFloats(len * kKvDim, rng_, -2.0f, 2.0f);
+      // Row r of k and v goes to (seq[i], slot[i]) for each i with rows[i] = r.
+      std::vector<int32_t> seq, slot, rows;
+      for (int32_t i = 0; i < len; ++i) {
+        seq.push_back(0);
+        slot.push_back(i);
+        rows.push_back(i);
+      }
+      for (int32_t i = 0; i < prefix + depth; ++i) {
+        seq.push_back(1);
+        slot.push_back(i);
+        rows.push_back(i < prefix ? i : prefix + path[i - prefix]);
+      }
+      std::vector<float> k_rows, v_rows;
+      for (const int32_t r : rows) {
+        k_rows.insert(k_rows.end(), k.begin() + r * kKvDim, k.begin() + (r + 1) * kKvDim);
+        v_rows.insert(v_rows.end(), v.begin() + r * kKvDim, v.begin() + (r + 1) * kKvDim);
+      }
+      const absl::Status stored =
+          backend().StoreKv({device().Put(k_rows), device().Put(v_rows), cache, device().Put(seq),
+                             device().Put(slot), static_cast<int64_t>(seq.size())});
+      ASSERT_TRUE(stored.ok()) << stored;
+
+      const std::vector<float> q = RandomFloats(kWidth, rng_);
+      const int32_t node_slot = prefix + path.back();
+      const int32_t linear_slot = static_cast<int32_t>(prefix + depth - 1);
+      // Tokens (seq, slot, mask, mask_start), each with the same query.
+      struct Token {
+        int32_t seq, slot;
+        uint64_t mask;
+        int32_t mask_start;
+      };
+      const auto attend = [&](const std::vector<Token>& tokens, bool masks) {
+        std::vector<int32_t> t_seq, t_slot, t_start;
+        std::vector<uint64_t> t_mask;
+        std::vector<float> t_q;
+        for (const Token& t : tokens) {
+          t_seq.push_back(t.seq);
+          t_slot.push_back(t.slot);
+          t_mask.push_back(t.mask);
+          t_start.push_back(t.mask_start);
+          t_q.insert(t_q.end(), q.begin(), q.end());
+        }
+        const int64_t n = static_cast<int64_t>(tokens.size());
+        AttentionArgs a;
+        a.q = device().Put(t_q);
+        a.out = device().Output<float>(n * kWidth);
+        a.cache = cache;
+        a.token_seq = device().Put(t_seq);
+        a.slot = device().Put(t_slot);
+        a.tree_mask = masks ? device().Put(t_mask) : nullptr;
+        a.mask_start = masks ? device().Put(t_start) : nullptr;
+        a.n_tokens = n;
+        a.n_heads = kHeads;
+        a.n_kv_heads = kKvHeads;
+        a.head_dim = kHeadDim;
+        a.scale = 1.0f / std::sqrt(static_cast<float>(kHeadDim));
+        const absl::Status st = backend().Attention(a);
+        EXPECT_TRUE(st.ok()) << st;
+        return device().Get(a.out, n * kWidth);
+      };
+      const Token node{0, node_slot, path_mask, prefix};
+      const Token linear{1, linear_slot, 1, linear_slot};
+      const std::string where = absl::StrCat(std::string(DTypeName(dtype)), ", prefix ", prefix);
+      const std::vector<float> want = attend({linear}, /*masks=*/false);
+      EXPECT_TRUE(SameBits(attend({linear}, /*masks=*/true), want)) << where;
+      EXPECT_TRUE(SameBits(attend({node}, /*masks=*/true), want)) << where;
+      const std::vector<float> both = attend({linear, node}, /*masks=*/true);
+      EXPECT_TRUE(SameBits(std::vector<float>(both.begin() + kWidth, both.end()), want)) << where;
+      EXPECT_TRUE(device().GuardsIntact()) << where;
     }
   }
 }
