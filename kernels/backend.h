@@ -426,6 +426,11 @@ class Backend {
   // Waits until everything enqueued has run. Returns the first execution failure since the
   // previous Synchronize.
   virtual absl::Status Synchronize() = 0;
+  // OK while the back end can run work. Once a failure has left the device unusable for the rest
+  // of the process (CUDA's sticky errors: an illegal address, a failed launch, an uncorrectable
+  // ECC error), that failure: every later call fails too, and only a new process can use the
+  // device again. Cheap (no waiting), so a worker asks after every job.
+  virtual absl::Status Health() const { return absl::OkStatus(); }
 
   virtual absl::Status Matmul(const MatmulArgs& args) = 0;
   virtual absl::Status RmsNorm(const RmsNormArgs& args) = 0;

@@ -152,6 +152,20 @@ class CudaBackend final : public Backend {
     return absl::OkStatus();
   }
 
+  absl::Status Health() const override {
+    // Querying a capturing stream would invalidate the capture; the recorded pass reports its
+    // own failures.
+    if (recording_) return absl::OkStatus();
+    const cudaError_t e = cudaStreamQuery(stream_.get());
+    if (e == cudaSuccess || e == cudaErrorNotReady) return absl::OkStatus();
+    if (!cuda::IsStickyError(e)) {
+      (void)cudaGetLastError();  // not the next op's failure
+      return absl::OkStatus();
+    }
+    return absl::InternalError(absl::StrCat("the CUDA context on ", name_, " is lost: ",
+                                            cudaGetErrorName(e), ": ", cudaGetErrorString(e)));
+  }
+
   absl::Status Matmul(const MatmulArgs& a) override {
     return Enqueue([&] {
       return cuda::LaunchMatmul(a, ctx_, stream_.get(), options_.matmul_tokens_per_warp);

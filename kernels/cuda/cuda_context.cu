@@ -77,6 +77,24 @@ absl::Status CudaStatus(cudaError_t error, const char* what) {
                                           cudaGetErrorString(error)));
 }
 
+bool IsStickyError(cudaError_t error) {
+  switch (error) {
+    case cudaErrorIllegalAddress:
+    case cudaErrorLaunchFailure:
+    case cudaErrorLaunchTimeout:
+    case cudaErrorHardwareStackError:
+    case cudaErrorIllegalInstruction:
+    case cudaErrorMisalignedAddress:
+    case cudaErrorInvalidAddressSpace:
+    case cudaErrorInvalidPc:
+    case cudaErrorAssert:
+    case cudaErrorECCUncorrectable:
+      return true;
+    default:
+      return false;
+  }
+}
+
 cudaError_t ProbeKernelImage() {
   cudaFuncAttributes attributes;
   return cudaFuncGetAttributes(&attributes, ProbeKernel);

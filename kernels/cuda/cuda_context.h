@@ -89,6 +89,10 @@ struct CudaContext {
 // failure this clears it, so that the next op does not report this failure as its own.
 absl::Status CudaStatus(cudaError_t error, const char* what);
 
+// Whether `error` leaves the process's CUDA context unusable: CUDA then returns it from every
+// later call, and the process must exit and be relaunched to use the device again.
+bool IsStickyError(cudaError_t error);
+
 // cudaSuccess when this build holds machine code or PTX the current device can run.
 cudaError_t ProbeKernelImage();
 

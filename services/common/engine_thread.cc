@@ -4,7 +4,8 @@
 
 namespace specd {
 
-EngineThread::EngineThread(std::unique_ptr<WorkerRuntime> runtime) : runtime_(std::move(runtime)) {
+EngineThread::EngineThread(std::unique_ptr<WorkerRuntime> runtime, DeviceLost on_device_lost)
+    : runtime_(std::move(runtime)), on_device_lost_(std::move(on_device_lost)) {
   thread_ = std::thread([this] { Loop(); });
 }
 
@@ -47,6 +48,12 @@ void EngineThread::Loop() {
       queue_.pop_front();
     }
     std::move(job)(*runtime_);
+    if (!on_device_lost_) continue;
+    if (const absl::Status health = runtime_->engine().backend().Health(); !health.ok()) {
+      DeviceLost lost = std::move(on_device_lost_);
+      on_device_lost_ = nullptr;
+      std::move(lost)(health);
+    }
   }
 }
 

@@ -1,7 +1,8 @@
 // The single owner of a worker's WorkerRuntime: a job queue drained by one thread. gRPC
 // reactions never block; they post a job here and return, and the job finishes their call.
 // Jobs run one at a time in posting order, so the runtime needs no locks (an actor, as TGI's
-// router queue).
+// router queue). After each job the thread asks the engine's back end for its health, and hands
+// a lost device to `on_device_lost` (kernels::Backend::Health).
 #ifndef SPECD_SERVICES_COMMON_ENGINE_THREAD_H_
 #define SPECD_SERVICES_COMMON_ENGINE_THREAD_H_
 
@@ -11,6 +12,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/functional/any_invocable.h"
+#include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "common/worker/worker_runtime.h"
 
@@ -19,8 +21,10 @@ namespace specd {
 class EngineThread {
  public:
   using Job = absl::AnyInvocable<void(WorkerRuntime&) &&>;
+  using DeviceLost = absl::AnyInvocable<void(const absl::Status&)>;
 
-  explicit EngineThread(std::unique_ptr<WorkerRuntime> runtime);
+  // `on_device_lost` runs on the engine thread, at most once.
+  EngineThread(std::unique_ptr<WorkerRuntime> runtime, DeviceLost on_device_lost);
   ~EngineThread();  // Stop()
 
   EngineThread(const EngineThread&) = delete;
@@ -38,6 +42,7 @@ class EngineThread {
   bool HasWorkOrStopping() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   std::unique_ptr<WorkerRuntime> runtime_;
+  DeviceLost on_device_lost_;  // empty once run
   absl::Mutex mu_;
   std::deque<Job> queue_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;

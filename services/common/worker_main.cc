@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
@@ -331,7 +332,17 @@ int WorkerMain(int argc, char** argv, const WorkerMainSpec& spec) {
 
   WorkerRuntimeOptions runtime_options = config->runtime;
   runtime_options.observer = &metrics;
-  EngineThread engine_thread(std::make_unique<WorkerRuntime>(*std::move(engine), runtime_options));
+  // A lost device (a CUDA sticky error) fails every later call of this process, while gRPC would
+  // go on answering Info and health as if the worker served: exit instead, so that `specd serve`
+  // or the container's restart policy starts a worker on a fresh context, and the coordinator
+  // replays its sequences there. Nothing can be drained on such a device.
+  EngineThread engine_thread(std::make_unique<WorkerRuntime>(*std::move(engine), runtime_options),
+                             [&spec](const absl::Status& lost) {
+                               LogLine(spec.program)
+                                   << lost.message() << "; exiting (status " << kExitDeviceLost
+                                   << ") so that the worker restarts on a fresh device context";
+                               std::_Exit(kExitDeviceLost);
+                             });
   WorkerRpcs rpcs(&engine_thread, *std::move(info));
   const std::unique_ptr<grpc::Service> service = spec.make_service(&rpcs);
 

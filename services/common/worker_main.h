@@ -24,8 +24,13 @@ struct WorkerMainSpec {
   std::function<std::unique_ptr<grpc::Service>(WorkerRpcs* rpcs)> make_service;
 };
 
+// The exit status of a worker whose device became unusable while serving (a CUDA sticky error;
+// see kernels::Backend::Health): it exits at once, for its supervisor to restart it.
+inline constexpr int kExitDeviceLost = 3;
+
 // Runs the worker until SIGTERM or SIGINT and returns the process exit code: 0 after a clean
-// drain, 1 when start-up fails, 2 for bad flags.
+// drain, 1 when start-up fails, 2 for bad flags (kExitDeviceLost ends the process from the engine
+// thread).
 int WorkerMain(int argc, char** argv, const WorkerMainSpec& spec);
 
 }  // namespace specd

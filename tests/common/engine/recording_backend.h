@@ -23,7 +23,7 @@
 
 namespace specd::testing {
 
-class RecordingBackend final : public kernels::Backend {
+class RecordingBackend : public kernels::Backend {
  public:
   // Computes on `inner` (a CPU back end); allocates host memory of its own.
   explicit RecordingBackend(std::unique_ptr<kernels::Backend> inner) : inner_(std::move(inner)) {}
