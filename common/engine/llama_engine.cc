@@ -66,14 +66,29 @@ MetadataLayout LayoutFor(int64_t n_tokens, int64_t n_seqs, int64_t table_stride,
   return m;
 }
 
-// Grows `buffer` to at least `bytes` (contents are not kept), counting moves in `*generation`.
+// Grows `buffer` to at least `bytes` (contents are not kept). The new buffer is allocated before
+// the old one is freed, so a failed growth (out of memory: RESOURCE_EXHAUSTED) leaves `buffer`
+// as it was, still good for every pass it served before (the price: the old buffer is held while
+// the new one is allocated). A move that happened is counted in `*generation` when given
+// (recordings that point into the buffer are then stale).
 absl::Status Ensure(kernels::Backend& backend, kernels::Buffer& buffer, int64_t bytes,
                     kernels::MemoryKind kind, std::string_view what, int64_t* generation) {
   if (buffer.bytes() >= bytes) return absl::OkStatus();
-  ++*generation;
-  buffer = kernels::Buffer();
-  SPECD_ASSIGN_OR_RETURN(buffer, backend.Allocate(bytes, kind, what));
+  SPECD_ASSIGN_OR_RETURN(kernels::Buffer grown, backend.Allocate(bytes, kind, what));
+  buffer = std::move(grown);  // frees the old one
+  if (generation != nullptr) ++*generation;
   return absl::OkStatus();
+}
+
+// The metadata buffers start at this size and at least double when they grow, so that the
+// high-water marks of a warming-up server (a new table width, more copy-on-write rows) move the
+// device copy, and so discard every recording, only a few times.
+constexpr int64_t kMinMetadataBytes = int64_t{16} << 10;
+
+// What a buffer of `have` bytes that must hold `need` grows to: `have` when it is enough.
+int64_t GeometricSize(int64_t have, int64_t need) {
+  if (have >= need) return have;
+  return std::max({need, 2 * have, kMinMetadataBytes});
 }
 
 double GiB(int64_t bytes) { return static_cast<double>(bytes) / (1 << 30); }
@@ -123,7 +138,16 @@ absl::StatusOr<std::unique_ptr<LlamaEngine>> LlamaEngine::Create(
   int64_t capacity_tokens = options.kv_capacity_tokens;
   if (options.gpu_memory_fraction > 0.0) {
     absl::StatusOr<kernels::DeviceMemory> mem = backend->QueryDeviceMemory();
-    // A back end without device memory (the CPU) is sized by kv_capacity_tokens.
+    // A back end without device memory (the CPU answers UNIMPLEMENTED) is sized by
+    // kv_capacity_tokens. Any other failure is a device that could not answer: sizing the cache
+    // by kv_capacity_tokens instead would silently ignore the fraction asked for.
+    if (!mem.ok() && !absl::IsUnimplemented(mem.status())) {
+      return absl::Status(
+          mem.status().code(),
+          absl::StrCat("engine: cannot size the KV cache by gpu_memory_fraction: the ",
+                       ToAbsl(backend->name()),
+                       " back end could not report its memory: ", mem.status().message()));
+    }
     if (mem.ok()) {
       const ModelMemory own = EstimateModelMemory(c, options.kv_dtype);
       SPECD_ASSIGN_OR_RETURN(
@@ -287,10 +311,14 @@ absl::Status LlamaEngine::UploadMetadata(std::span<const SequenceInput> batch, c
   for (const KvBlockCopy& c : copies) n_copy_rows += c.rows;
   const MetadataLayout m =
       LayoutFor(shape.tokens, shape.seqs, stride, shape.logits, tree, n_copy_rows);
-  SPECD_RETURN_IF_ERROR(Ensure(*backend_, staging_, m.bytes, kernels::MemoryKind::kStaging,
-                               "forward metadata", &buffers_generation_));
-  SPECD_RETURN_IF_ERROR(Ensure(*backend_, meta_device_, m.bytes, kernels::MemoryKind::kScratch,
-                               "forward metadata", &buffers_generation_));
+  // Only the device copy's moves stale the recordings: staging_ is host memory that no recording
+  // reads (the upload from it is enqueued before the model, never recorded).
+  SPECD_RETURN_IF_ERROR(Ensure(*backend_, staging_, GeometricSize(staging_.bytes(), m.bytes),
+                               kernels::MemoryKind::kStaging, "forward metadata",
+                               /*generation=*/nullptr));
+  SPECD_RETURN_IF_ERROR(
+      Ensure(*backend_, meta_device_, GeometricSize(meta_device_.bytes(), m.bytes),
+             kernels::MemoryKind::kScratch, "forward metadata", &buffers_generation_));
   char* host = staging_.as<char>();
   int32_t* ids = reinterpret_cast<int32_t*>(host + m.ids);
   int32_t* pos = reinterpret_cast<int32_t*>(host + m.pos);
@@ -395,6 +423,10 @@ absl::Status LlamaEngine::CopyBlocks(int64_t n_rows) {
 absl::Status LlamaEngine::GrowScratch(int64_t n_tokens, int64_t n_logits) {
   const ModelConfig& c = config_;
   constexpr auto kScratch = kernels::MemoryKind::kScratch;
+  // Ensure keeps a buffer it fails to grow, so when one allocation fails (out of memory), every
+  // buffer still holds at least the s_.tokens (s_.logit_rows) it held: the recorded sizes stay
+  // true, and every pass that ran before still runs. The buffers grown before the failure keep
+  // their new size, and the next larger pass grows only the rest.
   if (n_tokens > s_.tokens) {
     const int64_t n = RoundUpTo(n_tokens, kScratchTokenStep);
     for (const auto& [buffer, width] :
@@ -627,8 +659,6 @@ absl::Status LlamaEngine::CompactKv(KvPool::SeqId seq, int64_t tree_start,
                        " (the nodes must increase and lie inside the ", len, " cached tokens)"));
     }
   }
-  // The prefix cache keys blocks by their tokens: the branch's tokens move with its KV.
-  SPECD_RETURN_IF_ERROR(kv_->CompactTokens(seq, tree_start, kept_nodes));
   // Row pairs: a KV row is block * block_size + slot in block, in every layer alike.
   const int64_t bs = kv_->block_size();
   auto row_of = [&](int64_t slot) {
@@ -638,36 +668,54 @@ absl::Status LlamaEngine::CompactKv(KvPool::SeqId seq, int64_t tree_start,
   std::vector<int32_t> dst;
   for (int64_t i = 0; i < kept; ++i) {
     const int64_t from = tree_start + kept_nodes[static_cast<size_t>(i)];
-    if (from == tree_start + i) continue;  // already in place
+    const int64_t to = tree_start + i;
+    if (from == to) continue;  // already in place
+    // The pool checks this again when it records the move (KvPool::CompactTokens), but only
+    // after the copy: the KV write must not reach a block that anything else can see.
+    const int32_t block = (*table)[static_cast<size_t>(to / bs)];
+    if (kv_->RefCount(block) > 1 || kv_->IsCached(block)) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("sequence ", seq, ": cannot compact its tree into slot ", to,
+                       ", which lies in a block that is cached or held by another sequence"));
+    }
     pairs.push_back(row_of(from));
-    dst.push_back(row_of(tree_start + i));
+    dst.push_back(row_of(to));
   }
   const int64_t n = static_cast<int64_t>(dst.size());
   if (n > 0) {
     pairs.insert(pairs.end(), dst.begin(), dst.end());
     const int64_t bytes = static_cast<int64_t>(pairs.size() * sizeof(int32_t));
     // No recorded forward pass reads these buffers, so their moves need not stale a recording.
-    int64_t moves = 0;
     SPECD_RETURN_IF_ERROR(Ensure(*backend_, compact_staging_, bytes, kernels::MemoryKind::kStaging,
-                                 "KV compaction rows", &moves));
+                                 "KV compaction rows", /*generation=*/nullptr));
     SPECD_RETURN_IF_ERROR(Ensure(*backend_, compact_device_, bytes, kernels::MemoryKind::kScratch,
-                                 "KV compaction rows", &moves));
+                                 "KV compaction rows", /*generation=*/nullptr));
     std::memcpy(compact_staging_.data(), pairs.data(), static_cast<size_t>(bytes));
-    SPECD_RETURN_IF_ERROR(backend_->Upload(compact_device_.data(), compact_staging_.data(), bytes));
-    kernels::CopyKvRowsArgs c;
-    c.k = k_cache_.data();
-    c.v = v_cache_.data();
-    c.dtype = kv_dtype_;
-    c.n_layers = config_.num_layers;
-    c.layer_stride = device_blocks() * bs;
-    c.kv_dim = config_.kv_dim();
-    c.src_rows = compact_device_.as<const int32_t>();
-    c.dst_rows = compact_device_.as<const int32_t>() + n;
-    c.n = n;
-    SPECD_RETURN_IF_ERROR(backend_->CopyKvRows(c));
-    // The staging rows must outlive the upload; compaction is rare enough to wait for it.
-    SPECD_RETURN_IF_ERROR(Synchronize());
+    absl::Status copied = backend_->Upload(compact_device_.data(), compact_staging_.data(), bytes);
+    if (copied.ok()) {
+      kernels::CopyKvRowsArgs c;
+      c.k = k_cache_.data();
+      c.v = v_cache_.data();
+      c.dtype = kv_dtype_;
+      c.n_layers = config_.num_layers;
+      c.layer_stride = device_blocks() * bs;
+      c.kv_dim = config_.kv_dim();
+      c.src_rows = compact_device_.as<const int32_t>();
+      c.dst_rows = compact_device_.as<const int32_t>() + n;
+      c.n = n;
+      copied = backend_->CopyKvRows(c);
+    }
+    // The staging rows must outlive the upload, even when a later step failed (the next
+    // compaction rewrites them); compaction is rare enough to wait for it. The first error is
+    // the one reported.
+    const absl::Status synced = Synchronize();
+    if (copied.ok()) copied = synced;
+    // Nothing is recorded as moved unless it moved: the pool still holds the whole tree.
+    SPECD_RETURN_IF_ERROR(copied);
   }
+  // The prefix cache keys blocks by their tokens: the branch's tokens move with its KV. Checked
+  // above, so this does not fail.
+  SPECD_RETURN_IF_ERROR(kv_->CompactTokens(seq, tree_start, kept_nodes));
   return kv_->Truncate(seq, tree_start + kept);
 }
 

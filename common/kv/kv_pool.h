@@ -104,7 +104,8 @@ class KvPool {
   // from. Checks first and changes nothing on error: kept_nodes strictly increasing, node i at
   // or after entry i, inside the sequence (INVALID_ARGUMENT); every slot written in a block only
   // `seq` holds and the cache does not (FAILED_PRECONDITION: the KV write would be seen by
-  // others). NOT_FOUND if unknown. Call before moving the KV.
+  // others). NOT_FOUND if unknown. LlamaEngine::CompactKv checks the same before it copies the
+  // KV and records the move here once the copy has run.
   absl::Status CompactTokens(SeqId seq, int64_t tree_start, std::span<const int32_t> kept_nodes);
 
   // The block ids of `seq`, in position order. NOT_FOUND if unknown.
