@@ -16,6 +16,12 @@ constexpr int kMaxD = static_cast<int>(kAttentionMaxHeadDim);
 constexpr int kMaxPairs = static_cast<int>(kAttentionMaxGroupTimesHeadDim);
 constexpr int kGroupChunks = static_cast<int>(kAttentionGroupChunks);
 constexpr int kKRegs = kMaxD / kWarp;
+// Keys a warp scores, and value rows a thread reads, before using any of them, so that their
+// loads overlap instead of each waiting on the last.
+constexpr int kScoreBatch = 8;
+constexpr int kValueBatch = 16;
+constexpr int kKeysPerWarp = kChunk / kWarps;
+static_assert(kKeysPerWarp % kScoreBatch == 0 && kChunk % kValueBatch == 0);
 constexpr float kNegInf = -__builtin_huge_valf();
 constexpr int32_t kNoBadBlock = 0x7fffffff;
 
@@ -171,7 +177,8 @@ __device__ void LoadQuery(const Params& p, int64_t t, int kvh, Smem& s) {
 }
 
 // Scores, exponentials and the chunk's (m_c, l_c) in shared memory, for the keys of ranks
-// [64c, 64c + 64); c must hold at least one key.
+// [64c, 64c + 64); c must hold at least one key. kD is the cache's dtype.
+template <DType kD>
 __device__ void ScoreChunk(const Params& p, int kvh, int64_t c, Smem& s) {
   const int lane = threadIdx.x % kWarp;
   const int warp = threadIdx.x / kWarp;
@@ -191,29 +198,38 @@ __device__ void ScoreChunk(const Params& p, int kvh, int64_t c, Smem& s) {
   }
   __syncthreads();
 
-  // q . k for every key: lane i holds dims i, i + 32, ...; one fused multiply-add chain
-  // per lane in that order, then the butterfly.
-  for (int j = warp; j < kChunk; j += kWarps) {
-    const int64_t offset = s.offset[j];
-    if (offset < 0) {
-      for (int g = lane; g < G; g += kWarp) s.e[g][j] = kNegInf;
-      continue;
-    }
-    float kr[kKRegs];
+  // q . k for every key: lane i holds dims i, i + 32, ...; one fused multiply-add chain per lane
+  // in that order, then the butterfly. A warp scores its keys kScoreBatch at a time, issuing all
+  // their rows' loads before it widens any.
+  const CacheBits<kD>* k_cache = static_cast<const CacheBits<kD>*>(kv.k);
+  for (int j0 = warp * kKeysPerWarp; j0 < (warp + 1) * kKeysPerWarp; j0 += kScoreBatch) {
+    CacheBits<kD> kr[kScoreBatch][kKRegs] = {};
 #pragma unroll
-    for (int i = 0; i < kKRegs; ++i) {
-      const int d = lane + i * kWarp;
-      kr[i] = d < hd ? LoadCacheAsF32(kv.k, kv.dtype, offset + d) : 0.0f;
-    }
-    for (int g = 0; g < G; ++g) {
-      float dot = 0.0f;
+    for (int u = 0; u < kScoreBatch; ++u) {
+      const int64_t offset = s.offset[j0 + u];
 #pragma unroll
       for (int i = 0; i < kKRegs; ++i) {
         const int d = lane + i * kWarp;
-        if (d < hd) dot = fmaf(s.q[g * hd + d], kr[i], dot);
+        if (offset >= 0 && d < hd) kr[u][i] = k_cache[offset + d];
       }
-      dot = WarpSum(dot);
-      if (lane == 0) s.e[g][j] = __fmul_rn(dot, p.scale);
+    }
+#pragma unroll
+    for (int u = 0; u < kScoreBatch; ++u) {
+      const int j = j0 + u;
+      if (s.offset[j] < 0) {
+        for (int g = lane; g < G; g += kWarp) s.e[g][j] = kNegInf;
+        continue;
+      }
+      for (int g = 0; g < G; ++g) {
+        float dot = 0.0f;
+#pragma unroll
+        for (int i = 0; i < kKRegs; ++i) {
+          const int d = lane + i * kWarp;
+          if (d < hd) dot = fmaf(s.q[g * hd + d], WidenCache<kD>(kr[u][i]), dot);
+        }
+        dot = WarpSum(dot);
+        if (lane == 0) s.e[g][j] = __fmul_rn(dot, p.scale);
+      }
     }
   }
   __syncthreads();
@@ -233,18 +249,6 @@ __device__ void ScoreChunk(const Params& p, int kvh, int64_t c, Smem& s) {
     }
   }
   __syncthreads();
-}
-
-// Element d of head g of the chunk's weighted value sum: keys in ascending order, one fused
-// multiply-add each, skipping weights that are exactly 0 (ranks past the last key, which have no
-// row; for a key that is the same as adding 0 * v).
-__device__ float ChunkValue(const Params& p, const Smem& s, int g, int d) {
-  float part = 0.0f;
-  for (int j = 0; j < kChunk; ++j) {
-    const float w = s.e[g][j];
-    if (w != 0.0f) part = fmaf(w, LoadCacheAsF32(p.cache.v, p.cache.dtype, s.offset[j] + d), part);
-  }
-  return part;
 }
 
 // The merge of a part (m_p, l_p, acc_p) into a running state (m, l, acc), shared by every level
@@ -272,6 +276,19 @@ __device__ void InitState(const Params& p, State& st) {
   __syncthreads();
 }
 
+// The second half of a merge into `st`, once every pair has merged against the old m: the heads'
+// m and l move on.
+__device__ void MergeMaxAndSum(const Params& p, State& st, const float* m_part,
+                               const float* l_part) {
+  if (threadIdx.x < p.group) {
+    const int g = threadIdx.x;
+    const Coeffs k = MergeCoeffs(st.m[g], m_part[g]);
+    st.l[g] = MergeValue(st.l[g], l_part[g], k);
+    st.m[g] = k.m;
+  }
+  __syncthreads();
+}
+
 // Merges a part whose per-pair values come from value(i) and whose max and sum are m_part[g],
 // l_part[g] into `st`. Every pair merges against the old m before the heads' m and l move on.
 template <typename Value>
@@ -282,24 +299,60 @@ __device__ void MergePart(const Params& p, State& st, const float* m_part, const
     st.acc[i] = MergeValue(st.acc[i], value(i), MergeCoeffs(st.m[g], m_part[g]));
   }
   __syncthreads();
-  if (threadIdx.x < p.group) {
-    const int g = threadIdx.x;
-    const Coeffs k = MergeCoeffs(st.m[g], m_part[g]);
-    st.l[g] = MergeValue(st.l[g], l_part[g], k);
-    st.m[g] = k.m;
+  MergeMaxAndSum(p, st, m_part, l_part);
+}
+
+// Merges the chunk ScoreChunk just scored into s.group: MergePart with, for pair (g, d), the
+// chunk's weighted value sum, keys in ascending order, one fused multiply-add each, skipping
+// weights that are exactly 0 (ranks past the last key, which have no row; for a key that is the
+// same as adding 0 * v). A thread takes one d for every head g, so each value row is read once
+// for all the KV head's query heads, kValueBatch rows at a time.
+template <DType kD>
+__device__ void MergeChunk(const Params& p, Smem& s) {
+  const int G = p.group;
+  const int hd = p.head_dim;
+  const CacheBits<kD>* v_cache = static_cast<const CacheBits<kD>*>(p.cache.v);
+  for (int d = threadIdx.x; d < hd; d += kThreads) {
+    float part[kMaxG];
+#pragma unroll
+    for (int g = 0; g < kMaxG; ++g) part[g] = 0.0f;
+    for (int j0 = 0; j0 < kChunk; j0 += kValueBatch) {
+      CacheBits<kD> v[kValueBatch] = {};
+#pragma unroll
+      for (int u = 0; u < kValueBatch; ++u) {
+        const int64_t offset = s.offset[j0 + u];
+        if (offset >= 0) v[u] = v_cache[offset + d];
+      }
+#pragma unroll
+      for (int u = 0; u < kValueBatch; ++u) {
+        const float value = WidenCache<kD>(v[u]);
+#pragma unroll
+        for (int g = 0; g < kMaxG; ++g) {
+          const float w = g < G ? s.e[g][j0 + u] : 0.0f;
+          if (w != 0.0f) part[g] = fmaf(w, value, part[g]);
+        }
+      }
+    }
+#pragma unroll
+    for (int g = 0; g < kMaxG; ++g) {
+      if (g >= G) break;
+      const int i = g * hd + d;
+      s.group.acc[i] = MergeValue(s.group.acc[i], part[g], MergeCoeffs(s.group.m[g], s.mc[g]));
+    }
   }
   __syncthreads();
+  MergeMaxAndSum(p, s.group, s.mc, s.lc);
 }
 
 // The state of chunk group `grp` (up to kGroupChunks chunks merged in order from an empty state)
 // in s.group.
+template <DType kD>
 __device__ void GroupState(const Params& p, int kvh, int64_t grp, int64_t chunks, Smem& s) {
   InitState(p, s.group);
   const int64_t end = min(chunks, (grp + 1) * kGroupChunks);
   for (int64_t c = grp * kGroupChunks; c < end; ++c) {
-    ScoreChunk(p, kvh, c, s);
-    MergePart(p, s.group, s.mc, s.lc,
-              [&](int i) { return ChunkValue(p, s, i / p.head_dim, i % p.head_dim); });
+    ScoreChunk<kD>(p, kvh, c, s);
+    MergeChunk<kD>(p, s);
   }
 }
 
@@ -312,6 +365,7 @@ __device__ void WriteOutput(const Params& p, int64_t t, int kvh, const Smem& s) 
 }
 
 // One block per (token, KV head): every chunk group in order, merged as it goes.
+template <DType kD>
 __global__ void __launch_bounds__(kThreads) AttentionKernel(Params p) {
   __shared__ Smem s;
   const int64_t t = blockIdx.x / p.n_kv_heads;
@@ -325,7 +379,7 @@ __global__ void __launch_bounds__(kThreads) AttentionKernel(Params p) {
   const int64_t chunks = DivUp(s.n_keys, kChunk);
   const int64_t groups = DivUp(chunks, kGroupChunks);
   for (int64_t grp = 0; grp < groups; ++grp) {
-    GroupState(p, kvh, grp, chunks, s);
+    GroupState<kD>(p, kvh, grp, chunks, s);
     MergePart(p, s.total, s.group.m, s.group.l, [&](int i) { return s.group.acc[i]; });
   }
   WriteOutput(p, t, kvh, s);
@@ -333,6 +387,7 @@ __global__ void __launch_bounds__(kThreads) AttentionKernel(Params p) {
 
 // One block per (token, KV head, chunk group): the group's state goes to the workspace, and the
 // last of the token's group blocks to arrive merges them all in group order.
+template <DType kD>
 __global__ void __launch_bounds__(kThreads) AttentionSplitKernel(Params p) {
   __shared__ Smem s;
   const int64_t t = blockIdx.x / p.n_kv_heads;
@@ -363,7 +418,7 @@ __global__ void __launch_bounds__(kThreads) AttentionSplitKernel(Params p) {
   const int64_t stride = 2 * G + int64_t{G} * hd;
   const int64_t pair = t * p.n_kv_heads + kvh;
   float* mine = p.partials + (pair * p.n_groups_cap + grp) * stride;
-  GroupState(p, kvh, grp, chunks, s);
+  GroupState<kD>(p, kvh, grp, chunks, s);
   if (threadIdx.x < G) {
     mine[threadIdx.x] = s.group.m[threadIdx.x];
     mine[G + threadIdx.x] = s.group.l[threadIdx.x];
@@ -387,6 +442,30 @@ __global__ void __launch_bounds__(kThreads) AttentionSplitKernel(Params p) {
     MergePart(p, s.total, s.group.m, s.group.l, [&](int i) { return __ldcg(part + 2 * G + i); });
   }
   WriteOutput(p, t, kvh, s);
+}
+
+// Launches one form of the kernel (split: a block per chunk group) for a cache of dtype kD.
+template <DType kD>
+void LaunchForm(const Params& p, bool split, int64_t blocks, int64_t groups_cap,
+                cudaStream_t stream) {
+  if (split) {
+    AttentionSplitKernel<kD>
+        <<<dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(groups_cap)), kThreads, 0,
+           stream>>>(p);
+  } else {
+    AttentionKernel<kD><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(p);
+  }
+}
+
+void Launch(const Params& p, bool split, int64_t blocks, int64_t groups_cap, cudaStream_t stream) {
+  switch (p.cache.dtype) {
+    case DType::kF32:
+      return LaunchForm<DType::kF32>(p, split, blocks, groups_cap, stream);
+    case DType::kBF16:
+      return LaunchForm<DType::kBF16>(p, split, blocks, groups_cap, stream);
+    case DType::kF16:
+      return LaunchForm<DType::kF16>(p, split, blocks, groups_cap, stream);
+  }
 }
 
 int64_t GroupsCap(const PagedKv& c) {
@@ -458,17 +537,14 @@ absl::Status LaunchAttention(const AttentionArgs& a, const CudaContext& ctx, cud
     }
     split = false;
   }
-  if (!split) {
-    AttentionKernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(p);
-    return CudaStatus(cudaGetLastError(), "Attention launch");
+  if (split) {
+    p.partials = static_cast<float*>(ctx.workspace);
+    p.counters = reinterpret_cast<int32_t*>(static_cast<char*>(ctx.workspace) +
+                                            (PartialFloats(a) * 4 + 255) / 256 * 256);
+    SPECD_RETURN_IF_ERROR(
+        CudaStatus(cudaMemsetAsync(p.counters, 0, blocks * 4, stream), "Attention counters"));
   }
-  p.partials = static_cast<float*>(ctx.workspace);
-  p.counters = reinterpret_cast<int32_t*>(static_cast<char*>(ctx.workspace) +
-                                          (PartialFloats(a) * 4 + 255) / 256 * 256);
-  SPECD_RETURN_IF_ERROR(
-      CudaStatus(cudaMemsetAsync(p.counters, 0, blocks * 4, stream), "Attention counters"));
-  AttentionSplitKernel<<<dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(groups_cap)),
-                         kThreads, 0, stream>>>(p);
+  Launch(p, split, blocks, groups_cap, stream);
   return CudaStatus(cudaGetLastError(), "Attention launch");
 }
 

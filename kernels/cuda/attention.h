@@ -29,7 +29,7 @@
 namespace specd::kernels::cuda {
 
 inline constexpr int64_t kAttentionChunk = 64;
-inline constexpr int64_t kAttentionGroupChunks = 8;  // 512 keys per chunk group
+inline constexpr int64_t kAttentionGroupChunks = 2;  // 128 keys per chunk group
 inline constexpr int64_t kAttentionMaxGroup = 16;    // n_heads / n_kv_heads
 inline constexpr int64_t kAttentionMaxHeadDim = 256;
 inline constexpr int64_t kAttentionMaxGroupTimesHeadDim = 2048;

@@ -13,6 +13,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/cuda/cuda_context.h"
 #include "kernels/dtype.h"
@@ -47,18 +48,20 @@ __device__ __forceinline__ float LoadAsF32(const void* p, int64_t i) {
   }
 }
 
-// Runtime-dtype form for caches, whose contents change between launches (no __ldg).
-__device__ __forceinline__ float LoadCacheAsF32(const void* p, DType d, int64_t i) {
-  switch (d) {
-    case DType::kF32:
-      return static_cast<const float*>(p)[i];
-    case DType::kBF16:
-      return __uint_as_float(static_cast<unsigned int>(static_cast<const unsigned short*>(p)[i])
-                             << 16);
-    case DType::kF16:
-      return __half2float(__ushort_as_half(static_cast<const unsigned short*>(p)[i]));
+// The storage type of a cache of dtype D and its widening to f32 (exact), apart, so that a kernel
+// can issue several loads before it widens (waits for) any of them. Caches change between
+// launches, so they are read without __ldg.
+template <DType D>
+using CacheBits = std::conditional_t<D == DType::kF32, float, unsigned short>;
+template <DType D>
+__device__ __forceinline__ float WidenCache(CacheBits<D> x) {
+  if constexpr (D == DType::kF32) {
+    return x;
+  } else if constexpr (D == DType::kBF16) {
+    return __uint_as_float(static_cast<unsigned int>(x) << 16);
+  } else {
+    return __half2float(__ushort_as_half(x));
   }
-  return 0.0f;
 }
 
 // Lane-order-independent warp sum: the xor butterfly. Lanes l and l^m add the same two values

@@ -1,9 +1,9 @@
 // CUDA attention and KV-cache checks beyond the conformance suite (which runs both ops on this
 // back end too, over small shapes: tests/kernels/conformance/kv_attention_test.cc):
-//  * the split form (a block per 512-slot chunk group, the last to finish merging) and the
+//  * the split form (a block per 128-key chunk group, the last to finish merging) and the
 //    single-block form give the same bits, in a batch or alone, and match a double-precision
 //    reference: f32, bf16 and f16 caches, head_dim 64 and 128, 1 to 8 query heads per KV head,
-//    contexts of one slot to four chunk groups, a draft tree across a chunk group boundary;
+//    contexts of one slot to fourteen chunk groups, a draft tree across a chunk group boundary;
 //  * split attention recorded as a CUDA graph replays with new slots to the eager bits, twice in
 //    a row (the graph resets its arrival counters);
 //  * a bad block-table entry, slot or tree mask fails the next Synchronize, naming the op and
@@ -70,13 +70,14 @@ struct Query {
 };
 
 // Six sequences in a shuffled paged cache of random contents, whose exact values the reference
-// reads. 16-slot blocks, block tables of 2048 slots (four chunk groups), and queries:
-//   seq 0: 1700 slots (four groups, the last partly filled): a decode token and a 4-token verify;
-//   seq 1: 512 slots, exactly one group: its last slot, and slot 0 (one visible slot);
-//   seq 2: 1025 slots: slot 1024 (a third group of one slot) and 1023 (exactly two groups);
-//   seq 3: 513 slots: slot 512 (a second group of one slot);
+// reads. 16-slot blocks, block tables of 2048 slots (sixteen chunk groups of 128), and queries:
+//   seq 0: 1700 slots (fourteen groups, the last partly filled): a decode token and a 4-token
+//          verify;
+//   seq 1: 512 slots, exactly four groups: its last slot, and slot 0 (one visible slot);
+//   seq 2: 1025 slots: slot 1024 (a ninth group of one slot) and 1023 (exactly eight groups);
+//   seq 3: 513 slots: slot 512 (a fifth group of one slot);
 //   seq 4: a 1020-slot prefix and a 10-node draft tree at slots 1020..1029, across the boundary
-//          of groups 1 and 2 (and of chunks 15 and 16);
+//          of groups 7 and 8 (and of chunks 15 and 16);
 //   seq 5: 70 slots, two chunks of one group.
 class PagedCase {
  public:
@@ -84,7 +85,7 @@ class PagedCase {
   static constexpr int32_t kTreeStart = 1020;
 
   PagedCase(const Shape& shape, std::mt19937& rng) : shape_(shape) {
-    static_assert(kMaxBlocks * kBlock == 4 * kGroupSlots);
+    static_assert(kMaxBlocks * kBlock == 16 * kGroupSlots);
     const std::vector<int64_t> lens = {1700, 512, 1025, 513, kTreeStart + 10, 70};
     std::vector<int32_t> ids(kNumBlocks);
     std::iota(ids.begin(), ids.end(), 0);
