@@ -123,6 +123,56 @@ TEST_P(BatchInvarianceTest, OtherSequencesInTheBatchDoNotChangeBits) {
   EXPECT_EQ(std::memcmp(batched.data(), alone.data(), alone.size() * sizeof(float)), 0);
 }
 
+// A back end that records passes (CUDA graphs; RecordingBackend under
+// SPECD_TEST_BACKEND=cpu-recording) gives the same bits whether a pass runs eagerly, is recorded
+// or is replayed: an engine recording its passes against one that never does, over decode,
+// verify-sized and catch-up passes of several sequences whose shapes repeat.
+TEST_P(BatchInvarianceTest, RecordedPassesGiveTheEagerBits) {
+  EngineOptions options;
+  options.kv_capacity_tokens = 2048;
+  options.kv_block_size = 16;
+  options.record_forwards = false;
+  auto eager = testing::MakeTestEngine(tmp_.path(), 2, options);
+  options.record_forwards = true;
+  auto recorded = testing::MakeTestEngine(tmp_.path(), 2, options);
+  ASSERT_NE(eager, nullptr);
+  ASSERT_NE(recorded, nullptr);
+  if (!recorded->backend().SupportsRecording()) {
+    GTEST_SKIP() << "the " << recorded->backend().name()
+                 << " back end runs every pass eagerly; SPECD_TEST_BACKEND=cpu-recording or cuda "
+                    "records them";
+  }
+  for (int round = 0; round < 24; ++round) {
+    std::vector<float> out[2];
+    LlamaEngine* engines[2] = {eager.get(), recorded.get()};
+    for (int e = 0; e < 2; ++e) {
+      std::vector<std::vector<int32_t>> tokens;
+      std::vector<SequenceInput> batch;
+      for (KvPool::SeqId s = 1; s <= static_cast<KvPool::SeqId>(1 + round % 3); ++s) {
+        if (!engines[e]->kv().Length(s).ok()) {
+          ASSERT_TRUE(engines[e]->AddSequence(s).ok());
+        }
+        const int n = 1 + (round * 3 + static_cast<int>(s)) % 5;
+        tokens.push_back(Tokens(n, round + static_cast<int>(s), vocab_));
+      }
+      for (size_t i = 0; i < tokens.size(); ++i) {
+        SequenceInput in;
+        in.seq = static_cast<KvPool::SeqId>(i + 1);
+        in.tokens = tokens[i];
+        in.start_pos = *engines[e]->kv().Length(in.seq);
+        for (size_t j = 0; j < tokens[i].size(); ++j)
+          in.logit_indices.push_back(static_cast<int32_t>(j));
+        batch.push_back(in);
+      }
+      out[e] = testing::ForwardLogits(*engines[e], batch);
+    }
+    ASSERT_FALSE(out[0].empty());
+    ASSERT_EQ(out[0].size(), out[1].size());
+    EXPECT_EQ(std::memcmp(out[0].data(), out[1].data(), out[0].size() * sizeof(float)), 0)
+        << "round " << round;
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Dtypes, BatchInvarianceTest,
                          ::testing::Values(kernels::DType::kF32, kernels::DType::kBF16,
                                            kernels::DType::kF16),
