@@ -52,7 +52,8 @@ struct RowCase {
 
 class SamplingOpsTest : public BackendTest {
  protected:
-  static constexpr int64_t kVocab = 1000;
+  // The vocabulary of every row; a test may change it before it makes any.
+  int64_t vocab_ = 1000;
 
   struct Processed {
     std::vector<float> probs;  // [rows, vocab] in row order
@@ -87,15 +88,15 @@ class SamplingOpsTest : public BackendTest {
     ProcessRowsArgs a;
     a.logits = device().Put(logits);
     a.n_rows = n;
-    a.vocab = kVocab;
+    a.vocab = vocab_;
     a.rows = device().Put(rows);
     a.history = device().Put(history);
     a.history_len = static_cast<int64_t>(history.size());
-    pool_ = device().Output<float>(capacity * kVocab);
+    pool_ = device().Output<float>(capacity * vocab_);
     capacity_ = capacity;
     a.probs = pool_;
     a.prob_capacity = capacity;
-    a.penalized = device().Output<float>(n * kVocab);
+    a.penalized = device().Output<float>(n * vocab_);
     a.argmax = device().Output<int32_t>(n);
     a.error = device().Output<int32_t>(n);
     a.top_n = kTop;
@@ -104,15 +105,15 @@ class SamplingOpsTest : public BackendTest {
     const absl::Status st = backend().ProcessRows(a);
     EXPECT_TRUE(st.ok()) << st;
     Processed out;
-    const std::vector<float> pool = device().Get(pool_, capacity * kVocab);
+    const std::vector<float> pool = device().Get(pool_, capacity * vocab_);
     for (int64_t r = 0; r < n; ++r) {
       const int64_t slot = capacity - 1 - r;
-      out.probs.insert(out.probs.end(), pool.begin() + slot * kVocab,
-                       pool.begin() + (slot + 1) * kVocab);
+      out.probs.insert(out.probs.end(), pool.begin() + slot * vocab_,
+                       pool.begin() + (slot + 1) * vocab_);
     }
     out.argmax = device().Get(a.argmax, n);
     out.error = device().Get(a.error, n);
-    out.penalized = device().Get(a.penalized, n * kVocab);
+    out.penalized = device().Get(a.penalized, n * vocab_);
     out.top_ids = device().Get(a.top_ids, n * kTop);
     out.entropy = device().Get(a.entropy, n);
     return out;
@@ -123,11 +124,11 @@ class SamplingOpsTest : public BackendTest {
   ProcessRowsArgs RowsArgs(const std::vector<RowSampling>& rows, int64_t capacity) {
     const int64_t n = static_cast<int64_t>(rows.size());
     ProcessRowsArgs a;
-    a.logits = device().Put(RandomFloats(n * kVocab, rng_));
+    a.logits = device().Put(RandomFloats(n * vocab_, rng_));
     a.n_rows = n;
-    a.vocab = kVocab;
+    a.vocab = vocab_;
     a.rows = device().Put(rows);
-    a.probs = device().Output<float>(capacity * kVocab);
+    a.probs = device().Output<float>(capacity * vocab_);
     a.prob_capacity = capacity;
     a.argmax = device().Output<int32_t>(n);
     a.error = device().Output<int32_t>(n);
@@ -135,11 +136,11 @@ class SamplingOpsTest : public BackendTest {
   }
 
   // What the scalar reference makes of row `r`: the row (or one-hot), its argmax and error.
-  static void Reference(std::span<const float> logits, const RowCase& c, std::vector<float>* row,
-                        int32_t* argmax, int32_t* error) {
+  void Reference(std::span<const float> logits, const RowCase& c, std::vector<float>* row,
+                 int32_t* argmax, int32_t* error) const {
     cpu::LogitsProcessor processor;
     const cpu::TokenHistory history{c.prompt, c.output};
-    row->assign(static_cast<size_t>(kVocab), 0.0f);
+    row->assign(static_cast<size_t>(vocab_), 0.0f);
     *error = kRowOk;
     if (std::any_of(logits.begin(), logits.end(), [](float x) { return std::isnan(x); })) {
       *error = kRowNanLogit;
@@ -161,13 +162,13 @@ class SamplingOpsTest : public BackendTest {
     }
     if (c.mode == RowMode::kArgmaxOfProcessed) {
       *argmax = cpu::ArgMaxLowestId(*row);
-      row->assign(static_cast<size_t>(kVocab), 0.0f);
+      row->assign(static_cast<size_t>(vocab_), 0.0f);
       (*row)[static_cast<size_t>(*argmax)] = 1.0f;
     }
   }
 
   std::vector<RowCase> Cases() {
-    std::uniform_int_distribution<int32_t> id(0, kVocab - 1);
+    std::uniform_int_distribution<int32_t> id(0, vocab_ - 1);
     std::vector<int32_t> prompt(40), output(25);
     for (int32_t& t : prompt) t = id(rng_);
     for (int32_t& t : output) t = id(rng_) % 50;  // repeats, so frequency counts matter
@@ -185,37 +186,117 @@ class SamplingOpsTest : public BackendTest {
   }
 
   std::vector<float> Logits(size_t rows) {
-    std::vector<float> logits = RandomFloats(static_cast<int64_t>(rows) * kVocab, rng_, -6, 6);
+    std::vector<float> logits = RandomFloats(static_cast<int64_t>(rows) * vocab_, rng_, -6, 6);
     // Row 8: the five largest logits tie, so top-k 3 must keep the three lowest ids.
-    for (int64_t i = 0; i < 5; ++i) logits[8 * kVocab + 100 + 37 * i] = 9.0f;
+    for (int64_t i = 0; i < 5; ++i) logits[8 * vocab_ + 100 + 37 * i] = 9.0f;
+    if (with_infinities_) {
+      // A greedy row and a sampled one with a +inf logit, and a top-k row whose k-th value is
+      // -inf (only two finite logits).
+      logits[0 * vocab_ + vocab_ - 3] = kInf;
+      logits[2 * vocab_ + 7] = kInf;
+      std::fill(logits.begin() + 4 * vocab_, logits.begin() + 5 * vocab_, -kInf);
+      logits[4 * vocab_ + 11] = 1.0f;
+      logits[4 * vocab_ + vocab_ - 1] = 2.0f;
+    }
     return logits;
   }
 
+  // ProcessRows of Cases() over Logits() against the scalar reference: the same bits on the CPU
+  // and for greedy rows, within 1e-6 + 1e-5 relative for sampled rows elsewhere.
+  void ExpectProcessRowsMatchTheScalarReference() {
+    const std::vector<RowCase> cases = Cases();
+    const std::vector<float> logits = Logits(cases.size());
+    const Processed got = Process(logits, cases);
+    for (size_t r = 0; r < cases.size(); ++r) {
+      std::vector<float> want;
+      int32_t argmax = -1, error = -1;
+      Reference(std::span<const float>(logits).subspan(r * vocab_, vocab_), cases[r], &want,
+                &argmax, &error);
+      ASSERT_EQ(got.error[r], error) << "row " << r;
+      EXPECT_EQ(got.argmax[r], argmax) << "row " << r;
+      const std::vector<float> row(got.probs.begin() + r * vocab_,
+                                   got.probs.begin() + (r + 1) * vocab_);
+      if (IsCpu() || cases[r].mode != RowMode::kSample) {
+        EXPECT_TRUE(SameBits(row, want)) << "row " << r;
+      } else {
+        for (int64_t i = 0; i < vocab_; ++i) {
+          ASSERT_NEAR(row[i], want[i], 1e-6 + 1e-5 * want[i]) << "row " << r << " token " << i;
+        }
+      }
+    }
+  }
+
+  // SampleRows of Cases()' rows against the inverse CDF of each row, and GatherProbs.
+  void ExpectSampleRowsFollowTheInverseCdf() {
+    const std::vector<RowCase> cases = Cases();
+    const Processed rows = Process(Logits(cases.size()), cases);
+    std::vector<Draw> draws;
+    for (int32_t r = 0; r < static_cast<int32_t>(cases.size()); ++r) {
+      for (uint32_t index = 0; index < 40; ++index) {
+        Draw d;
+        d.prob_slot = static_cast<int32_t>(capacity_ - 1 - r);
+        d.seed = 0x9e3779b97f4a7c15ull * (r + 1);
+        d.position = 17 + index;
+        d.purpose = index % 2 == 0 ? Purpose::kCandidate : Purpose::kBonus;
+        d.index = index;
+        d.sample = index % 3;
+        draws.push_back(d);
+      }
+    }
+    const int64_t n = static_cast<int64_t>(draws.size());
+    SampleRowsArgs s;
+    s.probs = pool_;
+    s.prob_capacity = capacity_;
+    s.vocab = vocab_;
+    s.draws = device().Put(draws);
+    s.n = n;
+    s.tokens = device().Output<int32_t>(n);
+    s.token_probs = device().Output<float>(n);
+    s.error = device().Output<int32_t>(n);
+    ASSERT_TRUE(backend().SampleRows(s).ok());
+    const std::vector<int32_t> tokens = device().Get(s.tokens, n);
+    const std::vector<float> probs = device().Get(s.token_probs, n);
+    const std::vector<int32_t> errors = device().Get(s.error, n);
+
+    std::vector<int32_t> slots, lookup_tokens;
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t r = capacity_ - 1 - draws[i].prob_slot;
+      const std::span<const float> row(rows.probs.data() + r * vocab_, vocab_);
+      const double u = StreamUniform(draws[i].seed, draws[i].position, draws[i].purpose,
+                                     draws[i].index, draws[i].sample);
+      absl::StatusOr<int32_t> want = SampleInverseCdf(row, u);
+      ASSERT_TRUE(want.ok());
+      ASSERT_EQ(errors[i], kRowOk);
+      EXPECT_EQ(tokens[i], *want) << "draw " << i;
+      EXPECT_EQ(probs[i], row[static_cast<size_t>(*want)]) << "draw " << i;
+      EXPECT_GT(probs[i], 0.0f) << "a zero-probability token was drawn";
+      slots.push_back(draws[i].prob_slot);
+      lookup_tokens.push_back((tokens[i] * 7 + 3) % vocab_);
+    }
+
+    GatherProbsArgs g;
+    g.probs = pool_;
+    g.prob_capacity = capacity_;
+    g.vocab = vocab_;
+    g.slots = device().Put(slots);
+    g.tokens = device().Put(lookup_tokens);
+    g.out = device().Output<float>(n);
+    g.n = n;
+    ASSERT_TRUE(backend().GatherProbs(g).ok());
+    const std::vector<float> looked_up = device().Get(g.out, n);
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t r = capacity_ - 1 - slots[i];
+      EXPECT_EQ(looked_up[i], rows.probs[r * vocab_ + lookup_tokens[i]]) << i;
+    }
+  }
+
+  bool with_infinities_ = false;  // see Logits()
   float* pool_ = nullptr;
   int64_t capacity_ = 0;
 };
 
 TEST_P(SamplingOpsTest, ProcessRowsMatchesTheScalarReference) {
-  const std::vector<RowCase> cases = Cases();
-  const std::vector<float> logits = Logits(cases.size());
-  const Processed got = Process(logits, cases);
-  for (size_t r = 0; r < cases.size(); ++r) {
-    std::vector<float> want;
-    int32_t argmax = -1, error = -1;
-    Reference(std::span<const float>(logits).subspan(r * kVocab, kVocab), cases[r], &want, &argmax,
-              &error);
-    ASSERT_EQ(got.error[r], error) << "row " << r;
-    EXPECT_EQ(got.argmax[r], argmax) << "row " << r;
-    const std::vector<float> row(got.probs.begin() + r * kVocab,
-                                 got.probs.begin() + (r + 1) * kVocab);
-    if (IsCpu() || cases[r].mode != RowMode::kSample) {
-      EXPECT_TRUE(SameBits(row, want)) << "row " << r;
-    } else {
-      for (int64_t i = 0; i < kVocab; ++i) {
-        ASSERT_NEAR(row[i], want[i], 1e-6 + 1e-5 * want[i]) << "row " << r << " token " << i;
-      }
-    }
-  }
+  ExpectProcessRowsMatchTheScalarReference();
 }
 
 // The draft-tree children (top tokens by penalised logit, lowest id on ties) against a full sort
@@ -224,17 +305,17 @@ TEST_P(SamplingOpsTest, ProcessRowsTopTokensAndEntropy) {
   std::vector<RowCase> cases = Cases();
   std::vector<float> logits = Logits(cases.size());
   // Row 0: every logit -inf but two, so the top tokens run into -inf ones (by id).
-  std::fill(logits.begin(), logits.begin() + kVocab, -kInf);
+  std::fill(logits.begin(), logits.begin() + vocab_, -kInf);
   logits[500] = 1.0f;
   logits[7] = 1.0f;
   const Processed got = Process(logits, cases);
   for (size_t r = 0; r < cases.size(); ++r) {
-    const std::span<const float> row = std::span<const float>(logits).subspan(r * kVocab, kVocab);
-    std::vector<float> w(kVocab);
+    const std::span<const float> row = std::span<const float>(logits).subspan(r * vocab_, vocab_);
+    std::vector<float> w(vocab_);
     cpu::LogitsProcessor processor;
     ASSERT_TRUE(
         processor.Penalize(row, cases[r].params, {cases[r].prompt, cases[r].output}, w).ok());
-    std::vector<int32_t> order(kVocab);
+    std::vector<int32_t> order(vocab_);
     std::iota(order.begin(), order.end(), 0);
     std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return w[a] > w[b]; });
     EXPECT_EQ(
@@ -250,10 +331,10 @@ TEST_P(SamplingOpsTest, ProcessRowsTopTokensAndEntropy) {
       sum += std::exp(x - m);
       weighted += std::exp(x - m) * (x - m);
     }
-    const double h = (std::log(sum) - weighted / sum) / std::log(static_cast<double>(kVocab));
+    const double h = (std::log(sum) - weighted / sum) / std::log(static_cast<double>(vocab_));
     EXPECT_NEAR(got.entropy[r], h, 1e-5) << "row " << r;
   }
-  EXPECT_NEAR(got.entropy[0], std::log(2.0) / std::log(static_cast<double>(kVocab)), 1e-6);
+  EXPECT_NEAR(got.entropy[0], std::log(2.0) / std::log(static_cast<double>(vocab_)), 1e-6);
   EXPECT_EQ(got.top_ids[0], 7);
   EXPECT_EQ(got.top_ids[1], 500);
   EXPECT_EQ(got.top_ids[2], 0);  // then the -inf tokens, lowest ids first
@@ -265,10 +346,10 @@ TEST_P(SamplingOpsTest, ProcessRowsReportsBadRowsWithoutDisturbingOthers) {
                                 {Params(1.0f, 0, 1, 0, 1.5f), RowMode::kSample, {3, 1000}, {}},
                                 {Params(0.0f), RowMode::kGreedy, {}, {}},
                                 {Params(1.0f), RowMode::kSample, {}, {}}};
-  std::vector<float> logits = RandomFloats(5 * kVocab, rng_, -3, 3);
-  logits[0 * kVocab + 17] = std::numeric_limits<float>::quiet_NaN();
-  std::fill(logits.begin() + 1 * kVocab, logits.begin() + 2 * kVocab, -kInf);
-  std::fill(logits.begin() + 3 * kVocab, logits.begin() + 4 * kVocab, -kInf);  // greedy: token 0
+  std::vector<float> logits = RandomFloats(5 * vocab_, rng_, -3, 3);
+  logits[0 * vocab_ + 17] = std::numeric_limits<float>::quiet_NaN();
+  std::fill(logits.begin() + 1 * vocab_, logits.begin() + 2 * vocab_, -kInf);
+  std::fill(logits.begin() + 3 * vocab_, logits.begin() + 4 * vocab_, -kInf);  // greedy: token 0
   const Processed got = Process(logits, cases);
   EXPECT_EQ(got.error[0], kRowNanLogit);
   EXPECT_EQ(got.error[1], kRowNoFiniteLogit);
@@ -278,7 +359,7 @@ TEST_P(SamplingOpsTest, ProcessRowsReportsBadRowsWithoutDisturbingOthers) {
   EXPECT_EQ(got.error[4], kRowOk);
   std::vector<float> want;
   int32_t argmax = 0, error = 0;
-  Reference(std::span<const float>(logits).subspan(4 * kVocab, kVocab), cases[4], &want, &argmax,
+  Reference(std::span<const float>(logits).subspan(4 * vocab_, vocab_), cases[4], &want, &argmax,
             &error);
   EXPECT_EQ(got.argmax[4], argmax);
 }
@@ -295,15 +376,15 @@ TEST_P(SamplingOpsTest, ProcessRowsIsBatchInvariant) {
       std::vector<float> sub;
       std::vector<RowCase> sub_cases;
       for (const int b : batch) {
-        sub.insert(sub.end(), logits.begin() + b * kVocab, logits.begin() + (b + 1) * kVocab);
+        sub.insert(sub.end(), logits.begin() + b * vocab_, logits.begin() + (b + 1) * vocab_);
         sub_cases.push_back(cases[static_cast<size_t>(b)]);
       }
       const Processed got = Process(sub, sub_cases);
       const int at = static_cast<int>(std::find(batch.begin(), batch.end(), r) - batch.begin());
       EXPECT_TRUE(SameBits(
-          std::vector<float>(got.probs.begin() + at * kVocab,
-                             got.probs.begin() + (at + 1) * kVocab),
-          std::vector<float>(all.probs.begin() + r * kVocab, all.probs.begin() + (r + 1) * kVocab)))
+          std::vector<float>(got.probs.begin() + at * vocab_,
+                             got.probs.begin() + (at + 1) * vocab_),
+          std::vector<float>(all.probs.begin() + r * vocab_, all.probs.begin() + (r + 1) * vocab_)))
           << "row " << r << " in a batch of " << batch.size();
       EXPECT_EQ(got.argmax[at], all.argmax[r]);
     }
@@ -311,78 +392,28 @@ TEST_P(SamplingOpsTest, ProcessRowsIsBatchInvariant) {
 }
 
 TEST_P(SamplingOpsTest, SampleRowsAndGatherProbsFollowTheInverseCdfOfTheRow) {
-  const std::vector<RowCase> cases = Cases();
-  const Processed rows = Process(Logits(cases.size()), cases);
-  std::vector<Draw> draws;
-  for (int32_t r = 0; r < static_cast<int32_t>(cases.size()); ++r) {
-    for (uint32_t index = 0; index < 40; ++index) {
-      Draw d;
-      d.prob_slot = static_cast<int32_t>(capacity_ - 1 - r);
-      d.seed = 0x9e3779b97f4a7c15ull * (r + 1);
-      d.position = 17 + index;
-      d.purpose = index % 2 == 0 ? Purpose::kCandidate : Purpose::kBonus;
-      d.index = index;
-      d.sample = index % 3;
-      draws.push_back(d);
-    }
-  }
-  const int64_t n = static_cast<int64_t>(draws.size());
-  SampleRowsArgs s;
-  s.probs = pool_;
-  s.prob_capacity = capacity_;
-  s.vocab = kVocab;
-  s.draws = device().Put(draws);
-  s.n = n;
-  s.tokens = device().Output<int32_t>(n);
-  s.token_probs = device().Output<float>(n);
-  s.error = device().Output<int32_t>(n);
-  ASSERT_TRUE(backend().SampleRows(s).ok());
-  const std::vector<int32_t> tokens = device().Get(s.tokens, n);
-  const std::vector<float> probs = device().Get(s.token_probs, n);
-  const std::vector<int32_t> errors = device().Get(s.error, n);
+  ExpectSampleRowsFollowTheInverseCdf();
+}
 
-  std::vector<int32_t> slots, lookup_tokens;
-  for (int64_t i = 0; i < n; ++i) {
-    const int64_t r = capacity_ - 1 - draws[i].prob_slot;
-    const std::span<const float> row(rows.probs.data() + r * kVocab, kVocab);
-    const double u = StreamUniform(draws[i].seed, draws[i].position, draws[i].purpose,
-                                   draws[i].index, draws[i].sample);
-    absl::StatusOr<int32_t> want = SampleInverseCdf(row, u);
-    ASSERT_TRUE(want.ok());
-    ASSERT_EQ(errors[i], kRowOk);
-    EXPECT_EQ(tokens[i], *want) << "draw " << i;
-    EXPECT_EQ(probs[i], row[static_cast<size_t>(*want)]) << "draw " << i;
-    EXPECT_GT(probs[i], 0.0f) << "a zero-probability token was drawn";
-    slots.push_back(draws[i].prob_slot);
-    lookup_tokens.push_back((tokens[i] * 7 + 3) % kVocab);
-  }
-
-  GatherProbsArgs g;
-  g.probs = pool_;
-  g.prob_capacity = capacity_;
-  g.vocab = kVocab;
-  g.slots = device().Put(slots);
-  g.tokens = device().Put(lookup_tokens);
-  g.out = device().Output<float>(n);
-  g.n = n;
-  ASSERT_TRUE(backend().GatherProbs(g).ok());
-  const std::vector<float> looked_up = device().Get(g.out, n);
-  for (int64_t i = 0; i < n; ++i) {
-    const int64_t r = capacity_ - 1 - slots[i];
-    EXPECT_EQ(looked_up[i], rows.probs[r * kVocab + lookup_tokens[i]]) << i;
-  }
+// Llama 3's vocabulary, so that every thread of a row's block handles many tokens (1000 gives
+// each at most one), with +inf logits and a top-k boundary at -inf.
+TEST_P(SamplingOpsTest, LargeVocabularyRowsAndInfinitiesMatchTheReference) {
+  vocab_ = 128256;
+  with_infinities_ = true;
+  ExpectProcessRowsMatchTheScalarReference();
+  ExpectSampleRowsFollowTheInverseCdf();
 }
 
 TEST_P(SamplingOpsTest, SampleRowsReportsAnEmptyRow) {
-  std::vector<float> pool(3 * kVocab, 0.0f);
-  pool[2 * kVocab + 5] = 1.0f;
+  std::vector<float> pool(3 * vocab_, 0.0f);
+  pool[2 * vocab_ + 5] = 1.0f;
   float* d = device().Put(pool);
   std::vector<Draw> draws(2);
   draws[0].prob_slot = 1;  // all zero
   draws[1].prob_slot = 2;
   SampleRowsArgs s{d,
                    3,
-                   kVocab,
+                   vocab_,
                    device().Put(draws),
                    2,
                    device().Output<int32_t>(2),
@@ -397,26 +428,26 @@ TEST_P(SamplingOpsTest, SampleRowsReportsAnEmptyRow) {
 
 TEST_P(SamplingOpsTest, CombineLogitsIsOneRoundingPerOperation) {
   const int64_t rows = 6;
-  const std::vector<float> logits = RandomFloats(rows * kVocab, rng_, -20, 20);
+  const std::vector<float> logits = RandomFloats(rows * vocab_, rng_, -20, 20);
   float* d = device().Put(logits);
   const std::vector<int32_t> cond = {0, 4}, uncond = {3, 1};
   const std::vector<float> scale = {1.5f, 7.25f};
   ASSERT_TRUE(backend()
-                  .CombineLogits({d, rows, kVocab, device().Put(cond), device().Put(uncond),
+                  .CombineLogits({d, rows, vocab_, device().Put(cond), device().Put(uncond),
                                   device().Put(scale), 2})
                   .ok());
-  const std::vector<float> got = device().Get(d, rows * kVocab);
+  const std::vector<float> got = device().Get(d, rows * vocab_);
   for (int64_t r = 0; r < rows; ++r) {
-    for (int64_t i = 0; i < kVocab; ++i) {
-      float want = logits[r * kVocab + i];
+    for (int64_t i = 0; i < vocab_; ++i) {
+      float want = logits[r * vocab_ + i];
       for (size_t p = 0; p < cond.size(); ++p) {
         if (r != cond[p]) continue;
-        const float c = logits[r * kVocab + i], u = logits[uncond[p] * kVocab + i];
+        const float c = logits[r * vocab_ + i], u = logits[uncond[p] * vocab_ + i];
         const float diff = c - u;
         const float scaled = scale[p] * diff;
         want = u + scaled;
       }
-      ASSERT_EQ(got[r * kVocab + i], want) << "row " << r << " token " << i;
+      ASSERT_EQ(got[r * vocab_ + i], want) << "row " << r << " token " << i;
     }
   }
 }
@@ -452,19 +483,19 @@ TEST_P(SamplingOpsTest, ProcessRowsRefusesAHistoryRangeOutsideTheHistory) {
 // Synchronize, adding that the kernel skipped the pair), and the back end runs on.
 TEST_P(SamplingOpsTest, CombineLogitsRefusesANonFiniteScale) {
   const int64_t rows = 4;
-  float* d = device().Put(RandomFloats(rows * kVocab, rng_, -20, 20));
+  float* d = device().Put(RandomFloats(rows * vocab_, rng_, -20, 20));
   const std::vector<int32_t> cond = {0, 2}, uncond = {1, 3};
   for (const float bad : {std::numeric_limits<float>::quiet_NaN(), kInf}) {
     const std::vector<float> scale = {1.5f, bad};
     const CombineLogitsArgs a{
-        d, rows, kVocab, device().Put(cond), device().Put(uncond), device().Put(scale), 2};
+        d, rows, vocab_, device().Put(cond), device().Put(uncond), device().Put(scale), 2};
     const absl::Status status = Checked(backend().CombineLogits(a));
     EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
     EXPECT_EQ(status.message().rfind("CombineLogits: scale[1] must be finite", 0), 0) << status;
   }
   const std::vector<float> fine = {1.5f, 2.0f};
   EXPECT_TRUE(backend()
-                  .CombineLogits({d, rows, kVocab, device().Put(cond), device().Put(uncond),
+                  .CombineLogits({d, rows, vocab_, device().Put(cond), device().Put(uncond),
                                   device().Put(fine), 2})
                   .ok());
   EXPECT_TRUE(backend().Synchronize().ok());
@@ -472,15 +503,15 @@ TEST_P(SamplingOpsTest, CombineLogitsRefusesANonFiniteScale) {
 
 TEST_P(SamplingOpsTest, LogprobsMatchDoubleLogSoftmax) {
   const int64_t rows = 5;
-  std::vector<float> logits = RandomFloats(rows * kVocab, rng_, -10, 10);
-  logits[1 * kVocab + 3] = -kInf;
+  std::vector<float> logits = RandomFloats(rows * vocab_, rng_, -10, 10);
+  logits[1 * vocab_ + 3] = -kInf;
   const int32_t top_n = 7;
   const std::vector<int32_t> query_rows = {0, 1, 4, 1};
   const std::vector<int32_t> query_tokens = {5, 3, 999, 0};
   LogprobsArgs a;
   a.logits = device().Put(logits);
   a.n_rows = rows;
-  a.vocab = kVocab;
+  a.vocab = vocab_;
   a.top_n = top_n;
   a.top_ids = device().Output<int32_t>(rows * top_n);
   a.top_logprobs = device().Output<float>(rows * top_n);
@@ -494,16 +525,16 @@ TEST_P(SamplingOpsTest, LogprobsMatchDoubleLogSoftmax) {
   const std::vector<float> queried = device().Get(a.query_logprobs, 4);
   auto reference = [&](int64_t r, int32_t t) {
     double m = -INFINITY, sum = 0;
-    for (int64_t i = 0; i < kVocab; ++i)
-      m = std::max(m, static_cast<double>(logits[r * kVocab + i]));
-    for (int64_t i = 0; i < kVocab; ++i) sum += std::exp(logits[r * kVocab + i] - m);
-    return (logits[r * kVocab + t] - m) - std::log(sum);
+    for (int64_t i = 0; i < vocab_; ++i)
+      m = std::max(m, static_cast<double>(logits[r * vocab_ + i]));
+    for (int64_t i = 0; i < vocab_; ++i) sum += std::exp(logits[r * vocab_ + i] - m);
+    return (logits[r * vocab_ + t] - m) - std::log(sum);
   };
   for (int64_t r = 0; r < rows; ++r) {
-    std::vector<int32_t> order(kVocab);
+    std::vector<int32_t> order(vocab_);
     std::iota(order.begin(), order.end(), 0);
     std::stable_sort(order.begin(), order.end(), [&](int32_t x, int32_t y) {
-      return logits[r * kVocab + x] > logits[r * kVocab + y];
+      return logits[r * vocab_ + x] > logits[r * vocab_ + y];
     });
     for (int32_t j = 0; j < top_n; ++j) {
       EXPECT_EQ(ids[r * top_n + j], order[j]) << "row " << r << " rank " << j;
@@ -527,7 +558,7 @@ TEST_P(SamplingOpsTest, LogprobsMatchDoubleLogSoftmax) {
 // accept it, though a row's slot would be written while other rows' logits are still read).
 TEST_P(SamplingOpsTest, ProcessRowsRefusesAPoolOverlappingTheLogits) {
   const int64_t n = 2, capacity = 4;
-  float* memory = device().Put(RandomFloats((n + capacity) * kVocab, rng_));
+  float* memory = device().Put(RandomFloats((n + capacity) * vocab_, rng_));
   std::vector<RowSampling> rows(2);
   for (int32_t r = 0; r < 2; ++r) {
     rows[r].params = Params(1.0f);
@@ -536,15 +567,15 @@ TEST_P(SamplingOpsTest, ProcessRowsRefusesAPoolOverlappingTheLogits) {
   ProcessRowsArgs a;
   a.logits = memory;
   a.n_rows = n;
-  a.vocab = kVocab;
+  a.vocab = vocab_;
   a.rows = device().Put(rows);
-  a.probs = memory + kVocab;  // slot 0 is row 1's logits
+  a.probs = memory + vocab_;  // slot 0 is row 1's logits
   a.prob_capacity = capacity;
   a.argmax = device().Output<int32_t>(n);
   a.error = device().Output<int32_t>(n);
   EXPECT_TRUE(
       IsInvalidArgument(backend().ProcessRows(a), "ProcessRows: probs must not overlap logits"));
-  a.probs = memory + n * kVocab;
+  a.probs = memory + n * vocab_;
   EXPECT_TRUE(backend().ProcessRows(a).ok());
   EXPECT_EQ(device().Get(a.error, n), std::vector<int32_t>(2, kRowOk));
 }
