@@ -142,16 +142,25 @@ class KvAttentionTest : public BackendTest {
       start.push_back(qmask_start_[r]);
       q.insert(q.end(), q_.begin() + r * kWidth, q_.begin() + (r + 1) * kWidth);
     }
-    const int64_t n = static_cast<int64_t>(rows.size());
+    return AttendOver(Cache(), seq, slot, mask, start, q, /*masks=*/true);
+  }
+
+  // Attention over `cache` of tokens (seq[i], slot[i]) with queries q ([n, kWidth]), with tree
+  // masks (mask[i] from start[i]) or, when !masks, none (tree_mask == nullptr: causal).
+  std::vector<float> AttendOver(const PagedKv& cache, const std::vector<int32_t>& seq,
+                                const std::vector<int32_t>& slot, const std::vector<uint64_t>& mask,
+                                const std::vector<int32_t>& start, const std::vector<float>& q,
+                                bool masks) {
+    const int64_t n = static_cast<int64_t>(seq.size());
     float* out = device().Output<float>(n * kWidth);
     AttentionArgs a;
     a.q = device().Put(q);
     a.out = out;
-    a.cache = Cache();
+    a.cache = cache;
     a.token_seq = device().Put(seq);
     a.slot = device().Put(slot);
-    a.tree_mask = device().Put(mask);
-    a.mask_start = device().Put(start);
+    a.tree_mask = masks ? device().Put(mask) : nullptr;
+    a.mask_start = masks ? device().Put(start) : nullptr;
     a.n_tokens = n;
     a.n_heads = kHeads;
     a.n_kv_heads = kKvHeads;
@@ -373,23 +382,7 @@ TEST_P(KvAttentionTest, ATreeNodeGetsTheBitsOfItsPathStoredLinearly) {
           t_start.push_back(t.mask_start);
           t_q.insert(t_q.end(), q.begin(), q.end());
         }
-        const int64_t n = static_cast<int64_t>(tokens.size());
-        AttentionArgs a;
-        a.q = device().Put(t_q);
-        a.out = device().Output<float>(n * kWidth);
-        a.cache = cache;
-        a.token_seq = device().Put(t_seq);
-        a.slot = device().Put(t_slot);
-        a.tree_mask = masks ? device().Put(t_mask) : nullptr;
-        a.mask_start = masks ? device().Put(t_start) : nullptr;
-        a.n_tokens = n;
-        a.n_heads = kHeads;
-        a.n_kv_heads = kKvHeads;
-        a.head_dim = kHeadDim;
-        a.scale = 1.0f / std::sqrt(static_cast<float>(kHeadDim));
-        const absl::Status st = backend().Attention(a);
-        EXPECT_TRUE(st.ok()) << st;
-        return device().Get(a.out, n * kWidth);
+        return AttendOver(cache, t_seq, t_slot, t_mask, t_start, t_q, masks);
       };
       const Token node{0, node_slot, path_mask, prefix};
       const Token linear{1, linear_slot, 1, linear_slot};
