@@ -430,18 +430,36 @@ __global__ void __launch_bounds__(kThreads) AttentionSplitKernel(Params p) {
   __syncthreads();
   if (!s.last) return;
   __threadfence();
-  InitState(p, s.total);
+  // The groups' states merged in group order, as MergePart would from an empty state, but with
+  // no barrier per group: each head's sum, then each pair's value, folded in registers by one
+  // thread that follows its head's running max itself (the same operations, so the same bits),
+  // its loads free to run ahead of its arithmetic.
   const float* all = p.partials + pair * p.n_groups_cap * stride;
-  for (int64_t k = 0; k < groups; ++k) {
-    const float* part = all + k * stride;
-    if (threadIdx.x < G) {
-      s.group.m[threadIdx.x] = __ldcg(part + threadIdx.x);
-      s.group.l[threadIdx.x] = __ldcg(part + G + threadIdx.x);
+  if (threadIdx.x < G) {
+    const int g = threadIdx.x;
+    float m = kNegInf, l = 0.0f;
+    for (int64_t k = 0; k < groups; ++k) {
+      const float* part = all + k * stride;
+      const Coeffs c = MergeCoeffs(m, __ldcg(part + g));
+      l = MergeValue(l, __ldcg(part + G + g), c);
+      m = c.m;
     }
-    __syncthreads();
-    MergePart(p, s.total, s.group.m, s.group.l, [&](int i) { return __ldcg(part + 2 * G + i); });
+    s.total.l[g] = l;
   }
-  WriteOutput(p, t, kvh, s);
+  __syncthreads();
+  float* out = p.out + HeadsOffset(p, t, kvh);
+  for (int i = threadIdx.x; i < G * hd; i += kThreads) {
+    const int g = i / hd;
+    float m = kNegInf, acc = 0.0f;
+#pragma unroll 4
+    for (int64_t k = 0; k < groups; ++k) {
+      const float* part = all + k * stride;
+      const Coeffs c = MergeCoeffs(m, __ldcg(part + g));
+      acc = MergeValue(acc, __ldcg(part + 2 * G + i), c);
+      m = c.m;
+    }
+    out[i] = __fdiv_rn(acc, s.total.l[g]);
+  }
 }
 
 // Launches one form of the kernel (split: a block per chunk group) for a cache of dtype kD.
