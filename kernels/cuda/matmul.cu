@@ -135,10 +135,13 @@ cudaError_t Launch(const MatmulArgs& a, bool vec, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
+// `sm_count`: a one-token product of few rows (a decode step's k and v projections) takes one row
+// per warp when two would leave SMs without a block.
 template <DType D>
-cudaError_t LaunchTyped(const MatmulArgs& a, bool vec, int tw, cudaStream_t stream) {
+cudaError_t LaunchTyped(const MatmulArgs& a, bool vec, int tw, int sm_count, cudaStream_t stream) {
   switch (tw) {
     case 1:
+      if (DivUp(a.w.rows, int64_t{kWarps} * 2) < sm_count) return Launch<D, 1, 1>(a, vec, stream);
       return Launch<D, 1, 2>(a, vec, stream);
     case 2:
       return Launch<D, 2, 2>(a, vec, stream);
@@ -172,13 +175,13 @@ absl::Status LaunchMatmul(const MatmulArgs& a, const CudaContext& ctx, cudaStrea
   cudaError_t e = cudaSuccess;
   switch (a.w.dtype) {
     case DType::kF32:
-      e = LaunchTyped<DType::kF32>(a, vec, tw, stream);
+      e = LaunchTyped<DType::kF32>(a, vec, tw, ctx.sm_count, stream);
       break;
     case DType::kBF16:
-      e = LaunchTyped<DType::kBF16>(a, vec, tw, stream);
+      e = LaunchTyped<DType::kBF16>(a, vec, tw, ctx.sm_count, stream);
       break;
     case DType::kF16:
-      e = LaunchTyped<DType::kF16>(a, vec, tw, stream);
+      e = LaunchTyped<DType::kF16>(a, vec, tw, ctx.sm_count, stream);
       break;
   }
   return CudaStatus(e, "Matmul launch");

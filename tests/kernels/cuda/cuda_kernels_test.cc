@@ -13,6 +13,7 @@
 #include <cstring>
 #include <memory>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -34,10 +35,17 @@ using cpu_test::TestWeight;
 using cuda_test::CudaTest;
 using cuda_test::MakeCuda;
 
+// 67 rows take one row per warp at one token per warp (too few blocks for the SMs otherwise),
+// 2100 rows two (on any GPU of up to 262 SMs).
 TEST_F(CudaTest, MatmulTileShapesGiveTheSameBits) {
   for (const DType dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
-    for (const int64_t cols : {5, 64, 700, 3072}) {
-      const int64_t rows = 67, n = 19;
+    for (const auto& [rows, cols] : {std::pair<int64_t, int64_t>{67, 5},
+                                     {67, 64},
+                                     {67, 700},
+                                     {67, 3072},
+                                     {2100, 64},
+                                     {2100, 768}}) {
+      const int64_t n = 19;
       const TestWeight w = RandomWeight(dtype, rows, cols, rng_);
       const std::vector<float> x = RandomFloats(n * cols, rng_);
       std::vector<float> first;
@@ -53,7 +61,7 @@ TEST_F(CudaTest, MatmulTileShapesGiveTheSameBits) {
         const std::vector<float> got = device.Get(y, n * rows);
         if (first.empty()) first = got;
         EXPECT_TRUE(SameBits(got, first))
-            << DTypeName(dtype) << " cols " << cols << " tokens per warp " << tw;
+            << DTypeName(dtype) << " " << rows << " x " << cols << ", tokens per warp " << tw;
         // And a row fed alone gives that row's bits.
         const std::vector<float> one(x.begin() + 11 * cols, x.begin() + 12 * cols);
         float* y1 = device.Output<float>(rows);
