@@ -302,8 +302,12 @@ struct RowSampling {
 //!     finite.
 //! error[r] gets a RowError; after an error the row's outputs are meaningless.
 //! Invariance: each row is computed alone; the CPU back end is the bit-exact reference, and
-//! every back end must match it bit for bit on the one-hot rows, argmax and top_ids (entropy
-//! within 1e-5).
+//! every back end must match it bit for bit on the greedy one-hot rows, the penalised argmax and
+//! top_ids (entropy within 1e-5). A kArgmaxOfProcessed row's one-hot sits at the argmax of its
+//! processed row, whose probabilities another back end may round differently by an ulp, so where
+//! two of them are that close its token may differ from the CPU's; each back end still picks the
+//! same token for the same row every time, and since q is then exactly that one-hot the output
+//! stays exact.
 inline constexpr int32_t kMaxTopTokens = 16;
 struct ProcessRowsArgs {
   const float* logits = nullptr;  //!< [n_rows, vocab]
