@@ -213,9 +213,27 @@ class SamplingOpsTest : public BackendTest {
       Reference(std::span<const float>(logits).subspan(r * vocab_, vocab_), cases[r], &want,
                 &argmax, &error);
       ASSERT_EQ(got.error[r], error) << "row " << r;
-      EXPECT_EQ(got.argmax[r], argmax) << "row " << r;
       const std::vector<float> row(got.probs.begin() + r * vocab_,
                                    got.probs.begin() + (r + 1) * vocab_);
+      if (!IsCpu() && cases[r].mode == RowMode::kArgmaxOfProcessed && error == kRowOk) {
+        // Another back end may round two processed probabilities an ulp apart differently
+        // (kernels/backend.h): its one-hot must sit at a token within that of the maximum.
+        RowCase sampled = cases[r];
+        sampled.mode = RowMode::kSample;
+        std::vector<float> dist;
+        int32_t unused_argmax = -1, unused_error = -1;
+        Reference(std::span<const float>(logits).subspan(r * vocab_, vocab_), sampled, &dist,
+                  &unused_argmax, &unused_error);
+        const float top = *std::max_element(dist.begin(), dist.end());
+        ASSERT_GE(got.argmax[r], 0) << "row " << r;
+        ASSERT_LT(got.argmax[r], vocab_) << "row " << r;
+        EXPECT_GE(dist[static_cast<size_t>(got.argmax[r])], top * (1.0f - 0x1p-21f)) << "row " << r;
+        std::vector<float> one_hot(static_cast<size_t>(vocab_), 0.0f);
+        one_hot[static_cast<size_t>(got.argmax[r])] = 1.0f;
+        EXPECT_TRUE(SameBits(row, one_hot)) << "row " << r;
+        continue;
+      }
+      EXPECT_EQ(got.argmax[r], argmax) << "row " << r;
       if (IsCpu() || cases[r].mode != RowMode::kSample) {
         EXPECT_TRUE(SameBits(row, want)) << "row " << r;
       } else {
