@@ -18,6 +18,8 @@
 #   spec_parity    greedy speculative == plain decoding in process, K = 1..8, alone and batched
 #   decode         batch-1 decode as a fraction of the copy bandwidth, 1B and 3B shapes (bf16,
 #                  untied), with and without CUDA graphs, and T_v(4)/T_t
+#   attention      paged attention alone at the 1B and 3B decode and verify shapes, contexts 128
+#                  to 8192: what it adds per token next to streaming the weights once
 #   engine_tests   engine-level tests that compare an engine with itself, on CUDA
 #                  (SPECD_TEST_BACKEND=cuda): batch invariance, draft trees and KV dtypes, prefix
 #                  caching (cached KV and copy on write against recomputing), greedy
@@ -47,9 +49,9 @@ DEADLINE=$((SECONDS + ${BUDGET:-480}))
 mkdir -p "$OUT" "$LOGS" "$WORK/bin"
 SUMMARY=$OUT/summary.txt
 STAGES=("$@")
-[[ ${#STAGES[@]} -gt 0 ]] || STAGES=(build conformance hf_parity spec_parity decode engine_tests
-                                     speedup serve_speedup hf_generate concurrency sanitize matmul
-                                     sharing)
+[[ ${#STAGES[@]} -gt 0 ]] || STAGES=(build conformance hf_parity spec_parity decode attention
+                                     engine_tests speedup serve_speedup hf_generate concurrency
+                                     sanitize matmul sharing)
 export PYTHONUNBUFFERED=1
 # The tests' numpy references run on the image's Python, and find the sources here.
 SPECD_PYTHON=$(command -v python3)
@@ -197,6 +199,13 @@ stage_matmul() {
   run_timed "$BIN/cuda_matmul_bench" --reps 50 >"$LOGS/matmul.log" 2>&1
   local rc=$?
   tee -a "$SUMMARY" <"$LOGS/matmul.log"
+  return "$rc"
+}
+
+stage_attention() {
+  run_timed "$BIN/cuda_attention_bench" --reps 20 >"$LOGS/attention.log" 2>&1
+  local rc=$?
+  tee -a "$SUMMARY" <"$LOGS/attention.log"
   return "$rc"
 }
 

@@ -23,6 +23,7 @@
 #include "common/engine/llama_engine.h"
 #include "common/synth/synth.h"
 #include "kernels/cpu/bandwidth.h"
+#include "tools/bench/device_copy.h"
 
 namespace specd {
 namespace {
@@ -59,23 +60,6 @@ double CpuWeightReadGBps(const DeviceWeights& w, const ModelConfig& c, int threa
     best = std::max(best, n / std::chrono::duration<double>(Clock::now() - t0).count() / 1e9);
   }
   if (sink == 42) std::fprintf(stderr, " ");  // keeps the reads observable
-  return best;
-}
-
-// Device copy bandwidth (bytes read + written per second), best of five 1 GiB copies.
-double DeviceCopyGBps(kernels::Backend& backend) {
-  constexpr int64_t kBytes = int64_t{1} << 30;
-  absl::StatusOr<kernels::Buffer> a = backend.Allocate(kBytes, kernels::MemoryKind::kScratch, "bw");
-  absl::StatusOr<kernels::Buffer> b = backend.Allocate(kBytes, kernels::MemoryKind::kScratch, "bw");
-  if (!a.ok() || !b.ok()) return 0;
-  double best = 0;
-  for (int pass = 0; pass < 6; ++pass) {
-    const auto t0 = Clock::now();
-    if (!backend.CopyDeviceToDevice(b->data(), a->data(), kBytes).ok()) return 0;
-    if (!backend.Synchronize().ok()) return 0;
-    const double s = std::chrono::duration<double>(Clock::now() - t0).count();
-    if (pass > 0) best = std::max(best, 2.0 * kBytes / s / 1e9);  // the first one warms up
-  }
   return best;
 }
 
