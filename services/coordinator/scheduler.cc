@@ -569,8 +569,10 @@ void Scheduler::Loop() {
     running_ = std::move(still);
     if (!preempted.empty()) {
       std::lock_guard<std::mutex> lock(mu_);
-      if (running_.empty() && waiting_.empty() && preempted.size() == 1) {
-        // Alone and still out of KV: it can never fit.
+      if (batch.size() == 1 && running_.empty()) {
+        // Alone in both pools and still out of KV: it can never fit. One preempted beside others
+        // that finished in this round may fit once their blocks are free (it is requeued, and
+        // runs alone next); queued requests hold no KV, so they change nothing either way.
         Active& a = *preempted.front();
         Finish(a, FinishReason::kNone,
                absl::ResourceExhaustedError("the request does not fit in the workers' KV cache"),

@@ -2,8 +2,10 @@
 // the same for every K, with the draft unguided or guided, chunked or not, or with prompt lookup's
 // drafts, and equals an independent numpy decoding (guided_greedy_reference.py); pairs under KV
 // pressure are preempted and replayed as one (no cache mismatch ever, outputs unchanged, no block
-// left); cancelling frees both halves; max_seq_len bounds the longer of the two texts.
+// left), and only a request alone in the pools is failed as one that can never fit; cancelling
+// frees both halves; max_seq_len bounds the longer of the two texts.
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <fstream>
 #include <future>
@@ -47,8 +49,8 @@ class Collector {
       }
     };
   }
-  bool Wait() {
-    return done_future_.wait_for(std::chrono::seconds(300)) == std::future_status::ready;
+  bool Wait(int seconds = 300) {
+    return done_future_.wait_for(std::chrono::seconds(seconds)) == std::future_status::ready;
   }
   void WaitForFirstTokens() { first_future_.wait(); }
   Tokens tokens() {
@@ -114,6 +116,66 @@ class MismatchCounter final : public testing::ForwardingWorker {
     if (!st.ok() && st.code() != absl::StatusCode::kResourceExhausted) ++mismatches_;
   }
   int64_t mismatches_ = 0;  // only the scheduler thread calls
+};
+
+// A target that holds the scheduler's first Probe (which comes before its first admission)
+// until Open(), so that requests submitted before are admitted together; that holds Verify call
+// number `hold_at` (1-based) until Resume(); and that reports RESOURCE_EXHAUSTED, as a full pool
+// would, for `victim` in Verify call number `exhaust_at` (the scheduler then releases the
+// worker's copy itself).
+class TimedTarget final : public testing::ForwardingWorker {
+ public:
+  TimedTarget(WorkerApi& inner, int hold_at, int exhaust_at)
+      : ForwardingWorker(inner), hold_at_(hold_at), exhaust_at_(exhaust_at) {}
+  absl::StatusOr<WorkerProbe> Probe(absl::Duration timeout) override {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return open_; });
+    return inner_.Probe(timeout);
+  }
+  absl::StatusOr<std::vector<VerifySequenceResult>> Verify(
+      std::span<const VerifySequenceRequest> batch) override {
+    int call = 0;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      call = ++calls_;
+      if (call == hold_at_) {
+        held_ = true;
+        cv_.notify_all();
+        cv_.wait(lock, [&] { return resumed_; });
+      }
+    }
+    absl::StatusOr<std::vector<VerifySequenceResult>> out = inner_.Verify(batch);
+    if (call == exhaust_at_ && out.ok()) {
+      for (VerifySequenceResult& r : *out) {
+        if (r.seq == victim_) r.status = absl::ResourceExhaustedError("the KV pool is full");
+      }
+    }
+    return out;
+  }
+  void Open() { Set(&open_); }
+  void Resume() { Set(&resumed_); }
+  void WaitUntilHeld() {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return held_; });
+  }
+  void set_victim(SeqId seq) {
+    std::lock_guard<std::mutex> lock(mu_);
+    victim_ = seq;
+  }
+
+ private:
+  void Set(bool* flag) {
+    std::lock_guard<std::mutex> lock(mu_);
+    *flag = true;
+    cv_.notify_all();
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  const int hold_at_, exhaust_at_;
+  int calls_ = 0;
+  SeqId victim_ = 0;
+  bool open_ = false, resumed_ = false, held_ = false;
 };
 
 class GuidanceSchedulerTest : public ::testing::Test {
@@ -355,6 +417,60 @@ TEST_F(GuidanceSchedulerTest, PairsUnderKvPressurePreemptAsOneAndEndWithNoBlocks
   for (size_t i = 0; i < reqs.size(); ++i) {
     EXPECT_EQ(RunAll(*ample, {reqs[i]})[0], pressed[i]) << "request " << i;
   }
+}
+
+// A request that runs out of KV in the very round in which the only other running request
+// finishes was not alone in the pool: it is requeued and finishes with its solo output, instead
+// of failing as one that can never fit (which timing alone used to decide).
+TEST_F(GuidanceSchedulerTest, PreemptedBesideARequestThatFinishesInTheSameRoundIsRequeued) {
+  MakeWorkers(4096);
+  GenerationRequest a = Guided({1, 5, 6, 7}, {1}, 1.0f, 0, false, 3);  // finishes in round 3
+  a.guidance.reset();
+  const GenerationRequest b = Guided({1, 8, 9, 10}, {1, 11}, 2.0f, 2, true, 20);
+  const Tokens solo = RunAll(*MakeScheduler(1), {b})[0];
+
+  TimedTarget target(*target_, /*hold_at=*/0, /*exhaust_at=*/3);
+  auto scheduler = MakeScheduler(4, {}, nullptr, &target);
+  Collector ca, cb;
+  ASSERT_TRUE(scheduler->Submit(a, ca.Sink()).ok());
+  const absl::StatusOr<Scheduler::RequestHandle> hb = scheduler->Submit(b, cb.Sink());
+  ASSERT_TRUE(hb.ok());
+  target.set_victim(*hb);
+  target.Open();  // both were queued before the first admission
+  ASSERT_TRUE(ca.Wait());
+  ASSERT_TRUE(cb.Wait());
+  EXPECT_TRUE(ca.last().error.ok()) << ca.last().error;
+  EXPECT_TRUE(cb.last().error.ok()) << cb.last().error;
+  EXPECT_EQ(cb.tokens(), solo);
+  EXPECT_EQ(scheduler->preemptions(), 1);
+  scheduler.reset();
+  ExpectNoBlocksUsed();
+}
+
+// A request that cannot fit even alone fails with RESOURCE_EXHAUSTED although another waits
+// behind it, which then runs; it used to go back to the head of the queue and fail again every
+// round, forever. `big` is admitted alone, and `small` arrives during its first round.
+TEST_F(GuidanceSchedulerTest, ARequestThatCannotFitAloneFailsWhileOthersWait) {
+  MakeWorkers(2 * 16);
+  TimedTarget target(*target_, /*hold_at=*/1, /*exhaust_at=*/0);
+  auto scheduler = MakeScheduler(4, {}, nullptr, &target);
+  const GenerationRequest big =
+      Guided({1, 5, 6, 7, 8, 9, 10, 11, 12, 13}, {1, 600, 700}, 2.0f, 2, true, 60);
+  GenerationRequest small = Guided({1, 8}, {1}, 1.0f, 1, false, 4);
+  small.guidance.reset();
+  Collector cbig, csmall;
+  ASSERT_TRUE(scheduler->Submit(big, cbig.Sink()).ok());
+  target.Open();
+  target.WaitUntilHeld();
+  ASSERT_TRUE(scheduler->Submit(small, csmall.Sink()).ok());
+  target.Resume();
+  ASSERT_TRUE(cbig.Wait(30)) << "preemptions so far: " << scheduler->preemptions();
+  ASSERT_TRUE(csmall.Wait(60));
+  EXPECT_EQ(cbig.last().error.code(), absl::StatusCode::kResourceExhausted) << cbig.last().error;
+  EXPECT_TRUE(csmall.last().error.ok()) << csmall.last().error;
+  EXPECT_EQ(csmall.tokens().size(), 4u);
+  scheduler.reset();
+  ExpectNoBlocksUsed();
 }
 
 TEST_F(GuidanceSchedulerTest, CancellingAGuidedRequestFreesBothHalvesOnBothWorkers) {
