@@ -659,6 +659,8 @@ absl::Status LlamaEngine::CompactKv(KvPool::SeqId seq, int64_t tree_start,
                        " (the nodes must increase and lie inside the ", len, " cached tokens)"));
     }
   }
+  // The KV write must not reach a block that anything else can see.
+  SPECD_RETURN_IF_ERROR(kv_->CheckCompaction(seq, tree_start, kept_nodes));
   // Row pairs: a KV row is block * block_size + slot in block, in every layer alike.
   const int64_t bs = kv_->block_size();
   auto row_of = [&](int64_t slot) {
@@ -670,14 +672,6 @@ absl::Status LlamaEngine::CompactKv(KvPool::SeqId seq, int64_t tree_start,
     const int64_t from = tree_start + kept_nodes[static_cast<size_t>(i)];
     const int64_t to = tree_start + i;
     if (from == to) continue;  // already in place
-    // The pool checks this again when it records the move (KvPool::CompactTokens), but only
-    // after the copy: the KV write must not reach a block that anything else can see.
-    const int32_t block = (*table)[static_cast<size_t>(to / bs)];
-    if (kv_->RefCount(block) > 1 || kv_->IsCached(block)) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("sequence ", seq, ": cannot compact its tree into slot ", to,
-                       ", which lies in a block that is cached or held by another sequence"));
-    }
     pairs.push_back(row_of(from));
     dst.push_back(row_of(to));
   }
@@ -713,8 +707,8 @@ absl::Status LlamaEngine::CompactKv(KvPool::SeqId seq, int64_t tree_start,
     // Nothing is recorded as moved unless it moved: the pool still holds the whole tree.
     SPECD_RETURN_IF_ERROR(copied);
   }
-  // The prefix cache keys blocks by their tokens: the branch's tokens move with its KV. Checked
-  // above, so this does not fail.
+  // The prefix cache keys blocks by their tokens: the branch's tokens move with its KV
+  // (CheckCompaction passed above, so this does not fail).
   SPECD_RETURN_IF_ERROR(kv_->CompactTokens(seq, tree_start, kept_nodes));
   return kv_->Truncate(seq, tree_start + kept);
 }

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/types/span.h"
 #include "base/math.h"
+#include "base/status_macros.h"
 
 namespace specd {
 namespace {
@@ -262,9 +263,9 @@ absl::Status KvPool::Truncate(SeqId seq, int64_t new_len) {
   return absl::OkStatus();
 }
 
-absl::Status KvPool::CompactTokens(SeqId seq, int64_t tree_start,
-                                   std::span<const int32_t> kept_nodes) {
-  Sequence* s = Find(seq);
+absl::Status KvPool::CheckCompaction(SeqId seq, int64_t tree_start,
+                                     std::span<const int32_t> kept_nodes) const {
+  const Sequence* s = Find(seq);
   if (s == nullptr) return Unknown(seq);
   const int64_t bs = config_.block_size;
   for (size_t i = 0; i < kept_nodes.size(); ++i) {
@@ -285,7 +286,15 @@ absl::Status KvPool::CompactTokens(SeqId seq, int64_t tree_start,
                        " lies in a block that is cached or held by another sequence"));
     }
   }
+  return absl::OkStatus();
+}
+
+absl::Status KvPool::CompactTokens(SeqId seq, int64_t tree_start,
+                                   std::span<const int32_t> kept_nodes) {
+  SPECD_RETURN_IF_ERROR(CheckCompaction(seq, tree_start, kept_nodes));
   if (!config_.prefix_caching) return absl::OkStatus();
+  Sequence* s = Find(seq);
+  const int64_t bs = config_.block_size;
   // In order: every source lies at or after its destination and after every earlier one.
   for (size_t i = 0; i < kept_nodes.size(); ++i) {
     const int64_t from = tree_start + kept_nodes[i];

@@ -98,14 +98,17 @@ class KvPool {
   // Blocks that Append(seq, n tokens) would take from the free capacity.
   absl::StatusOr<int64_t> BlocksNeeded(SeqId seq, int64_t n_tokens) const;
 
-  // Records that the KV of slot tree_start + kept_nodes[i] moved to slot tree_start + i
-  // (LlamaEngine::CompactKv keeps a draft tree's accepted branch): with prefix caching the token
-  // recorded there moves too, so that a block is cached under the tokens its KV was computed
-  // from. Checks first and changes nothing on error: kept_nodes strictly increasing, node i at
-  // or after entry i, inside the sequence (INVALID_ARGUMENT); every slot written in a block only
-  // `seq` holds and the cache does not (FAILED_PRECONDITION: the KV write would be seen by
-  // others). NOT_FOUND if unknown. LlamaEngine::CompactKv checks the same before it copies the
-  // KV and records the move here once the copy has run.
+  // Whether the KV of slot tree_start + kept_nodes[i] may move to slot tree_start + i
+  // (LlamaEngine::CompactKv keeps a draft tree's accepted branch, and asks before it copies):
+  // kept_nodes strictly increasing, node i at or after entry i, inside the sequence
+  // (INVALID_ARGUMENT); every slot written in a block only `seq` holds and the cache does not
+  // (FAILED_PRECONDITION: the KV write would be seen by others). NOT_FOUND if unknown.
+  absl::Status CheckCompaction(SeqId seq, int64_t tree_start,
+                               std::span<const int32_t> kept_nodes) const;
+
+  // Records that move once the KV has moved: with prefix caching the token recorded at each
+  // destination moves too, so that a block is cached under the tokens its KV was computed from.
+  // Checks first (CheckCompaction) and changes nothing on error.
   absl::Status CompactTokens(SeqId seq, int64_t tree_start, std::span<const int32_t> kept_nodes);
 
   // The block ids of `seq`, in position order. NOT_FOUND if unknown.
