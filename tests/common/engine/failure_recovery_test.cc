@@ -168,6 +168,18 @@ class FailureRecoveryTest : public ::testing::Test {
     EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0);
   }
 
+  // Feeds `engine` and `fresh` (one that never failed) the same pass: both run, and give the same
+  // logits bit for bit.
+  static void ExpectRunsAsFresh(LlamaEngine& engine, LlamaEngine& fresh, KvPool::SeqId seq,
+                                const std::vector<int32_t>& tokens, int logits,
+                                std::string_view what) {
+    const absl::StatusOr<std::vector<float>> got = Feed(engine, seq, tokens, logits);
+    ASSERT_TRUE(got.ok()) << what << ": " << got.status();
+    const absl::StatusOr<std::vector<float>> want = Feed(fresh, seq, tokens, logits);
+    ASSERT_TRUE(want.ok()) << want.status();
+    ExpectSameBits(*got, *want);
+  }
+
   ScopedTempDir tmp_;
   EngineOptions options_;
 };
@@ -194,19 +206,11 @@ TEST_F(FailureRecoveryTest, FailedActivationGrowthKeepsSmallerPassesRunning) {
 
   // Memory is still short: a pass that fits the old scratch allocates nothing and runs.
   backend->scratch_allocations_left = 0;
-  const absl::StatusOr<std::vector<float>> small = Feed(*engine, 1, Tokens(1, 3), 1);
-  ASSERT_TRUE(small.ok()) << "a 1-token pass after the failed growth: " << small.status();
-  const absl::StatusOr<std::vector<float>> expected = Feed(*fresh, 1, Tokens(1, 3), 1);
-  ASSERT_TRUE(expected.ok()) << expected.status();
-  ExpectSameBits(*small, *expected);
+  ExpectRunsAsFresh(*engine, *fresh, 1, Tokens(1, 3), 1, "a 1-token pass after the failed growth");
 
   // Memory is back: the larger pass grows the rest and runs too.
   backend->scratch_allocations_left = -1;
-  const absl::StatusOr<std::vector<float>> large = Feed(*engine, 2, Tokens(100, 2), 3);
-  ASSERT_TRUE(large.ok()) << large.status();
-  const absl::StatusOr<std::vector<float>> large_expected = Feed(*fresh, 2, Tokens(100, 2), 3);
-  ASSERT_TRUE(large_expected.ok()) << large_expected.status();
-  ExpectSameBits(*large, *large_expected);
+  ExpectRunsAsFresh(*engine, *fresh, 2, Tokens(100, 2), 3, "the larger pass, memory back");
 }
 
 // The same for the logit rows: the final hidden states grow, the logits run out of memory.
@@ -226,11 +230,7 @@ TEST_F(FailureRecoveryTest, FailedLogitGrowthKeepsFewerRowsRunning) {
   EXPECT_EQ(*engine->kv().Length(1), 4);
 
   backend->scratch_allocations_left = 0;
-  const absl::StatusOr<std::vector<float>> small = Feed(*engine, 1, Tokens(3, 3), 2);
-  ASSERT_TRUE(small.ok()) << "a 2-row pass after the failed growth: " << small.status();
-  const absl::StatusOr<std::vector<float>> expected = Feed(*fresh, 1, Tokens(3, 3), 2);
-  ASSERT_TRUE(expected.ok()) << expected.status();
-  ExpectSameBits(*small, *expected);
+  ExpectRunsAsFresh(*engine, *fresh, 1, Tokens(3, 3), 2, "a 2-row pass after the failed growth");
 }
 
 // A draft tree of two children (nodes 0 and 1) after a 14-token prompt fills block 0; keeping
