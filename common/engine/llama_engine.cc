@@ -93,9 +93,8 @@ int64_t GeometricSize(int64_t have, int64_t need) {
 
 double GiB(int64_t bytes) { return static_cast<double>(bytes) / (1 << 30); }
 
-// Scratch a busy worker grows to: activations of a prefill chunk plus a decode batch, and logits
-// plus kept probability rows for a batch of verify rows.
-constexpr int64_t kReserveTokens = 1024;
+// Scratch a busy worker grows to: activations of a pass of max_pass_tokens, and logits plus kept
+// probability rows for a batch of verify rows.
 constexpr int64_t kReserveRows = 512;
 // The CUDA back end's op workspace and the runtime's own allocations.
 constexpr int64_t kReserveFixedBytes = int64_t{256} << 20;
@@ -121,6 +120,10 @@ absl::StatusOr<std::unique_ptr<LlamaEngine>> LlamaEngine::Create(
   if (options.kv_capacity_tokens <= 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "engine: kv_capacity_tokens must be positive, got ", options.kv_capacity_tokens));
+  }
+  if (options.max_pass_tokens <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("engine: max_pass_tokens must be positive, got ", options.max_pass_tokens));
   }
   if (!backend->SupportsKvDtype(options.kv_dtype)) {
     return absl::InvalidArgumentError(
@@ -149,7 +152,7 @@ absl::StatusOr<std::unique_ptr<LlamaEngine>> LlamaEngine::Create(
                        " back end could not report its memory: ", mem.status().message()));
     }
     if (mem.ok()) {
-      const ModelMemory own = EstimateModelMemory(c, options.kv_dtype);
+      const ModelMemory own = EstimateModelMemory(c, options.kv_dtype, options.max_pass_tokens);
       SPECD_ASSIGN_OR_RETURN(
           capacity_tokens,
           KvTokensForShare(own, options.gpu_memory_fraction, mem->total_bytes,
@@ -191,6 +194,7 @@ absl::StatusOr<std::unique_ptr<LlamaEngine>> LlamaEngine::Create(
   auto engine = std::unique_ptr<LlamaEngine>(
       new LlamaEngine(c, std::move(backend), std::move(kv), max_seq_len, options.kv_dtype));
   engine->trash_blocks_ = trash_blocks;
+  engine->max_pass_tokens_ = options.max_pass_tokens;
   kernels::Backend& be = *engine->backend_;
   engine->weights_ = std::move(device_weights);
   engine->output_vocab_ = std::move(output_vocab);
@@ -725,7 +729,8 @@ absl::StatusOr<std::vector<float>> LlamaEngine::ReadLogits(const Logits& logits)
   return out;
 }
 
-ModelMemory EstimateModelMemory(const ModelConfig& c, kernels::DType kv_dtype) {
+ModelMemory EstimateModelMemory(const ModelConfig& c, kernels::DType kv_dtype,
+                                int64_t max_pass_tokens) {
   const int64_t h = c.hidden_size;
   const int64_t per_layer = 2 * c.q_dim() * h + 2 * c.kv_dim() * h + 3 * c.intermediate_size * h;
   int64_t params = c.vocab_size * h + c.num_layers * per_layer;
@@ -734,7 +739,7 @@ ModelMemory EstimateModelMemory(const ModelConfig& c, kernels::DType kv_dtype) {
   m.weights_bytes = params * kernels::DTypeSize(c.torch_dtype) + (2 * c.num_layers + 2) * h * 4;
   const int64_t per_token = (2 * h + 2 * c.q_dim() + 2 * c.kv_dim() + 2 * c.intermediate_size) * 4;
   m.scratch_reserve_bytes =
-      kReserveTokens * per_token + kReserveRows * c.vocab_size * 4 * 2 + kReserveFixedBytes;
+      max_pass_tokens * per_token + kReserveRows * c.vocab_size * 4 * 2 + kReserveFixedBytes;
   m.kv_bytes_per_token = 2 * c.num_layers * c.kv_dim() * kernels::DTypeSize(kv_dtype);
   return m;
 }

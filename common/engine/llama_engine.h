@@ -27,6 +27,8 @@
 
 namespace specd {
 
+inline constexpr int64_t kDefaultMaxPassTokens = 2048;
+
 struct EngineOptions {
   int64_t kv_block_size = 16;
   // KV capacity in tokens across all sequences (rounded up to whole blocks).
@@ -54,6 +56,11 @@ struct EngineOptions {
   // the same estimates.
   int64_t peer_fixed_bytes = 0;         // the peer's weights and scratch reserve
   int64_t peer_kv_bytes_per_token = 0;  // 0: no peer, the fraction is this engine's alone
+  // The tokens of the largest forward pass the scratch reserve is sized for (vLLM's
+  // max_num_batched_tokens). The coordinator keeps every pass within it (pass_budget.h), so the
+  // memory share holds while prefill chunks of many sequences meet in one pass; a larger pass
+  // still runs, growing the scratch past the reserve.
+  int64_t max_pass_tokens = kDefaultMaxPassTokens;
 };
 
 // What a model will take on a device, from its config alone (for sizing before loading).
@@ -62,7 +69,8 @@ struct ModelMemory {
   int64_t scratch_reserve_bytes = 0;  // activations, logits and kept rows of a busy worker
   int64_t kv_bytes_per_token = 0;
 };
-ModelMemory EstimateModelMemory(const ModelConfig& config, kernels::DType kv_dtype);
+ModelMemory EstimateModelMemory(const ModelConfig& config, kernels::DType kv_dtype,
+                                int64_t max_pass_tokens);
 // KV tokens for an engine of `own` when `fraction` of a device of `total_bytes` is shared with a
 // peer as EngineOptions describes (peer_kv_bytes_per_token 0: no peer). RESOURCE_EXHAUSTED,
 // naming the bytes, when nothing is left for the cache.
@@ -164,6 +172,8 @@ class LlamaEngine {
   const ModelConfig& config() const { return config_; }
   const KvPool& kv() const { return *kv_; }
   int64_t max_seq_len() const { return max_seq_len_; }
+  // EngineOptions::max_pass_tokens: the pass the scratch reserve was sized for.
+  int64_t max_pass_tokens() const { return max_pass_tokens_; }
   kernels::DType kv_dtype() const { return kv_dtype_; }
   // Bytes of KV cache one token takes across all layers (k and v).
   int64_t kv_bytes_per_token() const;
@@ -261,6 +271,7 @@ class LlamaEngine {
   // not recorded (EngineOptions::record_forwards off, a back end that does not record, or a
   // context shorter than the padding), and then nothing is padded.
   int64_t trash_blocks_ = 0;
+  int64_t max_pass_tokens_ = kDefaultMaxPassTokens;
   int64_t buffers_generation_ = 0;
   int64_t recorded_generation_ = 0;
   int64_t replay_clock_ = 0;

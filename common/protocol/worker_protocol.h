@@ -27,6 +27,10 @@ enum class DraftSampling { kProbabilistic, kGreedy };
 inline constexpr int32_t kMaxSpeculativeTokens = 64;  // K
 inline constexpr int32_t kMaxCandidates = 64;         // M
 inline constexpr int32_t kMaxLogprobs = 20;           // top-N alternatives (OpenAI's cap)
+// The smallest per-pass token budget a worker may declare (InfoResponse.max_pass_tokens): a lone
+// sequence's largest round, 1 catch-up token and 64 drafts or tree nodes, twice with a CFG
+// companion, always fits.
+inline constexpr int64_t kMinMaxPassTokens = 256;
 
 // Moves the accepted branch of a sequence's last draft tree into place before anything else is
 // done with the sequence: the KV of node kept_nodes[i] (BFS order, node 0 at slot tree_start)

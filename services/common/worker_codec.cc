@@ -19,6 +19,7 @@ void EncodeSequence(const SequenceRequest& r, ProtoSequence* out) {
   out->set_prompt_len(r.prompt_len);
   out->set_drop_tail(r.drop_tail);
   out->set_max_prefill_tokens(r.max_prefill_tokens);
+  out->set_prefill_only(r.prefill_only);
   out->set_sample(r.sample);
   if (!r.compact.empty()) {
     out->mutable_compact()->set_tree_start(r.compact.tree_start);
@@ -44,6 +45,7 @@ void DecodeSequence(const ProtoSequence& proto, SequenceRequest* out) {
   out->prompt_len = proto.prompt_len();
   out->drop_tail = proto.drop_tail();
   out->max_prefill_tokens = proto.max_prefill_tokens();
+  out->prefill_only = proto.prefill_only();
   out->sample = proto.sample();
   if (proto.has_compact()) {
     out->compact.tree_start = proto.compact().tree_start();
@@ -171,7 +173,6 @@ void Encode(const VerifySequenceRequest& request, pb::VerifySequence* out) {
   out->mutable_draft_tokens()->Add(request.drafts.begin(), request.drafts.end());
   out->mutable_tree_parents()->Add(request.tree_parents.begin(), request.tree_parents.end());
   out->set_num_candidates(request.num_candidates);
-  out->set_prefill_only(request.prefill_only);
   if (request.logprobs.mode != LogprobsMode::kOff) {
     out->mutable_logprobs()->set_mode(request.logprobs.mode == LogprobsMode::kRaw
                                           ? pb::LOGPROBS_MODE_RAW
@@ -186,7 +187,6 @@ VerifySequenceRequest Decode(const pb::VerifySequence& proto) {
   r.drafts.assign(proto.draft_tokens().begin(), proto.draft_tokens().end());
   r.tree_parents.assign(proto.tree_parents().begin(), proto.tree_parents().end());
   r.num_candidates = proto.num_candidates();
-  r.prefill_only = proto.prefill_only();
   r.logprobs.mode = proto.logprobs().mode() == pb::LOGPROBS_MODE_RAW ? LogprobsMode::kRaw
                     : proto.logprobs().mode() == pb::LOGPROBS_MODE_PROCESSED
                         ? LogprobsMode::kProcessed

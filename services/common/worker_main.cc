@@ -24,6 +24,7 @@
 #include "base/status_macros.h"
 #include "common/engine/llama_engine.h"
 #include "common/model/config.h"
+#include "common/protocol/worker_protocol.h"
 #include "common/tokenizer/token_ranking.h"
 #include "common/tokenizer/tokenizer.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
@@ -55,6 +56,11 @@ std::vector<FlagSpec> WorkerFlags() {
       {"kv-tokens", "KV cache capacity in tokens, across all sequences", "16384"},
       {"kv-block-size", "tokens per KV cache block", "16"},
       {"max-seq-len", "longest sequence served; 0 = the model's max_position_embeddings", "0"},
+      {"max-pass-tokens",
+       "tokens of the largest forward pass: the scratch memory is reserved for it, and the "
+       "coordinator spreads prefill chunks over rounds to keep every pass within it (vLLM's "
+       "max_num_batched_tokens)",
+       "2048"},
       {"prefix-caching",
        "on: keep the KV of full blocks of shared prefixes and reuse it for later sequences; off",
        "on"},
@@ -111,6 +117,8 @@ absl::StatusOr<WorkerConfig> ReadConfig(const Flags& flags) {
                          flags.GetInt("kv-tokens", 1, int64_t{1} << 40));
   SPECD_ASSIGN_OR_RETURN(c.engine.kv_block_size, flags.GetInt("kv-block-size", 1, 1 << 16));
   SPECD_ASSIGN_OR_RETURN(c.engine.max_seq_len, flags.GetInt("max-seq-len", 0, int64_t{1} << 31));
+  SPECD_ASSIGN_OR_RETURN(c.engine.max_pass_tokens,
+                         flags.GetInt("max-pass-tokens", kMinMaxPassTokens, int64_t{1} << 24));
   const std::string prefix_caching = flags.Get("prefix-caching");
   if (prefix_caching != "on" && prefix_caching != "off") {
     return absl::InvalidArgumentError(
@@ -138,7 +146,9 @@ absl::StatusOr<WorkerConfig> ReadConfig(const Flags& flags) {
     SPECD_ASSIGN_OR_RETURN(const int64_t peer_exit,
                            flags.GetInt("gpu-memory-peer-exit-layer", 0, 1 << 20));
     if (peer_exit > 0) peer_config->num_layers = std::min(peer_config->num_layers, peer_exit);
-    const ModelMemory m = EstimateModelMemory(*peer_config, c.engine.kv_dtype);
+    // `specd serve` gives both workers the same --kv-dtype and --max-pass-tokens.
+    const ModelMemory m =
+        EstimateModelMemory(*peer_config, c.engine.kv_dtype, c.engine.max_pass_tokens);
     c.engine.peer_fixed_bytes = m.weights_bytes + m.scratch_reserve_bytes;
     c.engine.peer_kv_bytes_per_token = m.kv_bytes_per_token;
   }
@@ -179,6 +189,7 @@ absl::StatusOr<pb::InfoResponse> StaticInfo(const WorkerMainSpec& spec, const Wo
   info.set_kv_block_size(engine.kv().block_size());
   info.set_kv_total_blocks(engine.kv().total_blocks());
   info.set_max_seq_len(engine.max_seq_len());
+  info.set_max_pass_tokens(engine.max_pass_tokens());
   std::random_device random;
   info.set_epoch((uint64_t{random()} << 32) | random());
   info.set_num_threads(engine.backend().num_threads());
@@ -266,8 +277,9 @@ absl::StatusOr<std::unique_ptr<LlamaEngine>> LoadEngine(const WorkerMainSpec& sp
                         << " tokens in " << kernels::KvDTypeFlagName(engine->kv_dtype()) << " ("
                         << engine->kv_bytes_per_token() << " bytes/token), prefix caching "
                         << (engine->kv().prefix_caching() ? "on" : "off") << "; max_seq_len "
-                        << engine->max_seq_len() << "; " << engine->backend().name()
-                        << " back end, " << engine->backend().num_threads() << " threads";
+                        << engine->max_seq_len() << ", max pass " << engine->max_pass_tokens()
+                        << " tokens; " << engine->backend().name() << " back end, "
+                        << engine->backend().num_threads() << " threads";
   return engine;
 }
 

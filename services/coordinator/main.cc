@@ -473,6 +473,8 @@ int Run(int argc, char** argv) {
   so.max_seq_len = state.limits.max_seq_len;
   so.num_candidates = static_cast<int32_t>(num_candidates);
   so.prefill_chunk = *prefill_chunk;
+  so.target_pass_tokens = ti.max_pass_tokens();
+  if (draft) so.draft_pass_tokens = draft->info().max_pass_tokens();
   so.eos_token_ids = eos;
   so.ngram = ngram;
   so.egag = egag;

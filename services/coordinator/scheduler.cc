@@ -527,9 +527,10 @@ void Scheduler::Loop() {
       }
     }
     RoundPhaseTimes phase_times;
-    const std::vector<RoundStats> stats = RunSpeculationRound(
-        draft(), *target_, batch,
-        RoundOptions{options_.max_seq_len, &phase_times, options_.prefill_chunk});
+    const std::vector<RoundStats> stats =
+        RunSpeculationRound(draft(), *target_, batch,
+                            RoundOptions{options_.max_seq_len, &phase_times, options_.prefill_chunk,
+                                         options_.draft_pass_tokens, options_.target_pass_tokens});
     if (options_.on_round) options_.on_round(phase_times);
     ObserveRound(stats, phase_times, drafting_sequences, draft_catch_up_tokens);
     if (options_.on_k_choice) options_.on_k_choice(k_choice, adaptive_k_.alpha());
@@ -562,7 +563,8 @@ void Scheduler::Loop() {
       a.stalled_since.reset();
       a.mismatches = 0;
       // A prefill chunk is progress but commits nothing: the request has no token to stream yet.
-      if (stats[i].prefilling || !Commit(a, stats[i], phase_times)) {
+      // A sequence the pass budget deferred waits for the next round.
+      if (stats[i].prefilling || stats[i].deferred || !Commit(a, stats[i], phase_times)) {
         still.push_back(std::move(running_[i]));
       }
     }

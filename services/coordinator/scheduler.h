@@ -99,6 +99,10 @@ struct SchedulerOptions {
   // cache, so a long prompt is spread over rounds that also decode the running sequences; 0 feeds
   // every catch-up whole.
   int64_t prefill_chunk = 512;
+  // Each worker's per-pass token budget (InfoResponse.max_pass_tokens): rounds cut prefill chunks
+  // and defer sequences to keep every forward pass within it (pass_budget.h); 0 = no limit.
+  int64_t draft_pass_tokens = 0;
+  int64_t target_pass_tokens = 0;
   std::vector<int32_t> eos_token_ids;
   // Called on the scheduler thread after every round with its phase times (metrics); may be
   // empty. Must not block.

@@ -7,6 +7,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "services/coordinator/accept_reject.h"
+#include "services/coordinator/pass_budget.h"
 #include "services/coordinator/tree_accept.h"
 
 namespace specd {
@@ -218,21 +219,49 @@ void ResolveByReadRows(WorkerApi& draft, WorkerApi& target,
   }
 }
 
+// What the sequence's round would feed each worker without a pass budget.
+SequenceFeeds FeedsOf(const SpeculativeSequence& s, int64_t max_seq_len) {
+  const int32_t k = EffectiveK(s, max_seq_len);
+  const int64_t len = static_cast<int64_t>(s.tokens.size());
+  SequenceFeeds f;
+  f.draft.called = JudgeFor(s, k) != Judge::kNone && s.uses_draft_worker();
+  f.draft.catch_up = len - s.draft_cached;
+  f.draft.drafts = VerifiedDrafts(s, k);
+  f.target.called = true;
+  f.target.catch_up = len - s.target_cached;
+  f.target.drafts = VerifiedDrafts(s, k);
+  if (s.guidance.has_value()) {
+    f.target.companion = true;
+    f.target.companion_catch_up = s.CompanionLen(len) - s.guidance->target_cached;
+    f.draft.companion = s.guidance->draft;
+    f.draft.companion_catch_up = s.CompanionLen(len) - s.guidance->draft_cached;
+  }
+  return f;
+}
+
 // Step 1: every drafting sequence's proposal. Prompt lookup happens here, in the coordinator;
 // model drafts come from one Draft call for the whole batch.
+// Sequences that wait for the next round (the pass budget) are left out; those that may only
+// prefill this round feed the draft a chunk and draft nothing.
 std::vector<Proposal> Propose(WorkerApi& draft, std::span<SpeculativeSequence* const> batch,
-                              const RoundOptions& options, std::vector<RoundStats>& stats,
-                              RoundPhaseTimes& times) {
+                              std::span<const FeedPlan> plans, const RoundOptions& options,
+                              std::vector<RoundStats>& stats, RoundPhaseTimes& times) {
   std::vector<Proposal> proposals(batch.size());
   std::vector<DraftSequenceRequest> draft_reqs;
   absl::flat_hash_map<SeqId, size_t> index;
   for (size_t i = 0; i < batch.size(); ++i) {
     SpeculativeSequence& s = *batch[i];
     Proposal& prop = proposals[i];
+    if (stats[i].deferred) continue;
     prop.k = stats[i].status.ok() ? EffectiveK(s, options.max_seq_len) : 0;
     prop.judge = JudgeFor(s, prop.k);
     if (prop.judge == Judge::kNone) continue;
+    const bool prefill_only = plans[i].action == FeedPlan::Action::kPrefillOnly;
     if (s.draft_method == DraftMethod::kNgram) {
+      if (prefill_only) {
+        prop = Proposal();  // the target only prefills
+        continue;
+      }
       prop.tokens = ProposeNgram(s.tokens, prop.k, s.ngram);
       prop.k = static_cast<int32_t>(prop.tokens.size());
       if (prop.k == 0) prop.judge = Judge::kNone;  // no match: this round is plain decoding
@@ -251,7 +280,8 @@ std::vector<Proposal> Propose(WorkerApi& draft, std::span<SpeculativeSequence* c
     r.sample = s.sample;
     r.num_speculative_tokens = prop.k;
     r.draft_sampling = s.draft_sampling;
-    r.max_prefill_tokens = options.prefill_chunk;
+    r.max_prefill_tokens = plans[i].draft_prefill_limit;
+    r.prefill_only = prefill_only;
     if (s.tree.is_tree()) {
       r.tree = s.tree;
       r.tree.depth = std::min(s.tree.depth, prop.k);
@@ -411,9 +441,18 @@ std::vector<RoundStats> RunSpeculationRound(WorkerApi& draft, WorkerApi& target,
           absl::StrCat("sequence ", batch[i]->id, " is at max_seq_len ", options.max_seq_len));
     }
   }
+  std::vector<SequenceFeeds> feeds(batch.size());
+  for (size_t i = 0; i < batch.size(); ++i) {
+    if (stats[i].status.ok()) feeds[i] = FeedsOf(*batch[i], options.max_seq_len);
+  }
+  const std::vector<FeedPlan> plans = PlanFeeds(
+      feeds, options.prefill_chunk, options.draft_pass_tokens, options.target_pass_tokens);
+  for (size_t i = 0; i < batch.size(); ++i) {
+    stats[i].deferred = plans[i].action == FeedPlan::Action::kWait;
+  }
 
   // 1. Draft: model drafts from the draft worker, prompt lookup here.
-  const std::vector<Proposal> proposals = Propose(draft, batch, options, stats, times);
+  const std::vector<Proposal> proposals = Propose(draft, batch, plans, options, stats, times);
   for (size_t i = 0; i < batch.size(); ++i) {
     stats[i].drafted = proposals[i].depth();
     stats[i].tree_nodes =
@@ -425,7 +464,7 @@ std::vector<RoundStats> RunSpeculationRound(WorkerApi& draft, WorkerApi& target,
   absl::flat_hash_map<SeqId, size_t> index;
   for (size_t i = 0; i < batch.size(); ++i) {
     index[batch[i]->id] = i;
-    if (!stats[i].status.ok()) continue;
+    if (!stats[i].status.ok() || stats[i].deferred) continue;
     const SpeculativeSequence& s = *batch[i];
     VerifySequenceRequest r;
     r.seq = s.id;
@@ -437,10 +476,11 @@ std::vector<RoundStats> RunSpeculationRound(WorkerApi& draft, WorkerApi& target,
     r.seed = s.seed;
     r.prompt_len = s.prompt_len;
     r.sample = s.sample;
-    r.max_prefill_tokens = options.prefill_chunk;
-    // The draft is still prefilling: the target may prefill too, but this round has no drafts
-    // for the sequence, so nothing may be drawn for it yet.
-    r.prefill_only = stats[i].prefilling;
+    r.max_prefill_tokens = plans[i].target_prefill_limit;
+    // The draft is still prefilling (or the pass budget leaves room for a prefill chunk only):
+    // the target may prefill too, but this round has no drafts for the sequence, so nothing may
+    // be drawn for it yet.
+    r.prefill_only = stats[i].prefilling || plans[i].action == FeedPlan::Action::kPrefillOnly;
     if (!r.prefill_only) {
       r.drafts = proposals[i].tokens;
       r.tree_parents = proposals[i].parents;
@@ -472,7 +512,7 @@ std::vector<RoundStats> RunSpeculationRound(WorkerApi& draft, WorkerApi& target,
   for (const VerifySequenceRequest& r : verify_reqs) {
     const int64_t catch_up = static_cast<int64_t>(r.catch_up.size());
     times.verify_tokens +=
-        (options.prefill_chunk > 0 ? std::min(catch_up, options.prefill_chunk + 1) : catch_up) +
+        (r.max_prefill_tokens > 0 ? std::min(catch_up, r.max_prefill_tokens + 1) : catch_up) +
         static_cast<int64_t>(r.drafts.size());
   }
 

@@ -5,7 +5,8 @@
 // Chunked prefill: a worker feeds at most `prefill_chunk` catch-up tokens of a sequence per round
 // beyond what its prefix cache holds. A sequence whose catch-up is longer spends the round
 // prefilling on that worker: it draws nothing and appends nothing until both workers have its
-// whole prompt, while the other sequences of the batch decode as usual.
+// whole prompt, while the other sequences of the batch decode as usual. Each worker's pass
+// budget may cut a round's chunks shorter, or defer a sequence to the next round (pass_budget.h).
 #ifndef SPECD_SERVICES_COORDINATOR_SPECULATION_ROUND_H_
 #define SPECD_SERVICES_COORDINATOR_SPECULATION_ROUND_H_
 
@@ -114,6 +115,8 @@ struct RoundStats {
   bool entropy_stopped = false;         // EGAG stopped the draft before the round's K
   // Only prefill chunks were fed: nothing was drawn, drafted counts 0, appended is empty.
   bool prefilling = false;
+  // The pass budget left no room: nothing was sent for the sequence this round.
+  bool deferred = false;
   absl::Status status;
 };
 
@@ -138,6 +141,9 @@ struct RoundOptions {
   RoundPhaseTimes* phase_times = nullptr;  // when set, receives this round's phase times
   // Catch-up tokens a worker feeds per sequence and round beyond its prefix cache; 0 = all.
   int64_t prefill_chunk = 0;
+  // Each worker's per-pass token budget (InfoResponse.max_pass_tokens; pass_budget.h); 0 = none.
+  int64_t draft_pass_tokens = 0;
+  int64_t target_pass_tokens = 0;
 };
 
 // Runs one round for `batch`, appending to each sequence's tokens. Per-sequence failures land in

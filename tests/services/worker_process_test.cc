@@ -416,6 +416,13 @@ TEST_F(WorkerProcessTest, BadFlagsAndModelsFailClearly) {
   EXPECT_EQ(*code, 2);
   EXPECT_THAT(err, HasSubstr("--kv-dtype must be f32, bf16 or f16, got 'f8'"));
 
+  // A pass budget under a lone sequence's largest round could never be kept.
+  code = ChildProcess::Run(
+      TargetWorkerBinary(),
+      {"--model", model().string(), "--max-pass-tokens", "100", "--metrics-port", "-1"}, &err);
+  EXPECT_EQ(*code, 2);
+  EXPECT_THAT(err, HasSubstr("--max-pass-tokens must be in [256, "));
+
   code = ChildProcess::Run(
       TargetWorkerBinary(),
       {"--model", model().string(), "--backend", "tpu", "--metrics-port", "-1"}, &err);
@@ -436,18 +443,22 @@ TEST_F(WorkerProcessTest, BadFlagsAndModelsFailClearly) {
 }
 
 // --kv-dtype sets what Info, the load log and /metrics report, and the KV memory it takes; the
-// expected sizes come from the model's config.json, not from the engine.
+// expected sizes come from the model's config.json, not from the engine. --max-pass-tokens is
+// reported too, for the coordinator's pass budget.
 TEST_F(WorkerProcessTest, KvDtypeAndBackendAreReported) {
   for (const auto& [dtype, element_bytes] :
        std::vector<std::pair<std::string, int64_t>>{{"f32", 4}, {"bf16", 2}, {"f16", 2}}) {
     SCOPED_TRACE(dtype);
-    auto target = Start(false, {"--kv-dtype", dtype, "--kv-tokens", "512"});
+    auto target =
+        Start(false, {"--kv-dtype", dtype, "--kv-tokens", "512", "--max-pass-tokens", "384"});
     ASSERT_TRUE(target);
     auto ts = pb::TargetWorker::NewStub(target->Channel());
     grpc::ClientContext context;
     pb::InfoResponse info;
     ASSERT_TRUE(ts->Info(&context, {}, &info).ok());
     EXPECT_EQ(info.kv_dtype(), dtype);
+    EXPECT_EQ(info.max_pass_tokens(), 384);
+    EXPECT_THAT(target->StderrText(), HasSubstr("max pass 384 tokens"));
     EXPECT_THAT(info.backend(), ::testing::StartsWith("cpu"));
     const nlohmann::json config = nlohmann::json::parse(info.model_config_json());
     const int64_t head_dim =

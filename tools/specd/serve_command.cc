@@ -316,6 +316,10 @@ int RunServe(const std::vector<std::string>& argv) {
        "the KV caches by --kv-tokens",
        "0.9"},
       {"prefix-caching", "workers keep and reuse the KV of shared prefixes: on or off", "on"},
+      {"max-pass-tokens",
+       "tokens of a worker's largest forward pass: its scratch memory is reserved for it and the "
+       "coordinator spreads prefill chunks over rounds to stay within it",
+       "2048"},
       {"prefill-chunk",
        "catch-up tokens a worker feeds per sequence and round beyond its prefix cache (chunked "
        "prefill); 0 = each prompt in one round",
@@ -380,10 +384,12 @@ int RunServe(const std::vector<std::string>& argv) {
     if (!base.ok()) return ReportError("serve", base.status());
     for (int64_t i = 0; i < 3; ++i) metrics_ports[static_cast<size_t>(i)] = absl::StrCat(*base + i);
   }
-  const std::vector<std::string> common = {
-      "--backend",        args->Get("backend"),       "--kv-dtype",  args->Get("kv-dtype"),
-      "--threads",        args->Get("threads"),       "--kv-tokens", args->Get("kv-tokens"),
-      "--prefix-caching", args->Get("prefix-caching")};
+  const std::vector<std::string> common = {"--backend",         args->Get("backend"),
+                                           "--kv-dtype",        args->Get("kv-dtype"),
+                                           "--threads",         args->Get("threads"),
+                                           "--kv-tokens",       args->Get("kv-tokens"),
+                                           "--prefix-caching",  args->Get("prefix-caching"),
+                                           "--max-pass-tokens", args->Get("max-pass-tokens")};
   std::vector<Child> children;
   children.reserve(3);  // Child references below stay valid
   auto fail = [&](const absl::Status& st) {

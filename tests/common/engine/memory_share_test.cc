@@ -20,7 +20,7 @@ TEST(MemoryShareTest, EstimateCountsEveryWeightAndTheKvOfEveryLayer) {
   ModelConfig c = Llama3b();
   c.torch_dtype = kernels::DType::kBF16;
   c.tie_word_embeddings = false;
-  const ModelMemory m = EstimateModelMemory(c, kernels::DType::kBF16);
+  const ModelMemory m = EstimateModelMemory(c, kernels::DType::kBF16, kDefaultMaxPassTokens);
   // 3.61e9 parameters with an untied classifier (Llama-3.2-3B's 3.21B plus the 394M of an
   // untied head), two bytes each, plus f32 norm weights.
   const int64_t params = int64_t{128256} * 3072 * 2 +
@@ -33,8 +33,8 @@ TEST(MemoryShareTest, EstimateCountsEveryWeightAndTheKvOfEveryLayer) {
 TEST(MemoryShareTest, PeersGetTheSameTokenCountAndFillTheirShare) {
   ModelConfig target = Llama3b(), draft = Llama1b();
   target.torch_dtype = draft.torch_dtype = kernels::DType::kBF16;
-  const ModelMemory t = EstimateModelMemory(target, kernels::DType::kBF16);
-  const ModelMemory d = EstimateModelMemory(draft, kernels::DType::kBF16);
+  const ModelMemory t = EstimateModelMemory(target, kernels::DType::kBF16, kDefaultMaxPassTokens);
+  const ModelMemory d = EstimateModelMemory(draft, kernels::DType::kBF16, kDefaultMaxPassTokens);
   const int64_t total = int64_t{80} << 30;
   const absl::StatusOr<int64_t> nt = KvTokensForShare(
       t, 0.9, total, d.weights_bytes + d.scratch_reserve_bytes, d.kv_bytes_per_token);
@@ -58,8 +58,9 @@ TEST(MemoryShareTest, PeersGetTheSameTokenCountAndFillTheirShare) {
 TEST(MemoryShareTest, TooSmallAShareNamesTheBytes) {
   ModelConfig c = Llama3b();
   c.torch_dtype = kernels::DType::kBF16;
-  const absl::StatusOr<int64_t> n = KvTokensForShare(EstimateModelMemory(c, kernels::DType::kBF16),
-                                                     0.05, int64_t{80} << 30, 0, 0);
+  const absl::StatusOr<int64_t> n =
+      KvTokensForShare(EstimateModelMemory(c, kernels::DType::kBF16, kDefaultMaxPassTokens), 0.05,
+                       int64_t{80} << 30, 0, 0);
   ASSERT_EQ(n.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_NE(std::string(n.status().message()).find("GiB"), std::string::npos);
 }

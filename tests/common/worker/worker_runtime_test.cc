@@ -399,6 +399,29 @@ TEST_F(WorkerRuntimeTest, ChunkedCatchUpEqualsUnchunked) {
   EXPECT_EQ(chunked_obs.queried_tokens, 0);  // no prefix cache, no queries
 }
 
+// The coordinator's pass budget may leave room for a sequence's prefill chunk only: a prefill_only
+// Draft feeds all but the last catch-up token even when the whole catch-up is within its limit,
+// drafts nothing, and the next call drafts exactly what one call would have.
+TEST_F(WorkerRuntimeTest, APrefillOnlyDraftFeedsAllButTheLastTokenAndDraftsNothing) {
+  auto runtime = Runtime();
+  const std::vector<int32_t> prompt = Prompt(20, 3);
+  DraftSequenceRequest d = DraftReq(5, prompt, 0, 3, Filtered(), 8, 20);
+  d.prefill_only = true;
+  DraftLog log;
+  const std::vector<SequenceOutcome> held = runtime->Draft(Drafts{d}, log.Callback());
+  ASSERT_TRUE(held[0].status.ok()) << held[0].status;
+  EXPECT_TRUE(held[0].prefilling);
+  EXPECT_EQ(held[0].cached_len, 19);
+  EXPECT_TRUE(log.tokens[5].empty());
+  d.prefill_only = false;
+  d.catch_up = {prompt.back()};
+  d.expected_cached_len = 19;
+  const std::vector<SequenceOutcome> drafted = runtime->Draft(Drafts{d}, log.Callback());
+  ASSERT_TRUE(drafted[0].status.ok()) << drafted[0].status;
+  EXPECT_FALSE(drafted[0].prefilling);
+  ExpectDraftEquals(log.tokens[5], testing::ReferenceDraft(oracle_, prompt, 20, Filtered(), 8, 3));
+}
+
 TEST_F(WorkerRuntimeTest, BatchedSequencesEqualEachAlone) {
   std::vector<DraftSequenceRequest> drafts;
   for (int i = 0; i < 8; ++i) {

@@ -62,10 +62,13 @@ TEST(WorkerCodecTest, DraftRequestRoundTrip) {
   EXPECT_EQ(wire.catch_up_tokens_size(), 4);
   EXPECT_TRUE(wire.drop_tail());
   EXPECT_EQ(wire.max_prefill_tokens(), 512);
+  EXPECT_FALSE(wire.prefill_only());
   EXPECT_EQ(codec::Decode(wire), r);
   r.draft_sampling = DraftSampling::kProbabilistic;
+  r.prefill_only = true;  // the pass budget left room for a prefill chunk only
   wire.Clear();
   codec::Encode(r, &wire);
+  EXPECT_TRUE(wire.prefill_only());
   EXPECT_EQ(codec::Decode(wire), r);
 }
 

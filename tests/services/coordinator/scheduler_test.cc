@@ -3,6 +3,7 @@
 #include "services/coordinator/scheduler.h"
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <future>
 #include <map>
@@ -90,7 +91,9 @@ class SchedulerTest : public ::testing::Test {
   }
   static void TearDownTestSuite() { delete dir_; }
 
-  void MakeWorkers(int64_t kv_tokens, bool prefix_caching = true) {
+  // `observers` (draft's, target's) watch the workers' runtimes when set.
+  void MakeWorkers(int64_t kv_tokens, bool prefix_caching = true,
+                   std::array<RuntimeObserver*, 2> observers = {}) {
     for (int role = 0; role < 2; ++role) {
       EngineOptions options;
       options.kv_capacity_tokens = kv_tokens;
@@ -101,8 +104,8 @@ class SchedulerTest : public ::testing::Test {
       absl::StatusOr<std::unique_ptr<LlamaEngine>> engine =
           CreateCpuEngine(dir_->path(), 1, options, load);
       ASSERT_TRUE(engine.ok()) << engine.status();
-      auto worker = std::make_unique<LocalWorker>(
-          std::make_unique<WorkerRuntime>(*std::move(engine), WorkerRuntimeOptions{}));
+      auto worker = std::make_unique<LocalWorker>(std::make_unique<WorkerRuntime>(
+          *std::move(engine), WorkerRuntimeOptions{observers[static_cast<size_t>(role)]}));
       (role == 0 ? draft_ : target_) = std::move(worker);
     }
     absl::StatusOr<std::unique_ptr<Tokenizer>> tok = Tokenizer::LoadFromDir(dir_->path());
@@ -706,6 +709,81 @@ TEST_F(SchedulerTest, OutputsAreTheSameWithCachingAndChunkingOnAndOff) {
   }
   for (const auto& [name, got] : outputs) {
     for (size_t i = 0; i < reqs.size(); ++i) EXPECT_EQ(got[i], reference[i]) << name << " " << i;
+  }
+}
+
+// The tokens of a worker's largest forward pass.
+class LargestPass final : public RuntimeObserver {
+ public:
+  void OnForward(ForwardKind, int64_t, int64_t tokens, absl::Duration) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    largest_ = std::max(largest_, tokens);
+  }
+  void OnKvChanged(const KvPool&) override {}
+  void OnPrefixCache(int64_t, int64_t) override {}
+  int64_t tokens() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return largest_;
+  }
+
+ private:
+  std::mutex mu_;
+  int64_t largest_ = 0;
+};
+
+// Ten prompts of 60 to 150 tokens arrive together. Without a pass budget their prefill chunks
+// meet in passes of hundreds of tokens; with the workers' budget of 96, no Draft or Verify pass
+// takes more, on either worker, and every output (greedy and seeded-sampled, K of 0, 2 and 4) is
+// the same, the greedy ones plain decoding's.
+TEST_F(SchedulerTest, EveryForwardPassStaysWithinThePassBudgetAndOutputsAreUnchanged) {
+  constexpr int64_t kBudget = 96;
+  std::vector<GenerationRequest> reqs;
+  for (int i = 0; i < 10; ++i) {
+    std::vector<int32_t> p = {1};
+    for (int j = 0; j < 59 + i * 10; ++j) p.push_back(3 + (i * 41 + j * 17) % 290);
+    GenerationRequest r = Greedy(p, 20, (i % 3) * 2);
+    if (i % 2 == 1) {
+      r.sampling.temperature = 0.8f;
+      r.seed = 500 + static_cast<uint64_t>(i);
+    }
+    reqs.push_back(r);
+  }
+  std::map<int64_t, std::vector<std::vector<int32_t>>> outputs;
+  for (const int64_t budget : {int64_t{0}, kBudget}) {
+    SCOPED_TRACE(::testing::Message() << "budget " << budget);
+    LargestPass draft_pass, target_pass;
+    MakeWorkers(8192, true, {&draft_pass, &target_pass});
+    SchedulerOptions o;
+    o.prefill_chunk = 64;
+    o.draft_pass_tokens = budget;
+    o.target_pass_tokens = budget;
+    auto scheduler = MakeScheduler(16, 256, o);
+    std::vector<std::unique_ptr<Collector>> cs;
+    for (const GenerationRequest& r : reqs) {
+      cs.push_back(std::make_unique<Collector>());
+      ASSERT_TRUE(scheduler->Submit(r, cs.back()->Sink()).ok());
+    }
+    for (auto& c : cs) {
+      ASSERT_TRUE(c->WaitFor(std::chrono::seconds(120)));
+      ASSERT_TRUE(c->last().error.ok()) << c->last().error;
+      outputs[budget].push_back(c->tokens());
+    }
+    if (budget == 0) {
+      EXPECT_GT(target_pass.tokens(), 3 * kBudget);  // the budget has work to do
+      EXPECT_GT(draft_pass.tokens(), 3 * kBudget);
+    } else {
+      EXPECT_LE(target_pass.tokens(), budget);
+      EXPECT_LE(draft_pass.tokens(), budget);
+      EXPECT_GT(target_pass.tokens(), budget / 2);  // and the passes are still filled
+    }
+    scheduler.reset();
+    ExpectNoBlocksUsed();
+  }
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    EXPECT_EQ(outputs[kBudget][i], outputs[0][i]) << "request " << i;
+    if (i % 2 == 0) {
+      EXPECT_EQ(outputs[kBudget][i], Solo(reqs[i].prompt, 20)) << "request " << i;
+    }
   }
 }
 
