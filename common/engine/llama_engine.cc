@@ -139,6 +139,7 @@ absl::StatusOr<std::unique_ptr<LlamaEngine>> LlamaEngine::Create(
   std::vector<int32_t> output_vocab = std::move(weights->output_vocab);
   weights.reset();  // the file mapping is no longer needed
   int64_t capacity_tokens = options.kv_capacity_tokens;
+  bool sized_by_share = false;
   if (options.gpu_memory_fraction > 0.0) {
     absl::StatusOr<kernels::DeviceMemory> mem = backend->QueryDeviceMemory();
     // A back end without device memory (the CPU answers UNIMPLEMENTED) is sized by
@@ -152,6 +153,7 @@ absl::StatusOr<std::unique_ptr<LlamaEngine>> LlamaEngine::Create(
                        " back end could not report its memory: ", mem.status().message()));
     }
     if (mem.ok()) {
+      sized_by_share = true;
       const ModelMemory own = EstimateModelMemory(c, options.kv_dtype, options.max_pass_tokens);
       SPECD_ASSIGN_OR_RETURN(
           capacity_tokens,
@@ -204,6 +206,16 @@ absl::StatusOr<std::unique_ptr<LlamaEngine>> LlamaEngine::Create(
                          be.Allocate(cache_bytes, kernels::MemoryKind::kKvCache, "the K cache"));
   SPECD_ASSIGN_OR_RETURN(engine->v_cache_,
                          be.Allocate(cache_bytes, kernels::MemoryKind::kKvCache, "the V cache"));
+  if (sized_by_share) {
+    // The share counted the scratch of a full pass: take it now, so that a device without room
+    // for it fails at start naming the bytes, not a pass under load.
+    if (const absl::Status st = engine->GrowScratch(options.max_pass_tokens, kReserveRows);
+        !st.ok()) {
+      return absl::Status(st.code(),
+                          absl::StrCat("engine: reserving scratch for passes of ",
+                                       options.max_pass_tokens, " tokens: ", st.message()));
+    }
+  }
   return engine;
 }
 

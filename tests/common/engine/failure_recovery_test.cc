@@ -4,6 +4,7 @@
 // done that was not done. Also: small growths of the metadata keep the recorded passes.
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string_view>
 #include <utility>
@@ -34,9 +35,10 @@ class FailingBackend final : public kernels::Backend {
   // Scratch allocations that still succeed before one fails with RESOURCE_EXHAUSTED (as a
   // cudaMalloc out of memory); < 0: none fails. Counts down as they succeed.
   int scratch_allocations_left = -1;
-  bool fail_uploads = false;    // INTERNAL
-  bool fail_kv_copies = false;  // CopyKvRows: INTERNAL
-  absl::Status memory_query;    // QueryDeviceMemory's answer when not OK
+  bool fail_uploads = false;                           // INTERNAL
+  bool fail_kv_copies = false;                         // CopyKvRows: INTERNAL
+  absl::Status memory_query;                           // QueryDeviceMemory's answer when not OK
+  std::optional<kernels::DeviceMemory> device_memory;  // a device's answer, when set
   int64_t synchronizes = 0;
   int64_t kv_copies = 0;  // CopyKvRows calls that reached the CPU
 
@@ -47,6 +49,7 @@ class FailingBackend final : public kernels::Backend {
   }
   absl::StatusOr<kernels::DeviceMemory> QueryDeviceMemory() const override {
     if (!memory_query.ok()) return memory_query;
+    if (device_memory.has_value()) return *device_memory;
     return inner_->QueryDeviceMemory();
   }
   absl::Status Upload(void* device_dst, const void* host_src, int64_t bytes) override {
@@ -183,6 +186,44 @@ class FailureRecoveryTest : public ::testing::Test {
   ScopedTempDir tmp_;
   EngineOptions options_;
 };
+
+// Sized by a share of device memory, the engine takes the scratch of a full pass at start: a
+// device without room for it is a start-up error naming the reserve, and a pass of
+// max_pass_tokens then runs without growing the scratch.
+TEST_F(FailureRecoveryTest, AMemoryShareTakesItsScratchReserveAtStart) {
+  EngineOptions options = options_;
+  options.gpu_memory_fraction = 0.5;
+  options.max_pass_tokens = 256;
+  for (const bool room : {false, true}) {
+    SCOPED_TRACE(room ? "room" : "no room");
+    absl::StatusOr<std::unique_ptr<ModelWeights>> weights = LoadModelWeights(tmp_.path(), {});
+    ASSERT_TRUE(weights.ok()) << weights.status();
+    absl::StatusOr<std::unique_ptr<kernels::Backend>> cpu = kernels::CreateCpuBackend(1);
+    ASSERT_TRUE(cpu.ok()) << cpu.status();
+    auto failing = std::make_unique<FailingBackend>(*std::move(cpu));
+    FailingBackend* backend = failing.get();
+    // A 640 MiB device: the 320 MiB share leaves the KV cache what the fixed reserve leaves.
+    backend->device_memory = kernels::DeviceMemory{int64_t{640} << 20, int64_t{640} << 20};
+    if (!room) backend->scratch_allocations_left = 0;
+    absl::StatusOr<std::unique_ptr<LlamaEngine>> engine =
+        LlamaEngine::Create(*std::move(weights), std::move(failing), options);
+    if (!room) {
+      ASSERT_EQ(engine.status().code(), absl::StatusCode::kResourceExhausted) << engine.status();
+      EXPECT_THAT(engine.status().message(),
+                  HasSubstr("reserving scratch for passes of 256 tokens"));
+      continue;
+    }
+    ASSERT_TRUE(engine.ok()) << engine.status();
+    const ModelConfig& c = (*engine)->config();
+    const int64_t activations =
+        256 * 4 * (2 * c.hidden_size + 2 * c.q_dim() + 2 * c.kv_dim() + 2 * c.intermediate_size);
+    const int64_t reserved = backend->allocated_bytes(kernels::MemoryKind::kScratch);
+    EXPECT_GE(reserved, activations);
+    ASSERT_TRUE(Feed(**engine, 1, Tokens(256, 1), 1).ok());
+    // Only the per-pass metadata may grow (kilobytes); activations of the pass were reserved.
+    EXPECT_LT(backend->allocated_bytes(kernels::MemoryKind::kScratch) - reserved, activations / 4);
+  }
+}
 
 // The scratch grows 8 activation buffers for a larger pass; the third allocation runs out of
 // memory. The pass is RESOURCE_EXHAUSTED, and every pass as small as before still runs, with the
