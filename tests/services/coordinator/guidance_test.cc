@@ -320,19 +320,23 @@ TEST_F(GuidanceSchedulerTest, GreedyGuidedOutputIsTheSameForEveryKAndEqualsNumpy
     bool guide_draft;
     int64_t prefill_chunk;
     DraftMethod method = DraftMethod::kModel;
+    int64_t pass_tokens = 0;  // both workers' pass budget, counting each companion's tokens
   };
-  const std::vector<Arm> arms = {{"K=0", 0, false, 512},
-                                 {"K=1", 1, false, 512},
-                                 {"K=4", 4, false, 512},
-                                 {"K=1 guided draft", 1, true, 512},
-                                 {"K=4 guided draft", 4, true, 512},
-                                 {"K=4 guided draft, chunks of 4", 4, true, 4},
-                                 {"K=4 prompt lookup", 4, false, 512, DraftMethod::kNgram}};
+  const std::vector<Arm> arms = {
+      {"K=0", 0, false, 512},
+      {"K=1", 1, false, 512},
+      {"K=4", 4, false, 512},
+      {"K=1 guided draft", 1, true, 512},
+      {"K=4 guided draft", 4, true, 512},
+      {"K=4 guided draft, chunks of 4", 4, true, 4},
+      {"K=4 prompt lookup", 4, false, 512, DraftMethod::kNgram},
+      {"K=4 guided draft, pass budget 64", 4, true, 512, DraftMethod::kModel, 64}};
   MakeWorkers(16 * 1024);
   std::vector<std::vector<Tokens>> outputs;
   for (const Arm& arm : arms) {
     SchedulerOptions o;
     o.prefill_chunk = arm.prefill_chunk;
+    o.draft_pass_tokens = o.target_pass_tokens = arm.pass_tokens;
     auto scheduler = MakeScheduler(32, o);
     std::vector<GenerationRequest> reqs;
     for (const GreedyCase& c : cases) {

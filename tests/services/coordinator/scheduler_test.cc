@@ -76,6 +76,25 @@ class Collector {
   std::future<void> done_future_ = done_.get_future();
 };
 
+// The tokens of a worker's largest forward pass.
+class LargestPass final : public RuntimeObserver {
+ public:
+  void OnForward(ForwardKind, int64_t, int64_t tokens, absl::Duration) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    largest_ = std::max(largest_, tokens);
+  }
+  void OnKvChanged(const KvPool&) override {}
+  void OnPrefixCache(int64_t, int64_t) override {}
+  int64_t tokens() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return largest_;
+  }
+
+ private:
+  std::mutex mu_;
+  int64_t largest_ = 0;
+};
+
 class SchedulerTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
@@ -194,17 +213,26 @@ TEST_F(SchedulerTest, ThirtyTwoMixedConcurrentRequestsFinishAndGreedyOnesMatchSo
 // prompt lookup, EGAG and trees of two shapes give the greedy tokens of plain decoding, sampled
 // ones run to the end, the realized K is reported, and every block returns. Also with prompts
 // fed 4 tokens per round (chunked prefill), so drafting methods meet prefilling rounds.
+// With a pass budget of 24 tokens on both workers, trees, prompt lookup and EGAG chains meet cut
+// chunks and deferred rounds, and no pass exceeds it.
+struct ChunkAndBudget {
+  int64_t prefill_chunk = 0;
+  int64_t pass_tokens = 0;  // both workers' budget; 0 = none
+};
+
 class DraftingMethodsSchedulerTest : public SchedulerTest,
-                                     public ::testing::WithParamInterface<int64_t> {};
+                                     public ::testing::WithParamInterface<ChunkAndBudget> {};
 
 TEST_P(DraftingMethodsSchedulerTest, EveryDraftingMethodBatchedTogetherMatchesSolo) {
-  MakeWorkers(8192);
+  LargestPass draft_pass, target_pass;
+  MakeWorkers(8192, true, {&draft_pass, &target_pass});
   std::vector<std::pair<int32_t, bool>> lengths;  // (realized K, EGAG stopped) per drafting round
   SchedulerOptions o;
   o.egag = {0.5, 0.3, 1};
   o.ngram = {1, 3};
   o.on_draft_length = [&lengths](int32_t k, bool stopped) { lengths.emplace_back(k, stopped); };
-  o.prefill_chunk = GetParam();
+  o.prefill_chunk = GetParam().prefill_chunk;
+  o.draft_pass_tokens = o.target_pass_tokens = GetParam().pass_tokens;
   auto scheduler = MakeScheduler(/*max_running=*/8, 256, o);
   std::vector<GenerationRequest> reqs;
   std::vector<std::unique_ptr<Collector>> out;
@@ -253,11 +281,22 @@ TEST_P(DraftingMethodsSchedulerTest, EveryDraftingMethodBatchedTogetherMatchesSo
   EXPECT_FALSE(lengths.empty());
   EXPECT_TRUE(std::any_of(lengths.begin(), lengths.end(), [](const auto& l) { return l.second; }))
       << "EGAG never stopped a draft";
+  if (GetParam().pass_tokens > 0) {
+    EXPECT_LE(draft_pass.tokens(), GetParam().pass_tokens);
+    EXPECT_LE(target_pass.tokens(), GetParam().pass_tokens);
+  } else if (GetParam().prefill_chunk == 0) {
+    EXPECT_GT(target_pass.tokens(), 3 * 24);  // what a budget of 24 has to cut
+  }
   ExpectNoBlocksUsed();
 }
 
-INSTANTIATE_TEST_SUITE_P(PrefillChunk, DraftingMethodsSchedulerTest, ::testing::Values(0, 4),
-                         [](const auto& info) { return absl::StrCat("chunk", info.param); });
+INSTANTIATE_TEST_SUITE_P(PrefillChunk, DraftingMethodsSchedulerTest,
+                         ::testing::Values(ChunkAndBudget{0, 0}, ChunkAndBudget{4, 0},
+                                           ChunkAndBudget{0, 24}),
+                         [](const auto& info) {
+                           return absl::StrCat("chunk", info.param.prefill_chunk, "_budget",
+                                               info.param.pass_tokens);
+                         });
 
 TEST_F(SchedulerTest, StopStringEndsExactlyAtTheStringAndTrimsIt) {
   MakeWorkers(4096);
@@ -711,25 +750,6 @@ TEST_F(SchedulerTest, OutputsAreTheSameWithCachingAndChunkingOnAndOff) {
     for (size_t i = 0; i < reqs.size(); ++i) EXPECT_EQ(got[i], reference[i]) << name << " " << i;
   }
 }
-
-// The tokens of a worker's largest forward pass.
-class LargestPass final : public RuntimeObserver {
- public:
-  void OnForward(ForwardKind, int64_t, int64_t tokens, absl::Duration) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    largest_ = std::max(largest_, tokens);
-  }
-  void OnKvChanged(const KvPool&) override {}
-  void OnPrefixCache(int64_t, int64_t) override {}
-  int64_t tokens() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return largest_;
-  }
-
- private:
-  std::mutex mu_;
-  int64_t largest_ = 0;
-};
 
 // Ten prompts of 60 to 150 tokens arrive together. Without a pass budget their prefill chunks
 // meet in passes of hundreds of tokens; with the workers' budget of 96, no Draft or Verify pass
