@@ -125,6 +125,9 @@ CoordinatorMetrics::CoordinatorMetrics(int max_position)
                              LengthBuckets());
   egag_stops_ = &counter("specd_spec_decode_egag_early_stops_total",
                          "Sequence rounds whose draft EGAG stopped before the round's K");
+  deferred_ = &counter("specd_pass_budget_deferred_total",
+                       "Sequence rounds that waited because the workers' per-pass token budget "
+                       "(--max-pass-tokens) was full");
   finished_family_ = &prometheus::BuildCounter()
                           .Name("specd_request_success_total")
                           .Help("Requests that finished, by finish reason")
@@ -280,6 +283,10 @@ void CoordinatorMetrics::OnKChoice(int32_t k, absl::string_view reason, double a
 void CoordinatorMetrics::OnDraftLength(int32_t k, bool entropy_stopped) {
   draft_length_->Observe(k);
   if (entropy_stopped) egag_stops_->Increment();
+}
+
+void CoordinatorMetrics::OnDeferred(int64_t sequences) {
+  deferred_->Increment(static_cast<double>(sequences));
 }
 
 void CoordinatorMetrics::OnRoundPhase(Phase phase, absl::Duration elapsed) {

@@ -85,6 +85,8 @@ class CoordinatorMetrics final {
   // One sequence drafted K = `k` in a round (the realized K distribution); `entropy_stopped`
   // when EGAG ended its draft early.
   void OnDraftLength(int32_t k, bool entropy_stopped);
+  // `sequences` running sequences waited out a round: the workers' pass budget was full.
+  void OnDeferred(int64_t sequences);
 
   // The Prometheus text exposition of every metric, as a scrape would see it.
   std::string Text() const;
@@ -107,6 +109,7 @@ class CoordinatorMetrics final {
   prometheus::Histogram* accepted_length_;
   prometheus::Histogram* draft_length_;
   prometheus::Counter* egag_stops_;
+  prometheus::Counter* deferred_;
   prometheus::Family<prometheus::Counter>* finished_family_;
   prometheus::Family<prometheus::Counter>* errors_family_;
   prometheus::Counter* prompt_tokens_;

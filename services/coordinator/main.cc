@@ -494,6 +494,7 @@ int Run(int argc, char** argv) {
   so.on_draft_length = [&metrics](int32_t k, bool entropy_stopped) {
     metrics.OnDraftLength(k, entropy_stopped);
   };
+  so.on_deferred = [&metrics](int64_t sequences) { metrics.OnDeferred(sequences); };
   // Without a draft worker every request runs with K = 0 and never calls it; the target stands
   // in so the scheduler always has two workers.
   WorkerApi& draft_api = draft ? static_cast<WorkerApi&>(*draft) : **target;

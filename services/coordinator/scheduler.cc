@@ -534,6 +534,11 @@ void Scheduler::Loop() {
     if (options_.on_round) options_.on_round(phase_times);
     ObserveRound(stats, phase_times, drafting_sequences, draft_catch_up_tokens);
     if (options_.on_k_choice) options_.on_k_choice(k_choice, adaptive_k_.alpha());
+    if (options_.on_deferred) {
+      const int64_t deferred = std::count_if(stats.begin(), stats.end(),
+                                             [](const RoundStats& st) { return st.deferred; });
+      if (deferred > 0) options_.on_deferred(deferred);
+    }
     if (options_.on_draft_length) {
       for (const RoundStats& st : stats) {
         if (st.status.ok() && st.drafted > 0)

@@ -120,6 +120,9 @@ struct SchedulerOptions {
   // Called on the scheduler thread for every sequence that drafted in a round, with its realized
   // K and whether EGAG cut it short (metrics); may be empty. Must not block.
   std::function<void(int32_t k, bool entropy_stopped)> on_draft_length;
+  // Called on the scheduler thread after a round in which the pass budget deferred `sequences`
+  // running sequences (metrics); may be empty. Must not block.
+  std::function<void(int64_t sequences)> on_deferred;
   NgramOptions ngram;  // prompt lookup (DraftMethod::kNgram)
   EgagOptions egag;    // requests with egag set
 };

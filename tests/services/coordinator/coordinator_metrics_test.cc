@@ -104,6 +104,14 @@ TEST(CoordinatorMetricsTest, RealizedDraftLengthAndEgagStops) {
   EXPECT_EQ(Value(m, "specd_spec_decode_egag_early_stops_total"), 2);
 }
 
+TEST(CoordinatorMetricsTest, SequenceRoundsDeferredByThePassBudget) {
+  CoordinatorMetrics metrics(/*max_position=*/4);
+  EXPECT_EQ(Value(ParseExposition(metrics.Text()), "specd_pass_budget_deferred_total"), 0);
+  metrics.OnDeferred(3);
+  metrics.OnDeferred(1);
+  EXPECT_EQ(Value(ParseExposition(metrics.Text()), "specd_pass_budget_deferred_total"), 4);
+}
+
 // Guided requests are counted by what they guide, and their drafted and accepted tokens apart
 // from unguided ones', since an unguided draft of a guided target is accepted less often.
 TEST(CoordinatorMetricsTest, GuidanceSplitsTheAcceptanceCountersAndCountsGuidedRequests) {

@@ -777,6 +777,8 @@ TEST_F(SchedulerTest, EveryForwardPassStaysWithinThePassBudgetAndOutputsAreUncha
     o.prefill_chunk = 64;
     o.draft_pass_tokens = budget;
     o.target_pass_tokens = budget;
+    int64_t deferred = 0;  // on the scheduler thread; read after it stopped
+    o.on_deferred = [&deferred](int64_t sequences) { deferred += sequences; };
     auto scheduler = MakeScheduler(16, 256, o);
     std::vector<std::unique_ptr<Collector>> cs;
     for (const GenerationRequest& r : reqs) {
@@ -797,6 +799,8 @@ TEST_F(SchedulerTest, EveryForwardPassStaysWithinThePassBudgetAndOutputsAreUncha
       EXPECT_GT(target_pass.tokens(), budget / 2);  // and the passes are still filled
     }
     scheduler.reset();
+    // Ten prompts of 60 or more tokens cannot all start in passes of 96.
+    EXPECT_EQ(deferred > 0, budget > 0) << deferred;
     ExpectNoBlocksUsed();
   }
   for (size_t i = 0; i < reqs.size(); ++i) {
