@@ -278,7 +278,7 @@ TEST_F(BenchCliTest, ScenariosWriteConsistentJson) {
        {"output_tokens_per_s", "ttft_p50", "ttft_p99"}},
       {"long-prompts",
        "--decode-streams 2 --stream-tokens 24 --long-prompt-tokens 64 --answer-tokens 2 "
-       "--long-prompt-gap 0",
+       "--long-prompt-gap 0 --long-prompt-concurrency 3",
        2,
        2 * 24,
        {"itl_p99", "itl_p50", "long_prompt_ttft_mean"}},
@@ -314,8 +314,10 @@ TEST_F(BenchCliTest, ScenariosWriteConsistentJson) {
     EXPECT_DOUBLE_EQ(a["output_tokens_per_s"].get<double>(),
                      a["repeat_output_tokens_per_s"][0].get<double>());
   }
-  // Long prompts arrived while the streams decoded, and were measured apart from them.
+  // Long prompts arrived while the streams decoded (from up to three senders at once), and were
+  // measured apart from them.
   const nlohmann::json longp = ReadJson(tmp_->path() / "long-prompts.json");
+  EXPECT_EQ(longp["config"]["long_prompt_concurrency"], 3);
   EXPECT_GT(longp["arms"][0]["long_prompt_ttft_ms"]["count"].get<int64_t>(), 0);
   EXPECT_GT(longp["arms"][0]["itl_ms"]["count"].get<int64_t>(), 0);
 }

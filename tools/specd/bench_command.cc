@@ -576,6 +576,8 @@ absl::StatusOr<bench::ScenarioOptions> ParseScenarioOptions(const Flags& args) {
   SPECD_ASSIGN_OR_RETURN(o.stream_tokens, IntInRange(args, "stream-tokens", 1, 1 << 20));
   SPECD_ASSIGN_OR_RETURN(o.long_prompt_tokens, IntInRange(args, "long-prompt-tokens", 1, 1 << 24));
   SPECD_ASSIGN_OR_RETURN(o.long_prompt_gap_s, args.GetDouble("long-prompt-gap"));
+  SPECD_ASSIGN_OR_RETURN(o.long_prompt_concurrency,
+                         IntInRange(args, "long-prompt-concurrency", 1, 1024));
   if (!(o.timeout_seconds > 0 && o.timeout_seconds <= 1e6)) {
     return absl::InvalidArgumentError("--timeout must be in (0, 1e6] seconds");
   }
@@ -693,6 +695,8 @@ int RunBench(const std::vector<std::string>& argv) {
       {"stream-tokens", "long-prompts: tokens each decoding stream generates", "160"},
       {"long-prompt-tokens", "long-prompts: tokens of each long prompt", "800"},
       {"long-prompt-gap", "long-prompts: seconds from one long prompt's end to the next", "0.5"},
+      {"long-prompt-concurrency",
+       "long-prompts: long prompts in flight at once, each sender sending one after another", "1"},
   };
   int exit_code = 0;
   std::optional<Flags> args = ParseOrExit("bench", kHelp, argv, flags, &exit_code);

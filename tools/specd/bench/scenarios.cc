@@ -143,24 +143,27 @@ void RunLongPrompts(v1::Generation::StubInterface& stub, const ScenarioOptions& 
       --running;
     });
   }
-  // Long prompts, one after another, from when every stream decodes for as long as they do.
-  // Each is new text, so no prefix cache can shorten its prefill.
-  threads.emplace_back([&] {
-    const auto gap = std::chrono::duration_cast<Clock::duration>(
-        std::chrono::duration<double>(o.long_prompt_gap_s));
-    while (started.load() < o.streams && running.load() > 0) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
-    for (int64_t i = 0; running.load() > 0; ++i) {
-      if (i > 0) std::this_thread::sleep_for(gap);
-      if (running.load() == 0) break;
-      const std::vector<int32_t> prompt =
-          Ids(Key(o.seed, 5, r, static_cast<uint64_t>(i)), o.long_prompt_tokens, o.vocab_size);
-      rec.Add(RunRequest(stub, Request(prompt, o.max_tokens, o.k, absl::StrCat("long-", i)), i,
-                         o.timeout_seconds, start),
-              /*long_prompt=*/true);
-    }
-  });
+  // Long prompts, from when every stream decodes for as long as they do: each sender sends one
+  // after another. Each is new text, so no prefix cache can shorten its prefill.
+  for (int64_t sender = 0; sender < o.long_prompt_concurrency; ++sender) {
+    threads.emplace_back([&, sender] {
+      const auto gap = std::chrono::duration_cast<Clock::duration>(
+          std::chrono::duration<double>(o.long_prompt_gap_s));
+      while (started.load() < o.streams && running.load() > 0) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+      for (int64_t n = 0; running.load() > 0; ++n) {
+        if (n > 0) std::this_thread::sleep_for(gap);
+        if (running.load() == 0) break;
+        const int64_t i = n * o.long_prompt_concurrency + sender;
+        const std::vector<int32_t> prompt =
+            Ids(Key(o.seed, 5, r, static_cast<uint64_t>(i)), o.long_prompt_tokens, o.vocab_size);
+        rec.Add(RunRequest(stub, Request(prompt, o.max_tokens, o.k, absl::StrCat("long-", i)), i,
+                           o.timeout_seconds, start),
+                /*long_prompt=*/true);
+      }
+    });
+  }
   for (std::thread& t : threads) t.join();
 }
 
@@ -354,6 +357,7 @@ nlohmann::ordered_json ScenarioToJson(const ScenarioOptions& options,
       c["stream_tokens"] = options.stream_tokens;
       c["long_prompt_tokens"] = options.long_prompt_tokens;
       c["long_prompt_gap_s"] = options.long_prompt_gap_s;
+      c["long_prompt_concurrency"] = options.long_prompt_concurrency;
       break;
   }
   j["config"] = c;

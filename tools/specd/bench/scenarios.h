@@ -54,6 +54,9 @@ struct ScenarioOptions {
   int64_t stream_tokens = 160;  // tokens each stream generates
   int64_t long_prompt_tokens = 800;
   double long_prompt_gap_s = 0.5;  // pause after each long prompt before the next
+  // Long prompts in flight at once, each sender sending one after another: a burst of prompts
+  // whose prefill chunks meet in the same rounds (what the workers' pass budget bounds).
+  int64_t long_prompt_concurrency = 1;
 };
 
 // What one server did over all repeats.
