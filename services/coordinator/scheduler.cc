@@ -24,7 +24,7 @@ RecoveryOptions RecoveryOptionsFrom(const SchedulerOptions& options) {
 
 Scheduler::Scheduler(WorkerApi& draft, WorkerApi& target, const Tokenizer* tokenizer,
                      const SchedulerOptions& options)
-    : tokenizer_(tokenizer), options_(options) {
+    : tokenizer_(tokenizer), options_(options), admission_cap_(options.max_running) {
   // The coordinator validates the options at start-up (AdaptiveK::Create); defaults otherwise.
   if (absl::StatusOr<AdaptiveK> k = AdaptiveK::Create(options.adaptive_k); k.ok()) {
     adaptive_k_ = *std::move(k);
@@ -452,7 +452,7 @@ void Scheduler::Loop() {
       // is admitted anyway, so one that can never fit gets its error instead of waiting forever.
       int64_t target_budget = target_->FreeKvTokens();
       int64_t draft_budget = draft_ != nullptr ? draft_->FreeKvTokens() : 0;
-      while (!waiting_.empty() && static_cast<int64_t>(running_.size()) < options_.max_running) {
+      while (!waiting_.empty() && static_cast<int64_t>(running_.size()) < admission_cap_) {
         const Active& next = *waiting_.front();
         const int64_t target_need = KvTokensForNextRound(next, /*target=*/true);
         const int64_t draft_need =
@@ -546,6 +546,7 @@ void Scheduler::Loop() {
       }
     }
     std::deque<std::unique_ptr<Active>> preempted;
+    absl::Status exhausted;  // why the first of them was preempted
     for (size_t i = 0; i < running_.size(); ++i) {
       Active& a = *running_[i];
       if (stats[i].status.code() == absl::StatusCode::kResourceExhausted) {
@@ -553,6 +554,7 @@ void Scheduler::Loop() {
         // and seed make the replay exact (DESIGN.md, "Randomness").
         ReleaseOnWorkers(a, /*gone=*/false);
         ++preemptions_;
+        if (exhausted.ok()) exhausted = stats[i].status;
         preempted.push_back(std::move(running_[i]));
         continue;
       }
@@ -574,15 +576,26 @@ void Scheduler::Loop() {
       }
     }
     running_ = std::move(still);
+    // A pass that ran out of device memory (a scratch allocation, not KV blocks) preempts its
+    // whole batch, and admission by free KV would put the same batch back into the same failing
+    // pass forever: after such a round fewer run at once, and the cap grows back a step per
+    // round that preempts nothing.
+    if (batch.size() > 1 && preempted.size() == batch.size()) {
+      admission_cap_ = std::max<int64_t>(1, static_cast<int64_t>(batch.size()) / 2);
+    } else if (preempted.empty() && admission_cap_ < options_.max_running) {
+      ++admission_cap_;
+    }
     if (!preempted.empty()) {
       std::lock_guard<std::mutex> lock(mu_);
       if (batch.size() == 1 && running_.empty()) {
-        // Alone in both pools and still out of KV: it can never fit. One preempted beside others
-        // that finished in this round may fit once their blocks are free (it is requeued, and
-        // runs alone next); queued requests hold no KV, so they change nothing either way.
+        // Alone in both pools and still out of memory: it can never fit. One preempted beside
+        // others that finished in this round may fit once their blocks are free (it is requeued,
+        // and runs alone next); queued requests hold no KV, so they change nothing either way.
         Active& a = *preempted.front();
         Finish(a, FinishReason::kNone,
-               absl::ResourceExhaustedError("the request does not fit in the workers' KV cache"),
+               absl::ResourceExhaustedError(
+                   absl::StrCat("the request does not fit in the workers' memory even alone (",
+                                exhausted.message(), ")")),
                GenerationEvent());
         preempted.clear();
       }

@@ -229,6 +229,9 @@ class Scheduler {
   std::vector<std::unique_ptr<Active>> running_;  // scheduler thread only
   AdaptiveK adaptive_k_;                          // scheduler thread only
   std::optional<absl::Time> idle_until_;          // scheduler thread only
+  // How many may run at once, up to max_running: halved by a round that preempted its whole
+  // batch, and grown back by one per round that preempted nothing (see Loop).
+  int64_t admission_cap_ = 0;  // scheduler thread only
   std::atomic<int64_t> running_count_{0};
   std::atomic<int64_t> waiting_count_{0};
   std::atomic<int64_t> preemptions_{0};

@@ -659,6 +659,67 @@ TEST_F(SchedulerTest, ALongPromptIsFedOneChunkPerRoundWhileARunningStreamDecodes
   }
 }
 
+// A target whose passes run out of device memory whenever they hold more than two sequences (as
+// a scratch allocation the device cannot make): the whole batch is preempted each time. The
+// scheduler backs off to batches that fit instead of re-admitting the same batch into the same
+// failing pass forever, and every output is still plain decoding's.
+class TwoPerPassTarget final : public testing::ForwardingWorker {
+ public:
+  explicit TwoPerPassTarget(WorkerApi& inner) : ForwardingWorker(inner) {}
+  absl::StatusOr<std::vector<VerifySequenceResult>> Verify(
+      std::span<const VerifySequenceRequest> batch) override {
+    if (batch.size() > 2) {
+      return absl::ResourceExhaustedError("out of device memory growing the activations");
+    }
+    return inner_.Verify(batch);
+  }
+};
+
+// A target none of whose passes fit.
+class NoPassTarget final : public testing::ForwardingWorker {
+ public:
+  explicit NoPassTarget(WorkerApi& inner) : ForwardingWorker(inner) {}
+  absl::StatusOr<std::vector<VerifySequenceResult>> Verify(
+      std::span<const VerifySequenceRequest>) override {
+    return absl::ResourceExhaustedError("out of device memory growing the logits");
+  }
+};
+
+TEST_F(SchedulerTest, APassThatRunsOutOfMemoryBacksOffInsteadOfLoopingOnTheSameBatch) {
+  MakeWorkers(8192);
+  TwoPerPassTarget target(*target_);
+  auto scheduler = MakeScheduler(8, 256, {}, &target);
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<std::unique_ptr<Collector>> cs;
+  for (int i = 0; i < 6; ++i) {
+    prompts.push_back({1, 20 + i, 40 + 2 * i, 7});
+    cs.push_back(std::make_unique<Collector>());
+    ASSERT_TRUE(scheduler->Submit(Greedy(prompts.back(), 12, 2), cs.back()->Sink()).ok());
+  }
+  for (size_t i = 0; i < cs.size(); ++i) {
+    ASSERT_TRUE(cs[i]->WaitFor(std::chrono::seconds(60))) << "request " << i;
+    ASSERT_TRUE(cs[i]->last().error.ok()) << cs[i]->last().error;
+    EXPECT_EQ(cs[i]->tokens(), Solo(prompts[i], 12)) << "request " << i;
+  }
+  EXPECT_GT(scheduler->preemptions(), 0);
+  scheduler.reset();
+  ExpectNoBlocksUsed();
+
+  // Alone and still out of memory, a request fails, with the worker's reason.
+  MakeWorkers(8192);
+  NoPassTarget never(*target_);
+  scheduler = MakeScheduler(8, 256, {}, &never);
+  Collector c;
+  ASSERT_TRUE(scheduler->Submit(Greedy(prompts[0], 12, 2), c.Sink()).ok());
+  ASSERT_TRUE(c.WaitFor(std::chrono::seconds(60)));
+  EXPECT_EQ(c.last().error.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(c.last().error.message()),
+              HasSubstr("does not fit in the workers' memory even alone (out of device memory "
+                        "growing the logits)"));
+  scheduler.reset();
+  ExpectNoBlocksUsed();
+}
+
 // A full pool of cached prefixes is free room: new requests evict them and nothing is preempted.
 TEST_F(SchedulerTest, KvExhaustionEvictsCachedBlocksBeforePreempting) {
   MakeWorkers(16 * 16);  // 16 blocks
