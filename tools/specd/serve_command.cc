@@ -20,12 +20,8 @@
 #include <iostream>
 #include <optional>
 #include <string>
-#include <string_view>
-#include <system_error>
-#include <utility>
 #include <vector>
 
-#include "absl/status/statusor.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -43,8 +39,7 @@ constexpr char kProgram[] = "specd serve";
 
 constexpr char kSummary[] =
     "Serve a model with speculative decoding: a target worker, a draft worker and the\n"
-    "coordinator, on this host (the workers on Unix sockets in a private directory). Prints\n"
-    "`listening on HOST:PORT` when ready, as each service does.\n"
+    "coordinator, on loopback. Prints `listening on HOST:PORT` when ready, as each service does.\n"
     "A child that exits unexpectedly is restarted on the same address (backoff 0.5 s doubling\n"
     "to 10 s); stderr gets one line per restart and one `NAME pid N on ADDR` line per start.\n"
     "  specd serve --target DIR --draft DIR\n"
@@ -289,41 +284,6 @@ int WaitForEvent(const std::vector<Child>& children, const sigset_t& signals) {
   return sig > 0 ? sig : 0;
 }
 
-// A directory only this user can enter, for the workers' Unix sockets, removed with everything
-// in it when serve returns. The workers take no token, so on loopback TCP any local user could
-// call them (release another's sequences, read its probability rows); here file permissions
-// guard them. A call also costs a little less (worker_rpc_bench: about 30 us of the 270 us a
-// K = 0 Verify spends beyond its forward pass on the 2-core VM).
-class SocketDir {
- public:
-  static absl::StatusOr<SocketDir> Create() {
-    // sun_path holds 107 bytes: a long TMPDIR falls back to /tmp.
-    std::filesystem::path base = std::filesystem::temp_directory_path();
-    if (base.string().size() > 60) base = "/tmp";
-    std::string templ = (base / "specd-serve-XXXXXX").string();
-    if (mkdtemp(templ.data()) == nullptr) {
-      return absl::InternalError(
-          absl::StrCat("cannot make a directory for the workers' sockets in ", base.string(), ": ",
-                       std::strerror(errno)));
-    }
-    return SocketDir(templ);
-  }
-  SocketDir(SocketDir&& other) noexcept : path_(std::exchange(other.path_, {})) {}
-  SocketDir& operator=(SocketDir&&) = delete;
-  ~SocketDir() {
-    std::error_code ignored;
-    if (!path_.empty()) std::filesystem::remove_all(path_, ignored);
-  }
-  // The gRPC address of a socket named `name` in it.
-  std::string Address(std::string_view name) const {
-    return absl::StrCat("unix:", (path_ / name).string());
-  }
-
- private:
-  explicit SocketDir(std::filesystem::path path) : path_(std::move(path)) {}
-  std::filesystem::path path_;
-};
-
 int RunServe(const std::vector<std::string>& argv) {
   const std::vector<FlagSpec> flags = {
       {"target", "target model directory", "", false, true},
@@ -430,9 +390,6 @@ int RunServe(const std::vector<std::string>& argv) {
                                            "--kv-tokens",       args->Get("kv-tokens"),
                                            "--prefix-caching",  args->Get("prefix-caching"),
                                            "--max-pass-tokens", args->Get("max-pass-tokens")};
-  // Declared before the children, so that it outlives them.
-  absl::StatusOr<SocketDir> sockets = SocketDir::Create();
-  if (!sockets.ok()) return ReportError("serve", sockets.status());
   std::vector<Child> children;
   children.reserve(3);  // Child references below stay valid
   auto fail = [&](const absl::Status& st) {
@@ -465,7 +422,7 @@ int RunServe(const std::vector<std::string>& argv) {
                                              "--gpu-memory-peer-exit-layer", draft_exit});
     }
   }
-  target.listen = sockets->Address("target-worker.sock");
+  target.listen = "127.0.0.1:0";
   target.metrics_port = metrics_ports[1];
   if (absl::Status st = Start(target, signals, pid_dir); !st.ok()) return fail(st);
 
@@ -488,7 +445,7 @@ int RunServe(const std::vector<std::string>& argv) {
       draft.args.insert(draft.args.end(), {"--gpu-memory-fraction", utilization,
                                            "--gpu-memory-peer", args->Get("target")});
     }
-    draft.listen = sockets->Address("draft-worker.sock");
+    draft.listen = "127.0.0.1:0";
     draft.metrics_port = metrics_ports[2];
     if (absl::Status st = Start(draft, signals, pid_dir); !st.ok()) return fail(st);
     draft_addr = draft.listen;
