@@ -3,6 +3,7 @@
 // engine able to run every pass it could run before, with the same bits; nothing is recorded as
 // done that was not done. Also: small growths of the metadata keep the recorded passes.
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -12,6 +13,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "base/status_macros.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/backend.h"
@@ -128,20 +130,38 @@ class FailureRecoveryTest : public ::testing::Test {
     options_.kv_block_size = 16;
   }
 
-  // An engine on a FailingBackend over the CPU (1 thread); `*backend` is set to it.
+  // LlamaEngine::Create on a FailingBackend over the CPU (1 thread), which `arm` sets up first
+  // when given (for failures during Create); `*backend` is set to it.
+  absl::StatusOr<std::unique_ptr<LlamaEngine>> CreateOnFailingBackend(
+      FailingBackend** backend, const EngineOptions& options,
+      const std::function<void(FailingBackend&)>& arm = {}) {
+    SPECD_ASSIGN_OR_RETURN(std::unique_ptr<ModelWeights> weights,
+                           LoadModelWeights(tmp_.path(), {}));
+    SPECD_ASSIGN_OR_RETURN(std::unique_ptr<kernels::Backend> cpu, kernels::CreateCpuBackend(1));
+    auto failing = std::make_unique<FailingBackend>(std::move(cpu));
+    *backend = failing.get();
+    if (arm) arm(*failing);
+    return LlamaEngine::Create(std::move(weights), std::move(failing), options);
+  }
+
+  // The same, expected to succeed: null (after a failed expectation) when it does not.
   std::unique_ptr<LlamaEngine> FailingEngine(FailingBackend** backend,
                                              const EngineOptions& options) {
-    absl::StatusOr<std::unique_ptr<ModelWeights>> weights = LoadModelWeights(tmp_.path(), {});
-    EXPECT_TRUE(weights.ok()) << weights.status();
-    absl::StatusOr<std::unique_ptr<kernels::Backend>> cpu = kernels::CreateCpuBackend(1);
-    EXPECT_TRUE(cpu.ok()) << cpu.status();
-    if (!weights.ok() || !cpu.ok()) return nullptr;
-    auto failing = std::make_unique<FailingBackend>(*std::move(cpu));
-    *backend = failing.get();
-    absl::StatusOr<std::unique_ptr<LlamaEngine>> engine =
-        LlamaEngine::Create(*std::move(weights), std::move(failing), options);
+    absl::StatusOr<std::unique_ptr<LlamaEngine>> engine = CreateOnFailingBackend(backend, options);
     EXPECT_TRUE(engine.ok()) << engine.status();
     return engine.ok() ? *std::move(engine) : nullptr;
+  }
+
+  // An engine on a FailingBackend and one that never fails, each fed the same first pass (4
+  // tokens of sequence 1: scratch for 64 tokens and 8 logit rows); `*backend` is set.
+  void StartFailingAndFresh(FailingBackend** backend, std::unique_ptr<LlamaEngine>* engine,
+                            std::unique_ptr<LlamaEngine>* fresh) {
+    *engine = FailingEngine(backend, options_);
+    *fresh = PlainEngine();
+    ASSERT_NE(*engine, nullptr);
+    ASSERT_NE(*fresh, nullptr);
+    ASSERT_TRUE(Feed(**engine, 1, Tokens(4, 1), 1).ok());
+    ASSERT_TRUE(Feed(**fresh, 1, Tokens(4, 1), 1).ok());
   }
 
   std::unique_ptr<LlamaEngine> PlainEngine() {
@@ -196,17 +216,13 @@ TEST_F(FailureRecoveryTest, AMemoryShareTakesItsScratchReserveAtStart) {
   options.max_pass_tokens = 256;
   for (const bool room : {false, true}) {
     SCOPED_TRACE(room ? "room" : "no room");
-    absl::StatusOr<std::unique_ptr<ModelWeights>> weights = LoadModelWeights(tmp_.path(), {});
-    ASSERT_TRUE(weights.ok()) << weights.status();
-    absl::StatusOr<std::unique_ptr<kernels::Backend>> cpu = kernels::CreateCpuBackend(1);
-    ASSERT_TRUE(cpu.ok()) << cpu.status();
-    auto failing = std::make_unique<FailingBackend>(*std::move(cpu));
-    FailingBackend* backend = failing.get();
-    // A 640 MiB device: the 320 MiB share leaves the KV cache what the fixed reserve leaves.
-    backend->device_memory = kernels::DeviceMemory{int64_t{640} << 20, int64_t{640} << 20};
-    if (!room) backend->scratch_allocations_left = 0;
+    FailingBackend* backend = nullptr;
     absl::StatusOr<std::unique_ptr<LlamaEngine>> engine =
-        LlamaEngine::Create(*std::move(weights), std::move(failing), options);
+        CreateOnFailingBackend(&backend, options, [room](FailingBackend& b) {
+          // A 640 MiB device: the 320 MiB share leaves the KV cache what the fixed reserve leaves.
+          b.device_memory = kernels::DeviceMemory{int64_t{640} << 20, int64_t{640} << 20};
+          if (!room) b.scratch_allocations_left = 0;
+        });
     if (!room) {
       ASSERT_EQ(engine.status().code(), absl::StatusCode::kResourceExhausted) << engine.status();
       EXPECT_THAT(engine.status().message(),
@@ -231,12 +247,8 @@ TEST_F(FailureRecoveryTest, AMemoryShareTakesItsScratchReserveAtStart) {
 // while the engine believed it grown: every later pass failed "must not be null").
 TEST_F(FailureRecoveryTest, FailedActivationGrowthKeepsSmallerPassesRunning) {
   FailingBackend* backend = nullptr;
-  std::unique_ptr<LlamaEngine> engine = FailingEngine(&backend, options_);
-  std::unique_ptr<LlamaEngine> fresh = PlainEngine();
-  ASSERT_NE(engine, nullptr);
-  ASSERT_NE(fresh, nullptr);
-  ASSERT_TRUE(Feed(*engine, 1, Tokens(4, 1), 1).ok());  // scratch for 64 tokens
-  ASSERT_TRUE(Feed(*fresh, 1, Tokens(4, 1), 1).ok());
+  std::unique_ptr<LlamaEngine> engine, fresh;
+  ASSERT_NO_FATAL_FAILURE(StartFailingAndFresh(&backend, &engine, &fresh));
 
   backend->scratch_allocations_left = 2;
   const absl::StatusOr<std::vector<float>> grow = Feed(*engine, 2, Tokens(100, 2), 1);
@@ -257,12 +269,8 @@ TEST_F(FailureRecoveryTest, FailedActivationGrowthKeepsSmallerPassesRunning) {
 // The same for the logit rows: the final hidden states grow, the logits run out of memory.
 TEST_F(FailureRecoveryTest, FailedLogitGrowthKeepsFewerRowsRunning) {
   FailingBackend* backend = nullptr;
-  std::unique_ptr<LlamaEngine> engine = FailingEngine(&backend, options_);
-  std::unique_ptr<LlamaEngine> fresh = PlainEngine();
-  ASSERT_NE(engine, nullptr);
-  ASSERT_NE(fresh, nullptr);
-  ASSERT_TRUE(Feed(*engine, 1, Tokens(4, 1), 1).ok());  // 8 logit rows
-  ASSERT_TRUE(Feed(*fresh, 1, Tokens(4, 1), 1).ok());
+  std::unique_ptr<LlamaEngine> engine, fresh;
+  ASSERT_NO_FATAL_FAILURE(StartFailingAndFresh(&backend, &engine, &fresh));
 
   backend->scratch_allocations_left = 1;
   const absl::StatusOr<std::vector<float>> grow = Feed(*engine, 1, Tokens(20, 2), 20);
