@@ -25,9 +25,9 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "kernels/backend.h"
-#include "kernels/cuda/cuda_backend.h"
 #include "kernels/dtype.h"
 #include "tools/bench/device_copy.h"
+#include "tools/bench/kernels/cuda_bench_setup.h"
 
 namespace specd {
 namespace {
@@ -92,16 +92,10 @@ absl::StatusOr<double> TimeCalls(kernels::Backend& be, const kernels::AttentionA
 }
 
 int Main(int argc, char** argv) {
-  int reps = 20;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    if (std::string(argv[i]) == "--reps") reps = std::atoi(argv[i + 1]);
-  }
-  absl::StatusOr<std::unique_ptr<kernels::Backend>> made = kernels::CreateCudaBackend(0);
-  if (!made.ok()) {
-    std::fprintf(stderr, "%s\n", std::string(made.status().message()).c_str());
-    return 1;
-  }
-  kernels::Backend& be = **made;
+  const int reps = RepsFlag(argc, argv, 20);
+  const std::unique_ptr<kernels::Backend> made = CudaBackendOrReport();
+  if (made == nullptr) return 1;
+  kernels::Backend& be = *made;
   const double copy_gbps = DeviceCopyGBps(be);
   std::printf("device copy bandwidth %.0f GB/s (read + written)\n", copy_gbps);
   if (copy_gbps <= 0) return 1;

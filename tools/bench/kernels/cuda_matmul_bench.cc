@@ -20,8 +20,8 @@
 #include <vector>
 
 #include "kernels/backend.h"
-#include "kernels/cuda/cuda_backend.h"
 #include "kernels/dtype.h"
+#include "tools/bench/kernels/cuda_bench_setup.h"
 
 namespace specd {
 namespace {
@@ -40,16 +40,10 @@ bool Check(cudaError_t e, const char* what) {
 }
 
 int Main(int argc, char** argv) {
-  int reps = 50;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    if (std::string(argv[i]) == "--reps") reps = std::atoi(argv[i + 1]);
-  }
-  absl::StatusOr<std::unique_ptr<kernels::Backend>> made = kernels::CreateCudaBackend(0);
-  if (!made.ok()) {
-    std::fprintf(stderr, "%s\n", std::string(made.status().message()).c_str());
-    return 1;
-  }
-  kernels::Backend& be = **made;
+  const int reps = RepsFlag(argc, argv, 50);
+  const std::unique_ptr<kernels::Backend> made = CudaBackendOrReport();
+  if (made == nullptr) return 1;
+  kernels::Backend& be = *made;
   cublasHandle_t handle;
   if (cublasCreate(&handle) != CUBLAS_STATUS_SUCCESS) return 1;
   const Shape shapes[] = {{"q/o_proj", 3072, 3072},
