@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 #include <limits>
+#include <numeric>
 
 namespace specd {
 namespace {
@@ -42,12 +43,17 @@ std::vector<FeedPlan> PlanFeeds(std::span<const SequenceFeeds> batch, int64_t pr
   auto feeds_of = [&batch](size_t i) {
     return std::array<const WorkerFeed*, 2>{&batch[i].draft, &batch[i].target};
   };
+  std::vector<size_t> order(batch.size());
+  std::iota(order.begin(), order.end(), size_t{0});
+  std::stable_sort(order.begin(), order.end(), [&batch](size_t a, size_t b) {
+    return batch[a].rounds_left_out > batch[b].rounds_left_out;
+  });
   std::vector<FeedPlan> plans(batch.size());
   std::vector<bool> planned(batch.size(), false);
   bool served = false;  // some sequence calls a worker this round
   // Rounds as they would be without a budget first, so that running streams keep decoding while
   // prompts wait their turn.
-  for (size_t i = 0; i < batch.size(); ++i) {
+  for (const size_t i : order) {
     const auto feeds = feeds_of(i);
     const std::array<int64_t, 2> cost = {RunCost(*feeds[0], chunk), RunCost(*feeds[1], chunk)};
     if (cost[0] > left[0] || cost[1] > left[1]) continue;
@@ -57,7 +63,7 @@ std::vector<FeedPlan> PlanFeeds(std::span<const SequenceFeeds> batch, int64_t pr
     served = served || feeds[0]->called || feeds[1]->called;
   }
   // Then prefill chunks from what is left.
-  for (size_t i = 0; i < batch.size(); ++i) {
+  for (const size_t i : order) {
     if (planned[i]) continue;
     const auto feeds = feeds_of(i);
     bool feeds_some = false;
@@ -80,10 +86,10 @@ std::vector<FeedPlan> PlanFeeds(std::span<const SequenceFeeds> batch, int64_t pr
     }
   }
   if (!served) {
-    // Nothing fits: the first sequence runs whatever it costs, so the round makes progress. Only
-    // drafts can exceed a budget on their own, and a worker declares at least kMinMaxPassTokens,
-    // more than any one sequence's round drafts.
-    for (size_t i = 0; i < batch.size(); ++i) {
+    // Nothing fits: the first sequence in turn runs whatever it costs, so the round makes progress.
+    // Only drafts can exceed a budget on their own, and a worker declares at least
+    // kMinMaxPassTokens, more than any one sequence's round drafts.
+    for (const size_t i : order) {
       const auto feeds = feeds_of(i);
       if (!feeds[0]->called && !feeds[1]->called) continue;
       plans[i] = FeedPlan{FeedPlan::Action::kRun, prefill_chunk, prefill_chunk};

@@ -4,15 +4,17 @@
 // of many new requests meet in one pass whose activations outgrow the worker's share of the GPU.
 //
 // Rounds as they would be without a budget come first, so running streams keep decoding while
-// long prompts take turns (as in vLLM's chunked prefill), each pass in batch order, first come
-// first served:
+// long prompts take turns (as in vLLM's chunked prefill). Each pass goes through the batch in
+// order of rounds left out, longest first, then first come first served: when even the running
+// streams' rounds outgrow the budget, they take turns too, rather than the last of them waiting
+// for the first to finish.
 //   1. a sequence whose round (its catch-up within the chunk, then its drafts or tree nodes, twice
 //      with a CFG companion) fits what is left on every worker it calls runs as usual;
 //   2. one that does not, but has catch-up left to prefill, feeds each worker a chunk cut to what
 //      is left there and draws nothing (prefill_only); one that can feed nothing waits for the
 //      next round.
-// When nothing fits, the first sequence runs anyway, so every round makes progress. A worker's
-// catch-up of one token is the last committed one, which only a whole round feeds.
+// When nothing fits, the first sequence in that order runs anyway, so every round makes progress. A
+// worker's catch-up of one token is the last committed one, which only a whole round feeds.
 #ifndef SPECD_SERVICES_COORDINATOR_PASS_BUDGET_H_
 #define SPECD_SERVICES_COORDINATOR_PASS_BUDGET_H_
 
@@ -34,6 +36,7 @@ struct WorkerFeed {
 struct SequenceFeeds {
   WorkerFeed draft;
   WorkerFeed target;
+  int32_t rounds_left_out = 0;  // consecutive rounds the budget made this sequence wait
 };
 
 struct FeedPlan {

@@ -230,6 +230,7 @@ SequenceFeeds FeedsOf(const SpeculativeSequence& s, int64_t max_seq_len) {
   f.target.called = true;
   f.target.catch_up = len - s.target_cached;
   f.target.drafts = VerifiedDrafts(s, k);
+  f.rounds_left_out = s.rounds_left_out;
   if (s.guidance.has_value()) {
     f.target.companion = true;
     f.target.companion_catch_up = s.CompanionLen(len) - s.guidance->target_cached;
@@ -449,6 +450,7 @@ std::vector<RoundStats> RunSpeculationRound(WorkerApi& draft, WorkerApi& target,
       feeds, options.prefill_chunk, options.draft_pass_tokens, options.target_pass_tokens);
   for (size_t i = 0; i < batch.size(); ++i) {
     stats[i].deferred = plans[i].action == FeedPlan::Action::kWait;
+    batch[i]->rounds_left_out = stats[i].deferred ? batch[i]->rounds_left_out + 1 : 0;
   }
 
   // 1. Draft: model drafts from the draft worker, prompt lookup here.

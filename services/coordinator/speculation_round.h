@@ -75,6 +75,9 @@ struct SpeculativeSequence {
   // *_cached counts the branch as if it were in place.
   KvCompaction draft_compact;
   KvCompaction target_compact;
+  // Consecutive rounds the per-pass token budget left this sequence out: it goes first in the
+  // next round's plan (pass_budget.h).
+  int32_t rounds_left_out = 0;
 
   // Classifier-free guidance, when asked for: never with a tree (the request is refused), and
   // with prompt lookup only on the target (nothing is drafted by a model).

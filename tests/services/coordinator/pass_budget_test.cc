@@ -129,6 +129,41 @@ TEST(PassBudgetTest, NoRoomOnOneWorkerMakesTheSequenceWait) {
   EXPECT_EQ(plans[2].action, Action::kWait);
 }
 
+TEST(PassBudgetTest, StreamsLeftOutGoFirstInTheNextRound) {
+  // Budget 10 holds two streams' rounds of 1 + 4. Batch order decides the first round; the
+  // stream left out then goes first, so three streams take turns rather than the third waiting
+  // for the first two to finish.
+  std::vector<SequenceFeeds> batch = {Decoding(4), Decoding(4), Decoding(4)};
+  std::vector<FeedPlan> plans = Plan(batch, 512, 10, 10);
+  EXPECT_EQ(plans[0].action, Action::kRun);
+  EXPECT_EQ(plans[1].action, Action::kRun);
+  EXPECT_EQ(plans[2].action, Action::kWait);
+  batch[2].rounds_left_out = 1;
+  plans = Plan(batch, 512, 10, 10);
+  EXPECT_EQ(plans[2].action, Action::kRun);
+  EXPECT_EQ(plans[0].action, Action::kRun);
+  EXPECT_EQ(plans[1].action, Action::kWait);
+  // The longest left out goes first, then batch order among equals.
+  batch[1].rounds_left_out = 2;
+  plans = Plan(batch, 512, 10, 10);
+  EXPECT_EQ(plans[1].action, Action::kRun);
+  EXPECT_EQ(plans[2].action, Action::kRun);
+  EXPECT_EQ(plans[0].action, Action::kWait);
+}
+
+TEST(PassBudgetTest, APromptLeftOutPrefillsFirstFromWhatTheStreamsLeave) {
+  // Budget 20: two streams take 10; of the two prompts the one left out last round gets the
+  // chunk of what is left, though it came later.
+  std::vector<SequenceFeeds> batch = {Both(300, 4), Decoding(4), Both(300, 4), Decoding(4)};
+  batch[2].rounds_left_out = 1;
+  const std::vector<FeedPlan> plans = Plan(batch, 512, 20, 20);
+  EXPECT_EQ(plans[1].action, Action::kRun);
+  EXPECT_EQ(plans[3].action, Action::kRun);
+  EXPECT_EQ(plans[2].action, Action::kPrefillOnly);
+  EXPECT_EQ(plans[2].target_prefill_limit, 10);
+  EXPECT_EQ(plans[0].action, Action::kWait);
+}
+
 TEST(PassBudgetTest, WhenNothingFitsTheFirstSequenceRunsAnyway) {
   // A lone stream whose drafts alone exceed the budget still makes progress; beside one that
   // fits, it waits its turn.
@@ -140,6 +175,12 @@ TEST(PassBudgetTest, WhenNothingFitsTheFirstSequenceRunsAnyway) {
   SequenceFeeds failed;
   const std::vector<FeedPlan> with_failed = Plan({failed, Decoding(64)}, 512, 32, 32);
   EXPECT_EQ(with_failed[1].action, Action::kRun);
+  // First in turn: the one left out longest.
+  std::vector<SequenceFeeds> turns = {Decoding(64), Decoding(64)};
+  turns[1].rounds_left_out = 1;
+  const std::vector<FeedPlan> in_turn = Plan(turns, 512, 32, 32);
+  EXPECT_EQ(in_turn[0].action, Action::kWait);
+  EXPECT_EQ(in_turn[1].action, Action::kRun);
 }
 
 }  // namespace

@@ -872,5 +872,49 @@ TEST_F(SchedulerTest, EveryForwardPassStaysWithinThePassBudgetAndOutputsAreUncha
   }
 }
 
+// Four streams whose rounds (1 + K = 5 tokens each) outgrow a pass budget of 10 take turns:
+// each streams its first token before any finishes, where batch order alone would have made the
+// last two wait for the first two to finish. Outputs stay plain decoding's.
+TEST_F(SchedulerTest, StreamsThatOutgrowThePassBudgetTakeTurns) {
+  constexpr int64_t kTokens = 24;
+  MakeWorkers(8192);
+  std::vector<GenerationRequest> reqs;
+  for (int i = 0; i < 4; ++i) {
+    reqs.push_back(Greedy({1, 5 + i, 9 + 2 * i, 13 + 3 * i}, kTokens, 4));
+    ASSERT_EQ(Solo(reqs.back().prompt, kTokens).size(), static_cast<size_t>(kTokens))
+        << "request " << i << " must not stop early for the order of events to mean anything";
+  }
+  SchedulerOptions o;
+  o.draft_pass_tokens = 10;
+  o.target_pass_tokens = 10;
+  auto scheduler = MakeScheduler(4, 256, o);
+  std::mutex mu;
+  std::vector<std::pair<size_t, bool>> log;  // (request, finished) per event with tokens
+  std::vector<std::unique_ptr<Collector>> cs;
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    cs.push_back(std::make_unique<Collector>());
+    Scheduler::EventSink sink = [&mu, &log, i, inner = cs.back()->Sink()](GenerationEvent e) {
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        if (!e.tokens.empty()) log.emplace_back(i, e.finish != FinishReason::kNone);
+      }
+      inner(std::move(e));
+    };
+    ASSERT_TRUE(scheduler->Submit(reqs[i], std::move(sink)).ok());
+  }
+  for (size_t i = 0; i < cs.size(); ++i) {
+    ASSERT_TRUE(cs[i]->WaitFor(std::chrono::seconds(120)));
+    ASSERT_TRUE(cs[i]->last().error.ok()) << cs[i]->last().error;
+    EXPECT_EQ(cs[i]->tokens(), Solo(reqs[i].prompt, kTokens)) << "request " << i;
+  }
+  scheduler.reset();
+  const auto first_finish =
+      std::find_if(log.begin(), log.end(), [](const auto& e) { return e.second; });
+  std::set<size_t> started;
+  for (auto it = log.begin(); it != first_finish; ++it) started.insert(it->first);
+  EXPECT_EQ(started.size(), reqs.size()) << "requests that streamed before the first finished";
+  ExpectNoBlocksUsed();
+}
+
 }  // namespace
 }  // namespace specd
