@@ -250,11 +250,17 @@ KChoice Scheduler::PlanK() {
 }
 
 void Scheduler::ObserveRound(const std::vector<RoundStats>& stats, const RoundPhaseTimes& times,
-                             int32_t drafting_sequences, int64_t draft_catch_up_tokens) {
+                             const std::vector<std::optional<int64_t>>& draft_catch_up) {
   RoundObservation obs;
-  obs.batch_size = static_cast<int32_t>(stats.size());
-  obs.drafting_sequences = drafting_sequences;
-  obs.draft_catch_up_tokens = draft_catch_up_tokens;
+  for (size_t i = 0; i < stats.size(); ++i) {
+    // One the pass budget left out took no part in the round's passes. One that only prefilled
+    // drafted nothing, but its chunk went through the draft's first pass.
+    if (stats[i].deferred) continue;
+    ++obs.batch_size;
+    if (!draft_catch_up[i].has_value()) continue;
+    obs.draft_catch_up_tokens += *draft_catch_up[i];
+    if (!stats[i].prefilling) ++obs.drafting_sequences;
+  }
   obs.draft_steps = times.draft_steps;
   obs.draft_forward = times.draft_forward;
   obs.verify_tokens = times.verify_tokens;
@@ -517,14 +523,14 @@ void Scheduler::Loop() {
     }
 
     std::vector<SpeculativeSequence*> batch;
-    int32_t drafting_sequences = 0;
-    int64_t draft_catch_up_tokens = 0;
+    std::vector<std::optional<int64_t>> draft_catch_up;
     for (auto& a : running_) {
       batch.push_back(&a->seq);
-      if (a->seq.uses_draft_worker() && EffectiveK(a->seq, options_.max_seq_len) > 0) {
-        ++drafting_sequences;
-        draft_catch_up_tokens += static_cast<int64_t>(a->seq.tokens.size()) - a->seq.draft_cached;
-      }
+      draft_catch_up.push_back(
+          a->seq.uses_draft_worker() && EffectiveK(a->seq, options_.max_seq_len) > 0
+              ? std::optional<int64_t>(static_cast<int64_t>(a->seq.tokens.size()) -
+                                       a->seq.draft_cached)
+              : std::nullopt);
     }
     RoundPhaseTimes phase_times;
     const std::vector<RoundStats> stats =
@@ -532,7 +538,7 @@ void Scheduler::Loop() {
                             RoundOptions{options_.max_seq_len, &phase_times, options_.prefill_chunk,
                                          options_.draft_pass_tokens, options_.target_pass_tokens});
     if (options_.on_round) options_.on_round(phase_times);
-    ObserveRound(stats, phase_times, drafting_sequences, draft_catch_up_tokens);
+    ObserveRound(stats, phase_times, draft_catch_up);
     if (options_.on_k_choice) options_.on_k_choice(k_choice, adaptive_k_.alpha());
     if (options_.on_deferred) {
       const int64_t deferred = std::count_if(stats.begin(), stats.end(),

@@ -208,9 +208,10 @@ class Scheduler {
   // worker is down adaptive requests decode plainly, which is just as exact.
   KChoice PlanK();
   // Tells the controller how the round it planned went (only rounds without failures: a failed
-  // round's times are partial).
+  // round's times are partial). `draft_catch_up[i]`: what running_[i] had to catch up on the
+  // draft worker when the round began, or nullopt when it was not to draft.
   void ObserveRound(const std::vector<RoundStats>& stats, const RoundPhaseTimes& times,
-                    int32_t drafting_sequences, int64_t draft_catch_up_tokens);
+                    const std::vector<std::optional<int64_t>>& draft_catch_up);
 
   // target_ is always set; draft_ is null when the draft is the target itself.
   std::unique_ptr<SupervisedWorker> target_;
