@@ -2,6 +2,7 @@
 
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "services/common/grpc_status.h"
 #include "services/common/worker_codec.h"
 
@@ -16,6 +17,14 @@ grpc::ServerUnaryReactor* WorkerRpcs::Info(grpc::CallbackServerContext* context,
     reactor->Finish(grpc::Status::OK);
   });
   return reactor;
+}
+
+absl::Status WorkerRpcs::CheckEpoch(uint64_t expected) const {
+  if (expected == 0 || expected == info_.epoch()) return absl::OkStatus();
+  return absl::UnavailableError(
+      absl::StrCat("this worker process (epoch ", info_.epoch(),
+                   ") started after the caller last read its Info (epoch ", expected,
+                   "): read Info again before sending sequences here"));
 }
 
 grpc::ServerUnaryReactor* WorkerRpcs::Truncate(grpc::CallbackServerContext* context,

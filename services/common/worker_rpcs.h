@@ -5,6 +5,9 @@
 #ifndef SPECD_SERVICES_COMMON_WORKER_RPCS_H_
 #define SPECD_SERVICES_COMMON_WORKER_RPCS_H_
 
+#include <cstdint>
+
+#include "absl/status/status.h"
 #include "grpcpp/grpcpp.h"
 #include "services/common/engine_thread.h"
 #include "specd/worker/v1/worker.grpc.pb.h"
@@ -34,6 +37,9 @@ class WorkerRpcs {
                                     worker::v1::ReleaseResponse* response);
 
   EngineThread& engine() { return *engine_; }
+  // OK unless the caller expects another process: `expected` is a request's expected_epoch, and
+  // 0 checks nothing.
+  absl::Status CheckEpoch(uint64_t expected) const;
 
  private:
   EngineThread* engine_;  // not owned

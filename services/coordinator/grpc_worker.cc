@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "services/common/grpc_status.h"
 #include "services/common/worker_codec.h"
+#include "services/coordinator/worker_identity.h"
 
 namespace specd {
 namespace {
@@ -67,6 +68,7 @@ absl::StatusOr<std::unique_ptr<GrpcWorker>> GrpcWorker::Connect(Role role,
   }
   if (!last.ok()) return w->Check(last, "Info");
   w->free_kv_tokens_ = w->info_.kv_free_blocks() * w->info_.kv_block_size();
+  w->epoch_ = w->info_.epoch();
   const pb::WorkerRole expected =
       role == Role::kDraft ? pb::WORKER_ROLE_DRAFT : pb::WORKER_ROLE_TARGET;
   if (w->info_.role() != expected) {
@@ -86,8 +88,13 @@ absl::StatusOr<WorkerProbe> GrpcWorker::Probe(absl::Duration timeout) {
   const grpc::Status st = CallInfo(&ctx, &info);
   RecordRpc(start, 0, info.ByteSizeLong());
   if (absl::Status s = Check(st, "Info"); !s.ok()) return s;
+  // A restarted process may run other flags or files than the one the coordinator started with.
+  if (absl::Status same = CheckSameComputation(info_, info); !same.ok()) {
+    return absl::Status(same.code(), absl::StrCat(name_, ": ", same.message()));
+  }
   free_kv_tokens_ = info.kv_free_blocks() * info.kv_block_size();
-  return WorkerProbe{info.epoch()};
+  epoch_ = info.epoch();
+  return WorkerProbe{info.epoch(), info.max_pass_tokens()};
 }
 
 absl::Status GrpcWorker::Check(const grpc::Status& status, const char* rpc) const {
@@ -126,6 +133,7 @@ absl::StatusOr<std::vector<SequenceOutcome>> GrpcWorker::Draft(
     const std::function<void(const DraftStep&)>& on_step) {
   if (draft_stub_ == nullptr) return absl::FailedPreconditionError(name_ + " cannot Draft");
   pb::DraftRequest req;
+  req.set_expected_epoch(epoch_.load());
   for (const DraftSequenceRequest& r : batch) {
     codec::Encode(r, req.add_sequences());
   }
@@ -164,6 +172,7 @@ absl::StatusOr<std::vector<VerifySequenceResult>> GrpcWorker::Verify(
     std::span<const VerifySequenceRequest> batch) {
   if (target_stub_ == nullptr) return absl::FailedPreconditionError(name_ + " cannot Verify");
   pb::VerifyRequest req;
+  req.set_expected_epoch(epoch_.load());
   for (const VerifySequenceRequest& r : batch) {
     codec::Encode(r, req.add_sequences());
   }

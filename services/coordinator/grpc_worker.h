@@ -1,7 +1,9 @@
 // WorkerApi over gRPC: the coordinator's client of a draft or target worker. Every transport
 // failure, and every call past its deadline (a hung worker), becomes UNAVAILABLE naming the
 // worker ("draft worker at 127.0.0.1:7001: ..."). The channel reconnects on its own within about
-// a second when a restarted worker listens again on the same address.
+// a second when a restarted worker listens again on the same address; Draft and Verify name the
+// process they are meant for, so one that restarted unnoticed refuses them (UNAVAILABLE), and the
+// coordinator probes it before it sends any sequence there.
 #ifndef SPECD_SERVICES_COORDINATOR_GRPC_WORKER_H_
 #define SPECD_SERVICES_COORDINATOR_GRPC_WORKER_H_
 
@@ -42,7 +44,8 @@ class GrpcWorker final : public WorkerApi {
       std::span<const LogprobQuery> batch) override;
   absl::Status Release(SeqId seq) override;
   int64_t FreeKvTokens() const override { return free_kv_tokens_.load(); }
-  // Info, waiting for the channel to (re)connect within `timeout`.
+  // Info, waiting for the channel to (re)connect within `timeout`. FAILED_PRECONDITION when the
+  // worker came back computing something else than at Connect (worker_identity.h).
   absl::StatusOr<WorkerProbe> Probe(absl::Duration timeout) override;
   std::string Name() const override { return name_; }
 
@@ -69,6 +72,9 @@ class GrpcWorker final : public WorkerApi {
   worker::v1::InfoResponse info_;
   absl::Duration call_timeout_;
   std::atomic<int64_t> free_kv_tokens_{0};
+  // The process Draft and Verify calls are meant for: Connect's, then each probe's that passed
+  // CheckSameComputation. A process that restarted unnoticed refuses them (expected_epoch).
+  std::atomic<uint64_t> epoch_{0};
   CoordinatorMetrics* metrics_ = nullptr;
 };
 

@@ -288,6 +288,17 @@ std::vector<SupervisedWorker*> Scheduler::workers() {
 void Scheduler::RecoverWorkers() {
   for (SupervisedWorker* w : workers()) {
     if (w->ProbeIfDue(absl::Now()) != SupervisedWorker::Recovery::kRestarted) continue;
+    // An operator may restart a worker with another --max-pass-tokens (as the deferred metric
+    // advises); the budget is the new process's from its first round.
+    int64_t& budget = w == target_.get() ? options_.target_pass_tokens : options_.draft_pass_tokens;
+    if (const std::optional<int64_t> declared = w->max_pass_tokens();
+        declared.has_value() && *declared != budget) {
+      if (options_.on_worker_event) {
+        options_.on_worker_event(absl::StrCat(w->Name(), " takes passes of up to ", *declared,
+                                              " tokens now (was ", budget, ")"));
+      }
+      budget = *declared;
+    }
     // A new process holds nothing: every sequence replays from position 0 there.
     auto forget = [&](Active& a) {
       if (w == target_.get()) {

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -24,6 +25,9 @@ namespace specd {
 struct WorkerProbe {
   // Changes every time the worker process starts: a new epoch means its caches are gone.
   uint64_t epoch = 0;
+  // The worker's per-pass token budget (InfoResponse.max_pass_tokens), which a restart with other
+  // flags may change; nullopt where the worker does not say (in-process workers).
+  std::optional<int64_t> max_pass_tokens;
 };
 
 class WorkerApi {

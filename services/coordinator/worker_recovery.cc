@@ -29,14 +29,19 @@ void SupervisedWorker::Log(const std::string& line) const {
 }
 
 void SupervisedWorker::MarkDown(const absl::Status& status) {
+  // Said again when the cause changes kind: a crashed worker (UNAVAILABLE) may come back as one
+  // the coordinator cannot use (FAILED_PRECONDITION), and the operator must learn why.
+  const bool news = !down_ || status.code() != last_error_.code();
   last_error_ = status;
+  if (news) {
+    Log(absl::StrCat(UnavailableError().message(), "; its requests wait up to ",
+                     absl::FormatDuration(options_.unavailable_timeout), " for it"));
+  }
   if (down_) return;
   down_ = true;
   backoff_ = options_.min_backoff;
   // A crashed worker may be back already; a hung one has just used up a whole call deadline.
   next_probe_ = absl::Now();
-  Log(absl::StrCat(UnavailableError().message(), "; its requests wait up to ",
-                   absl::FormatDuration(options_.unavailable_timeout), " for it"));
 }
 
 absl::Status SupervisedWorker::Observe(const absl::Status& status) {
@@ -108,6 +113,7 @@ std::optional<SupervisedWorker::Recovery> SupervisedWorker::ProbeIfDue(absl::Tim
   }
   const bool restarted = epoch_.has_value() && *epoch_ != probe->epoch;
   epoch_ = probe->epoch;
+  max_pass_tokens_ = probe->max_pass_tokens;
   if (down_ || restarted) {
     Log(absl::StrCat(name_, " is back", restarted ? " (restarted: its sequences replay)" : ""));
   }

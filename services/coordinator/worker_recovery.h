@@ -64,6 +64,8 @@ class SupervisedWorker final : public WorkerApi {
   std::string Name() const override { return name_; }
 
   bool up() const { return !down_; }
+  // The per-pass token budget the worker declared at its last answered probe, if it says.
+  std::optional<int64_t> max_pass_tokens() const { return max_pass_tokens_; }
   // When the next probe is due; InfiniteFuture while the worker is up and trusted.
   absl::Time next_probe() const;
 
@@ -100,6 +102,7 @@ class SupervisedWorker final : public WorkerApi {
   absl::Time next_probe_ = absl::InfinitePast();
   absl::Duration backoff_;
   std::optional<uint64_t> epoch_;
+  std::optional<int64_t> max_pass_tokens_;
   absl::flat_hash_set<SeqId> orphans_;
 };
 

@@ -14,7 +14,8 @@ grpc::ServerUnaryReactor* DraftWorkerService::Draft(grpc::CallbackServerContext*
                                                     const pb::DraftRequest* request,
                                                     pb::DraftResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  if (const absl::Status st = codec::Validate(*request); !st.ok()) {
+  if (absl::Status st = codec::Validate(*request);
+      !st.ok() || !(st = rpcs().CheckEpoch(request->expected_epoch())).ok()) {
     reactor->Finish(ToGrpcStatus(st));
     return reactor;
   }

@@ -15,7 +15,8 @@ grpc::ServerUnaryReactor* TargetWorkerService::Verify(grpc::CallbackServerContex
                                                       const pb::VerifyRequest* request,
                                                       pb::VerifyResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  if (const absl::Status st = codec::Validate(*request); !st.ok()) {
+  if (absl::Status st = codec::Validate(*request);
+      !st.ok() || !(st = rpcs().CheckEpoch(request->expected_epoch())).ok()) {
     reactor->Finish(ToGrpcStatus(st));
     return reactor;
   }

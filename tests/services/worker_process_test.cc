@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "grpc/reflection/v1alpha/reflection.grpc.pb.h"
@@ -116,6 +117,53 @@ TEST_F(WorkerProcessTest, WholeCallErrorsAreTheRpcStatus) {
   pb::InfoResponse info;
   ASSERT_TRUE(ts->Info(&context, {}, &info).ok());
   EXPECT_EQ(info.kv_free_blocks(), info.kv_total_blocks());
+}
+
+// A caller that expects another process (it missed a restart) is refused before anything is
+// created, with UNAVAILABLE, so that it reads Info again; the right epoch, or none, is served.
+TEST_F(WorkerProcessTest, CallsMeantForAnotherProcessAreRefusedUntouched) {
+  auto draft = Start(true);
+  auto target = Start(false);
+  ASSERT_TRUE(draft && target);
+  auto ds = pb::DraftWorker::NewStub(draft->Channel());
+  auto ts = pb::TargetWorker::NewStub(target->Channel());
+  pb::InfoResponse draft_info, target_info;
+  {
+    grpc::ClientContext c1, c2;
+    ASSERT_TRUE(ds->Info(&c1, {}, &draft_info).ok());
+    ASSERT_TRUE(ts->Info(&c2, {}, &target_info).ok());
+  }
+  ASSERT_NE(target_info.epoch(), 0u);
+  const uint64_t stale = target_info.epoch() ^ 0x5a5a;
+
+  pb::VerifyRequest verify;
+  *verify.add_sequences() = VerifySeq(1, Tokens(6, 1), 0, {}, Sampled(), 1, 6, 0);
+  verify.set_expected_epoch(stale);
+  const VerifyCall refused = CallVerify(*ts, verify);
+  EXPECT_EQ(refused.status.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_EQ(refused.status.error_message(),
+            absl::StrCat("this worker process (epoch ", target_info.epoch(),
+                         ") started after the caller last read its Info (epoch ", stale,
+                         "): read Info again before sending sequences here"));
+  pb::DraftRequest draft_req;
+  *draft_req.add_sequences() = DraftSeq(1, Tokens(6, 1), 0, 2, Sampled(), 1, 6);
+  draft_req.set_expected_epoch(draft_info.epoch() + 1);
+  EXPECT_EQ(CallDraft(*ds, draft_req).status.error_code(), grpc::StatusCode::UNAVAILABLE);
+  {
+    grpc::ClientContext c1, c2;
+    pb::InfoResponse d, t;
+    ASSERT_TRUE(ds->Info(&c1, {}, &d).ok());
+    ASSERT_TRUE(ts->Info(&c2, {}, &t).ok());
+    EXPECT_EQ(d.kv_free_blocks(), d.kv_total_blocks()) << "the refused Draft created nothing";
+    EXPECT_EQ(t.kv_free_blocks(), t.kv_total_blocks()) << "the refused Verify created nothing";
+  }
+
+  verify.set_expected_epoch(target_info.epoch());
+  const VerifyCall served = CallVerify(*ts, verify);
+  ASSERT_TRUE(served.status.ok()) << served.status.error_message();
+  EXPECT_EQ(served.results.at(1).status().code(), 0);
+  draft_req.set_expected_epoch(0);
+  EXPECT_TRUE(CallDraft(*ds, draft_req).status.ok());
 }
 
 TEST_F(WorkerProcessTest, PerSequenceErrorsLeaveTheBatchAlone) {

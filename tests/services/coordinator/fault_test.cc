@@ -8,15 +8,18 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <deque>
 #include <fstream>
 #include <functional>
 #include <future>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -30,7 +33,9 @@
 #include "specd/v1/generation.grpc.pb.h"
 #include "specd/worker/v1/worker.grpc.pb.h"
 #include "tests/common/engine/engine_test_util.h"
+#include "tests/services/coordinator/largest_pass.h"
 #include "tests/services/serve_process.h"
+#include "tests/services/worker_fixture.h"
 #include "tests/services/worker_process.h"
 #include "tests/test_util.h"
 
@@ -69,6 +74,11 @@ class FaultyWorker final : public WorkerApi {
   void Recover() {
     std::lock_guard<std::mutex> lock(mu_);
     down_until_ = absl::InfinitePast();
+  }
+  // What its probes report as InfoResponse.max_pass_tokens (nothing by default).
+  void DeclarePassTokens(int64_t tokens) {
+    std::lock_guard<std::mutex> lock(mu_);
+    pass_tokens_ = tokens;
   }
   bool fired() {
     std::lock_guard<std::mutex> lock(mu_);
@@ -140,7 +150,7 @@ class FaultyWorker final : public WorkerApi {
   absl::StatusOr<WorkerProbe> Probe(absl::Duration /*timeout*/) override {
     std::lock_guard<std::mutex> lock(mu_);
     SPECD_RETURN_IF_ERROR(CheckUp());
-    return WorkerProbe{epoch_};
+    return WorkerProbe{epoch_, pass_tokens_};
   }
   std::string Name() const override { return name_; }
 
@@ -187,6 +197,7 @@ class FaultyWorker final : public WorkerApi {
   absl::Duration down_for_;
   absl::Time down_until_ = absl::InfinitePast();
   bool lose_reply_ = false;
+  std::optional<int64_t> pass_tokens_;
 };
 
 // Collects a request's events.
@@ -399,6 +410,50 @@ TEST_F(InProcessFaultTest, RequestsGiveUpOnAWorkerThatStaysAwayAndItsBlocksAreFr
   ASSERT_TRUE(after.WaitFor(std::chrono::seconds(30)));
   EXPECT_TRUE(after.error().ok()) << after.error();
   EXPECT_EQ(after.tokens().size(), 24u);
+}
+
+// A target restarted with a larger --max-pass-tokens (as the deferred metric advises) gets passes
+// of that size from its first round, without restarting the coordinator; outputs are unchanged.
+TEST_F(InProcessFaultTest, ARestartedWorkersPassBudgetIsTheNewProcesses) {
+  const std::vector<std::vector<int32_t>> reference = Reference();
+  constexpr int64_t kBudget = 24;
+  std::deque<testing::LargestPass> passes;  // one per target process
+  draft_ = MakeWorker(true);
+  target_ = std::make_unique<FaultyWorker>("target worker at fake:2", [&passes] {
+    passes.emplace_back();
+    return std::make_unique<WorkerRuntime>(testing::MakeEngine(dir_->path(), 1, 4096, 0),
+                                           WorkerRuntimeOptions{&passes.back()});
+  });
+  target_->DeclarePassTokens(4096);
+  target_->Arm(3, FaultyWorker::Fault::kCrash, absl::Milliseconds(200));
+  SchedulerOptions o;
+  o.max_running = 16;
+  o.max_seq_len = 256;
+  o.eos_token_ids = {2};
+  o.draft_pass_tokens = kBudget;
+  o.target_pass_tokens = kBudget;
+  std::mutex mu;
+  std::vector<std::string> events;
+  o.on_worker_event = [&](const std::string& e) {
+    std::lock_guard<std::mutex> lock(mu);
+    events.push_back(e);
+  };
+  auto s = std::make_unique<Scheduler>(*draft_, *target_, nullptr, o);
+  const auto results = RunAll(*s, Requests());
+  for (size_t i = 0; i < results.size(); ++i) {
+    ASSERT_TRUE(results[i]->error().ok()) << "request " << i << ": " << results[i]->error();
+    EXPECT_EQ(results[i]->tokens(), reference[i]) << "request " << i;
+  }
+  s.reset();
+  ASSERT_EQ(passes.size(), 2u);
+  EXPECT_LE(passes[0].tokens(), kBudget) << "before the restart, the coordinator's budget";
+  // Sixteen sequences replay from position 0 on the new process, in passes only its budget
+  // allows (the old one cut every pass to 24: no round here drafts more alone).
+  EXPECT_GT(passes[1].tokens(), kBudget) << "after it, the new process's";
+  EXPECT_THAT(events,
+              ::testing::Contains(
+                  "target worker at fake:2 takes passes of up to 4096 tokens now (was 24)"));
+  ExpectNoBlocksUsed();
 }
 
 TEST_F(InProcessFaultTest, PlainDecodingGoesOnWhileTheDraftWorkerIsAway) {
@@ -621,6 +676,84 @@ TEST_F(ServeFaultTest, KvPoolForThreeSequencesServesTwelveStreamsUnchanged) {
     EXPECT_EQ(together[i].tokens, alone[0].tokens) << "stream " << i;
   }
   serve->ExpectNoBlocksUsed();
+}
+
+// Over processes without `specd serve`, which restarts a worker with the flags it had: an
+// operator restarts the target by hand. One that comes back computing something else (another KV
+// dtype) is not used, and requests fail naming the change, whether the coordinator saw the crash
+// or not: its Draft and Verify calls name the process they are meant for. The original flags (and
+// a larger --max-pass-tokens, which may change) serve again, with the same tokens.
+TEST_F(ServeFaultTest, ATargetRestartedWithAnotherKvDtypeIsRefusedUntilItsOwnReturns) {
+  const std::string socket = "unix:" + (tmp_.path() / "target.sock").string();
+  auto start_target = [&](const std::vector<std::string>& extra) {
+    std::vector<std::string> args = {"--listen", socket, "--threads", "1", "--kv-tokens", "4096"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    absl::StatusOr<std::unique_ptr<ChildProcess>> p =
+        ChildProcess::Start(testing::TargetWorkerBinary(), testing::WorkerArgs(model_, args));
+    EXPECT_TRUE(p.ok()) << p.status();
+    return p.ok() ? *std::move(p) : nullptr;
+  };
+  std::unique_ptr<ChildProcess> target = start_target({"--max-pass-tokens", "256"});
+  ASSERT_NE(target, nullptr);
+  absl::StatusOr<std::unique_ptr<ChildProcess>> coordinator = ChildProcess::Start(
+      testing::BuiltBinary("services/coordinator/specd-coordinator"),
+      {"--listen", "127.0.0.1:0", "--target", socket, "--worker-unavailable-seconds", "2",
+       "--worker-call-timeout-seconds", "1"});
+  ASSERT_TRUE(coordinator.ok()) << coordinator.status();
+  auto stub = v1::Generation::NewStub((*coordinator)->Channel());
+  v1::GenerateRequest req = SixteenStreams(12)[1];  // sampled, with a seed
+  req.mutable_speculation()->set_num_speculative_tokens(0);
+  auto generate = [&] {
+    Stream out;
+    for (int attempt = 0; attempt < 100; ++attempt) {  // until the coordinator serves
+      grpc::ClientContext ctx;
+      ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+      auto reader = stub->Generate(&ctx, req);
+      out = Stream();
+      v1::GenerateResponse msg;
+      while (reader->Read(&msg)) {
+        out.tokens.insert(out.tokens.end(), msg.token_ids().begin(), msg.token_ids().end());
+      }
+      out.status = reader->Finish();
+      if (out.status.error_code() != grpc::StatusCode::UNAVAILABLE ||
+          !absl::StrContains(out.status.error_message(), "not connected to its workers yet")) {
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    return out;
+  };
+  const Stream reference = generate();
+  ASSERT_TRUE(reference.status.ok()) << reference.status.error_message();
+  ASSERT_EQ(reference.tokens.size(), 12u);
+
+  // Restarted while the coordinator was idle: nothing failed, so only the epoch tells.
+  target.reset();
+  target = start_target({"--kv-dtype", "bf16"});
+  ASSERT_NE(target, nullptr);
+  const Stream refused = generate();
+  EXPECT_EQ(refused.status.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_THAT(refused.status.error_message(),
+              HasSubstr("target worker at " + socket +
+                        " is unavailable: it came back with kv_dtype bf16 (was f32)"));
+  EXPECT_THAT(refused.status.error_message(), HasSubstr("restart the coordinator"));
+  EXPECT_TRUE(refused.tokens.empty());
+  EXPECT_THAT((*coordinator)->StderrText(), HasSubstr("it came back with kv_dtype bf16"));
+
+  target.reset();
+  target = start_target({"--max-pass-tokens", "512"});
+  ASSERT_NE(target, nullptr);
+  Stream again;
+  for (int i = 0; i < 50; ++i) {  // the coordinator probes with a backoff of up to a second
+    again = generate();
+    if (again.status.ok()) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  ASSERT_TRUE(again.status.ok()) << again.status.error_message();
+  EXPECT_EQ(again.tokens, reference.tokens);
+  EXPECT_THAT(
+      (*coordinator)->StderrText(),
+      HasSubstr("target worker at " + socket + " takes passes of up to 512 tokens now (was 256)"));
 }
 
 }  // namespace

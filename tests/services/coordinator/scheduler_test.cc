@@ -22,12 +22,14 @@
 #include "services/coordinator/local_worker.h"
 #include "tests/common/engine/engine_test_util.h"
 #include "tests/services/coordinator/forwarding_worker.h"
+#include "tests/services/coordinator/largest_pass.h"
 #include "tests/test_util.h"
 
 namespace specd {
 namespace {
 
 using ::testing::HasSubstr;
+using testing::LargestPass;
 using testing::ScopedTempDir;
 
 // Collects a request's events; Wait() returns once the last one arrived.
@@ -74,25 +76,6 @@ class Collector {
   GenerationEvent last_;
   std::promise<void> done_;
   std::future<void> done_future_ = done_.get_future();
-};
-
-// The tokens of a worker's largest forward pass.
-class LargestPass final : public RuntimeObserver {
- public:
-  void OnForward(ForwardKind, int64_t, int64_t tokens, absl::Duration) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    largest_ = std::max(largest_, tokens);
-  }
-  void OnKvChanged(const KvPool&) override {}
-  void OnPrefixCache(int64_t, int64_t) override {}
-  int64_t tokens() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return largest_;
-  }
-
- private:
-  std::mutex mu_;
-  int64_t largest_ = 0;
 };
 
 class SchedulerTest : public ::testing::Test {
