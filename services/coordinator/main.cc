@@ -542,10 +542,21 @@ int Run(int argc, char** argv) {
   }
 
   int signal_number = 0;
+  bool serving = true;  // what health says
   while (signal_number <= 0) {
     const timespec poll = {0, 100'000'000};
     signal_number = sigtimedwait(&stop_signals, nullptr, &poll);
     service.CancelAbandoned();
+    // NOT_SERVING while the target worker is down, so load balancers route around it; requests
+    // still wait for it (--worker-unavailable-seconds), as crash replay needs.
+    if (const absl::Status target = scheduler.TargetStatus(); target.ok() != serving) {
+      serving = target.ok();
+      health->SetServingStatus(serving);
+      LogLine(kProgram) << "health: " << (serving ? "SERVING" : "NOT_SERVING") << " ("
+                        << (serving ? std::string("the target worker is back")
+                                    : std::string(target.message()))
+                        << ")";
+    }
   }
   LogLine(kProgram) << (signal_number == SIGTERM ? "SIGTERM" : "SIGINT") << ": draining (up to "
                     << drain_seconds << " s)";

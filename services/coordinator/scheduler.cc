@@ -404,8 +404,12 @@ bool Scheduler::SurvivesFailedRound(Active& a, absl::Status* error) {
 std::optional<absl::Time> Scheduler::NextWake() const {
   absl::Time wake = absl::InfiniteFuture();
   const bool busy = !running_.empty() || waiting_count_.load() > 0;
+  // A worker that is down is probed even while nothing runs: health waits for it, and a load
+  // balancer that trusts health sends no request to wake the scheduler.
   for (const SupervisedWorker* w : {target_.get(), draft_.get()}) {
-    if (w != nullptr && (busy || w->has_orphans())) wake = std::min(wake, w->next_probe());
+    if (w != nullptr && (busy || w->has_orphans() || !w->up())) {
+      wake = std::min(wake, w->next_probe());
+    }
   }
   for (const auto& a : running_) {
     if (a->stalled_since.has_value()) {
@@ -414,6 +418,17 @@ std::optional<absl::Time> Scheduler::NextWake() const {
   }
   if (wake == absl::InfiniteFuture()) return std::nullopt;
   return wake;
+}
+
+absl::Status Scheduler::TargetStatus() const {
+  std::lock_guard<std::mutex> lock(target_status_mu_);
+  return target_status_;
+}
+
+void Scheduler::PublishTargetStatus() {
+  absl::Status now = target_->up() ? absl::OkStatus() : target_->UnavailableError();
+  std::lock_guard<std::mutex> lock(target_status_mu_);
+  target_status_ = std::move(now);
 }
 
 void Scheduler::Loop() {
@@ -501,6 +516,7 @@ void Scheduler::Loop() {
       }
     }
     RecoverWorkers();
+    PublishTargetStatus();
     for (auto& [a, w] : expired) {
       Finish(*a, FinishReason::kNone, w->UnavailableError(), GenerationEvent());
     }

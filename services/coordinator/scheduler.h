@@ -150,6 +150,11 @@ class Scheduler {
   int64_t waiting() const { return waiting_count_.load(); }
   // Sequences released and requeued because a worker's KV pool was full.
   int64_t preemptions() const { return preemptions_.load(); }
+  // OK while the target worker is up; otherwise why not (its UnavailableError): a crash being
+  // recovered, a hang, or a restart that computes something else. Health reports it. Without
+  // the draft worker requests that let the server choose K decode plainly, so only the target
+  // counts. Any thread.
+  absl::Status TargetStatus() const;
 
  private:
   struct Active {
@@ -187,6 +192,8 @@ class Scheduler {
   std::vector<SupervisedWorker*> workers();
   // Probes unavailable workers that are due; a restarted one holds nothing any more.
   void RecoverWorkers();
+  // Makes TargetStatus() say what the target is now.
+  void PublishTargetStatus();
   // The unavailable worker that `a`'s next round needs, or null.
   SupervisedWorker* UnavailableWorkerFor(const Active& a) const;
   // The same, after resyncing `a` on the workers where its copy is in doubt.
@@ -230,6 +237,8 @@ class Scheduler {
   std::vector<std::unique_ptr<Active>> running_;  // scheduler thread only
   AdaptiveK adaptive_k_;                          // scheduler thread only
   std::optional<absl::Time> idle_until_;          // scheduler thread only
+  mutable std::mutex target_status_mu_;
+  absl::Status target_status_;  // TargetStatus(); written by the scheduler thread
   // How many may run at once, up to max_running: halved by a round that preempted its whole
   // batch, and grown back by one per round that preempted nothing (see Loop).
   int64_t admission_cap_ = 0;  // scheduler thread only

@@ -80,10 +80,15 @@ void OpenAiApi::Handle(std::shared_ptr<HttpExchange> exchange) {
       absl::MutexLock lock(&mu_);
       admitting = admitting_;
     }
+    const absl::Status target = state != nullptr && state->scheduler != nullptr
+                                    ? state->scheduler->TargetStatus()
+                                    : absl::OkStatus();
     if (state == nullptr || !admitting) {
       exchange->Respond(ErrorResponse(
           state == nullptr ? NotReady()
                            : absl::UnavailableError("the coordinator is shutting down")));
+    } else if (!target.ok()) {
+      exchange->Respond(ErrorResponse(target));
     } else {
       exchange->Respond(JsonResponse(200, {{"status", "ok"}}));
     }

@@ -26,6 +26,7 @@
 #include "base/status_macros.h"
 #include "common/synth/synth.h"
 #include "gmock/gmock.h"
+#include "grpc/health/v1/health.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "services/coordinator/local_worker.h"
@@ -681,8 +682,9 @@ TEST_F(ServeFaultTest, KvPoolForThreeSequencesServesTwelveStreamsUnchanged) {
 // Over processes without `specd serve`, which restarts a worker with the flags it had: an
 // operator restarts the target by hand. One that comes back computing something else (another KV
 // dtype) is not used, and requests fail naming the change, whether the coordinator saw the crash
-// or not: its Draft and Verify calls name the process they are meant for. The original flags (and
-// a larger --max-pass-tokens, which may change) serve again, with the same tokens.
+// or not: its Draft and Verify calls name the process they are meant for; meanwhile health (gRPC
+// and HTTP) says NOT_SERVING. The original flags (and a larger --max-pass-tokens, which may
+// change) serve again, with the same tokens, and health says so before any request comes.
 TEST_F(ServeFaultTest, ATargetRestartedWithAnotherKvDtypeIsRefusedUntilItsOwnReturns) {
   const std::string socket = "unix:" + (tmp_.path() / "target.sock").string();
   auto start_target = [&](const std::vector<std::string>& extra) {
@@ -697,10 +699,23 @@ TEST_F(ServeFaultTest, ATargetRestartedWithAnotherKvDtypeIsRefusedUntilItsOwnRet
   ASSERT_NE(target, nullptr);
   absl::StatusOr<std::unique_ptr<ChildProcess>> coordinator = ChildProcess::Start(
       testing::BuiltBinary("services/coordinator/specd-coordinator"),
-      {"--listen", "127.0.0.1:0", "--target", socket, "--worker-unavailable-seconds", "2",
-       "--worker-call-timeout-seconds", "1"});
+      {"--listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0", "--target", socket,
+       "--worker-unavailable-seconds", "2", "--worker-call-timeout-seconds", "1"});
   ASSERT_TRUE(coordinator.ok()) << coordinator.status();
   auto stub = v1::Generation::NewStub((*coordinator)->Channel());
+  auto health = grpc::health::v1::Health::NewStub((*coordinator)->Channel());
+  using Health = grpc::health::v1::HealthCheckResponse;
+  // Health as it settles: polled for up to 10 s until it says `want`.
+  auto health_becomes = [&](Health::ServingStatus want) {
+    Health::ServingStatus got = Health::UNKNOWN;
+    for (int i = 0; i < 100 && got != want; ++i) {
+      grpc::ClientContext ctx;
+      Health reply;
+      if (health->Check(&ctx, {}, &reply).ok()) got = reply.status();
+      if (got != want) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    return got;
+  };
   v1::GenerateRequest req = SixteenStreams(12)[1];  // sampled, with a seed
   req.mutable_speculation()->set_num_speculative_tokens(0);
   auto generate = [&] {
@@ -739,16 +754,19 @@ TEST_F(ServeFaultTest, ATargetRestartedWithAnotherKvDtypeIsRefusedUntilItsOwnRet
   EXPECT_THAT(refused.status.error_message(), HasSubstr("restart the coordinator"));
   EXPECT_TRUE(refused.tokens.empty());
   EXPECT_THAT((*coordinator)->StderrText(), HasSubstr("it came back with kv_dtype bf16"));
+  EXPECT_EQ(health_becomes(Health::NOT_SERVING), Health::NOT_SERVING);
+  const absl::StatusOr<std::string> http_health =
+      testing::HttpGet((*coordinator)->http_port(), "/health");
+  EXPECT_THAT(http_health.status().message(), HasSubstr("503"));
 
   target.reset();
   target = start_target({"--max-pass-tokens", "512"});
   ASSERT_NE(target, nullptr);
-  Stream again;
-  for (int i = 0; i < 50; ++i) {  // the coordinator probes with a backoff of up to a second
-    again = generate();
-    if (again.status.ok()) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  }
+  // No request comes while health says NOT_SERVING: the coordinator probes on its own (with a
+  // backoff of up to a second).
+  EXPECT_EQ(health_becomes(Health::SERVING), Health::SERVING) << (*coordinator)->StderrText();
+  EXPECT_TRUE(testing::HttpGet((*coordinator)->http_port(), "/health").ok());
+  const Stream again = generate();
   ASSERT_TRUE(again.status.ok()) << again.status.error_message();
   EXPECT_EQ(again.tokens, reference.tokens);
   EXPECT_THAT(
