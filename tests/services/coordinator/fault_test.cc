@@ -253,15 +253,19 @@ class InProcessFaultTest : public ::testing::Test {
         });
   }
 
-  std::unique_ptr<Scheduler> MakeScheduler(absl::Duration unavailable_timeout,
-                                           int64_t prefill_chunk = 512) {
+  static SchedulerOptions Options(absl::Duration unavailable_timeout, int64_t prefill_chunk = 512) {
     SchedulerOptions o;
     o.max_running = 16;
     o.max_seq_len = 256;
     o.eos_token_ids = {2};
     o.worker_unavailable_timeout = unavailable_timeout;
     o.prefill_chunk = prefill_chunk;
-    return std::make_unique<Scheduler>(*draft_, *target_, nullptr, o);
+    return o;
+  }
+  std::unique_ptr<Scheduler> MakeScheduler(absl::Duration unavailable_timeout,
+                                           int64_t prefill_chunk = 512) {
+    return std::make_unique<Scheduler>(*draft_, *target_, nullptr,
+                                       Options(unavailable_timeout, prefill_chunk));
   }
 
   // 16 requests: even ones greedy, odd ones sampled at temperature 1 with their own seed; every
@@ -427,10 +431,7 @@ TEST_F(InProcessFaultTest, ARestartedWorkersPassBudgetIsTheNewProcesses) {
   });
   target_->DeclarePassTokens(4096);
   target_->Arm(3, FaultyWorker::Fault::kCrash, absl::Milliseconds(200));
-  SchedulerOptions o;
-  o.max_running = 16;
-  o.max_seq_len = 256;
-  o.eos_token_ids = {2};
+  SchedulerOptions o = Options(absl::Seconds(10));
   o.draft_pass_tokens = kBudget;
   o.target_pass_tokens = kBudget;
   std::mutex mu;
