@@ -9,10 +9,12 @@
 namespace specd {
 
 grpc::ServerUnaryReactor* WorkerRpcs::Info(grpc::CallbackServerContext* context,
+                                           const worker::v1::InfoRequest* request,
                                            worker::v1::InfoResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  engine_->Post([this, reactor, response](WorkerRuntime& runtime) {
-    *response = info_;
+  // The copy (megabytes with the tokenizer files) is made here, not on the engine thread.
+  *response = request->omit_tokenizer_files() ? info_without_files_ : info_;
+  engine_->Post([reactor, response](WorkerRuntime& runtime) {
     response->set_kv_free_blocks(runtime.kv_free().blocks);
     reactor->Finish(grpc::Status::OK);
   });

@@ -6,6 +6,7 @@
 #define SPECD_SERVICES_COMMON_WORKER_RPCS_H_
 
 #include <cstdint>
+#include <utility>
 
 #include "absl/status/status.h"
 #include "grpcpp/grpcpp.h"
@@ -19,9 +20,10 @@ class WorkerRpcs {
  public:
   // `info` holds everything Info reports that never changes; the KV counts are filled per call.
   WorkerRpcs(EngineThread* engine, worker::v1::InfoResponse info)
-      : engine_(engine), info_(std::move(info)) {}
+      : engine_(engine), info_(std::move(info)), info_without_files_(WithoutFiles(info_)) {}
 
   grpc::ServerUnaryReactor* Info(grpc::CallbackServerContext* context,
+                                 const worker::v1::InfoRequest* request,
                                  worker::v1::InfoResponse* response);
   grpc::ServerUnaryReactor* Truncate(grpc::CallbackServerContext* context,
                                      const worker::v1::TruncateRequest* request,
@@ -42,8 +44,14 @@ class WorkerRpcs {
   absl::Status CheckEpoch(uint64_t expected) const;
 
  private:
+  static worker::v1::InfoResponse WithoutFiles(worker::v1::InfoResponse info) {
+    info.clear_tokenizer_files();
+    return info;
+  }
+
   EngineThread* engine_;  // not owned
   const worker::v1::InfoResponse info_;
+  const worker::v1::InfoResponse info_without_files_;  // for InfoRequest.omit_tokenizer_files
 };
 
 // `Service` is worker::v1::DraftWorker or worker::v1::TargetWorker.
@@ -53,9 +61,9 @@ class WorkerServiceBase : public Service::CallbackService {
   explicit WorkerServiceBase(WorkerRpcs* rpcs) : rpcs_(rpcs) {}
 
   grpc::ServerUnaryReactor* Info(grpc::CallbackServerContext* context,
-                                 const worker::v1::InfoRequest* /*request*/,
+                                 const worker::v1::InfoRequest* request,
                                  worker::v1::InfoResponse* response) override {
-    return rpcs_->Info(context, response);
+    return rpcs_->Info(context, request, response);
   }
   grpc::ServerUnaryReactor* Truncate(grpc::CallbackServerContext* context,
                                      const worker::v1::TruncateRequest* request,

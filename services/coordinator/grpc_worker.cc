@@ -31,9 +31,12 @@ GrpcWorker::GrpcWorker(Role role, std::string address, std::shared_ptr<grpc::Cha
   }
 }
 
-grpc::Status GrpcWorker::CallInfo(grpc::ClientContext* context, pb::InfoResponse* response) const {
-  return draft_stub_ ? draft_stub_->Info(context, pb::InfoRequest(), response)
-                     : target_stub_->Info(context, pb::InfoRequest(), response);
+grpc::Status GrpcWorker::CallInfo(grpc::ClientContext* context, bool with_tokenizer_files,
+                                  pb::InfoResponse* response) const {
+  pb::InfoRequest request;
+  request.set_omit_tokenizer_files(!with_tokenizer_files);
+  return draft_stub_ ? draft_stub_->Info(context, request, response)
+                     : target_stub_->Info(context, request, response);
 }
 
 absl::StatusOr<std::unique_ptr<GrpcWorker>> GrpcWorker::Connect(Role role,
@@ -56,7 +59,7 @@ absl::StatusOr<std::unique_ptr<GrpcWorker>> GrpcWorker::Connect(Role role,
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
     ctx.set_wait_for_ready(true);
-    last = w->CallInfo(&ctx, &w->info_);
+    last = w->CallInfo(&ctx, /*with_tokenizer_files=*/true, &w->info_);
     if (last.ok() || absl::Now() >= give_up) break;
     if (last.error_code() == grpc::StatusCode::UNIMPLEMENTED) break;  // not a worker of this role
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
@@ -85,7 +88,7 @@ absl::StatusOr<WorkerProbe> GrpcWorker::Probe(absl::Duration timeout) {
   ctx.set_wait_for_ready(true);
   pb::InfoResponse info;
   const absl::Time start = absl::Now();
-  const grpc::Status st = CallInfo(&ctx, &info);
+  const grpc::Status st = CallInfo(&ctx, /*with_tokenizer_files=*/false, &info);
   RecordRpc(start, 0, info.ByteSizeLong());
   if (absl::Status s = Check(st, "Info"); !s.ok()) return s;
   // A restarted process may run other flags or files than the one the coordinator started with.
@@ -95,6 +98,10 @@ absl::StatusOr<WorkerProbe> GrpcWorker::Probe(absl::Duration timeout) {
   free_kv_tokens_ = info.kv_free_blocks() * info.kv_block_size();
   epoch_ = info.epoch();
   return WorkerProbe{info.epoch(), info.max_pass_tokens()};
+}
+
+bool GrpcWorker::Connected() const {
+  return channel_->GetState(/*try_to_connect=*/false) == GRPC_CHANNEL_READY;
 }
 
 absl::Status GrpcWorker::Check(const grpc::Status& status, const char* rpc) const {

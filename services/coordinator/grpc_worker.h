@@ -47,6 +47,7 @@ class GrpcWorker final : public WorkerApi {
   // Info, waiting for the channel to (re)connect within `timeout`. FAILED_PRECONDITION when the
   // worker came back computing something else than at Connect (worker_identity.h).
   absl::StatusOr<WorkerProbe> Probe(absl::Duration timeout) override;
+  bool Connected() const override;
   std::string Name() const override { return name_; }
 
   const worker::v1::InfoResponse& info() const { return info_; }
@@ -57,7 +58,8 @@ class GrpcWorker final : public WorkerApi {
  private:
   GrpcWorker(Role role, std::string address, std::shared_ptr<grpc::Channel> channel,
              absl::Duration call_timeout);
-  grpc::Status CallInfo(grpc::ClientContext* context, worker::v1::InfoResponse* response) const;
+  grpc::Status CallInfo(grpc::ClientContext* context, bool with_tokenizer_files,
+                        worker::v1::InfoResponse* response) const;
   // Fails with UNAVAILABLE (transport) or the worker's own status, naming the worker.
   absl::Status Check(const grpc::Status& status, const char* rpc) const;
   void SetDeadline(grpc::ClientContext* context) const;

@@ -13,6 +13,9 @@ namespace {
 // restart or a resumed hang costs one or two, a persistent one is a bug worth reporting.
 constexpr int32_t kMaxMismatches = 8;
 
+// How often an idle scheduler looks at its workers' connections: a local check, with no RPC.
+constexpr absl::Duration kIdleConnectionCheck = absl::Seconds(1);
+
 RecoveryOptions RecoveryOptionsFrom(const SchedulerOptions& options) {
   RecoveryOptions r;
   r.unavailable_timeout = options.worker_unavailable_timeout;
@@ -287,6 +290,7 @@ std::vector<SupervisedWorker*> Scheduler::workers() {
 
 void Scheduler::RecoverWorkers() {
   for (SupervisedWorker* w : workers()) {
+    w->CheckConnection(absl::Now());
     if (w->ProbeIfDue(absl::Now()) != SupervisedWorker::Recovery::kRestarted) continue;
     // An operator may restart a worker with another --max-pass-tokens (as the deferred metric
     // advises); the budget is the new process's from its first round.
@@ -445,7 +449,10 @@ void Scheduler::Loop() {
         cv_.wait_until(lock, absl::ToChronoTime(*idle_until_), [&] { return stopping_ || poked_; });
         idle_until_.reset();
       } else {
-        cv_.wait(lock, [&] { return stopping_ || !waiting_.empty() || !running_.empty(); });
+        // Idle, it still looks at the workers' connections now and then (RecoverWorkers), so
+        // that one that died meanwhile turns health NOT_SERVING before a request finds out.
+        cv_.wait_for(lock, absl::ToChronoNanoseconds(kIdleConnectionCheck),
+                     [&] { return stopping_ || !waiting_.empty() || !running_.empty(); });
       }
       poked_ = false;
       if (stopping_) {

@@ -63,6 +63,10 @@ class WorkerApi {
   // A cheap liveness check bounded by `timeout` (the scheduler probes a worker that failed a
   // call before it sends it work again). An in-process worker is always up and never restarts.
   virtual absl::StatusOr<WorkerProbe> Probe(absl::Duration /*timeout*/) { return WorkerProbe(); }
+  // False when the transport is known to have dropped (a gRPC channel that is no longer READY):
+  // the worker may have died while nothing called it, so the scheduler probes it before a
+  // request needs it, and health can say so.
+  virtual bool Connected() const { return true; }
 
   // How errors name this worker, e.g. "target worker at 127.0.0.1:7002".
   virtual std::string Name() const { return "in-process worker"; }

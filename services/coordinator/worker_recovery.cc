@@ -101,6 +101,12 @@ void SupervisedWorker::ProbeNow(absl::Time now) {
   (void)ProbeIfDue(now);
 }
 
+void SupervisedWorker::CheckConnection(absl::Time now) {
+  if (down_ || probe_requested_ || inner_.Connected()) return;
+  probe_requested_ = true;
+  next_probe_ = now;
+}
+
 std::optional<SupervisedWorker::Recovery> SupervisedWorker::ProbeIfDue(absl::Time now) {
   if ((!down_ && !probe_requested_) || now < next_probe_) return std::nullopt;
   probe_requested_ = false;

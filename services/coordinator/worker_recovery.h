@@ -74,6 +74,9 @@ class SupervisedWorker final : public WorkerApi {
   // Asks for a probe before the next round: a sequence the worker should hold was not found, so
   // it may have restarted, and then all of its sequences are gone at once.
   void SuspectRestart() { probe_requested_ = true; }
+  // Asks for a probe now if the transport dropped while the worker was thought up: it may have
+  // died, or restarted, while nothing called it.
+  void CheckConnection(absl::Time now);
   // Probes when one is due. nullopt while the worker is up and trusted or still unreachable;
   // otherwise it is up again, and orphans have been released (same process) or dropped.
   std::optional<Recovery> ProbeIfDue(absl::Time now);

@@ -134,6 +134,19 @@ TEST_F(WorkerProcessTest, CallsMeantForAnotherProcessAreRefusedUntouched) {
     ASSERT_TRUE(ts->Info(&c2, {}, &target_info).ok());
   }
   ASSERT_NE(target_info.epoch(), 0u);
+  ASSERT_FALSE(target_info.tokenizer_files().empty());
+  {
+    // What the coordinator's probes ask for: the same Info without the tokenizer files.
+    grpc::ClientContext ctx;
+    pb::InfoRequest lite;
+    lite.set_omit_tokenizer_files(true);
+    pb::InfoResponse probe;
+    ASSERT_TRUE(ts->Info(&ctx, lite, &probe).ok());
+    EXPECT_TRUE(probe.tokenizer_files().empty());
+    pb::InfoResponse expected = target_info;
+    expected.clear_tokenizer_files();
+    EXPECT_EQ(probe.SerializeAsString(), expected.SerializeAsString());
+  }
   const uint64_t stale = target_info.epoch() ^ 0x5a5a;
 
   pb::VerifyRequest verify;

@@ -681,11 +681,11 @@ TEST_F(ServeFaultTest, KvPoolForThreeSequencesServesTwelveStreamsUnchanged) {
 }
 
 // Over processes without `specd serve`, which restarts a worker with the flags it had: an
-// operator restarts the target by hand. One that comes back computing something else (another KV
-// dtype) is not used, and requests fail naming the change, whether the coordinator saw the crash
-// or not: its Draft and Verify calls name the process they are meant for; meanwhile health (gRPC
-// and HTTP) says NOT_SERVING. The original flags (and a larger --max-pass-tokens, which may
-// change) serve again, with the same tokens, and health says so before any request comes.
+// operator stops the target and starts it again by hand. The idle coordinator notices the dropped
+// connection and turns health (gRPC and HTTP) NOT_SERVING without a request. A target that comes
+// back computing something else (another KV dtype) is not used, and requests fail naming the
+// change. The original flags (and a larger --max-pass-tokens, which may change) serve again, with
+// the same tokens, and health says so before any request comes.
 TEST_F(ServeFaultTest, ATargetRestartedWithAnotherKvDtypeIsRefusedUntilItsOwnReturns) {
   const std::string socket = "unix:" + (tmp_.path() / "target.sock").string();
   auto start_target = [&](const std::vector<std::string>& extra) {
@@ -743,8 +743,8 @@ TEST_F(ServeFaultTest, ATargetRestartedWithAnotherKvDtypeIsRefusedUntilItsOwnRet
   ASSERT_TRUE(reference.status.ok()) << reference.status.error_message();
   ASSERT_EQ(reference.tokens.size(), 12u);
 
-  // Restarted while the coordinator was idle: nothing failed, so only the epoch tells.
   target.reset();
+  EXPECT_EQ(health_becomes(Health::NOT_SERVING), Health::NOT_SERVING);
   target = start_target({"--kv-dtype", "bf16"});
   ASSERT_NE(target, nullptr);
   const Stream refused = generate();
