@@ -32,6 +32,18 @@ int64_t PrefillCap(const WorkerFeed& f, int64_t chunk, int64_t left) {
 
 }  // namespace
 
+bool Decoding(const SequenceFeeds& feeds) {
+  for (const WorkerFeed* f : {&feeds.draft, &feeds.target}) {
+    if (f->called && Longest(*f) > 1) return false;
+  }
+  return feeds.draft.called || feeds.target.called;
+}
+
+int32_t RoundsLeftOut(const SequenceFeeds& feeds, const FeedPlan& plan) {
+  const bool left_out = plan.action == FeedPlan::Action::kWait && Decoding(feeds);
+  return left_out ? feeds.rounds_left_out + 1 : 0;
+}
+
 std::vector<FeedPlan> PlanFeeds(std::span<const SequenceFeeds> batch, int64_t prefill_chunk,
                                 int64_t draft_budget, int64_t target_budget) {
   const int64_t chunk = prefill_chunk > 0 ? prefill_chunk : kUnlimited;

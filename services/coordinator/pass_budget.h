@@ -5,9 +5,10 @@
 //
 // Rounds as they would be without a budget come first, so running streams keep decoding while
 // long prompts take turns (as in vLLM's chunked prefill). Each pass goes through the batch in
-// order of rounds left out, longest first, then first come first served: when even the running
-// streams' rounds outgrow the budget, they take turns too, rather than the last of them waiting
-// for the first to finish.
+// order of rounds left out, longest first, then first come first served. Only decoding streams
+// count rounds left out: when even their rounds outgrow the budget they take turns, rather than
+// the last of them waiting for the first to finish, while prompts prefill one after another
+// (turns would delay every prompt's first token to near the last one's).
 //   1. a sequence whose round (its catch-up within the chunk, then its drafts or tree nodes, twice
 //      with a CFG companion) fits what is left on every worker it calls runs as usual;
 //   2. one that does not, but has catch-up left to prefill, feeds each worker a chunk cut to what
@@ -36,7 +37,8 @@ struct WorkerFeed {
 struct SequenceFeeds {
   WorkerFeed draft;
   WorkerFeed target;
-  int32_t rounds_left_out = 0;  // consecutive rounds the budget made this sequence wait
+  // Consecutive rounds the budget made this decoding stream wait (RoundsLeftOut).
+  int32_t rounds_left_out = 0;
 };
 
 struct FeedPlan {
@@ -50,6 +52,14 @@ struct FeedPlan {
   int64_t draft_prefill_limit = 0;
   int64_t target_prefill_limit = 0;
 };
+
+// A stream whose round feeds each worker it calls only its last committed token before the
+// drafts (a companion's too): not a prompt, nor a sequence replaying on a restarted worker.
+bool Decoding(const SequenceFeeds& feeds);
+
+// The count the next round's plan sorts by: one more than `feeds.rounds_left_out` for a decoding
+// stream that `plan` leaves out, else 0.
+int32_t RoundsLeftOut(const SequenceFeeds& feeds, const FeedPlan& plan);
 
 // `prefill_chunk`: catch-up tokens per sequence and round without a budget (0 = all). A budget of
 // 0 is no limit on that worker.

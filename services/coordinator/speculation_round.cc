@@ -450,7 +450,7 @@ std::vector<RoundStats> RunSpeculationRound(WorkerApi& draft, WorkerApi& target,
       feeds, options.prefill_chunk, options.draft_pass_tokens, options.target_pass_tokens);
   for (size_t i = 0; i < batch.size(); ++i) {
     stats[i].deferred = plans[i].action == FeedPlan::Action::kWait;
-    batch[i]->rounds_left_out = stats[i].deferred ? batch[i]->rounds_left_out + 1 : 0;
+    batch[i]->rounds_left_out = RoundsLeftOut(feeds[i], plans[i]);
   }
 
   // 1. Draft: model drafts from the draft worker, prompt lookup here.

@@ -75,8 +75,8 @@ struct SpeculativeSequence {
   // *_cached counts the branch as if it were in place.
   KvCompaction draft_compact;
   KvCompaction target_compact;
-  // Consecutive rounds the per-pass token budget left this sequence out: it goes first in the
-  // next round's plan (pass_budget.h).
+  // Consecutive rounds the per-pass token budget left this decoding stream out: it goes first in
+  // the next round's plan (pass_budget.h).
   int32_t rounds_left_out = 0;
 
   // Classifier-free guidance, when asked for: never with a tree (the request is refused), and

@@ -151,17 +151,33 @@ TEST(PassBudgetTest, StreamsLeftOutGoFirstInTheNextRound) {
   EXPECT_EQ(plans[0].action, Action::kWait);
 }
 
-TEST(PassBudgetTest, APromptLeftOutPrefillsFirstFromWhatTheStreamsLeave) {
-  // Budget 20: two streams take 10; of the two prompts the one left out last round gets the
-  // chunk of what is left, though it came later.
-  std::vector<SequenceFeeds> batch = {Both(300, 4), Decoding(4), Both(300, 4), Decoding(4)};
-  batch[2].rounds_left_out = 1;
-  const std::vector<FeedPlan> plans = Plan(batch, 512, 20, 20);
-  EXPECT_EQ(plans[1].action, Action::kRun);
-  EXPECT_EQ(plans[3].action, Action::kRun);
-  EXPECT_EQ(plans[2].action, Action::kPrefillOnly);
-  EXPECT_EQ(plans[2].target_prefill_limit, 10);
-  EXPECT_EQ(plans[0].action, Action::kWait);
+TEST(PassBudgetTest, OnlyDecodingStreamsCountRoundsLeftOut) {
+  const FeedPlan wait{Action::kWait, 0, 0};
+  const FeedPlan run{Action::kRun, 512, 512};
+  SequenceFeeds stream = Decoding(4);
+  stream.rounds_left_out = 2;
+  EXPECT_TRUE(specd::Decoding(stream));
+  EXPECT_EQ(RoundsLeftOut(stream, wait), 3);
+  EXPECT_EQ(RoundsLeftOut(stream, run), 0);
+  // A prompt keeps its place in the batch: prompts prefill first come, first served.
+  SequenceFeeds prompt = Both(300, 4);
+  EXPECT_FALSE(specd::Decoding(prompt));
+  EXPECT_EQ(RoundsLeftOut(prompt, wait), 0);
+  // So does a stream replaying on a restarted draft, or one whose companion has catch-up left.
+  SequenceFeeds replaying = Decoding(4);
+  replaying.draft.catch_up = 40;
+  EXPECT_FALSE(specd::Decoding(replaying));
+  SequenceFeeds guided = Decoding(4);
+  guided.target.companion = true;
+  guided.target.companion_catch_up = 7;
+  EXPECT_FALSE(specd::Decoding(guided));
+  guided.target.companion_catch_up = 1;
+  EXPECT_TRUE(specd::Decoding(guided));
+  // A worker it does not call does not count; one that calls neither is not a stream.
+  SequenceFeeds lookup = Decoding(4);
+  lookup.draft = WorkerFeed{false, 900, false, 0, 0};
+  EXPECT_TRUE(specd::Decoding(lookup));
+  EXPECT_FALSE(specd::Decoding(SequenceFeeds()));
 }
 
 TEST(PassBudgetTest, WhenNothingFitsTheFirstSequenceRunsAnyway) {

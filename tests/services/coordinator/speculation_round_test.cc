@@ -314,6 +314,46 @@ TEST(SpeculationRoundTest, PhaseTimesNestAndCountTheWork) {
   }
 }
 
+// Two prompts of 30 tokens under a pass budget of 12: the first prefills 12 a round until it
+// has its first round, and only then does the second start; taking turns would delay both.
+TEST(SpeculationRoundTest, PromptsOverThePassBudgetPrefillFirstComeFirstServed) {
+  ScopedTempDir dir;
+  SynthSpec spec;
+  spec.config = testing::SmallConfig();
+  testing::WriteSynth(spec, dir.path());
+  auto target = MakeWorker(dir.path(), 0);
+  auto draft = MakeWorker(dir.path(), 1);
+  std::vector<SpeculativeSequence> seqs(2);
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    seqs[i].id = i + 1;
+    seqs[i].tokens = {1};
+    for (int j = 0; j < 29; ++j) seqs[i].tokens.push_back(3 + (j * 7 + static_cast<int>(i)) % 200);
+    seqs[i].prompt_len = 30;
+    seqs[i].num_speculative_tokens = 3;
+    seqs[i].sampling.temperature = 0.0f;
+  }
+  std::vector<SpeculativeSequence*> batch = {&seqs[0], &seqs[1]};
+  const RoundOptions options{256, nullptr, /*prefill_chunk=*/0, /*draft_pass_tokens=*/12,
+                             /*target_pass_tokens=*/12};
+  for (int round = 0; round < 2; ++round) {
+    const std::vector<RoundStats> stats = RunSpeculationRound(*draft, *target, batch, options);
+    for (const RoundStats& st : stats) ASSERT_TRUE(st.status.ok()) << st.status;
+    EXPECT_TRUE(stats[0].prefilling) << "round " << round;
+    EXPECT_TRUE(stats[1].deferred) << "round " << round;
+  }
+  EXPECT_EQ(seqs[0].target_cached, 24);
+  EXPECT_EQ(seqs[1].target_cached, 0);
+  // 6 left for the first, whose whole round (6 + 3 drafts) fits; the second prefills the rest.
+  const std::vector<RoundStats> third = RunSpeculationRound(*draft, *target, batch, options);
+  EXPECT_FALSE(third[0].prefilling);
+  EXPECT_FALSE(third[0].deferred);
+  EXPECT_TRUE(third[1].prefilling);
+  for (const auto& s : seqs) {
+    ASSERT_TRUE(target->Release(s.id).ok());
+    ASSERT_TRUE(draft->Release(s.id).ok());
+  }
+}
+
 TEST(SpeculationRoundTest, SampledRoundsRunToTheLimitAndFreeEverything) {
   ScopedTempDir dir;
   SynthSpec spec;
