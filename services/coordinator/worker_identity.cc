@@ -40,6 +40,11 @@ absl::Status CheckSameComputation(const pb::InfoResponse& before, const pb::Info
   if (now.tokenizer_fingerprint() != before.tokenizer_fingerprint()) {
     return ChangedOpaque("tokenizer");
   }
+  // The coordinator admits sequences up to the max_seq_len its workers had at its start.
+  if (now.max_seq_len() < before.max_seq_len()) {
+    return Changed("max_seq_len", absl::StrCat(now.max_seq_len()),
+                   absl::StrCat(before.max_seq_len()));
+  }
   if (now.role() != pb::WORKER_ROLE_TARGET) return absl::OkStatus();
   // The target: every number it computes is the same.
   if (now.model_config_json() != before.model_config_json()) {
@@ -62,10 +67,6 @@ absl::Status CheckSameComputation(const pb::InfoResponse& before, const pb::Info
                   before.eos_token_ids().begin(), before.eos_token_ids().end())) {
     return Changed("eos_token_ids", absl::StrJoin(now.eos_token_ids(), ","),
                    absl::StrJoin(before.eos_token_ids(), ","));
-  }
-  if (now.max_seq_len() < before.max_seq_len()) {
-    return Changed("max_seq_len", absl::StrCat(now.max_seq_len()),
-                   absl::StrCat(before.max_seq_len()));
   }
   return absl::OkStatus();
 }

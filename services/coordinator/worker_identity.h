@@ -2,7 +2,8 @@
 // continues every sequence on the new process from its committed tokens, which is exact only if
 // the new process computes what the old one did: a target that came back with another model,
 // tokenizer, back end or KV dtype would finish a stream begun by another computation. A draft
-// may change anything but its vocabulary: acceptance then changes, never the distribution.
+// may change anything but its vocabulary and a shorter max_seq_len: acceptance then changes,
+// never the distribution.
 #ifndef SPECD_SERVICES_COORDINATOR_WORKER_IDENTITY_H_
 #define SPECD_SERVICES_COORDINATOR_WORKER_IDENTITY_H_
 

@@ -1,5 +1,6 @@
 // Which changes a restarted worker may bring back (worker_identity.h): capacity may change, the
-// computation of a target may not, and a draft may change anything but its vocabulary.
+// computation of a target may not, and a draft may change anything but its vocabulary and its
+// max_seq_len (not shorter).
 #include "services/coordinator/worker_identity.h"
 
 #include <string>
@@ -77,7 +78,7 @@ TEST(WorkerIdentityTest, ATargetThatComputesSomethingElseIsRefusedNamingWhat) {
   }
 }
 
-TEST(WorkerIdentityTest, ADraftMayChangeItsModelButNotItsVocabulary) {
+TEST(WorkerIdentityTest, ADraftMayChangeItsModelButNotItsVocabularyOrLength) {
   pb::InfoResponse before = Target();
   before.set_role(pb::WORKER_ROLE_DRAFT);
   pb::InfoResponse now = before;
@@ -87,6 +88,10 @@ TEST(WorkerIdentityTest, ADraftMayChangeItsModelButNotItsVocabulary) {
   now.set_kv_dtype("f32");
   now.set_output_vocab_size(32768);  // --draft-vocab
   EXPECT_TRUE(CheckSameComputation(before, now).ok());
+  now.set_max_seq_len(before.max_seq_len() - 1);
+  EXPECT_THAT(CheckSameComputation(before, now).message(),
+              HasSubstr("max_seq_len 4095 (was 4096)"));
+  now.set_max_seq_len(before.max_seq_len());
   now.set_tokenizer_fingerprint("77aa");
   EXPECT_THAT(CheckSameComputation(before, now).message(), HasSubstr("another tokenizer"));
 }
