@@ -193,8 +193,21 @@ CoordinatorMetrics::CoordinatorMetrics(int max_position)
                        .Name("specd_worker_rpc_response_bytes_total")
                        .Help("Serialized response bytes received from a worker, by worker role")
                        .Register(*registry_);
+  worker_up_family_ = &prometheus::BuildGauge()
+                           .Name("specd_worker_up")
+                           .Help(
+                               "1 while the coordinator can use the worker, 0 while it waits for "
+                               "it (crashed, hung, or back computing something else)")
+                           .Register(*registry_);
+  auto& restarts = prometheus::BuildCounter()
+                       .Name("specd_worker_restarts_total")
+                       .Help(
+                           "New worker processes the coordinator recovered to, replaying the "
+                           "sequences they had lost")
+                       .Register(*registry_);
   for (size_t i = 0; i < kWorkerNames.size(); ++i) {
     const prometheus::Labels labels = {{"worker", kWorkerNames[i]}};
+    worker_restarts_[i] = &restarts.Add(labels);
     rpc_seconds_[i] = &rpc_seconds.Add(labels, Exponential(1e-5, 30.0));
     rpc_sent_bytes_[i] = &sent.Add(labels);
     rpc_received_bytes_[i] = &received.Add(labels);
@@ -287,6 +300,15 @@ void CoordinatorMetrics::OnDraftLength(int32_t k, bool entropy_stopped) {
 
 void CoordinatorMetrics::OnDeferred(int64_t sequences) {
   deferred_->Increment(static_cast<double>(sequences));
+}
+
+void CoordinatorMetrics::SetWorkerUp(Worker worker, bool up) {
+  worker_up_family_->Add({{"worker", kWorkerNames[static_cast<size_t>(worker)]}})
+      .Set(up ? 1.0 : 0.0);
+}
+
+void CoordinatorMetrics::OnWorkerRestart(Worker worker) {
+  worker_restarts_[static_cast<size_t>(worker)]->Increment();
 }
 
 void CoordinatorMetrics::OnRoundPhase(Phase phase, absl::Duration elapsed) {

@@ -87,6 +87,11 @@ class CoordinatorMetrics final {
   void OnDraftLength(int32_t k, bool entropy_stopped);
   // `sequences` running sequences waited out a round: the workers' pass budget was full.
   void OnDeferred(int64_t sequences);
+  // Whether the coordinator can use `worker` now (1) or waits for it (0): crashed, hung, or back
+  // computing something else. A worker the coordinator runs without has no series.
+  void SetWorkerUp(Worker worker, bool up);
+  // `worker` came back as a new process, whose sequences the coordinator replays.
+  void OnWorkerRestart(Worker worker);
 
   // The Prometheus text exposition of every metric, as a scrape would see it.
   std::string Text() const;
@@ -110,6 +115,8 @@ class CoordinatorMetrics final {
   prometheus::Histogram* draft_length_;
   prometheus::Counter* egag_stops_;
   prometheus::Counter* deferred_;
+  prometheus::Family<prometheus::Gauge>* worker_up_family_;
+  std::array<prometheus::Counter*, 2> worker_restarts_{};
   prometheus::Family<prometheus::Counter>* finished_family_;
   prometheus::Family<prometheus::Counter>* errors_family_;
   prometheus::Counter* prompt_tokens_;

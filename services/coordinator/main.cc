@@ -495,6 +495,15 @@ int Run(int argc, char** argv) {
     metrics.OnDraftLength(k, entropy_stopped);
   };
   so.on_deferred = [&metrics](int64_t sequences) { metrics.OnDeferred(sequences); };
+  using MetricsWorker = CoordinatorMetrics::Worker;
+  metrics.SetWorkerUp(MetricsWorker::kTarget, true);
+  if (draft) metrics.SetWorkerUp(MetricsWorker::kDraft, true);
+  so.on_worker_up = [&metrics](bool target, bool up) {
+    metrics.SetWorkerUp(target ? MetricsWorker::kTarget : MetricsWorker::kDraft, up);
+  };
+  so.on_worker_restart = [&metrics](bool target) {
+    metrics.OnWorkerRestart(target ? MetricsWorker::kTarget : MetricsWorker::kDraft);
+  };
   // Without a draft worker every request runs with K = 0 and never calls it; the target stands
   // in so the scheduler always has two workers.
   WorkerApi& draft_api = draft ? static_cast<WorkerApi&>(*draft) : **target;

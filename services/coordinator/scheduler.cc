@@ -292,6 +292,7 @@ void Scheduler::RecoverWorkers() {
   for (SupervisedWorker* w : workers()) {
     w->CheckConnection(absl::Now());
     if (w->ProbeIfDue(absl::Now()) != SupervisedWorker::Recovery::kRestarted) continue;
+    if (options_.on_worker_restart) options_.on_worker_restart(w == target_.get());
     // An operator may restart a worker with another --max-pass-tokens (as the deferred metric
     // advises); the budget is the new process's from its first round.
     int64_t& budget = w == target_.get() ? options_.target_pass_tokens : options_.draft_pass_tokens;
@@ -429,7 +430,15 @@ absl::Status Scheduler::TargetStatus() const {
   return target_status_;
 }
 
-void Scheduler::PublishTargetStatus() {
+void Scheduler::PublishWorkerState() {
+  for (SupervisedWorker* w : workers()) {
+    const bool target = w == target_.get();
+    bool& told = worker_up_[target ? 1 : 0];
+    if (w->up() != told) {
+      told = w->up();
+      if (options_.on_worker_up) options_.on_worker_up(target, told);
+    }
+  }
   absl::Status now = target_->up() ? absl::OkStatus() : target_->UnavailableError();
   std::lock_guard<std::mutex> lock(target_status_mu_);
   target_status_ = std::move(now);
@@ -523,7 +532,7 @@ void Scheduler::Loop() {
       }
     }
     RecoverWorkers();
-    PublishTargetStatus();
+    PublishWorkerState();
     for (auto& [a, w] : expired) {
       Finish(*a, FinishReason::kNone, w->UnavailableError(), GenerationEvent());
     }

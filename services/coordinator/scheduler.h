@@ -7,6 +7,7 @@
 #ifndef SPECD_SERVICES_COORDINATOR_SCHEDULER_H_
 #define SPECD_SERVICES_COORDINATOR_SCHEDULER_H_
 
+#include <array>
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
@@ -112,6 +113,11 @@ struct SchedulerOptions {
   absl::Duration worker_unavailable_timeout = absl::Seconds(30);
   // Told, in one line each, when a worker becomes unavailable and when it is back; may be empty.
   std::function<void(const std::string&)> on_worker_event;
+  // Called on the scheduler thread when a worker turns unavailable or usable again (`target`
+  // false: the draft worker), and when it came back as a new process (metrics); may be empty.
+  // Must not block.
+  std::function<void(bool target, bool up)> on_worker_up;
+  std::function<void(bool target)> on_worker_restart;
   // The adaptive-K controller's settings (requests with K_POLICY_FIXED bypass it).
   AdaptiveKOptions adaptive_k;
   // Called on the scheduler thread with every round's K choice and the controller's current
@@ -192,8 +198,8 @@ class Scheduler {
   std::vector<SupervisedWorker*> workers();
   // Probes unavailable workers that are due; a restarted one holds nothing any more.
   void RecoverWorkers();
-  // Makes TargetStatus() say what the target is now.
-  void PublishTargetStatus();
+  // Makes TargetStatus() say what the target is now, and tells on_worker_up of every change.
+  void PublishWorkerState();
   // The unavailable worker that `a`'s next round needs, or null.
   SupervisedWorker* UnavailableWorkerFor(const Active& a) const;
   // The same, after resyncing `a` on the workers where its copy is in doubt.
@@ -237,6 +243,7 @@ class Scheduler {
   std::vector<std::unique_ptr<Active>> running_;  // scheduler thread only
   AdaptiveK adaptive_k_;                          // scheduler thread only
   std::optional<absl::Time> idle_until_;          // scheduler thread only
+  std::array<bool, 2> worker_up_ = {true, true};  // (draft, target) as last told; scheduler thread
   mutable std::mutex target_status_mu_;
   absl::Status target_status_;  // TargetStatus(); written by the scheduler thread
   // How many may run at once, up to max_running: halved by a round that preempted its whole

@@ -112,6 +112,23 @@ TEST(CoordinatorMetricsTest, SequenceRoundsDeferredByThePassBudget) {
   EXPECT_EQ(Value(ParseExposition(metrics.Text()), "specd_pass_budget_deferred_total"), 4);
 }
 
+TEST(CoordinatorMetricsTest, WorkerUpAndRestarts) {
+  CoordinatorMetrics metrics(/*max_position=*/4);
+  auto m = ParseExposition(metrics.Text());
+  // No draft worker, no series: a dashboard must not read 0 as "down".
+  EXPECT_EQ(m.count("specd_worker_up{worker=\"draft\"}"), 0u);
+  EXPECT_EQ(Value(m, "specd_worker_restarts_total{worker=\"target\"}"), 0);
+  metrics.SetWorkerUp(CoordinatorMetrics::Worker::kTarget, true);
+  EXPECT_EQ(Value(ParseExposition(metrics.Text()), "specd_worker_up{worker=\"target\"}"), 1);
+  metrics.SetWorkerUp(CoordinatorMetrics::Worker::kTarget, false);
+  metrics.OnWorkerRestart(CoordinatorMetrics::Worker::kTarget);
+  m = ParseExposition(metrics.Text());
+  EXPECT_EQ(Value(m, "specd_worker_up{worker=\"target\"}"), 0);
+  EXPECT_EQ(Value(m, "specd_worker_restarts_total{worker=\"target\"}"), 1);
+  EXPECT_EQ(Value(m, "specd_worker_restarts_total{worker=\"draft\"}"), 0);
+  EXPECT_EQ(m.count("specd_worker_up{worker=\"draft\"}"), 0u);
+}
+
 // Guided requests are counted by what they guide, and their drafted and accepted tokens apart
 // from unguided ones', since an unguided draft of a guided target is accepted less often.
 TEST(CoordinatorMetricsTest, GuidanceSplitsTheAcceptanceCountersAndCountsGuidedRequests) {

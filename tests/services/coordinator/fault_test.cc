@@ -440,6 +440,15 @@ TEST_F(InProcessFaultTest, ARestartedWorkersPassBudgetIsTheNewProcesses) {
     std::lock_guard<std::mutex> lock(mu);
     events.push_back(e);
   };
+  std::vector<std::string> transitions;  // what the metrics are told
+  o.on_worker_up = [&](bool target, bool up) {
+    std::lock_guard<std::mutex> lock(mu);
+    transitions.push_back(absl::StrCat(target ? "target" : "draft", up ? " up" : " down"));
+  };
+  o.on_worker_restart = [&](bool target) {
+    std::lock_guard<std::mutex> lock(mu);
+    transitions.push_back(absl::StrCat(target ? "target" : "draft", " restarted"));
+  };
   auto s = std::make_unique<Scheduler>(*draft_, *target_, nullptr, o);
   const auto results = RunAll(*s, Requests());
   for (size_t i = 0; i < results.size(); ++i) {
@@ -455,6 +464,7 @@ TEST_F(InProcessFaultTest, ARestartedWorkersPassBudgetIsTheNewProcesses) {
   EXPECT_THAT(events,
               ::testing::Contains(
                   "target worker at fake:2 takes passes of up to 4096 tokens now (was 24)"));
+  EXPECT_THAT(transitions, ::testing::ElementsAre("target down", "target restarted", "target up"));
   ExpectNoBlocksUsed();
 }
 
@@ -759,6 +769,12 @@ TEST_F(ServeFaultTest, ATargetRestartedWithAnotherKvDtypeIsRefusedUntilItsOwnRet
   const absl::StatusOr<std::string> http_health =
       testing::HttpGet((*coordinator)->http_port(), "/health");
   EXPECT_THAT(http_health.status().message(), HasSubstr("503"));
+  auto metrics = [&] {
+    absl::StatusOr<std::string> text = testing::HttpGet((*coordinator)->metrics_port(), "/metrics");
+    EXPECT_TRUE(text.ok()) << text.status();
+    return text.ok() ? *text : std::string();
+  };
+  EXPECT_THAT(metrics(), HasSubstr("specd_worker_up{worker=\"target\"} 0"));
 
   target.reset();
   target = start_target({"--max-pass-tokens", "512"});
@@ -767,6 +783,8 @@ TEST_F(ServeFaultTest, ATargetRestartedWithAnotherKvDtypeIsRefusedUntilItsOwnRet
   // backoff of up to a second).
   EXPECT_EQ(health_becomes(Health::SERVING), Health::SERVING) << (*coordinator)->StderrText();
   EXPECT_TRUE(testing::HttpGet((*coordinator)->http_port(), "/health").ok());
+  EXPECT_THAT(metrics(), HasSubstr("specd_worker_up{worker=\"target\"} 1"));
+  EXPECT_THAT(metrics(), HasSubstr("specd_worker_restarts_total{worker=\"target\"} 1"));
   const Stream again = generate();
   ASSERT_TRUE(again.status.ok()) << again.status.error_message();
   EXPECT_EQ(again.tokens, reference.tokens);

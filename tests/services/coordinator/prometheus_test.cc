@@ -266,6 +266,10 @@ TEST(PrometheusTest, PromqlAcceptanceRateMatchesUsageAndDashboardQueriesRun) {
     EXPECT_GT(Scalar(prometheus.Query(q)), 0) << q;
   }
   EXPECT_EQ(Scalar(prometheus.Query("specd_request_success_total{finished_reason=\"length\"}")), 6);
+  // Both workers up throughout, never restarted.
+  EXPECT_EQ(Scalar(prometheus.Query("min(specd_worker_up)")), 1);
+  EXPECT_EQ(Scalar(prometheus.Query("count(specd_worker_up)")), 2);
+  EXPECT_EQ(Scalar(prometheus.Query("sum(specd_worker_restarts_total)")), 0);
 
   // `specd health`, as the compose health checks run it, sees the coordinator SERVING.
   std::string health_stderr;
