@@ -55,4 +55,28 @@ absl::Status ValidateSamplingParams(const SamplingParams& p, int64_t vocab_size)
   return absl::OkStatus();
 }
 
+absl::Status ValidateLogitBias(std::span<const TokenBias> bias, int64_t vocab_size) {
+  if (static_cast<int64_t>(bias.size()) > kMaxLogitBiasTokens) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "logit_bias has ", bias.size(), " tokens; at most ", kMaxLogitBiasTokens, " are allowed"));
+  }
+  for (size_t i = 0; i < bias.size(); ++i) {
+    const TokenBias& b = bias[i];
+    if (b.token < 0 || b.token >= vocab_size) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "logit_bias token ", b.token, " is outside the vocabulary [0, ", vocab_size, ")"));
+    }
+    if (i > 0 && b.token <= bias[i - 1].token) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("logit_bias tokens must be ascending and distinct; token ", b.token,
+                       " follows ", bias[i - 1].token));
+    }
+    if (!std::isfinite(b.bias) || b.bias < -kMaxLogitBias || b.bias > kMaxLogitBias) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "logit_bias of token ", b.token, " must be a number in [-100, 100], got ", b.bias));
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace specd

@@ -3,6 +3,7 @@
 #define SPECD_BASE_SAMPLING_PARAMS_H_
 
 #include <cstdint>
+#include <span>
 
 #include "absl/status/status.h"
 
@@ -25,10 +26,26 @@ struct SamplingParams {
   bool operator==(const SamplingParams&) const = default;
 };
 
+// OpenAI's logit_bias: `bias` is added to the token's logit before anything else of the
+// processed distribution (before the penalties, as in vLLM). -100 in effect bans a token.
+struct TokenBias {
+  int32_t token = 0;
+  float bias = 0.0f;
+  bool operator==(const TokenBias&) const = default;
+};
+inline constexpr float kMaxLogitBias = 100.0f;  // |bias| at most, as OpenAI allows
+inline constexpr int64_t kMaxLogitBiasTokens = 1024;
+
 // OK, or INVALID_ARGUMENT naming the first bad field and its value, e.g.
 // "temperature must be >= 0, got -1". NaN and infinities are rejected everywhere; vocab_size
 // must be in [1, 2^31 - 1] because token ids are int32.
 absl::Status ValidateSamplingParams(const SamplingParams& p, int64_t vocab_size);
+
+// OK for at most kMaxLogitBiasTokens entries in ascending token order (each token once), each
+// token in [0, vocab_size) and each bias finite in [-kMaxLogitBias, kMaxLogitBias]; otherwise
+// INVALID_ARGUMENT naming the entry, e.g. "logit_bias token 32000 is outside the vocabulary
+// [0, 32000)".
+absl::Status ValidateLogitBias(std::span<const TokenBias> bias, int64_t vocab_size);
 
 }  // namespace specd
 

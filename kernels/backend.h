@@ -285,11 +285,13 @@ struct RowSampling {
   int64_t prompt_len = 0;
   int64_t output_begin = 0;  //!< the output's ids (this round's earlier drafts included)
   int64_t output_len = 0;
+  int64_t bias_begin = 0;  //!< the request's logit_bias: biases[bias_begin, + bias_len), tokens
+  int64_t bias_len = 0;    //!< ascending and distinct, biases finite
 };
 
 //! The processed distribution of DESIGN.md, row by row. For each row r:
-//!  1. penalties over history (see kernels/cpu/processed.h for the exact rounding), giving the
-//!     penalised logits, written to `penalized` when that is set;
+//!  1. the row's logit bias, then penalties over history (see kernels/cpu/processed.h for the
+//!     exact rounding), giving the penalised logits, written to `penalized` when that is set;
 //!  2. argmax[r] = the penalised argmax, lowest id on ties;
 //!  3. by mode: the processed row (temperature, top-k, softmax, top-p, min-p, renormalisation)
 //!     or a one-hot row, written to probs + rows[r].prob_slot * vocab. For kArgmaxOfProcessed,
@@ -316,6 +318,8 @@ struct ProcessRowsArgs {
   const RowSampling* rows = nullptr;  //!< [n_rows]
   const int32_t* history = nullptr;   //!< token ids the rows' ranges point into
   int64_t history_len = 0;
+  const TokenBias* biases = nullptr;  //!< the logit biases the rows' ranges point into
+  int64_t n_biases = 0;
   float* probs = nullptr;      //!< the row pool [prob_capacity, vocab]
   int64_t prob_capacity = 0;   //!< rows in the pool; every prob_slot is below it
   float* penalized = nullptr;  //!< [n_rows, vocab] or null; apart from logits and probs

@@ -303,6 +303,7 @@ absl::Status ValidateProcessRowsArgs(const ProcessRowsArgs& args) {
   SPECD_RETURN_IF_ERROR(CheckPositive(kOp, "vocab", args.vocab));
   SPECD_RETURN_IF_ERROR(CheckNonNegative(kOp, "n_rows", args.n_rows));
   SPECD_RETURN_IF_ERROR(CheckNonNegative(kOp, "history_len", args.history_len));
+  SPECD_RETURN_IF_ERROR(CheckNonNegative(kOp, "n_biases", args.n_biases));
   SPECD_RETURN_IF_ERROR(CheckNonNegative(kOp, "prob_capacity", args.prob_capacity));
   SPECD_RETURN_IF_ERROR(CheckElementCount(kOp, "n_rows x vocab", args.n_rows, args.vocab));
   SPECD_RETURN_IF_ERROR(

@@ -16,6 +16,7 @@ absl::StatusOr<DecodeResult> Run(LlamaEngine& engine, KvPool::SeqId seq, const D
                                  const std::function<void(int32_t)>& on_token) {
   const int64_t vocab = engine.config().vocab_size;
   SPECD_RETURN_IF_ERROR(ValidateSamplingParams(req.sampling, vocab));
+  SPECD_RETURN_IF_ERROR(ValidateLogitBias(req.logit_bias, vocab));
   if (!engine.output_vocab().empty()) {
     return absl::FailedPreconditionError(
         "plain decoding needs the whole classifier; this engine keeps a reduced one");
@@ -48,7 +49,8 @@ absl::StatusOr<DecodeResult> Run(LlamaEngine& engine, KvPool::SeqId seq, const D
       cached += static_cast<int64_t>(end - begin);
     }
     sampler.Clear();
-    const int32_t row = sampler.AddRow(req.sampling, mode, req.prompt, result.tokens, slot[0]);
+    const int32_t row =
+        sampler.AddRow(req.sampling, mode, req.prompt, result.tokens, slot[0], req.logit_bias);
     int32_t draw = -1;
     if (!req.sampling.greedy()) {
       kernels::Draw d;

@@ -17,6 +17,7 @@ namespace specd {
 struct DecodeRequest {
   std::vector<int32_t> prompt;  // including BOS when wanted
   SamplingParams sampling;
+  std::vector<TokenBias> logit_bias;  // ascending tokens
   uint64_t seed = 0;
   int64_t max_new_tokens = 128;
   std::vector<int32_t> stop_token_ids;  // e.g. the model's EOS ids; the stop token is kept

@@ -63,6 +63,9 @@ struct SequenceRequest {
   std::vector<int32_t> catch_up;    // x[len_w:]
   int64_t expected_cached_len = 0;  // len_w as the coordinator believes it; 0 creates the sequence
   SamplingParams sampling;
+  // OpenAI's logit_bias, ascending tokens (base/sampling_params.h); part of the processed
+  // distribution on both workers.
+  std::vector<TokenBias> logit_bias;
   uint64_t seed = 0;
   int64_t prompt_len = 0;  // how much of x is prompt (for the penalties)
   // The worker may hold more than expected_cached_len tokens (the previous round's rejected

@@ -27,6 +27,7 @@ void RowSampler::Clear() {
   keep_penalized_ = false;
   rows_.clear();
   history_.clear();
+  biases_.clear();
   draws_.clear();
   lookup_slots_.clear();
   lookup_tokens_.clear();
@@ -41,7 +42,7 @@ void RowSampler::RequestTopTokens(int32_t n) { top_n_ = std::max(top_n_, n); }
 
 int32_t RowSampler::AddRow(const SamplingParams& params, kernels::RowMode mode,
                            std::span<const int32_t> prompt, std::span<const int32_t> output,
-                           int32_t slot) {
+                           int32_t slot, std::span<const TokenBias> bias) {
   kernels::RowSampling row;
   row.params = params;
   row.mode = mode;
@@ -54,6 +55,9 @@ int32_t RowSampler::AddRow(const SamplingParams& params, kernels::RowMode mode,
     row.output_len = static_cast<int64_t>(output.size());
     history_.insert(history_.end(), output.begin(), output.end());
   }
+  row.bias_begin = static_cast<int64_t>(biases_.size());
+  row.bias_len = static_cast<int64_t>(bias.size());
+  biases_.insert(biases_.end(), bias.begin(), bias.end());
   rows_.push_back(row);
   return static_cast<int32_t>(rows_.size() - 1);
 }
@@ -94,6 +98,7 @@ absl::Status RowSampler::Run(float* logits, int64_t logit_rows, RowPool& pool) {
   Layout layout;
   const int64_t at_rows = layout.Take<kernels::RowSampling>(n_rows);
   const int64_t at_history = layout.Take<int32_t>(history_.size());
+  const int64_t at_biases = layout.Take<TokenBias>(biases_.size());
   const int64_t at_draws = layout.Take<kernels::Draw>(n_draws);
   const int64_t at_slots = layout.Take<int32_t>(n_lookups);
   const int64_t at_tokens = layout.Take<int32_t>(n_lookups);
@@ -118,6 +123,7 @@ absl::Status RowSampler::Run(float* logits, int64_t logit_rows, RowPool& pool) {
   char* host = staging_.as<char>();
   Put(host, at_rows, rows_);
   Put(host, at_history, history_);
+  Put(host, at_biases, biases_);
   Put(host, at_draws, draws_);
   Put(host, at_slots, lookup_slots_);
   Put(host, at_tokens, lookup_tokens_);
@@ -152,6 +158,8 @@ absl::Status RowSampler::Run(float* logits, int64_t logit_rows, RowPool& pool) {
       p.rows = reinterpret_cast<const kernels::RowSampling*>(dev + at_rows);
       p.history = i32(at_history);
       p.history_len = static_cast<int64_t>(history_.size());
+      p.biases = reinterpret_cast<const TokenBias*>(dev + at_biases);
+      p.n_biases = static_cast<int64_t>(biases_.size());
       p.probs = pool.rows();
       p.prob_capacity = pool.capacity();
       p.argmax = i32(at_argmax);

@@ -27,9 +27,11 @@ class RowSampler {
 
   // Processes the next logit row (the i-th call takes row i of Run's `logits`) into pool slot
   // `slot` with `mode`. The history (prompt and output, this round's earlier drafts included) is
-  // copied, and only when a penalty reads it. Returns i, for argmax() and row_error().
+  // copied, and only when a penalty reads it; so is the request's logit bias (ascending tokens).
+  // Returns i, for argmax() and row_error().
   int32_t AddRow(const SamplingParams& params, kernels::RowMode mode,
-                 std::span<const int32_t> prompt, std::span<const int32_t> output, int32_t slot);
+                 std::span<const int32_t> prompt, std::span<const int32_t> output, int32_t slot,
+                 std::span<const TokenBias> bias = {});
   // A draw from a pool row (processed in this pass or kept from an earlier one). Returns its
   // index for token(), token_prob() and draw_error().
   int32_t AddDraw(const kernels::Draw& draw);
@@ -74,6 +76,7 @@ class RowSampler {
   // Inputs, as they go up.
   std::vector<kernels::RowSampling> rows_;
   std::vector<int32_t> history_;
+  std::vector<TokenBias> biases_;
   std::vector<kernels::Draw> draws_;
   std::vector<int32_t> lookup_slots_;
   std::vector<int32_t> lookup_tokens_;

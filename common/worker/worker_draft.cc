@@ -238,8 +238,8 @@ std::vector<SequenceOutcome> WorkerRuntime::Draft(
                   history.insert(history.end(), path.begin(), path.end());
                 }
                 temp_slots.push_back(slots[next_slot]);
-                d.rows.push_back(AddRow(s, history, req.sampling, kernels::RowMode::kGreedy,
-                                        slots[next_slot++]));
+                d.rows.push_back(
+                    AddRow(s, history, req, kernels::RowMode::kGreedy, slots[next_slot++]));
               }
               continue;
             }
@@ -250,8 +250,7 @@ std::vector<SequenceOutcome> WorkerRuntime::Draft(
                                           : req.draft_sampling == DraftSampling::kGreedy
                                               ? kernels::RowMode::kArgmaxOfProcessed
                                               : kernels::RowMode::kSample;
-            d.rows.push_back(
-                AddKeptRow(s, s.tokens.size(), req.sampling, mode, slots[next_slot++]));
+            d.rows.push_back(AddKeptRow(s, s.tokens.size(), req, mode, slots[next_slot++]));
             if (companion_input[b] >= 0) {
               const SequenceInput& in = inputs[static_cast<size_t>(companion_input[b])];
               std::vector<int32_t>& u = seqs_[in.seq].tokens;

@@ -137,6 +137,10 @@ absl::StatusOr<WorkerRuntime::Feed> WorkerRuntime::Admit(const SequenceRequest& 
                                                          int64_t draft_tokens,
                                                          int64_t* reserved_blocks) {
   SPECD_RETURN_IF_ERROR(ValidateSamplingParams(req.sampling, engine_->config().vocab_size));
+  if (absl::Status bias = ValidateLogitBias(req.logit_bias, engine_->config().vocab_size);
+      !bias.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("sequence ", req.seq, ": ", bias.message()));
+  }
   if (req.prompt_len < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("sequence ", req.seq, ": prompt_len must be >= 0, got ", req.prompt_len));
@@ -360,22 +364,28 @@ absl::Status WorkerRuntime::ForwardAndSample(ForwardKind kind, std::span<const S
 }
 
 int32_t WorkerRuntime::AddRow(const Sequence& s, std::span<const int32_t> history,
-                              const SamplingParams& params, kernels::RowMode mode, int32_t slot) {
+                              const SequenceRequest& req, kernels::RowMode mode, int32_t slot) {
   // This round's earlier drafts count as output for the penalties.
   const size_t prompt = std::min(history.size(), static_cast<size_t>(s.prompt_len));
   if (vocab_.full()) {
-    return sampler_.AddRow(params, mode, history.subspan(0, prompt), history.subspan(prompt), slot);
+    return sampler_.AddRow(req.sampling, mode, history.subspan(0, prompt), history.subspan(prompt),
+                           slot, req.logit_bias);
   }
-  // A penalty on a token outside the reduced head changes nothing: its probability is 0.
+  // A penalty or a bias on a token outside the reduced head changes nothing: its probability is
+  // 0. The head's ids ascend, so the biases stay in order.
   const std::vector<int32_t> p = vocab_.ToIndices(history.subspan(0, prompt));
   const std::vector<int32_t> o = vocab_.ToIndices(history.subspan(prompt));
-  return sampler_.AddRow(params, mode, p, o, slot);
+  std::vector<TokenBias> bias;
+  for (const TokenBias& b : req.logit_bias) {
+    if (const int32_t i = vocab_.ToIndex(b.token); i >= 0) bias.push_back({i, b.bias});
+  }
+  return sampler_.AddRow(req.sampling, mode, p, o, slot, bias);
 }
 
-int32_t WorkerRuntime::AddKeptRow(Sequence& s, size_t len, const SamplingParams& params,
+int32_t WorkerRuntime::AddKeptRow(Sequence& s, size_t len, const SequenceRequest& req,
                                   kernels::RowMode mode, int32_t slot) {
   s.rows.push_back(slot);
-  return AddRow(s, std::span<const int32_t>(s.tokens.data(), len), params, mode, slot);
+  return AddRow(s, std::span<const int32_t>(s.tokens.data(), len), req, mode, slot);
 }
 
 absl::Status WorkerRuntime::CompactAndTruncate(SeqId seq, Sequence& s, const KvCompaction& compact,

@@ -190,11 +190,11 @@ class WorkerRuntime {
                      absl::Duration elapsed);
   // Adds the next processed row of this pass with `history` (prompt + output so far, this
   // round's drafts included) into pool slot `slot`; returns its sampler row. Token ids become row
-  // indices on a reduced head.
-  int32_t AddRow(const Sequence& s, std::span<const int32_t> history, const SamplingParams& params,
+  // indices on a reduced head. `req` gives the sampling parameters and the logit bias.
+  int32_t AddRow(const Sequence& s, std::span<const int32_t> history, const SequenceRequest& req,
                  kernels::RowMode mode, int32_t slot);
   // The same into a new kept slot of `s`, with the first `len` tokens of `s` as history.
-  int32_t AddKeptRow(Sequence& s, size_t len, const SamplingParams& params, kernels::RowMode mode,
+  int32_t AddKeptRow(Sequence& s, size_t len, const SequenceRequest& req, kernels::RowMode mode,
                      int32_t slot);
   // Applies `compact` and drops what is past `keep` tokens of a known sequence.
   absl::Status CompactAndTruncate(SeqId seq, Sequence& s, const KvCompaction& compact,

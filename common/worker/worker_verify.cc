@@ -229,7 +229,7 @@ std::vector<VerifySequenceResult> WorkerRuntime::Verify(
               // the penalties. A chain's path is the drafts before it, already in place.
               int32_t row = 0;
               if (!shape.tree) {
-                row = AddKeptRow(s, x_len + r, req.sampling, mode, slots[next_slot++]);
+                row = AddKeptRow(s, x_len + r, req, mode, slots[next_slot++]);
               } else {
                 std::vector<int32_t> history;
                 if (req.sampling.penalizes()) {
@@ -240,7 +240,7 @@ std::vector<VerifySequenceResult> WorkerRuntime::Verify(
                   history.insert(history.end(), path.begin(), path.end());
                 }
                 s.rows.push_back(slots[next_slot]);
-                row = AddRow(s, history, req.sampling, mode, slots[next_slot++]);
+                row = AddRow(s, history, req, mode, slots[next_slot++]);
               }
               if (r == 0) p.first_row = row;
             }

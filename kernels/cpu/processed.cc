@@ -124,6 +124,13 @@ absl::Status LogitsProcessor::LoadPenalized(std::span<const float> logits,
     }
   }
   if (work.data() != logits.data()) std::copy(logits.begin(), logits.end(), work.begin());
+  for (const TokenBias& b : history.bias) {
+    if (b.token < 0 || b.token >= vocab) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "logit_bias token ", b.token, " is outside the vocabulary [0, ", vocab, ")"));
+    }
+    work[b.token] = work[b.token] + b.bias;
+  }
 
   const float rep = params.repetition_penalty;
   if (rep != 1.0f) {

@@ -5,6 +5,8 @@
 // written numpy reference (tests/common/sampling/processed_reference.py) follows this list:
 //
 //  0. Logits are fp32. A NaN logit is INVALID_ARGUMENT; -inf bans a token, +inf is allowed.
+//     Then the request's logit_bias, before anything else as in vLLM: w = w + b for each listed
+//     token, one fp32 add (listed tokens only, even for b = 0).
 //  1. Penalties, vLLM/HF semantics, each an fp32 operation rounded once (the tree builds with
 //     -ffp-contract=off, so nothing is fused):
 //       repetition r, once per distinct token of prompt + output:  w = w > 0 ? w / r : w * r;
@@ -41,10 +43,17 @@
 
 namespace specd::kernels::cpu {
 
-// The tokens the penalties look at. This round's earlier drafts belong in `output`.
+// What a row's processing reads besides its logits: the tokens the penalties look at (this
+// round's earlier drafts belong in `output`) and the request's logit bias (ascending tokens).
 struct TokenHistory {
+  TokenHistory() = default;
+  TokenHistory(std::span<const int32_t> prompt, std::span<const int32_t> output,
+               std::span<const TokenBias> bias = {})
+      : prompt(prompt), output(output), bias(bias) {}
+
   std::span<const int32_t> prompt;
   std::span<const int32_t> output;
+  std::span<const TokenBias> bias;
 };
 
 // Tokens more than this far below the maximum logit (after temperature) get probability 0.
@@ -74,14 +83,14 @@ class LogitsProcessor {
   absl::StatusOr<int32_t> GreedyToken(std::span<const float> logits, const SamplingParams& params,
                                       const TokenHistory& history);
 
-  // Steps 0 and 1 alone: `logits` with the penalties applied, into `out` (V entries; may be the
-  // same memory). ProcessedDistribution of the result with neutral penalties is bit-identical to
-  // ProcessedDistribution of `logits`. Same errors as GreedyToken.
+  // Steps 0 and 1 alone: `logits` with the bias and the penalties applied, into `out` (V entries;
+  // may be the same memory). ProcessedDistribution of the result with neutral penalties is
+  // bit-identical to ProcessedDistribution of `logits`. Same errors as GreedyToken.
   absl::Status Penalize(std::span<const float> logits, const SamplingParams& params,
                         const TokenHistory& history, std::span<float> out);
 
  private:
-  // Step 0 and 1: copies `logits` to `work` with the penalties applied.
+  // Step 0 and 1: copies `logits` to `work` with the bias and the penalties applied.
   absl::Status LoadPenalized(std::span<const float> logits, const SamplingParams& params,
                              const TokenHistory& history, std::span<float> work);
   // Step 3: fills support_ with the kept ids, ascending, and values_ with their logits.

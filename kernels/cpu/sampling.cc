@@ -59,6 +59,19 @@ absl::Status CheckRowSampling(const ProcessRowsArgs& a, int64_t r) {
   if (a.history == nullptr && (rs.prompt_len > 0 || rs.output_len > 0)) {
     return absl::InvalidArgumentError(absl::StrCat(kOp, ": history must not be null"));
   }
+  if (rs.bias_begin < 0 || rs.bias_len < 0 || rs.bias_begin > a.n_biases ||
+      rs.bias_len > a.n_biases - rs.bias_begin || (a.biases == nullptr && rs.bias_len > 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        kOp, ": rows[", r, "] names logit biases outside [0, n_biases = ", a.n_biases, ")"));
+  }
+  if (rs.bias_len > 0) {
+    const absl::Status bias =
+        ValidateLogitBias({a.biases + rs.bias_begin, static_cast<size_t>(rs.bias_len)}, a.vocab);
+    if (!bias.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          kOp, ": rows[", r, "] names logit biases that are not valid: ", bias.message()));
+    }
+  }
   absl::Status params = ValidateSamplingParams(rs.params, a.vocab);
   if (!params.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(kOp, ": rows[", r, "]: ", params.message()));
@@ -120,8 +133,10 @@ int32_t ProcessOneRow(const ProcessRowsArgs& a, int64_t r) {
     work.resize(static_cast<size_t>(a.vocab));
     penalized = work;
   }
-  const TokenHistory history{{a.history + rs.prompt_begin, static_cast<size_t>(rs.prompt_len)},
-                             {a.history + rs.output_begin, static_cast<size_t>(rs.output_len)}};
+  const TokenHistory history{
+      {a.history + rs.prompt_begin, static_cast<size_t>(rs.prompt_len)},
+      {a.history + rs.output_begin, static_cast<size_t>(rs.output_len)},
+      {rs.bias_len > 0 ? a.biases + rs.bias_begin : nullptr, static_cast<size_t>(rs.bias_len)}};
   if (a.entropy != nullptr) a.entropy[r] = NormalizedEntropy(logits);
   if (!processor.Penalize(logits, rs.params, history, penalized).ok()) return kRowBadHistory;
   a.argmax[r] = ArgMaxLowestId(penalized);

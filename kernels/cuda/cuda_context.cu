@@ -10,7 +10,7 @@ namespace {
 constexpr std::array<const char*, 12> kOpNames = {
     "?",          "Embedding",     "Rope",        "StoreKv",    "Attention",   "GatherRows",
     "CopyKvRows", "CombineLogits", "ProcessRows", "SampleRows", "GatherProbs", "Logprobs"};
-constexpr std::array<const char*, 23> kFieldNames = {"ids",
+constexpr std::array<const char*, 24> kFieldNames = {"ids",
                                                      "pos",
                                                      "token_seq",
                                                      "slot",
@@ -32,7 +32,8 @@ constexpr std::array<const char*, 23> kFieldNames = {"ids",
                                                      "mask_start",
                                                      "tree_mask",
                                                      "rows.prob_slot",
-                                                     "scale"};
+                                                     "scale",
+                                                     "rows logit bias"};
 
 // A kernel that does nothing, to learn whether this build has code the device can run.
 __global__ void ProbeKernel() {}
@@ -64,6 +65,11 @@ std::string DeviceErrorMessage(const DeviceError& e) {
                           "); the kernel skipped it");
     case DeviceField::kScale:
       return absl::StrCat(op, ": scale[", e.index, "] must be finite; the kernel skipped it");
+    case DeviceField::kBias:
+      return absl::StrCat(op, ": rows[", e.index,
+                          "] names logit biases outside [0, n_biases = ", e.value,
+                          "), or ones not ascending, in the vocabulary and finite; the kernel "
+                          "skipped it");
     default:
       return absl::StrCat(op, ": ", field, " at index ", e.index, " is out of range (value ",
                           e.value, "); the kernel skipped it");

@@ -52,6 +52,7 @@ enum class DeviceField : int32_t {
   kTreeMask,          // value: the token's own bit (slot - mask_start), which the mask leaves clear
   kRepeatedProbSlot,  // value: the slot an earlier row of the call already writes
   kScale,             // a guidance scale that is not finite; value unused
+  kBias,  // a row's logit biases: out of range, unsorted, or not finite; value: n_biases
 };
 
 // The first bad argument kernels met since the last Synchronize. Lives in mapped pinned host

@@ -105,7 +105,34 @@ __device__ bool RowValid(const ProcessRowsArgs& a, int64_t r, const RowSampling&
     return report(DeviceField::kHistoryRange, a.history_len);
   }
   if (!ParamsValid(rs.params)) return report(DeviceField::kParams, 0);
+  if (rs.bias_begin < 0 || rs.bias_len < 0 || rs.bias_begin > a.n_biases ||
+      rs.bias_len > a.n_biases - rs.bias_begin || (a.biases == nullptr && rs.bias_len > 0)) {
+    return report(DeviceField::kBias, a.n_biases);
+  }
+  // AddBias's binary search needs ascending tokens.
+  for (int64_t j = 0; j < rs.bias_len; ++j) {
+    const TokenBias b = a.biases[rs.bias_begin + j];
+    if (b.token < 0 || b.token >= a.vocab || !isfinite(b.bias) ||
+        (j > 0 && b.token <= a.biases[rs.bias_begin + j - 1].token)) {
+      return report(DeviceField::kBias, a.n_biases);
+    }
+  }
   return true;
+}
+
+// x + the token's logit bias, when it has one (an absent token keeps its bits: x + 0 would turn
+// -0 into +0). `bias` is the row's list, ascending by token.
+__device__ float AddBias(float x, int32_t token, const TokenBias* bias, int64_t n) {
+  int64_t lo = 0, hi = n;
+  while (lo < hi) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    if (bias[mid].token < token) {
+      lo = mid + 1;
+    } else {
+      hi = mid;
+    }
+  }
+  return lo < n && bias[lo].token == token ? __fadd_rn(x, bias[lo].bias) : x;
 }
 
 __global__ void __launch_bounds__(kThreads)
@@ -173,12 +200,15 @@ __global__ void __launch_bounds__(kThreads)
     __syncthreads();
   }
 
-  // 1. Penalties into `work` (the penalized row when asked for, else the pool slot), using it
-  // first as per-token counts: bit 31 = seen in prompt or output, low bits = output count.
+  // 1. The logit bias, then the penalties, into `work` (the penalized row when asked for, else
+  // the pool slot), using it first as per-token counts: bit 31 = seen in prompt or output, low
+  // bits = output count.
   const float rep = params.repetition_penalty;
   const float freq = params.frequency_penalty;
   const float pres = params.presence_penalty;
   const bool penalize = rep != 1.0f || freq != 0.0f || pres != 0.0f;
+  const TokenBias* const bias = a.biases + rs.bias_begin;
+  const int64_t n_bias = rs.bias_len;
   float* const penalized_out = a.penalized != nullptr ? a.penalized + r * V : nullptr;
   const float* w = logits;  // the penalised logits from here on
   if (penalize) {
@@ -206,7 +236,7 @@ __global__ void __launch_bounds__(kThreads)
     __syncthreads();
     for (int64_t i = tid; i < V; i += kThreads) {
       const uint32_t c = counts[i];
-      float x = logits[i];
+      float x = n_bias > 0 ? AddBias(logits[i], static_cast<int32_t>(i), bias, n_bias) : logits[i];
       if (rep != 1.0f && (c & kSeenBit) != 0) x = x > 0.0f ? __fdiv_rn(x, rep) : __fmul_rn(x, rep);
       const uint32_t n = c & ~kSeenBit;
       if (n > 0) {
@@ -214,6 +244,13 @@ __global__ void __launch_bounds__(kThreads)
         if (pres != 0.0f) x = __fsub_rn(x, pres);
       }
       work[i] = x;
+    }
+    __syncthreads();
+    w = work;
+  } else if (n_bias > 0) {
+    float* work = penalized_out != nullptr ? penalized_out : probs;
+    for (int64_t i = tid; i < V; i += kThreads) {
+      work[i] = AddBias(logits[i], static_cast<int32_t>(i), bias, n_bias);
     }
     __syncthreads();
     w = work;

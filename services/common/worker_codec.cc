@@ -15,6 +15,11 @@ void EncodeSequence(const SequenceRequest& r, ProtoSequence* out) {
   out->mutable_catch_up_tokens()->Add(r.catch_up.begin(), r.catch_up.end());
   out->set_expected_cached_len(r.expected_cached_len);
   Encode(r.sampling, out->mutable_sampling());
+  for (const TokenBias& b : r.logit_bias) {
+    pb::TokenBias* e = out->mutable_sampling()->add_logit_bias();
+    e->set_token(b.token);
+    e->set_bias(b.bias);
+  }
   out->set_seed(r.seed);
   out->set_prompt_len(r.prompt_len);
   out->set_drop_tail(r.drop_tail);
@@ -41,6 +46,10 @@ void DecodeSequence(const ProtoSequence& proto, SequenceRequest* out) {
   out->catch_up.assign(proto.catch_up_tokens().begin(), proto.catch_up_tokens().end());
   out->expected_cached_len = proto.expected_cached_len();
   out->sampling = Decode(proto.sampling());
+  out->logit_bias.clear();
+  for (const pb::TokenBias& b : proto.sampling().logit_bias()) {
+    out->logit_bias.push_back({b.token(), b.bias()});
+  }
   out->seed = proto.seed();
   out->prompt_len = proto.prompt_len();
   out->drop_tail = proto.drop_tail();

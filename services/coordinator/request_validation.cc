@@ -225,6 +225,13 @@ absl::StatusOr<GenerationRequest> BuildGenerationRequest(const v1::GenerateReque
     const size_t begin = at + kPrefix.size();
     return FieldError(m.substr(begin, m.find(' ', begin) - begin), m);
   }
+  out.logit_bias.clear();
+  for (const auto& [token, bias] : s.logit_bias()) out.logit_bias.push_back({token, bias});
+  std::sort(out.logit_bias.begin(), out.logit_bias.end(),
+            [](const TokenBias& a, const TokenBias& b) { return a.token < b.token; });
+  if (absl::Status st = ValidateLogitBias(out.logit_bias, limits.vocab_size); !st.ok()) {
+    return FieldError("logit_bias", st.message());
+  }
   out.seed = s.has_seed() ? s.seed() : random_seed;
   out.sample = s.sample();
 

@@ -193,6 +193,7 @@ void Scheduler::StartSequence(Active& a) {
   a.seq.tokens = a.request.prompt;
   a.seq.prompt_len = static_cast<int64_t>(a.request.prompt.size());
   a.seq.sampling = a.request.sampling;
+  a.seq.logit_bias = a.request.logit_bias;
   a.seq.seed = a.request.seed;
   a.seq.num_speculative_tokens = a.request.num_speculative_tokens;
   a.seq.done_len = a.seq.prompt_len + a.request.max_new_tokens;

@@ -39,6 +39,7 @@ enum class FinishReason { kNone, kLength, kEosToken, kStopToken, kStopString };
 struct GenerationRequest {
   std::vector<int32_t> prompt;
   SamplingParams sampling;
+  std::vector<TokenBias> logit_bias;  // ascending tokens
   uint64_t seed = 0;
   int64_t max_new_tokens = 128;
   std::vector<std::string> stop_strings;

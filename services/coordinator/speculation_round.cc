@@ -276,6 +276,7 @@ std::vector<Proposal> Propose(WorkerApi& draft, std::span<SpeculativeSequence* c
     r.drop_tail = s.draft_tail;
     r.compact = s.draft_compact;
     r.sampling = s.sampling;
+    r.logit_bias = s.logit_bias;
     r.seed = s.seed;
     r.prompt_len = s.prompt_len;
     r.sample = s.sample;
@@ -475,6 +476,7 @@ std::vector<RoundStats> RunSpeculationRound(WorkerApi& draft, WorkerApi& target,
     r.drop_tail = s.target_tail;
     r.compact = s.target_compact;
     r.sampling = s.sampling;
+    r.logit_bias = s.logit_bias;
     r.seed = s.seed;
     r.prompt_len = s.prompt_len;
     r.sample = s.sample;

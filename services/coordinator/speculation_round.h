@@ -51,6 +51,7 @@ struct SpeculativeSequence {
   std::vector<int32_t> tokens;  // x: prompt + generated
   int64_t prompt_len = 0;
   SamplingParams sampling;
+  std::vector<TokenBias> logit_bias;  // ascending tokens; sent with every Draft and Verify
   uint64_t seed = 0;
   int32_t num_speculative_tokens = 4;  // K requested; 0 = plain decoding
   // The length of x at which the request has all the tokens it asked for (prompt +

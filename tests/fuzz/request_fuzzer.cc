@@ -113,6 +113,8 @@ specd::v1::GenerateRequest Structured(FuzzedDataProvider& p) {
     s->set_presence_penalty(ConsumeFloat(p));
     s->set_frequency_penalty(ConsumeFloat(p));
     if (p.ConsumeBool()) s->set_seed(p.ConsumeIntegral<uint64_t>());
+    const size_t biases = p.ConsumeIntegralInRange<size_t>(0, 4);
+    for (size_t i = 0; i < biases; ++i) (*s->mutable_logit_bias())[ConsumeId(p)] = ConsumeFloat(p);
   }
   if (p.ConsumeBool()) {
     specd::v1::StoppingCriteria* s = r.mutable_stopping();
@@ -161,6 +163,13 @@ void CheckAccepted(const specd::v1::GenerateRequest& r, const specd::GenerationR
   Check(Finite(s.frequency_penalty) && s.frequency_penalty >= -2.0f && s.frequency_penalty <= 2.0f);
   Check(specd::v1::DraftSampling_IsValid(r.speculation().draft_sampling()));
   if (r.sampling().has_seed()) Check(g.seed == r.sampling().seed());
+  Check(g.logit_bias.size() == static_cast<size_t>(r.sampling().logit_bias_size()));
+  for (size_t i = 0; i < g.logit_bias.size(); ++i) {
+    const specd::TokenBias& b = g.logit_bias[i];
+    Check(b.token >= 0 && b.token < limits.vocab_size);
+    Check(Finite(b.bias) && b.bias >= -100.0f && b.bias <= 100.0f);
+    Check(i == 0 || b.token > g.logit_bias[i - 1].token);
+  }
 
   Check(g.max_new_tokens >= 1);
   Check(static_cast<int64_t>(g.prompt.size()) + g.max_new_tokens <= limits.max_seq_len);

@@ -195,6 +195,14 @@ TEST_F(WorkerProcessTest, PerSequenceErrorsLeaveTheBatchAlone) {
   *req.add_sequences() = VerifySeq(4, {4, 512}, 0, {}, Sampled(), 1, 0, 0);          // vocab is 512
   *req.add_sequences() = VerifySeq(5, Tokens(38, 5), 0, {1, 2, 3}, Sampled(), 1, 0, 0);  // 41
   *req.add_sequences() = VerifySeq(6, Tokens(35, 6), 0, {}, Sampled(), 1, 0, 0);         // 3 blocks
+  for (const auto& [token, bias] : {std::pair{3, 1.0f}, std::pair{512, -100.0f}}) {
+    pb::TokenBias* b = req.mutable_sequences(0)->mutable_sampling()->add_logit_bias();
+    b->set_token(token);
+    b->set_bias(bias);
+  }
+  *req.add_sequences() = req.sequences(0);  // seq 2 with a bias past the vocabulary
+  req.mutable_sequences(6)->set_seq_id(7);
+  req.mutable_sequences(0)->mutable_sampling()->clear_logit_bias();
   const VerifyCall call = CallVerify(*ts, req);
   ASSERT_TRUE(call.status.ok()) << call.status.error_message();
   const std::map<uint64_t, std::pair<int, std::string>> want = {
@@ -203,6 +211,7 @@ TEST_F(WorkerProcessTest, PerSequenceErrorsLeaveTheBatchAlone) {
       {4, {3, "sequence 4: token id 512 at catch-up index 1 is outside [0, 512)"}},
       {5, {11, "sequence 5 would reach 41 tokens, over max_seq_len 40"}},
       {6, {8, "sequence 6 needs 3 more KV blocks for 35 tokens but only 2 are free"}},
+      {7, {3, "sequence 7: logit_bias token 512 is outside the vocabulary [0, 512)"}},
   };
   for (const auto& [seq, code_message] : want) {
     const pb::VerifyResult& r = call.results.at(seq);
@@ -225,7 +234,7 @@ TEST_F(WorkerProcessTest, PerSequenceErrorsLeaveTheBatchAlone) {
   EXPECT_EQ(good.cache().free_kv_blocks(), 2);
   EXPECT_EQ(good.cache().free_kv_tokens(), 32);
   // One result per sequence, in request order.
-  EXPECT_EQ(call.order, (std::vector<uint64_t>{2, 3, 1, 4, 5, 6}));
+  EXPECT_EQ(call.order, (std::vector<uint64_t>{2, 3, 1, 4, 5, 6, 7}));
 }
 
 TEST_F(WorkerProcessTest, DraftReportsEachFailureOnceAndDraftsTheRest) {

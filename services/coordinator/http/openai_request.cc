@@ -4,6 +4,7 @@
 #include <limits>
 #include <optional>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "base/status_macros.h"
@@ -174,10 +175,31 @@ absl::Status ParseGuidance(const Json& body, v1::GenerateRequest* out) {
   return absl::OkStatus();
 }
 
+// OpenAI's logit_bias: {"token id": bias}. The ids and ranges are checked where every request
+// is (BuildGenerationRequest), against the model's vocabulary; here only the shape.
+absl::Status ParseLogitBias(const Json& body, v1::SamplingParameters* s) {
+  const Json& bias = Field(body, "logit_bias");
+  if (bias.is_null()) return absl::OkStatus();
+  constexpr absl::string_view kShape =
+      "logit_bias must be an object mapping token ids (as strings) to numbers in [-100, 100]";
+  if (!bias.is_object()) return FieldError("logit_bias", kShape);
+  for (const auto& [key, value] : bias.items()) {
+    int32_t token = 0;
+    if (key.empty() || key.size() > 10 || !absl::SimpleAtoi(key, &token) ||
+        absl::StrCat(token) != key) {
+      return FieldError("logit_bias", absl::StrCat("logit_bias key \"", key.substr(0, 20),
+                                                   "\" is not a token id"));
+    }
+    if (!value.is_number()) return FieldError("logit_bias", kShape);
+    (*s->mutable_logit_bias())[token] = static_cast<float>(value.get<double>());
+  }
+  return absl::OkStatus();
+}
+
 // Fields OpenAI defines that specd does not implement: refused rather than silently ignored.
 absl::Status RefuseUnsupported(const Json& body, Endpoint endpoint) {
-  for (const char* name : {"tools", "tool_choice", "functions", "function_call", "logit_bias",
-                           "suffix", "audio", "modalities", "prediction"}) {
+  for (const char* name : {"tools", "tool_choice", "functions", "function_call", "suffix", "audio",
+                           "modalities", "prediction"}) {
     const Json& v = Field(body, name);
     const bool empty =
         v.is_null() || ((v.is_object() || v.is_array() || v.is_string()) && v.empty());
@@ -285,6 +307,7 @@ absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(Endpoint endpoint, absl::string
   SPECD_ASSIGN_OR_RETURN(const std::optional<double> frequency,
                          Number(body, "frequency_penalty", -2.0, 2.0, "in [-2, 2]"));
   s->set_frequency_penalty(static_cast<float>(frequency.value_or(0.0)));
+  SPECD_RETURN_IF_ERROR(ParseLogitBias(body, s));
   const Json& seed = Field(body, "seed");
   if (!seed.is_null()) {
     // Any 64-bit integer; a negative one is taken as its two's complement.

@@ -48,6 +48,7 @@ struct RowCase {
   SamplingParams params;
   RowMode mode;
   std::vector<int32_t> prompt, output;
+  std::vector<TokenBias> bias = {};  // ascending tokens
 };
 
 class SamplingOpsTest : public BackendTest {
@@ -70,6 +71,7 @@ class SamplingOpsTest : public BackendTest {
     const int64_t n = static_cast<int64_t>(cases.size());
     std::vector<RowSampling> rows;
     std::vector<int32_t> history;
+    std::vector<TokenBias> biases;
     const int64_t capacity = n + 3;
     for (int64_t r = 0; r < n; ++r) {
       RowSampling rs;
@@ -82,9 +84,13 @@ class SamplingOpsTest : public BackendTest {
       rs.output_begin = static_cast<int64_t>(history.size());
       rs.output_len = static_cast<int64_t>(cases[r].output.size());
       history.insert(history.end(), cases[r].output.begin(), cases[r].output.end());
+      rs.bias_begin = static_cast<int64_t>(biases.size());
+      rs.bias_len = static_cast<int64_t>(cases[r].bias.size());
+      biases.insert(biases.end(), cases[r].bias.begin(), cases[r].bias.end());
       rows.push_back(rs);
     }
     history.push_back(0);  // never empty
+    biases.push_back({0, 0.0f});
     ProcessRowsArgs a;
     a.logits = device().Put(logits);
     a.n_rows = n;
@@ -92,6 +98,8 @@ class SamplingOpsTest : public BackendTest {
     a.rows = device().Put(rows);
     a.history = device().Put(history);
     a.history_len = static_cast<int64_t>(history.size());
+    a.biases = device().Put(biases);
+    a.n_biases = static_cast<int64_t>(biases.size());
     pool_ = device().Output<float>(capacity * vocab_);
     capacity_ = capacity;
     a.probs = pool_;
@@ -139,7 +147,7 @@ class SamplingOpsTest : public BackendTest {
   void Reference(std::span<const float> logits, const RowCase& c, std::vector<float>* row,
                  int32_t* argmax, int32_t* error) const {
     cpu::LogitsProcessor processor;
-    const cpu::TokenHistory history{c.prompt, c.output};
+    const cpu::TokenHistory history{c.prompt, c.output, c.bias};
     row->assign(static_cast<size_t>(vocab_), 0.0f);
     *error = kRowOk;
     if (std::any_of(logits.begin(), logits.end(), [](float x) { return std::isnan(x); })) {
@@ -172,6 +180,18 @@ class SamplingOpsTest : public BackendTest {
     std::vector<int32_t> prompt(40), output(25);
     for (int32_t& t : prompt) t = id(rng_);
     for (int32_t& t : output) t = id(rng_) % 50;  // repeats, so frequency counts matter
+    // Ban this row's argmax-to-be and lift a few others, some of them in the penalty history.
+    std::vector<TokenBias> bias = {{3, 2.5f},
+                                   {17, -100.0f},
+                                   {output[0], 4.0f},
+                                   {prompt[1], -3.0f},
+                                   {static_cast<int32_t>(vocab_ - 1), 100.0f}};
+    std::sort(bias.begin(), bias.end(),
+              [](const TokenBias& a, const TokenBias& b) { return a.token < b.token; });
+    bias.erase(
+        std::unique(bias.begin(), bias.end(),
+                    [](const TokenBias& a, const TokenBias& b) { return a.token == b.token; }),
+        bias.end());
     return {
         {Params(0.0f), RowMode::kGreedy, {}, {}},
         {Params(0.0f, 0, 1, 0, 1.3f, 0.5f, 0.7f), RowMode::kGreedy, prompt, output},
@@ -182,6 +202,9 @@ class SamplingOpsTest : public BackendTest {
         {Params(0.9f, 0, 1, 0.1f, 1.2f, -0.4f, 0.3f), RowMode::kSample, prompt, output},
         {Params(0.8f, 0, 0.95f), RowMode::kArgmaxOfProcessed, prompt, output},
         {Params(1.0f, 3), RowMode::kSample, {}, {}},  // ties at the top-k boundary (below)
+        {Params(0.0f), RowMode::kGreedy, {}, {}, bias},
+        {Params(0.9f, 0, 0.95f, 0, 1.25f, 0.3f, 0.2f), RowMode::kSample, prompt, output, bias},
+        {Params(1.1f, 30, 1, 0.02f), RowMode::kSample, {}, {}, bias},
     };
   }
 
@@ -332,7 +355,9 @@ TEST_P(SamplingOpsTest, ProcessRowsTopTokensAndEntropy) {
     std::vector<float> w(vocab_);
     cpu::LogitsProcessor processor;
     ASSERT_TRUE(
-        processor.Penalize(row, cases[r].params, {cases[r].prompt, cases[r].output}, w).ok());
+        processor
+            .Penalize(row, cases[r].params, {cases[r].prompt, cases[r].output, cases[r].bias}, w)
+            .ok());
     std::vector<int32_t> order(vocab_);
     std::iota(order.begin(), order.end(), 0);
     std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return w[a] > w[b]; });
@@ -494,6 +519,41 @@ TEST_P(SamplingOpsTest, ProcessRowsRefusesAHistoryRangeOutsideTheHistory) {
                   "ProcessRows: rows[1] names history outside [0, history_len = 4)", 0),
               0)
         << status;
+  }
+}
+
+// A row whose logit biases run past the list, or name a token outside the vocabulary, out of
+// order or with a bias that is not finite, is refused (a GPU at the next Synchronize).
+TEST_P(SamplingOpsTest, ProcessRowsRefusesBadLogitBiases) {
+  const std::vector<TokenBias> good = {{2, 1.0f}, {9, -3.0f}};
+  const std::vector<std::vector<TokenBias>> bad = {
+      {{2, 1.0f}, {static_cast<int32_t>(vocab_), 1.0f}},
+      {{9, 1.0f}, {2, 1.0f}},
+      {{2, 1.0f}, {2, 2.0f}},
+      {{2, std::numeric_limits<float>::quiet_NaN()}},
+      {{-1, 1.0f}}};
+  for (size_t b = 0; b <= bad.size(); ++b) {
+    std::vector<RowSampling> rows(2);
+    std::vector<TokenBias> biases = good;
+    for (int32_t r = 0; r < 2; ++r) {
+      rows[r].params = Params(1.0f);
+      rows[r].prob_slot = r;
+      rows[r].bias_len = 2;
+    }
+    if (b < bad.size()) {
+      rows[1].bias_begin = 2;
+      rows[1].bias_len = static_cast<int64_t>(bad[b].size());
+      biases.insert(biases.end(), bad[b].begin(), bad[b].end());
+    } else {
+      rows[1].bias_len = 3;  // past the list
+    }
+    ProcessRowsArgs a = RowsArgs(rows, 2);
+    a.biases = device().Put(biases);
+    a.n_biases = static_cast<int64_t>(biases.size());
+    const absl::Status status = Checked(backend().ProcessRows(a));
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << "case " << b << ": " << status;
+    EXPECT_EQ(status.message().rfind("ProcessRows: rows[1] names logit biases", 0), 0)
+        << "case " << b << ": " << status;
   }
 }
 

@@ -5,8 +5,9 @@ Written from DESIGN.md ("The processed distribution") and the precision list at 
 kernels/cpu/processed.h, with whole-array numpy operations (full sorts, masks) instead of the
 C++ selection algorithms. It generates the test cases itself and writes, into OUT_DIR:
 
-  cases.json    one entry per case: name, vocab, params, prompt, output, offset (into the binary
-                files, in elements), greedy_token, redraws
+  cases.json    one entry per case: name, vocab, params, prompt, output, bias ([token, bias]
+                pairs, ascending tokens), offset (into the binary files, in elements),
+                greedy_token, redraws
   logits.f32    the input rows, float32 little endian, concatenated
   expected.f32  the reference processed rows, same layout
   kept.u8       1 where the token survives every filter (top-k, top-p, min-p), else 0
@@ -41,10 +42,13 @@ class NoDistribution(Exception):
     pass
 
 
-def penalized(logits, p, prompt, output):
-    """Step 1: repetition over prompt + output, then frequency and presence over output."""
+def penalized(logits, p, prompt, output, bias=()):
+    """Step 0's logit bias (one float32 add per listed token), then step 1: repetition over
+    prompt + output, then frequency and presence over output."""
     w = logits.astype(F32).copy()
     with np.errstate(over="ignore", invalid="ignore"):
+        for token, b in bias:
+            w[token] = F32(w[token] + F32(b))
         r = F32(p["repetition_penalty"])
         if r != F32(1):
             ids = np.unique(np.concatenate([prompt, output]).astype(np.int64))
@@ -66,11 +70,11 @@ def order_desc(values, ids):
     return ids[np.lexsort((ids, -values[ids]))]
 
 
-def processed(logits, p, prompt, output):
+def processed(logits, p, prompt, output, bias=()):
     """Returns (probs float32[V], kept bool[V], info dict for the fragility check)."""
     v = logits.size
     ids_all = np.arange(v, dtype=np.int64)
-    w = penalized(logits, p, prompt, output)
+    w = penalized(logits, p, prompt, output, bias)
     info = {"w": w}
     if F32(p["temperature"]) == F32(0):
         probs = np.zeros(v, dtype=F32)
@@ -212,6 +216,27 @@ def resolve_top_k(p, v):
     return p
 
 
+# Cases whose rows also carry a random logit bias: listed tokens, some banned (-100), some pushed
+# to the top (+100), the rest moderate; with and without penalties and filters.
+BIAS_PARAMS = [
+    ("bias_plain", params()),
+    ("bias_greedy", params(temperature=0.0)),
+    ("bias_penalties", params(repetition_penalty=1.3, presence_penalty=0.5,
+                              frequency_penalty=0.3)),
+    ("bias_combined", params(temperature=0.8, top_k=20, top_p=0.9, min_p=0.02,
+                             repetition_penalty=1.1)),
+]
+
+
+def random_bias(rng, v):
+    n = int(min(v, 12))
+    tokens = np.sort(rng.choice(v, size=n, replace=False))
+    values = rng.uniform(-10.0, 10.0, size=n).astype(F32)
+    values[0] = F32(-100)
+    values[n // 2] = F32(100) if v > 7 else values[n // 2]
+    return [(int(t), float(b)) for t, b in zip(tokens, values)]
+
+
 def random_history(rng, v):
     prompt = rng.integers(0, v, size=min(2 * v, 300))
     # Outputs drawn from a small pool so counts above 1 occur.
@@ -272,16 +297,17 @@ def main():
     logits_blob, expected_blob, kept_blob = [], [], []
     offset = 0
 
-    def add(name, logits, p, prompt, output, redraws):
+    def add(name, logits, p, prompt, output, redraws, bias=()):
         nonlocal offset
-        probs, kept, _ = processed(logits, p, prompt, output)
-        greedy = int(np.argmax(penalized(logits, p, prompt, output)))
+        probs, kept, _ = processed(logits, p, prompt, output, bias)
+        greedy = int(np.argmax(penalized(logits, p, prompt, output, bias)))
         cases.append({
             "name": name,
             "vocab": int(logits.size),
             "params": p,
             "prompt": prompt.tolist(),
             "output": output.tolist(),
+            "bias": [[t, b] for t, b in bias],
             "offset": offset,
             "greedy_token": greedy,
             "redraws": redraws,
@@ -304,6 +330,37 @@ def main():
             else:
                 raise RuntimeError(f"no robust draw for {name} V={v}")
             add(f"{name}_V{v}", logits, p, prompt, output, redraws)
+
+    for v in (7, 1000, 32000):
+        for name, p in BIAS_PARAMS:
+            for redraws in range(100):
+                logits = rng.normal(0.0, 2.5, size=v).astype(F32)
+                prompt, output = random_history(rng, v)
+                bias = random_bias(rng, v)
+                _, _, info = processed(logits, p, prompt, output, bias)
+                if not fragile(info):
+                    break
+            else:
+                raise RuntimeError(f"no robust draw for {name} V={v}")
+            add(f"{name}_V{v}", logits, p, prompt, output, redraws, bias)
+
+    # A bias cannot lift a banned (-inf) token nor sink a +inf one; it breaks ties; it applies
+    # before the penalties, so repetition divides a biased positive logit.
+    empty = np.zeros(0, dtype=np.int32)
+    for name, logits, p, prompt, bias in [
+        ("bias_on_infinities", [np.inf, -np.inf, 1.0, 0.5, -0.0, 2.0, 0.0], params(),
+         empty, [(0, -100.0), (1, 100.0), (4, 0.0)]),
+        ("bias_breaks_greedy_tie", [1.0, 3.0, 3.0, 3.0, 0.0, -1.0, 2.0], params(temperature=0.0),
+         empty, [(1, -0.5), (3, 0.25)]),
+        ("bias_before_repetition", [1.0, -2.0, 0.5, 3.0, 0.0, -1.0, 2.0],
+         params(repetition_penalty=2.0), np.array([0, 1, 3], dtype=np.int32),
+         [(0, 4.0), (1, 3.0), (3, -5.0)]),
+    ]:
+        logits = np.array(logits, dtype=F32)
+        _, _, info = processed(logits, p, prompt, empty, bias)
+        if fragile(info):
+            raise RuntimeError(f"edge case {name} is too close to a boundary")
+        add(name, logits, p, prompt, empty, 0, bias)
 
     for name, logits, p, prompt, output in edge_cases():
         logits = np.array(logits, dtype=F32)

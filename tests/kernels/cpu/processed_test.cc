@@ -93,7 +93,11 @@ TEST(ProcessedDistributionTest, MatchesIndependentNumpyReference) {
     const SamplingParams params = ParamsFromJson(c.at("params"));
     const std::vector<int32_t> prompt = c.at("prompt").get<std::vector<int32_t>>();
     const std::vector<int32_t> output = c.at("output").get<std::vector<int32_t>>();
-    const TokenHistory history{prompt, output};
+    std::vector<TokenBias> bias;
+    for (const nlohmann::json& b : c.at("bias")) {
+      bias.push_back({b.at(0).get<int32_t>(), static_cast<float>(b.at(1).get<double>())});
+    }
+    const TokenHistory history{prompt, output, bias};
 
     std::vector<float> probs(vocab, -1.0f);
     ASSERT_TRUE(processor.ProcessedDistribution(logits, params, history, probs).ok());

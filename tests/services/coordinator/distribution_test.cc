@@ -6,7 +6,8 @@
 //
 // Every way of drafting is held to it (issue 17): a sampled chain from the draft model, prompt
 // lookup, EGAG's entropy-cut chains, a draft with a reduced head (FR-Spec), and trees with b = 2
-// and 3 for sampled and greedy requests (greedy output is a point mass, so 200 requests do). Each
+// and 3 for sampled and greedy requests (greedy output is a point mass, so 200 requests do), and
+// requests with a logit_bias (the reference adds it to its logits). Each
 // run asserts minimum counts showing that its method was exercised (rejections, accepted drafts,
 // prompt-lookup matches, EGAG stops, accepted second-ranked children). And for each, a deliberately
 // broken variant must be rejected by the same test, which shows it has power:
@@ -159,6 +160,7 @@ struct Setting {
   Broken broken = Broken::kResidual;
   int samples = kSamples;
   EgagOptions egag_options = {0.5, 0.96, 1};
+  std::vector<TokenBias> bias = {};  // the requests' logit_bias
 };
 void PrintTo(const Setting& s, std::ostream* os) { *os << s.name; }
 
@@ -181,11 +183,20 @@ class DistributionTest : public ::testing::TestWithParam<Setting> {
   }
   static void TearDownTestSuite() { delete dir_; }
 
+  // joint_reference.py's BIAS argument.
+  static std::string BiasArgument(const std::vector<TokenBias>& bias) {
+    if (bias.empty()) return "-";
+    return absl::StrJoin(bias, ",", [](std::string* out, const TokenBias& b) {
+      absl::StrAppend(out, b.token, ":", b.bias);
+    });
+  }
+
   static std::vector<double> Reference(const Setting& s) {
     return testing::RunF64Reference(
         "tests/services/coordinator/joint_reference.py", dir_->path(),
         dir_->path() / (s.name + ".f64"),
-        absl::StrCat(s.temperature, " ", s.top_k, " ", s.top_p, " ", absl::StrJoin(s.prompt, " ")),
+        absl::StrCat(s.temperature, " ", s.top_k, " ", s.top_p, " ", BiasArgument(s.bias), " ",
+                     absl::StrJoin(s.prompt, " ")),
         kVocab * kVocab * kVocab);
   }
 
@@ -233,6 +244,7 @@ class DistributionTest : public ::testing::TestWithParam<Setting> {
         q.sampling.temperature = s.temperature;
         q.sampling.top_k = s.top_k;
         q.sampling.top_p = s.top_p;
+        q.logit_bias = s.bias;
         q.num_speculative_tokens = s.k;
         q.num_candidates = 2;
         q.draft_method = s.method;
@@ -338,101 +350,133 @@ TEST_P(DistributionTest, BrokenVariantIsDetected) {
 // earlier occurrence to continue from.
 const std::vector<int32_t> kRepeating = {1, 7, 3, 5, 7, 3, 5, 7, 3};
 
-INSTANTIATE_TEST_SUITE_P(Settings, DistributionTest,
-                         ::testing::Values(Setting{"temperature1_k2", 1.0f, 0, 1.0f, 2},
-                                           Setting{"topk6_topp09_k3", 1.0f, 6, 0.9f, 3},
-                                           Setting{"temperature07_topp08_k1", 0.7f, 0, 0.8f, 1},
-                                           Setting{"ngram_temperature1_k3",
-                                                   1.0f,
-                                                   0,
-                                                   1.0f,
-                                                   3,
-                                                   DraftMethod::kNgram,
-                                                   {},
-                                                   false,
-                                                   false,
-                                                   kRepeating,
-                                                   Broken::kDoubleP},
-                                           Setting{"ngram_topk6_topp09_k2",
-                                                   1.0f,
-                                                   6,
-                                                   0.9f,
-                                                   2,
-                                                   DraftMethod::kNgram,
-                                                   {},
-                                                   false,
-                                                   false,
-                                                   kRepeating,
-                                                   Broken::kDoubleP},
-                                           Setting{"egag_temperature1_k6",
-                                                   1.0f,
-                                                   0,
-                                                   1.0f,
-                                                   6,
-                                                   DraftMethod::kModel,
-                                                   {},
-                                                   true,
-                                                   false,
-                                                   {1, 7, 3},
-                                                   Broken::kPeek},
-                                           Setting{"frspec_temperature1_k2",
-                                                   1.0f,
-                                                   0,
-                                                   1.0f,
-                                                   2,
-                                                   DraftMethod::kModel,
-                                                   {},
-                                                   false,
-                                                   true,
-                                                   {1, 7, 3},
-                                                   Broken::kResidual},
-                                           Setting{"tree_b2_d2_temperature07_k3",
-                                                   0.7f,
-                                                   0,
-                                                   1.0f,
-                                                   3,
-                                                   DraftMethod::kModel,
-                                                   {2, 2},
-                                                   false,
-                                                   false,
-                                                   {1, 7, 3},
-                                                   Broken::kNoRenormalisation},
-                                           Setting{"tree_b3_d1_topk6_topp09_k2",
-                                                   1.0f,
-                                                   6,
-                                                   0.9f,
-                                                   2,
-                                                   DraftMethod::kModel,
-                                                   {3, 1},
-                                                   false,
-                                                   false,
-                                                   {1, 7, 3},
-                                                   Broken::kNoRenormalisation},
-                                           Setting{"tree_b2_d1_greedy_k4",
-                                                   0.0f,
-                                                   0,
-                                                   1.0f,
-                                                   4,
-                                                   DraftMethod::kModel,
-                                                   {2, 1},
-                                                   false,
-                                                   false,
-                                                   {1, 7, 3},
-                                                   Broken::kFirstChild,
-                                                   200},
-                                           Setting{"tree_b3_d2_greedy_k3",
-                                                   0.0f,
-                                                   0,
-                                                   1.0f,
-                                                   3,
-                                                   DraftMethod::kModel,
-                                                   {3, 2},
-                                                   false,
-                                                   false,
-                                                   {1, 7, 3},
-                                                   Broken::kFirstChild,
-                                                   200}),
-                         [](const auto& info) { return info.param.name; });
+INSTANTIATE_TEST_SUITE_P(
+    Settings, DistributionTest,
+    ::testing::Values(Setting{"temperature1_k2", 1.0f, 0, 1.0f, 2},
+                      Setting{"topk6_topp09_k3", 1.0f, 6, 0.9f, 3},
+                      Setting{"temperature07_topp08_k1", 0.7f, 0, 0.8f, 1},
+                      Setting{"ngram_temperature1_k3",
+                              1.0f,
+                              0,
+                              1.0f,
+                              3,
+                              DraftMethod::kNgram,
+                              {},
+                              false,
+                              false,
+                              kRepeating,
+                              Broken::kDoubleP},
+                      Setting{"ngram_topk6_topp09_k2",
+                              1.0f,
+                              6,
+                              0.9f,
+                              2,
+                              DraftMethod::kNgram,
+                              {},
+                              false,
+                              false,
+                              kRepeating,
+                              Broken::kDoubleP},
+                      Setting{"egag_temperature1_k6",
+                              1.0f,
+                              0,
+                              1.0f,
+                              6,
+                              DraftMethod::kModel,
+                              {},
+                              true,
+                              false,
+                              {1, 7, 3},
+                              Broken::kPeek},
+                      Setting{"frspec_temperature1_k2",
+                              1.0f,
+                              0,
+                              1.0f,
+                              2,
+                              DraftMethod::kModel,
+                              {},
+                              false,
+                              true,
+                              {1, 7, 3},
+                              Broken::kResidual},
+                      Setting{"tree_b2_d2_temperature07_k3",
+                              0.7f,
+                              0,
+                              1.0f,
+                              3,
+                              DraftMethod::kModel,
+                              {2, 2},
+                              false,
+                              false,
+                              {1, 7, 3},
+                              Broken::kNoRenormalisation},
+                      Setting{"tree_b3_d1_topk6_topp09_k2",
+                              1.0f,
+                              6,
+                              0.9f,
+                              2,
+                              DraftMethod::kModel,
+                              {3, 1},
+                              false,
+                              false,
+                              {1, 7, 3},
+                              Broken::kNoRenormalisation},
+                      Setting{"tree_b2_d1_greedy_k4",
+                              0.0f,
+                              0,
+                              1.0f,
+                              4,
+                              DraftMethod::kModel,
+                              {2, 1},
+                              false,
+                              false,
+                              {1, 7, 3},
+                              Broken::kFirstChild,
+                              200},
+                      Setting{"tree_b3_d2_greedy_k3",
+                              0.0f,
+                              0,
+                              1.0f,
+                              3,
+                              DraftMethod::kModel,
+                              {3, 2},
+                              false,
+                              false,
+                              {1, 7, 3},
+                              Broken::kFirstChild,
+                              200},
+                      // logit_bias: a banned token, others lifted and
+                      // lowered; on a reduced draft head too, with biases
+                      // on tokens it leaves out.
+                      Setting{"bias_temperature1_k3",
+                              1.0f,
+                              0,
+                              1.0f,
+                              3,
+                              DraftMethod::kModel,
+                              {},
+                              false,
+                              false,
+                              {1, 7, 3},
+                              Broken::kResidual,
+                              kSamples,
+                              {0.5, 0.96, 1},
+                              {{2, -100.0f}, {5, 1.5f}, {9, -1.0f}, {12, 2.0f}}},
+                      Setting{"bias_frspec_topk6_k2",
+                              1.0f,
+                              6,
+                              1.0f,
+                              2,
+                              DraftMethod::kModel,
+                              {},
+                              false,
+                              true,
+                              {1, 7, 3},
+                              Broken::kResidual,
+                              kSamples,
+                              {0.5, 0.96, 1},
+                              {{1, 2.0f}, {4, -100.0f}, {8, 1.0f}, {13, 3.0f}}}),
+    [](const auto& info) { return info.param.name; });
 
 }  // namespace
 }  // namespace specd

@@ -1,5 +1,6 @@
 // The whole service as users run it: a target worker, a draft worker and the coordinator as
 // three processes on loopback (ephemeral ports), driven through specd.v1.Generation.
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <csignal>
@@ -274,6 +275,38 @@ TEST_F(SyntheticE2eTest, GreedySpeculativeEqualsPlainOverTheWire) {
   service_->ExpectNoBlocksUsed();
 }
 
+// logit_bias over the wire: banning the plain output's tokens and lifting others changes the
+// output, and speculative decoding with the bias streams exactly plain decoding with it.
+TEST_F(SyntheticE2eTest, GreedyWithALogitBiasEqualsPlainWithIt) {
+  v1::GenerateRequest r;
+  r.mutable_token_ids()->add_ids(1);
+  r.mutable_token_ids()->add_ids(345);
+  r.mutable_stopping()->set_max_new_tokens(16);
+  r.mutable_stopping()->set_ignore_eos(true);
+  r.mutable_speculation()->set_num_speculative_tokens(0);
+  const Stream unbiased = service_->Generate(r);
+  ASSERT_TRUE(unbiased.status.ok()) << unbiased.status.error_message();
+  auto& bias = *r.mutable_sampling()->mutable_logit_bias();
+  for (size_t i = 0; i < 4; ++i) bias[unbiased.tokens[i]] = -100.0f;
+  bias[17] = 6.0f;
+  bias[600] = 5.0f;
+  const Stream plain = service_->Generate(r);
+  ASSERT_TRUE(plain.status.ok()) << plain.status.error_message();
+  ASSERT_EQ(plain.tokens.size(), 16u);
+  EXPECT_NE(plain.tokens, unbiased.tokens);
+  for (size_t i = 0; i < 4; ++i) {
+    EXPECT_EQ(std::count(plain.tokens.begin(), plain.tokens.end(), unbiased.tokens[i]), 0)
+        << "banned token " << unbiased.tokens[i] << " was generated";
+  }
+  for (const uint32_t k : {1u, 4u}) {
+    r.mutable_speculation()->set_num_speculative_tokens(k);
+    const Stream spec = service_->Generate(r);
+    ASSERT_TRUE(spec.status.ok()) << spec.status.error_message();
+    EXPECT_EQ(spec.tokens, plain.tokens) << "K = " << k;
+  }
+  service_->ExpectNoBlocksUsed();
+}
+
 // A prompt that repeats itself, so that prompt lookup finds matches.
 v1::GenerateRequest RepeatingRequest(int p, uint32_t max_new) {
   v1::GenerateRequest r;
@@ -385,6 +418,10 @@ TEST_F(SyntheticE2eTest, InvalidRequestsAreRejectedWithPreciseMessages) {
       {[](v1::GenerateRequest* r) { r->clear_prompt(); }, "has no prompt"},
       {[](v1::GenerateRequest* r) { r->mutable_token_ids()->add_ids(5000); },
        "outside the vocabulary"},
+      {[](v1::GenerateRequest* r) { (*r->mutable_sampling()->mutable_logit_bias())[1000] = 1; },
+       "logit_bias token 1000 is outside the vocabulary [0, 1000)"},
+      {[](v1::GenerateRequest* r) { (*r->mutable_sampling()->mutable_logit_bias())[7] = 101; },
+       "logit_bias of token 7 must be a number in [-100, 100], got 101"},
       {[](v1::GenerateRequest* r) { r->mutable_stopping()->set_max_new_tokens(100000); },
        "exceeds the model's limit"},
       {[](v1::GenerateRequest* r) { r->mutable_speculation()->set_num_speculative_tokens(1000); },

@@ -5,7 +5,8 @@ P(a, b, c) = p1(a) * p2(b | a) * p3(c | a, b), where each p is the target's proc
 (tests/kernels/cpu/processed_reference.py) of the logits of an independent numpy forward pass
 (tests/reference/llama_ref.py). Nothing here comes from specd's C++.
 
-usage: joint_reference.py MODEL_DIR OUT.f64 TEMPERATURE TOP_K TOP_P PROMPT_ID [PROMPT_ID ...]
+usage: joint_reference.py MODEL_DIR OUT.f64 TEMPERATURE TOP_K TOP_P BIAS PROMPT_ID [PROMPT_ID ...]
+BIAS is the logit bias as TOKEN:BIAS[,TOKEN:BIAS...] (ascending tokens), or - for none.
 writes V^3 probabilities, float64 little endian, index a * V * V + b * V + c.
 """
 import os
@@ -26,14 +27,19 @@ def main():
     params = processed_reference.params(
         temperature=float(sys.argv[3]), top_k=int(sys.argv[4]), top_p=float(sys.argv[5])
     )
-    prompt = [int(t) for t in sys.argv[6:]]
+    bias = []
+    if sys.argv[6] != "-":
+        for item in sys.argv[6].split(","):
+            token, value = item.split(":")
+            bias.append((int(token), float(value)))
+    prompt = [int(t) for t in sys.argv[7:]]
     model = llama_ref.Model(model_dir)
 
     def dist(prefix):
         logits = model.logits(prefix)[-1].astype(np.float32)
         output = np.array(prefix[len(prompt):], dtype=np.int64)
         probs, _, _ = processed_reference.processed(
-            logits, params, np.array(prompt, dtype=np.int64), output
+            logits, params, np.array(prompt, dtype=np.int64), output, bias
         )
         return probs.astype(np.float64)
 

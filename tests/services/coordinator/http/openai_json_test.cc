@@ -88,7 +88,10 @@ INSTANTIATE_TEST_SUITE_P(
         BadCase{kC, R"({"prompt": "a", "speculation_tree": {"branching": -1, "depth": 1}})",
                 "speculation_tree"},
         BadCase{kC, R"({"prompt": "a", "egag": "on"})", "egag"},
-        BadCase{kC, R"({"prompt": "a", "logit_bias": {"5": 1}})", "logit_bias"},
+        BadCase{kC, R"({"prompt": "a", "logit_bias": [5]})", "logit_bias"},
+        BadCase{kC, R"({"prompt": "a", "logit_bias": {"five": 1}})", "logit_bias"},
+        BadCase{kC, R"({"prompt": "a", "logit_bias": {"05": 1}})", "logit_bias"},
+        BadCase{kC, R"({"prompt": "a", "logit_bias": {"5": "1"}})", "logit_bias"},
         BadCase{kC, R"({"prompt": "a", "suffix": "z"})", "suffix"},
         BadCase{kChat, R"({"model": "m"})", "messages"},
         BadCase{kChat, R"({"messages": []})", "messages"},
@@ -165,6 +168,18 @@ TEST(OpenAiRequestTest, CompletionFieldsLandInTheGenerateRequest) {
   EXPECT_TRUE(g.logprobs().enabled());
   EXPECT_EQ(g.logprobs().top_logprobs(), 4u);
   EXPECT_EQ(g.logprobs().mode(), v1::LOGPROBS_MODE_PROCESSED);
+}
+
+// OpenAI's logit_bias: token ids as strings, mapped onto the sampling parameters; the ids and
+// ranges against the model are BuildGenerationRequest's, as on gRPC.
+TEST(OpenAiRequestTest, LogitBiasLandsInTheSamplingParameters) {
+  absl::StatusOr<OpenAiRequest> r =
+      ParseOpenAiRequest(kC, R"({"prompt": "a", "logit_bias": {"50256": -100, "7": 2.5}})");
+  ASSERT_TRUE(r.ok()) << r.status();
+  const auto& bias = r->base.sampling().logit_bias();
+  ASSERT_EQ(bias.size(), 2u);
+  EXPECT_EQ(bias.at(50256), -100.0f);
+  EXPECT_EQ(bias.at(7), 2.5f);
 }
 
 // Issue 17's speculation fields: who drafts, a draft tree, EGAG. Their limits (a tree's shape
