@@ -346,6 +346,15 @@ TEST_P(DistributionTest, BrokenVariantIsDetected) {
   EXPECT_LT(pv, kAlpha);
 }
 
+// A chain of model drafts for requests with a logit_bias; `reduced_head` as in FR-Spec.
+Setting Biased(std::string name, float temperature, int32_t top_k, int32_t k, bool reduced_head,
+               std::vector<TokenBias> bias) {
+  Setting s{std::move(name), temperature, top_k, 1.0f, k};
+  s.reduced_head = reduced_head;
+  s.bias = std::move(bias);
+  return s;
+}
+
 // Prompt lookup needs a text that repeats itself: "7 3 5" twice, so the suffix "7 3" has an
 // earlier occurrence to continue from.
 const std::vector<int32_t> kRepeating = {1, 7, 3, 5, 7, 3, 5, 7, 3};
@@ -448,34 +457,10 @@ INSTANTIATE_TEST_SUITE_P(
                       // logit_bias: a banned token, others lifted and
                       // lowered; on a reduced draft head too, with biases
                       // on tokens it leaves out.
-                      Setting{"bias_temperature1_k3",
-                              1.0f,
-                              0,
-                              1.0f,
-                              3,
-                              DraftMethod::kModel,
-                              {},
-                              false,
-                              false,
-                              {1, 7, 3},
-                              Broken::kResidual,
-                              kSamples,
-                              {0.5, 0.96, 1},
-                              {{2, -100.0f}, {5, 1.5f}, {9, -1.0f}, {12, 2.0f}}},
-                      Setting{"bias_frspec_topk6_k2",
-                              1.0f,
-                              6,
-                              1.0f,
-                              2,
-                              DraftMethod::kModel,
-                              {},
-                              false,
-                              true,
-                              {1, 7, 3},
-                              Broken::kResidual,
-                              kSamples,
-                              {0.5, 0.96, 1},
-                              {{1, 2.0f}, {4, -100.0f}, {8, 1.0f}, {13, 3.0f}}}),
+                      Biased("bias_temperature1_k3", 1.0f, 0, 3, false,
+                             {{2, -100.0f}, {5, 1.5f}, {9, -1.0f}, {12, 2.0f}}),
+                      Biased("bias_frspec_topk6_k2", 1.0f, 6, 2, true,
+                             {{1, 2.0f}, {4, -100.0f}, {8, 1.0f}, {13, 3.0f}})),
     [](const auto& info) { return info.param.name; });
 
 }  // namespace

@@ -26,6 +26,25 @@ std::unique_ptr<LocalWorker> MakeWorker(const std::filesystem::path& dir, int64_
       std::make_unique<WorkerRuntime>(std::move(engine), WorkerRuntimeOptions{}));
 }
 
+// A target and its one-layer early-exit draft on the small synthetic config.
+struct SmallPair {
+  SmallPair() {
+    SynthSpec spec;
+    spec.config = testing::SmallConfig();
+    testing::WriteSynth(spec, dir.path());
+    target = MakeWorker(dir.path(), 0);
+    draft = MakeWorker(dir.path(), 1);
+  }
+  void Release(const std::vector<SpeculativeSequence>& seqs) {
+    for (const SpeculativeSequence& s : seqs) {
+      EXPECT_TRUE(target->Release(s.id).ok());
+      EXPECT_TRUE(draft->Release(s.id).ok());
+    }
+  }
+  ScopedTempDir dir;
+  std::unique_ptr<LocalWorker> target, draft;
+};
+
 // Generates `max_new` tokens for every sequence in `seqs` together, round after round.
 void Generate(WorkerApi& draft, WorkerApi& target, std::vector<SpeculativeSequence>& seqs,
               int64_t max_new, int64_t max_seq_len, int* rounds_with_rejection = nullptr,
@@ -277,12 +296,7 @@ TEST(SpeculationRoundTest, KShrinksToTheTokensTheRequestStillNeeds) {
 // The phase times feed the benchmark's T_d, T_v(K) and overhead: the workers' forward passes lie
 // inside the phases that contain them, and the token counts are what the workers were sent.
 TEST(SpeculationRoundTest, PhaseTimesNestAndCountTheWork) {
-  ScopedTempDir dir;
-  SynthSpec spec;
-  spec.config = testing::SmallConfig();
-  testing::WriteSynth(spec, dir.path());
-  auto target = MakeWorker(dir.path(), 0);
-  auto draft = MakeWorker(dir.path(), 1);
+  SmallPair pair;
   std::vector<SpeculativeSequence> seqs(2);
   for (size_t i = 0; i < seqs.size(); ++i) {
     seqs[i].id = i + 1;
@@ -298,7 +312,7 @@ TEST(SpeculationRoundTest, PhaseTimesNestAndCountTheWork) {
     }
     RoundPhaseTimes t;
     const std::vector<RoundStats> stats =
-        RunSpeculationRound(*draft, *target, batch, RoundOptions{256, &t});
+        RunSpeculationRound(*pair.draft, *pair.target, batch, RoundOptions{256, &t});
     for (const RoundStats& st : stats) ASSERT_TRUE(st.status.ok()) << st.status;
     EXPECT_EQ(t.draft_steps, 3);  // one batched forward pass per draft position
     EXPECT_EQ(t.verify_tokens, target_cached[0] + target_cached[1] + 2 * 3);
@@ -308,21 +322,13 @@ TEST(SpeculationRoundTest, PhaseTimesNestAndCountTheWork) {
     EXPECT_LE(t.verify_forward, t.verify);
     EXPECT_GE(t.round, t.draft + t.verify + t.accept + t.truncate);
   }
-  for (const auto& s : seqs) {
-    ASSERT_TRUE(target->Release(s.id).ok());
-    ASSERT_TRUE(draft->Release(s.id).ok());
-  }
+  pair.Release(seqs);
 }
 
 // Two prompts of 30 tokens under a pass budget of 12: the first prefills 12 a round until it
 // has its first round, and only then does the second start; taking turns would delay both.
 TEST(SpeculationRoundTest, PromptsOverThePassBudgetPrefillFirstComeFirstServed) {
-  ScopedTempDir dir;
-  SynthSpec spec;
-  spec.config = testing::SmallConfig();
-  testing::WriteSynth(spec, dir.path());
-  auto target = MakeWorker(dir.path(), 0);
-  auto draft = MakeWorker(dir.path(), 1);
+  SmallPair pair;
   std::vector<SpeculativeSequence> seqs(2);
   for (size_t i = 0; i < seqs.size(); ++i) {
     seqs[i].id = i + 1;
@@ -336,7 +342,8 @@ TEST(SpeculationRoundTest, PromptsOverThePassBudgetPrefillFirstComeFirstServed) 
   const RoundOptions options{256, nullptr, /*prefill_chunk=*/0, /*draft_pass_tokens=*/12,
                              /*target_pass_tokens=*/12};
   for (int round = 0; round < 2; ++round) {
-    const std::vector<RoundStats> stats = RunSpeculationRound(*draft, *target, batch, options);
+    const std::vector<RoundStats> stats =
+        RunSpeculationRound(*pair.draft, *pair.target, batch, options);
     for (const RoundStats& st : stats) ASSERT_TRUE(st.status.ok()) << st.status;
     EXPECT_TRUE(stats[0].prefilling) << "round " << round;
     EXPECT_TRUE(stats[1].deferred) << "round " << round;
@@ -344,14 +351,12 @@ TEST(SpeculationRoundTest, PromptsOverThePassBudgetPrefillFirstComeFirstServed) 
   EXPECT_EQ(seqs[0].target_cached, 24);
   EXPECT_EQ(seqs[1].target_cached, 0);
   // 6 left for the first, whose whole round (6 + 3 drafts) fits; the second prefills the rest.
-  const std::vector<RoundStats> third = RunSpeculationRound(*draft, *target, batch, options);
+  const std::vector<RoundStats> third =
+      RunSpeculationRound(*pair.draft, *pair.target, batch, options);
   EXPECT_FALSE(third[0].prefilling);
   EXPECT_FALSE(third[0].deferred);
   EXPECT_TRUE(third[1].prefilling);
-  for (const auto& s : seqs) {
-    ASSERT_TRUE(target->Release(s.id).ok());
-    ASSERT_TRUE(draft->Release(s.id).ok());
-  }
+  pair.Release(seqs);
 }
 
 TEST(SpeculationRoundTest, SampledRoundsRunToTheLimitAndFreeEverything) {
