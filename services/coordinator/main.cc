@@ -166,8 +166,11 @@ bool IsLoopback(const std::string& host) {
 // Graceful shutdown: health turns NOT_SERVING and new requests UNAVAILABLE (HTTP 503) on both
 // APIs while the open ones get `drain_seconds` to finish; then the rest end with a status that
 // says why. A second SIGTERM or SIGINT ends the drain period at once.
-void Drain(GenerationService& service, grpc::Server& server, http::OpenAiApi* http_api,
-           http::HttpServer* http_server, const sigset_t& stop_signals, int64_t drain_seconds) {
+void Drain(Scheduler& scheduler, GenerationService& service, grpc::Server& server,
+           http::OpenAiApi* http_api, http::HttpServer* http_server, const sigset_t& stop_signals,
+           int64_t drain_seconds) {
+  // Workers signalled with the coordinator go away during the drain; that is no outage.
+  scheduler.BeginShutdown();
   // Admission stops first, so a client that sees NOT_SERVING also gets UNAVAILABLE.
   service.StopAdmitting();
   if (http_api != nullptr) http_api->StopAdmitting();
@@ -569,7 +572,8 @@ int Run(int argc, char** argv) {
   }
   LogLine(kProgram) << (signal_number == SIGTERM ? "SIGTERM" : "SIGINT") << ": draining (up to "
                     << drain_seconds << " s)";
-  Drain(service, *server, http_api.get(), http_server.get(), stop_signals, drain_seconds);
+  Drain(scheduler, service, *server, http_api.get(), http_server.get(), stop_signals,
+        drain_seconds);
   LogLine(kProgram) << "stopped";
   // A scrape after this point must not read the scheduler, which goes before the metrics do.
   metrics.SetQueueSource(nullptr, nullptr);

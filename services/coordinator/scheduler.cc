@@ -291,7 +291,7 @@ std::vector<SupervisedWorker*> Scheduler::workers() {
 
 void Scheduler::RecoverWorkers() {
   for (SupervisedWorker* w : workers()) {
-    w->CheckConnection(absl::Now());
+    if (!shutting_down_.load()) w->CheckConnection(absl::Now());
     if (w->ProbeIfDue(absl::Now()) != SupervisedWorker::Recovery::kRestarted) continue;
     if (options_.on_worker_restart) options_.on_worker_restart(w == target_.get());
     // An operator may restart a worker with another --max-pass-tokens (as the deferred metric

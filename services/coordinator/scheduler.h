@@ -157,6 +157,10 @@ class Scheduler {
   int64_t waiting() const { return waiting_count_.load(); }
   // Sequences released and requeued because a worker's KV pool was full.
   int64_t preemptions() const { return preemptions_.load(); }
+  // The coordinator is draining: workers that go away now are stopping with it, so an idle
+  // scheduler stops watching their connections (no probe, no "unavailable" line). Calls that
+  // fail for requests still in flight are handled as ever. Any thread.
+  void BeginShutdown() { shutting_down_ = true; }
   // OK while the target worker is up; otherwise why not (its UnavailableError): a crash being
   // recovered, a hang, or a restart that computes something else. Health reports it. Without
   // the draft worker requests that let the server choose K decode plainly, so only the target
@@ -251,6 +255,7 @@ class Scheduler {
   // batch, and grown back by one per round that preempted nothing (see Loop).
   int64_t admission_cap_ = 0;  // scheduler thread only
   std::atomic<int64_t> running_count_{0};
+  std::atomic<bool> shutting_down_{false};
   std::atomic<int64_t> waiting_count_{0};
   std::atomic<int64_t> preemptions_{0};
   std::thread thread_;

@@ -28,6 +28,7 @@ namespace {
 
 using testing::ChildProcess;
 using ::testing::HasSubstr;
+using ::testing::Not;
 using testing::ScopedTempDir;
 
 // Far more than any drain period here lets it generate: the stream that is still running when
@@ -218,6 +219,8 @@ TEST_F(GracefulShutdownTest, WorkersSignalledTogetherWithTheCoordinatorServeItsD
   ExpectShortStreamsFinished();
   EXPECT_EQ(long_->Finish().error_code(), grpc::StatusCode::UNAVAILABLE);
   EXPECT_EQ(ExitCodeWithin(*coordinator_, std::chrono::seconds(30)), 0);
+  // Workers stopping with it are no outage to report.
+  EXPECT_THAT(coordinator_->StderrText(), Not(HasSubstr("is unavailable")));
 
   // Once the coordinator has released everything, the workers stop by themselves.
   for (ChildProcess* worker : {draft_.get(), target_.get()}) {
