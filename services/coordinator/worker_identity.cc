@@ -12,19 +12,21 @@ namespace {
 
 namespace pb = worker::v1;
 
-absl::Status Changed(absl::string_view what, absl::string_view now, absl::string_view before) {
+// `change` says what the restarted worker runs now that the old process did not.
+absl::Status Refused(absl::string_view change) {
   return absl::FailedPreconditionError(
-      absl::StrCat("it came back with ", what, " ", now, " (was ", before,
-                   "), so the sequences it held cannot replay there; restart the coordinator to "
+      absl::StrCat("it came back with ", change,
+                   ", so the sequences it held cannot replay there; restart the coordinator to "
                    "serve what the worker runs now"));
+}
+
+absl::Status Changed(absl::string_view what, absl::string_view now, absl::string_view before) {
+  return Refused(absl::StrCat(what, " ", now, " (was ", before, ")"));
 }
 
 // Long or opaque values (config.json, fingerprints) are named, not printed.
 absl::Status ChangedOpaque(absl::string_view what) {
-  return absl::FailedPreconditionError(
-      absl::StrCat("it came back with another ", what,
-                   ", so the sequences it held cannot replay there; restart the coordinator to "
-                   "serve what the worker runs now"));
+  return Refused(absl::StrCat("another ", what));
 }
 
 }  // namespace
