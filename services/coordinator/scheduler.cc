@@ -13,8 +13,9 @@ namespace {
 // restart or a resumed hang costs one or two, a persistent one is a bug worth reporting.
 constexpr int32_t kMaxMismatches = 8;
 
-// How often an idle scheduler looks at its workers' connections: a local check, with no RPC.
-constexpr absl::Duration kIdleConnectionCheck = absl::Seconds(1);
+// How often an idle scheduler looks at its workers: their connections (a local check) and, for
+// one that has been quiet a while, a probe (RecoveryOptions::quiet_probe_interval).
+constexpr absl::Duration kIdleLivenessCheck = absl::Seconds(1);
 
 RecoveryOptions RecoveryOptionsFrom(const SchedulerOptions& options) {
   RecoveryOptions r;
@@ -291,7 +292,7 @@ std::vector<SupervisedWorker*> Scheduler::workers() {
 
 void Scheduler::RecoverWorkers() {
   for (SupervisedWorker* w : workers()) {
-    if (!shutting_down_.load()) w->CheckConnection(absl::Now());
+    if (!shutting_down_.load()) w->CheckLiveness(absl::Now());
     if (w->ProbeIfDue(absl::Now()) != SupervisedWorker::Recovery::kRestarted) continue;
     if (options_.on_worker_restart) options_.on_worker_restart(w == target_.get());
     // An operator may restart a worker with another --max-pass-tokens (as the deferred metric
@@ -459,9 +460,9 @@ void Scheduler::Loop() {
         cv_.wait_until(lock, absl::ToChronoTime(*idle_until_), [&] { return stopping_ || poked_; });
         idle_until_.reset();
       } else {
-        // Idle, it still looks at the workers' connections now and then (RecoverWorkers), so
-        // that one that died meanwhile turns health NOT_SERVING before a request finds out.
-        cv_.wait_for(lock, absl::ToChronoNanoseconds(kIdleConnectionCheck),
+        // Idle, it still looks at the workers now and then (RecoverWorkers), so that one that
+        // died or hung meanwhile turns health NOT_SERVING before a request finds out.
+        cv_.wait_for(lock, absl::ToChronoNanoseconds(kIdleLivenessCheck),
                      [&] { return stopping_ || !waiting_.empty() || !running_.empty(); });
       }
       poked_ = false;

@@ -44,48 +44,55 @@ void SupervisedWorker::MarkDown(const absl::Status& status) {
   next_probe_ = absl::Now();
 }
 
-absl::Status SupervisedWorker::Observe(const absl::Status& status) {
-  if (status.code() == absl::StatusCode::kUnavailable) MarkDown(status);
-  return status;
+void SupervisedWorker::Observe(const absl::Status& status) {
+  if (status.code() == absl::StatusCode::kUnavailable) {
+    MarkDown(status);
+  } else {
+    last_answer_ = absl::Now();
+  }
 }
 
 absl::StatusOr<std::vector<SequenceOutcome>> SupervisedWorker::Draft(
     std::span<const DraftSequenceRequest> batch,
     const std::function<void(const DraftStep&)>& on_step) {
   absl::StatusOr<std::vector<SequenceOutcome>> out = inner_.Draft(batch, on_step);
-  if (!out.ok()) return Observe(out.status());
+  Observe(out.status());
   return out;
 }
 
 absl::StatusOr<std::vector<VerifySequenceResult>> SupervisedWorker::Verify(
     std::span<const VerifySequenceRequest> batch) {
   absl::StatusOr<std::vector<VerifySequenceResult>> out = inner_.Verify(batch);
-  if (!out.ok()) return Observe(out.status());
+  Observe(out.status());
   return out;
 }
 
 absl::StatusOr<std::vector<SequenceAnswer<TruncateResult>>> SupervisedWorker::Truncate(
     std::span<const TruncateSequenceRequest> batch) {
   absl::StatusOr<std::vector<SequenceAnswer<TruncateResult>>> out = inner_.Truncate(batch);
-  if (!out.ok()) return Observe(out.status());
+  Observe(out.status());
   return out;
 }
 
 absl::StatusOr<std::vector<SequenceAnswer<ProbRow>>> SupervisedWorker::ReadRows(
     std::span<const RowQuery> batch) {
   absl::StatusOr<std::vector<SequenceAnswer<ProbRow>>> out = inner_.ReadRows(batch);
-  if (!out.ok()) return Observe(out.status());
+  Observe(out.status());
   return out;
 }
 
 absl::StatusOr<std::vector<SequenceAnswer<std::vector<float>>>> SupervisedWorker::QueryLogprobs(
     std::span<const LogprobQuery> batch) {
   absl::StatusOr<std::vector<SequenceAnswer<std::vector<float>>>> out = inner_.QueryLogprobs(batch);
-  if (!out.ok()) return Observe(out.status());
+  Observe(out.status());
   return out;
 }
 
-absl::Status SupervisedWorker::Release(SeqId seq) { return Observe(inner_.Release(seq)); }
+absl::Status SupervisedWorker::Release(SeqId seq) {
+  absl::Status status = inner_.Release(seq);
+  Observe(status);
+  return status;
+}
 
 absl::StatusOr<WorkerProbe> SupervisedWorker::Probe(absl::Duration timeout) {
   return inner_.Probe(timeout);
@@ -101,8 +108,9 @@ void SupervisedWorker::ProbeNow(absl::Time now) {
   (void)ProbeIfDue(now);
 }
 
-void SupervisedWorker::CheckConnection(absl::Time now) {
-  if (down_ || probe_requested_ || inner_.Connected()) return;
+void SupervisedWorker::CheckLiveness(absl::Time now) {
+  if (down_ || probe_requested_) return;
+  if (inner_.Connected() && now - last_answer_ < options_.quiet_probe_interval) return;
   probe_requested_ = true;
   next_probe_ = now;
 }
@@ -117,6 +125,7 @@ std::optional<SupervisedWorker::Recovery> SupervisedWorker::ProbeIfDue(absl::Tim
     backoff_ = std::min(backoff_ * 2, options_.max_backoff);
     return std::nullopt;
   }
+  last_answer_ = absl::Now();
   const bool restarted = epoch_.has_value() && *epoch_ != probe->epoch;
   epoch_ = probe->epoch;
   max_pass_tokens_ = probe->max_pass_tokens;

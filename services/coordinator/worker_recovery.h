@@ -28,6 +28,10 @@ struct RecoveryOptions {
   absl::Duration probe_timeout = absl::Seconds(1);
   absl::Duration min_backoff = absl::Milliseconds(50);
   absl::Duration max_backoff = absl::Seconds(1);
+  // A worker that has answered nothing for this long is probed, idle or not: a hung (stopped)
+  // process keeps its connection open, so only a call finds it out, and health must say so
+  // before a request waits for it. An Info probe costs the worker microseconds.
+  absl::Duration quiet_probe_interval = absl::Seconds(2);
   // Told, in one line each, when a worker becomes unavailable and when it is back; may be empty.
   std::function<void(const std::string&)> on_event;
 };
@@ -74,9 +78,10 @@ class SupervisedWorker final : public WorkerApi {
   // Asks for a probe before the next round: a sequence the worker should hold was not found, so
   // it may have restarted, and then all of its sequences are gone at once.
   void SuspectRestart() { probe_requested_ = true; }
-  // Asks for a probe now if the transport dropped while the worker was thought up: it may have
-  // died, or restarted, while nothing called it.
-  void CheckConnection(absl::Time now);
+  // Asks for a probe now if the transport dropped while the worker was thought up (it may have
+  // died, or restarted, while nothing called it), or if it has been quiet for
+  // quiet_probe_interval (it may hang).
+  void CheckLiveness(absl::Time now);
   // Probes when one is due. nullopt while the worker is up and trusted or still unreachable;
   // otherwise it is up again, and orphans have been released (same process) or dropped.
   std::optional<Recovery> ProbeIfDue(absl::Time now);
@@ -90,8 +95,9 @@ class SupervisedWorker final : public WorkerApi {
   absl::Status UnavailableError() const;
 
  private:
-  // Marks the worker down when `status` is a whole-call UNAVAILABLE; returns `status`.
-  absl::Status Observe(const absl::Status& status);
+  // Marks the worker down when `status` is a whole-call UNAVAILABLE, and notes any other answer
+  // as a sign of life.
+  void Observe(const absl::Status& status);
   void MarkDown(const absl::Status& status);
   void Log(const std::string& line) const;
   void ReleaseOrphans();
@@ -103,6 +109,7 @@ class SupervisedWorker final : public WorkerApi {
   bool probe_requested_ = false;
   absl::Status last_error_;
   absl::Time next_probe_ = absl::InfinitePast();
+  absl::Time last_answer_ = absl::InfinitePast();
   absl::Duration backoff_;
   std::optional<uint64_t> epoch_;
   std::optional<int64_t> max_pass_tokens_;

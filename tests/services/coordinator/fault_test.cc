@@ -537,6 +537,21 @@ std::vector<v1::GenerateRequest> SixteenStreams(uint32_t max_new = 40, bool guid
   return out;
 }
 
+using Health = grpc::health::v1::HealthCheckResponse;
+
+// The coordinator's health as it settles: polled for up to 10 s until it says `want`.
+Health::ServingStatus HealthBecomes(grpc::health::v1::Health::Stub& health,
+                                    Health::ServingStatus want) {
+  Health::ServingStatus got = Health::UNKNOWN;
+  for (int i = 0; i < 100 && got != want; ++i) {
+    grpc::ClientContext ctx;
+    Health reply;
+    if (health.Check(&ctx, {}, &reply).ok()) got = reply.status();
+    if (got != want) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  return got;
+}
+
 class ServeFaultTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -648,6 +663,34 @@ TEST_F(ServeFaultTest, HungTargetFailsItsRequestsAfterTheAllowedTime) {
   EXPECT_TRUE(after[0].status.ok()) << after[0].status.error_message();
 }
 
+// A stopped process keeps its connection READY, so only a call finds the hang out. The idle
+// coordinator probes a worker that has been quiet for two seconds: health turns NOT_SERVING
+// without a request, and back once the worker resumes, with nothing lost.
+TEST_F(ServeFaultTest, ATargetThatHangsWhileNothingRunsTurnsHealthNotServingUntilItResumes) {
+  auto serve = StartServe(model_, pids_, /*unavailable_s=*/20);
+  ASSERT_NE(serve, nullptr);
+  const v1::GenerateRequest req = SixteenStreams(8)[1];
+  const std::vector<Stream> before = serve->Generate({req});
+  ASSERT_TRUE(before[0].status.ok()) << before[0].status.error_message();
+  auto health = grpc::health::v1::Health::NewStub(
+      grpc::CreateChannel(serve->address(), grpc::InsecureChannelCredentials()));
+  ASSERT_EQ(HealthBecomes(*health, Health::SERVING), Health::SERVING);
+  const pid_t pid = serve->Pid("target-worker");
+  kill(pid, SIGSTOP);
+  EXPECT_EQ(HealthBecomes(*health, Health::NOT_SERVING), Health::NOT_SERVING)
+      << serve->StderrText();
+  EXPECT_THAT(serve->StderrText(),
+              HasSubstr("target worker at " + serve->Address("target worker") +
+                        " is unavailable: Info got no reply within its deadline"));
+  kill(pid, SIGCONT);
+  EXPECT_EQ(HealthBecomes(*health, Health::SERVING), Health::SERVING) << serve->StderrText();
+  const std::vector<Stream> after = serve->Generate({req});
+  ASSERT_TRUE(after[0].status.ok()) << after[0].status.error_message();
+  EXPECT_EQ(after[0].tokens, before[0].tokens);
+  EXPECT_EQ(serve->Pid("target-worker"), pid);
+  serve->ExpectNoBlocksUsed();
+}
+
 TEST_F(ServeFaultTest, KilledCoordinatorIsRestartedOnTheSameAddress) {
   auto serve = StartServe(model_, pids_, 30);
   ASSERT_NE(serve, nullptr);
@@ -715,18 +758,7 @@ TEST_F(ServeFaultTest, ATargetRestartedWithAnotherKvDtypeIsRefusedUntilItsOwnRet
   ASSERT_TRUE(coordinator.ok()) << coordinator.status();
   auto stub = v1::Generation::NewStub((*coordinator)->Channel());
   auto health = grpc::health::v1::Health::NewStub((*coordinator)->Channel());
-  using Health = grpc::health::v1::HealthCheckResponse;
-  // Health as it settles: polled for up to 10 s until it says `want`.
-  auto health_becomes = [&](Health::ServingStatus want) {
-    Health::ServingStatus got = Health::UNKNOWN;
-    for (int i = 0; i < 100 && got != want; ++i) {
-      grpc::ClientContext ctx;
-      Health reply;
-      if (health->Check(&ctx, {}, &reply).ok()) got = reply.status();
-      if (got != want) std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    }
-    return got;
-  };
+  auto health_becomes = [&](Health::ServingStatus want) { return HealthBecomes(*health, want); };
   v1::GenerateRequest req = SixteenStreams(12)[1];  // sampled, with a seed
   req.mutable_speculation()->set_num_speculative_tokens(0);
   auto generate = [&] {
