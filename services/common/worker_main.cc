@@ -23,6 +23,7 @@
 #include "base/log_line.h"
 #include "base/status_macros.h"
 #include "common/engine/llama_engine.h"
+#include "common/model/checkpoint.h"
 #include "common/model/config.h"
 #include "common/protocol/worker_protocol.h"
 #include "common/tokenizer/token_ranking.h"
@@ -32,6 +33,7 @@
 #include "services/common/engine_thread.h"
 #include "services/common/listen_address.h"
 #include "services/common/service_process.h"
+#include "services/common/weights_fingerprint.h"
 #include "services/common/worker_metrics.h"
 
 namespace specd {
@@ -182,6 +184,10 @@ absl::StatusOr<pb::InfoResponse> StaticInfo(const WorkerMainSpec& spec, const Wo
   const std::filesystem::path dir = std::filesystem::weakly_canonical(config.model);
   info.set_model_name(dir.filename().string());
   info.set_model_config_json(ModelConfigToJson(engine.config()));
+  // Mapped again (the engine keeps its own copy of the weights); the samples read the pages the
+  // load has just brought in.
+  SPECD_ASSIGN_OR_RETURN(const std::unique_ptr<Checkpoint> checkpoint, Checkpoint::Open(dir));
+  info.set_weights_fingerprint(WeightsFingerprint(*checkpoint));
   info.set_num_layers(static_cast<int32_t>(engine.config().num_layers));
   info.mutable_eos_token_ids()->Add(engine.config().eos_token_ids.begin(),
                                     engine.config().eos_token_ids.end());

@@ -55,6 +55,9 @@ absl::Status CheckSameComputation(const pb::InfoResponse& before, const pb::Info
   if (now.model_name() != before.model_name()) {
     return Changed("model", now.model_name(), before.model_name());
   }
+  if (now.weights_fingerprint() != before.weights_fingerprint()) {
+    return ChangedOpaque("checkpoint (other weights under the same name and config.json)");
+  }
   if (now.backend() != before.backend()) {
     return Changed("back end", now.backend(), before.backend());
   }

@@ -13,10 +13,12 @@
 #include <vector>
 
 #include "common/engine/llama_engine.h"
+#include "common/model/checkpoint.h"
 #include "common/tokenizer/tokenizer.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "services/common/weights_fingerprint.h"
 #include "tests/common/worker/worker_reference.h"
 #include "tests/services/worker_fixture.h"
 #include "tests/services/worker_process.h"
@@ -221,8 +223,11 @@ TEST_P(WorkerServiceTest, InfoDescribesModelKvAndTokenizer) {
   EXPECT_EQ(target.role(), pb::WORKER_ROLE_TARGET);
   absl::StatusOr<std::unique_ptr<Tokenizer>> tokenizer = Tokenizer::LoadFromDir(w_->model);
   ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
+  absl::StatusOr<std::unique_ptr<Checkpoint>> checkpoint = Checkpoint::Open(w_->model);
+  ASSERT_TRUE(checkpoint.ok()) << checkpoint.status();
   for (const pb::InfoResponse* info : {&draft, &target}) {
     EXPECT_EQ(info->vocab_size(), w_->vocab);
+    EXPECT_EQ(info->weights_fingerprint(), WeightsFingerprint(**checkpoint));
     EXPECT_EQ(info->model_name(), "model");
     EXPECT_EQ(info->tokenizer_fingerprint(), (*tokenizer)->Fingerprint());
     ASSERT_TRUE(info->tokenizer_files().contains("tokenizer.json"));

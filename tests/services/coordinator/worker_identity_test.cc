@@ -22,6 +22,7 @@ pb::InfoResponse Target() {
   info.set_vocab_size(128256);
   info.set_output_vocab_size(128256);
   info.set_tokenizer_fingerprint("3f2a");
+  info.set_weights_fingerprint("c0de");
   info.set_backend("cuda");
   info.set_kv_dtype("bf16");
   info.add_eos_token_ids(128001);
@@ -59,6 +60,8 @@ TEST(WorkerIdentityTest, ATargetThatComputesSomethingElseIsRefusedNamingWhat) {
       {[](pb::InfoResponse& i) { i.set_model_config_json(R"({"num_layers": 14})"); },
        "another model config"},
       {[](pb::InfoResponse& i) { i.set_tokenizer_fingerprint("77aa"); }, "another tokenizer"},
+      {[](pb::InfoResponse& i) { i.set_weights_fingerprint("beef"); },
+       "another checkpoint (other weights under the same name and config.json)"},
       {[](pb::InfoResponse& i) { i.set_vocab_size(32000); }, "vocab_size 32000 (was 128256)"},
       {[](pb::InfoResponse& i) { i.set_output_vocab_size(32768); },
        "output_vocab_size 32768 (was 128256)"},
@@ -87,6 +90,7 @@ TEST(WorkerIdentityTest, ADraftMayChangeItsModelButNotItsVocabularyOrLength) {
   now.set_backend("cpu");
   now.set_kv_dtype("f32");
   now.set_output_vocab_size(32768);  // --draft-vocab
+  now.set_weights_fingerprint("beef");
   EXPECT_TRUE(CheckSameComputation(before, now).ok());
   now.set_max_seq_len(before.max_seq_len() - 1);
   EXPECT_THAT(CheckSameComputation(before, now).message(),
