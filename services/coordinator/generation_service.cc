@@ -32,6 +32,12 @@ v1::FinishReason ToProto(FinishReason r) {
   return v1::FINISH_REASON_UNSPECIFIED;
 }
 
+void LogprobToProto(const TokenLogprobs& lp, v1::TokenLogprob* out) {
+  out->set_logprob(lp.logprob);
+  out->mutable_top_token_ids()->Add(lp.top_ids.begin(), lp.top_ids.end());
+  out->mutable_top_logprobs()->Add(lp.top_logprobs.begin(), lp.top_logprobs.end());
+}
+
 void UsageToProto(const GenerationUsage& u, v1::Usage* out) {
   out->set_prompt_tokens(static_cast<uint32_t>(u.prompt_tokens));
   out->set_completion_tokens(static_cast<uint32_t>(u.completion_tokens));
@@ -262,8 +268,11 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* GenerationService::Generate(
   Scheduler* scheduler = state->scheduler;
   auto first = std::make_shared<bool>(true);
   auto timing = std::make_shared<RequestTiming>();
-  auto sink = [call, scheduler, first, seed, guidance, request_id, metrics,
-               timing](GenerationEvent event) {
+  // Sent back with the prompt's logprobs: a text prompt's ids are the server's to tell.
+  auto prompt = std::make_shared<const std::vector<int32_t>>(
+      req->prompt_logprobs.mode != LogprobsMode::kOff ? req->prompt : std::vector<int32_t>());
+  auto sink = [call, scheduler, first, seed, guidance, request_id, metrics, timing,
+               prompt](GenerationEvent event) {
     const bool last = event.finish != FinishReason::kNone || !event.error.ok();
     if (!last && call->abandoned()) {
       // The client went away, its deadline passed or a drain ended the stream: free the
@@ -279,11 +288,12 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* GenerationService::Generate(
     }
     v1::GenerateResponse msg;
     msg.mutable_token_ids()->Add(event.tokens.begin(), event.tokens.end());
-    for (const TokenLogprobs& lp : event.logprobs) {
-      v1::TokenLogprob* out = msg.add_logprobs();
-      out->set_logprob(lp.logprob);
-      out->mutable_top_token_ids()->Add(lp.top_ids.begin(), lp.top_ids.end());
-      out->mutable_top_logprobs()->Add(lp.top_logprobs.begin(), lp.top_logprobs.end());
+    for (const TokenLogprobs& lp : event.logprobs) LogprobToProto(lp, msg.add_logprobs());
+    if (event.prompt_logprobs.has_value()) {
+      msg.mutable_prompt_token_ids()->Add(prompt->begin(), prompt->end());
+      for (const TokenLogprobs& lp : *event.prompt_logprobs) {
+        LogprobToProto(lp, msg.add_prompt_logprobs());
+      }
     }
     msg.set_text(std::move(event.text));
     msg.set_request_id(request_id);

@@ -237,7 +237,7 @@ absl::StatusOr<GenerationRequest> BuildGenerationRequest(const v1::GenerateReque
 
   // Logprobs: always the target's (the draft's distribution never reaches the client).
   const v1::LogprobsParameters& lp = request.logprobs();
-  if (lp.enabled()) {
+  if (lp.enabled() || lp.prompt()) {
     if (lp.top_logprobs() > static_cast<uint32_t>(kMaxLogprobs)) {
       return Invalid(names.top_logprobs, absl::StrCat(names.top_logprobs, " must be in [0, ",
                                                       kMaxLogprobs, "], got ", lp.top_logprobs()));
@@ -246,9 +246,20 @@ absl::StatusOr<GenerationRequest> BuildGenerationRequest(const v1::GenerateReque
       return Invalid("logprobs.mode",
                      absl::StrCat("logprobs.mode ", lp.mode(), " is not a LogprobsMode"));
     }
-    out.logprobs.mode =
+    LogprobsRequest asked;
+    asked.mode =
         lp.mode() == v1::LOGPROBS_MODE_PROCESSED ? LogprobsMode::kProcessed : LogprobsMode::kRaw;
-    out.logprobs.top_n = static_cast<int32_t>(lp.top_logprobs());
+    asked.top_n = static_cast<int32_t>(lp.top_logprobs());
+    if (lp.enabled()) out.logprobs = asked;
+    if (lp.prompt()) {
+      if (out.guidance.has_value()) {
+        // Scoring reads the prompt without the companion, so its numbers would not be the guided
+        // distribution the request samples from.
+        return Invalid(names.prompt_logprobs,
+                       absl::StrCat(names.prompt_logprobs, " is not supported with guidance"));
+      }
+      out.prompt_logprobs = asked;
+    }
   }
 
   // Stopping.

@@ -43,6 +43,7 @@ struct FieldNames {
   absl::string_view max_new_tokens = "max_new_tokens";
   absl::string_view stop = "stop";
   absl::string_view top_logprobs = "logprobs.top_logprobs";
+  absl::string_view prompt_logprobs = "logprobs.prompt";
   absl::string_view draft_method = "speculation.draft_method";
   absl::string_view tree = "speculation.tree";
   absl::string_view egag = "speculation.egag";

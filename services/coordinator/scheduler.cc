@@ -207,6 +207,7 @@ void Scheduler::StartSequence(Active& a) {
   a.seq.num_candidates = options_.num_candidates;
   a.seq.sample = a.request.sample;
   a.seq.logprobs = a.request.logprobs;
+  a.seq.prompt_logprobs = a.request.prompt_logprobs;
   a.seq.guidance = a.request.guidance;
   if (a.seq.guidance.has_value()) a.seq.guidance->companion = a.seq.id | kCompanionIdBit;
   a.usage.prompt_tokens = a.seq.prompt_len;
@@ -572,7 +573,8 @@ void Scheduler::Loop() {
     for (auto& a : running_) {
       batch.push_back(&a->seq);
       draft_catch_up.push_back(
-          a->seq.uses_draft_worker() && EffectiveK(a->seq, options_.max_seq_len) > 0
+          a->seq.uses_draft_worker() && !a->seq.scoring() &&
+                  EffectiveK(a->seq, options_.max_seq_len) > 0
               ? std::optional<int64_t>(static_cast<int64_t>(a->seq.tokens.size()) -
                                        a->seq.draft_cached)
               : std::nullopt);
@@ -600,6 +602,11 @@ void Scheduler::Loop() {
     absl::Status exhausted;  // why the first of them was preempted
     for (size_t i = 0; i < running_.size(); ++i) {
       Active& a = *running_[i];
+      if (stats[i].prompt_logprobs.has_value()) {
+        GenerationEvent scores;
+        scores.prompt_logprobs = stats[i].prompt_logprobs;
+        a.sink(std::move(scores));
+      }
       if (stats[i].status.code() == absl::StatusCode::kResourceExhausted) {
         // KV is full: give this sequence's blocks back and replay it later. Its committed tokens
         // and seed make the replay exact (DESIGN.md, "Randomness").

@@ -57,6 +57,9 @@ struct GenerationRequest {
   // `sample` of every Philox counter); n completions of one prompt are numbered 0..n-1.
   uint32_t sample = 0;
   LogprobsRequest logprobs;
+  // The prompt's own logprobs (positions 1..), reported in one event before any token; kOff: not
+  // asked. Never with guidance.
+  LogprobsRequest prompt_logprobs;
   // Classifier-free guidance (scale, unconditional prompt, whether the draft is guided too); the
   // scheduler names the companion when the request starts.
   std::optional<Guidance> guidance;
@@ -86,6 +89,9 @@ struct GenerationUsage {
 struct GenerationEvent {
   std::vector<int32_t> tokens;
   std::vector<TokenLogprobs> logprobs;  // aligned with tokens when the request asked
+  // The prompt's logprobs, positions 1..prompt_len - 1, in one event (with no tokens) before
+  // the first token, when the request asked.
+  std::optional<std::vector<TokenLogprobs>> prompt_logprobs;
   std::string text;
   FinishReason finish = FinishReason::kNone;  // set on the last event
   GenerationUsage usage;                      // on the last event

@@ -84,6 +84,7 @@ enum class Judge {
   kNone,           // K = 0: plain decoding
   kSampled,        // a chain sampled from the draft's q (accept_reject.h)
   kDeterministic,  // one-hot proposals: a prompt-lookup chain or a draft tree (tree_accept.h)
+  kForced,         // the prompt's own next tokens, scored and kept whatever the target says
 };
 
 // One sequence's proposal for the round: what was drafted and how it is judged.
@@ -219,8 +220,69 @@ void ResolveByReadRows(WorkerApi& draft, WorkerApi& target,
   }
 }
 
+// Prompt tokens a scoring sequence has the target score this round: a chain's worth at most, and
+// within the target's pass budget beside the one catch-up token.
+int32_t ScoreChunk(const SpeculativeSequence& s, const RoundOptions& options) {
+  int64_t c = std::min<int64_t>(s.prompt_len - s.scored_len, kMaxSpeculativeTokens);
+  if (options.target_pass_tokens > 1) c = std::min(c, options.target_pass_tokens - 1);
+  return static_cast<int32_t>(c);
+}
+
+// Before a round: a scoring sequence whose target lost part of the scored prefix (a restart, a
+// preemption) scores again from what the target holds, so that its catch-up stays one token; one
+// with nothing left to score reports its prompt logprobs and decodes from this round on.
+void PrepareScoring(SpeculativeSequence& s, RoundStats& stats) {
+  if (s.prompt_logprobs.mode == LogprobsMode::kOff || s.prompt_scored) return;
+  if (s.target_cached < s.scored_len - 1) {
+    s.scored_len = std::max<int64_t>(1, s.target_cached + 1);
+    s.prompt_scores.resize(static_cast<size_t>(s.scored_len - 1));
+  }
+  if (s.scored_len < s.prompt_len) return;
+  s.prompt_scored = true;
+  stats.prompt_logprobs = std::move(s.prompt_scores);
+  s.prompt_scores.clear();
+}
+
+// A forced chain's row j holds the logprob of prompt token scored_len + j as the row's child.
+absl::Status RecordPromptScores(SpeculativeSequence& s, const Proposal& prop,
+                                const VerifySequenceResult& v) {
+  const int64_t c = static_cast<int64_t>(prop.tokens.size());
+  if (v.cached_len != s.scored_len + c || static_cast<int64_t>(v.logprobs.size()) < c) {
+    return absl::InternalError(absl::StrCat("the target worker scored prompt tokens ", s.scored_len,
+                                            "..", s.scored_len + c - 1, " of sequence ", s.id,
+                                            " with ", v.logprobs.size(), " logprob rows and ",
+                                            v.cached_len, " tokens cached"));
+  }
+  for (size_t j = 0; j < prop.tokens.size(); ++j) {
+    const PositionLogprobs& p = v.logprobs[j];
+    const auto it = std::find(p.token_ids.begin(), p.token_ids.end(), prop.tokens[j]);
+    if (it == p.token_ids.end() || p.token_logprobs.size() != p.token_ids.size()) {
+      return absl::InternalError(absl::StrCat("the target worker did not report prompt token ",
+                                              s.scored_len + static_cast<int64_t>(j),
+                                              " of sequence ", s.id, " in its row"));
+    }
+    s.prompt_scores.push_back({p.token_logprobs[static_cast<size_t>(it - p.token_ids.begin())],
+                               p.top_ids, p.top_logprobs});
+  }
+  s.scored_len += c;
+  // The last scored token is fed again as the next round's catch-up: the row after it is the one
+  // that round needs, and only a fed token's row is computed.
+  s.target_cached = s.scored_len - 1;
+  s.target_tail = true;
+  return absl::OkStatus();
+}
+
 // What the sequence's round would feed each worker without a pass budget.
-SequenceFeeds FeedsOf(const SpeculativeSequence& s, int64_t max_seq_len) {
+SequenceFeeds FeedsOf(const SpeculativeSequence& s, const RoundOptions& options) {
+  if (s.scoring()) {
+    SequenceFeeds f;
+    f.target.called = true;
+    f.target.catch_up = s.scored_len - s.target_cached;
+    f.target.drafts = ScoreChunk(s, options);
+    f.rounds_left_out = s.rounds_left_out;
+    return f;
+  }
+  const int64_t max_seq_len = options.max_seq_len;
   const int32_t k = EffectiveK(s, max_seq_len);
   const int64_t len = static_cast<int64_t>(s.tokens.size());
   SequenceFeeds f;
@@ -254,6 +316,12 @@ std::vector<Proposal> Propose(WorkerApi& draft, std::span<SpeculativeSequence* c
     SpeculativeSequence& s = *batch[i];
     Proposal& prop = proposals[i];
     if (stats[i].deferred) continue;
+    if (s.scoring() && stats[i].status.ok()) {
+      prop.judge = Judge::kForced;
+      prop.k = ScoreChunk(s, options);
+      prop.tokens.assign(s.tokens.begin() + s.scored_len, s.tokens.begin() + s.scored_len + prop.k);
+      continue;
+    }
     prop.k = stats[i].status.ok() ? EffectiveK(s, options.max_seq_len) : 0;
     prop.judge = JudgeFor(s, prop.k);
     if (prop.judge == Judge::kNone) continue;
@@ -443,9 +511,10 @@ std::vector<RoundStats> RunSpeculationRound(WorkerApi& draft, WorkerApi& target,
           absl::StrCat("sequence ", batch[i]->id, " is at max_seq_len ", options.max_seq_len));
     }
   }
+  for (size_t i = 0; i < batch.size(); ++i) PrepareScoring(*batch[i], stats[i]);
   std::vector<SequenceFeeds> feeds(batch.size());
   for (size_t i = 0; i < batch.size(); ++i) {
-    if (stats[i].status.ok()) feeds[i] = FeedsOf(*batch[i], options.max_seq_len);
+    if (stats[i].status.ok()) feeds[i] = FeedsOf(*batch[i], options);
   }
   const std::vector<FeedPlan> plans = PlanFeeds(
       feeds, options.prefill_chunk, options.draft_pass_tokens, options.target_pass_tokens);
@@ -457,7 +526,8 @@ std::vector<RoundStats> RunSpeculationRound(WorkerApi& draft, WorkerApi& target,
   // 1. Draft: model drafts from the draft worker, prompt lookup here.
   const std::vector<Proposal> proposals = Propose(draft, batch, plans, options, stats, times);
   for (size_t i = 0; i < batch.size(); ++i) {
-    stats[i].drafted = proposals[i].depth();
+    // A forced chain is the prompt being read, not drafts.
+    stats[i].drafted = proposals[i].judge == Judge::kForced ? 0 : proposals[i].depth();
     stats[i].tree_nodes =
         proposals[i].tree() ? static_cast<int32_t>(proposals[i].tokens.size()) : 0;
   }
@@ -471,7 +541,9 @@ std::vector<RoundStats> RunSpeculationRound(WorkerApi& draft, WorkerApi& target,
     const SpeculativeSequence& s = *batch[i];
     VerifySequenceRequest r;
     r.seq = s.id;
-    r.catch_up.assign(s.tokens.begin() + s.target_cached, s.tokens.end());
+    const bool forced = proposals[i].judge == Judge::kForced;
+    r.catch_up.assign(s.tokens.begin() + s.target_cached,
+                      forced ? s.tokens.begin() + s.scored_len : s.tokens.end());
     r.expected_cached_len = s.target_cached;
     r.drop_tail = s.target_tail;
     r.compact = s.target_compact;
@@ -488,10 +560,10 @@ std::vector<RoundStats> RunSpeculationRound(WorkerApi& draft, WorkerApi& target,
     if (!r.prefill_only) {
       r.drafts = proposals[i].tokens;
       r.tree_parents = proposals[i].parents;
-      r.num_candidates = s.sampling.greedy() ? 0 : s.num_candidates;
-      r.logprobs = s.logprobs;
+      r.num_candidates = s.sampling.greedy() || forced ? 0 : s.num_candidates;
+      r.logprobs = forced ? s.prompt_logprobs : s.logprobs;
     }
-    if (s.guidance.has_value()) {
+    if (s.guidance.has_value() && !forced) {
       // Prompt lookup's drafts are verified like a model's chain: the companion is fed them too.
       r.companion = CompanionRequest{s.guidance->companion, s.guidance->scale,
                                      s.CompanionCatchUp(s.guidance->target_cached),
@@ -547,6 +619,11 @@ std::vector<RoundStats> RunSpeculationRound(WorkerApi& draft, WorkerApi& target,
       // Drafts the target never judged: the draft keeps x but its last token, which its next
       // catch-up feeds again, and drops the rest (a tree's nodes included) with that call.
       CutDraft(s, len - 1);
+      continue;
+    }
+    if (prop.judge == Judge::kForced) {
+      stats[i].prefilling = true;  // nothing drawn: the prompt is still being read
+      if (absl::Status st = RecordPromptScores(s, prop, v); !st.ok()) Fail(stats[i], std::move(st));
       continue;
     }
     Resolution& res = resolutions.emplace_back();

@@ -44,6 +44,14 @@ struct Guidance {
   int64_t target_cached = 0;
 };
 
+// An emitted token's log-probability under the target (never the draft), and its position's
+// top alternatives, as LogprobsMode defines them.
+struct TokenLogprobs {
+  float logprob = 0.0f;
+  std::vector<int32_t> top_ids;  // by (logprob desc, id asc)
+  std::vector<float> top_logprobs;
+};
+
 // The coordinator's record of one running sequence: the committed tokens x are the truth;
 // the workers' cached lengths are what the coordinator believes each worker holds.
 struct SpeculativeSequence {
@@ -65,6 +73,16 @@ struct SpeculativeSequence {
   int32_t num_candidates = 4;  // M
   uint32_t sample = 0;         // the completion number (DESIGN.md, "Randomness")
   LogprobsRequest logprobs;    // what the emitted tokens report
+  // Prompt logprobs (OpenAI's echo with logprobs, vLLM's prompt_logprobs), when the mode is not
+  // kOff: before anything is drafted, the target verifies the prompt's own tokens as a forced
+  // chain of up to kMaxSpeculativeTokens per round, each round feeding only the last scored token
+  // again as its catch-up, and reports each token's logprob at its position. prompt_scores holds
+  // positions 1..scored_len - 1 (position 0 has no context); a target that lost them (a restart)
+  // scores again from what it still holds.
+  LogprobsRequest prompt_logprobs;
+  int64_t scored_len = 1;
+  std::vector<TokenLogprobs> prompt_scores;
+  bool prompt_scored = false;  // reported in RoundStats::prompt_logprobs
   int64_t draft_cached = 0;
   int64_t target_cached = 0;
   // The worker may still hold rejected drafts past *_cached: a Truncate that needed no answer
@@ -85,6 +103,10 @@ struct SpeculativeSequence {
   std::optional<Guidance> guidance;
 
   bool uses_draft_worker() const { return draft_method == DraftMethod::kModel; }
+  // The target is still scoring the prompt: the sequence draws nothing this round.
+  bool scoring() const {
+    return prompt_logprobs.mode != LogprobsMode::kOff && !prompt_scored && scored_len < prompt_len;
+  }
   // What a worker holds is no longer known (it restarted, or the sequence was released there):
   // the sequence replays from `len` tokens, with no pending compaction, and a guided sequence's
   // companion there from the same generated tokens (from 0 when `len` is 0).
@@ -100,19 +122,14 @@ struct SpeculativeSequence {
   int64_t LongestLen() const;
 };
 
-// An emitted token's log-probability under the target (never the draft), and its position's
-// top alternatives, as LogprobsMode defines them.
-struct TokenLogprobs {
-  float logprob = 0.0f;
-  std::vector<int32_t> top_ids;  // by (logprob desc, id asc)
-  std::vector<float> top_logprobs;
-};
-
 struct RoundStats {
   int32_t drafted = 0;                  // K used this round: drafts, or a tree's depth
   int32_t accepted = 0;                 // n
   std::vector<int32_t> appended;        // tokens committed this round (n accepted + 1)
   std::vector<TokenLogprobs> logprobs;  // aligned with appended, when the sequence asks
+  // Set once, in the round in which the sequence's prompt logprobs became complete: positions
+  // 1..prompt_len - 1 (empty for a one-token prompt).
+  std::optional<std::vector<TokenLogprobs>> prompt_logprobs;
   bool used_read_rows = false;
   int32_t tree_nodes = 0;               // nodes the target verified, for a tree
   int32_t later_children_accepted = 0;  // tree: accepted children that were not the first tried

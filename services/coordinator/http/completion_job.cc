@@ -101,6 +101,11 @@ void CompletionJob::HandleEvent(size_t index, GenerationEvent event) {
     Fail(event.error);
     return;
   }
+  if (event.prompt_logprobs.has_value()) {
+    c.prompt_logprobs = std::move(event.prompt_logprobs);
+    if (stream_) StreamEcho(index);
+    return;
+  }
   if (stream_) {
     StreamChunk(index, event);
   } else {
@@ -132,7 +137,7 @@ std::string CompletionJob::TokenString(int32_t previous, int32_t id) const {
   return text.ok() ? *std::move(text) : absl::StrCat("token_id:", id);
 }
 
-Json CompletionJob::ChoiceLogprobs(const Choice& c, std::span<const int32_t> tokens,
+Json CompletionJob::ChoiceLogprobs(int64_t text_offset, std::span<const int32_t> tokens,
                                    std::span<const TokenLogprobs> logprobs,
                                    int32_t previous) const {
   if (!logprobs_) return nullptr;
@@ -140,7 +145,7 @@ Json CompletionJob::ChoiceLogprobs(const Choice& c, std::span<const int32_t> tok
   if (endpoint_ == Endpoint::kChatCompletions) {
     return ChatLogprobs(tokens, logprobs, text, previous, top_logprobs_);
   }
-  return CompletionLogprobs(tokens, logprobs, text, previous, c.text_offset, top_logprobs_);
+  return CompletionLogprobs(tokens, logprobs, text, previous, text_offset, top_logprobs_);
 }
 
 Json CompletionJob::ChunkEnvelope() const {
@@ -151,12 +156,35 @@ Json CompletionJob::ChunkEnvelope() const {
           {"model", meta_.model}};
 }
 
+Json CompletionJob::EchoLogprobs(const Choice& c) const {
+  const TokenText text = [this](int32_t before, int32_t id) { return TokenString(before, id); };
+  return EchoedPromptLogprobs(c.prompt, *c.prompt_logprobs, text, top_logprobs_);
+}
+
+void CompletionJob::StartStreamOnce() {
+  if (stream_started_) return;
+  stream_started_ = true;
+  exchange_->StartStream("text/event-stream", {});
+}
+
+void CompletionJob::StreamEcho(size_t index) {
+  Choice& c = choices_[index];
+  StartStreamOnce();
+  Json logprobs = EchoLogprobs(c);
+  c.text_offset = EndOffset(logprobs);
+  Json choice = {{"index", index}, {"text", c.echo}, {"logprobs", std::move(logprobs)}};
+  choice["finish_reason"] = nullptr;
+  if (return_token_ids_) choice["token_ids"] = Json::array();
+  c.started = true;
+  Json chunk = ChunkEnvelope();
+  chunk["choices"] = Json::array({std::move(choice)});
+  if (include_usage_) chunk["usage"] = nullptr;
+  exchange_->Send(SseEvent(chunk));
+}
+
 void CompletionJob::StreamChunk(size_t index, const GenerationEvent& event) {
   Choice& c = choices_[index];
-  if (!stream_started_) {
-    stream_started_ = true;
-    exchange_->StartStream("text/event-stream", {});
-  }
+  StartStreamOnce();
   const bool chat = endpoint_ == Endpoint::kChatCompletions;
   Json choice = {{"index", index}};
   if (chat) {
@@ -170,7 +198,7 @@ void CompletionJob::StreamChunk(size_t index, const GenerationEvent& event) {
   const int32_t previous = !c.tokens.empty()   ? c.tokens.back()
                            : !c.prompt.empty() ? c.prompt.back()
                                                : -1;
-  choice["logprobs"] = ChoiceLogprobs(c, event.tokens, event.logprobs, previous);
+  choice["logprobs"] = ChoiceLogprobs(c.text_offset, event.tokens, event.logprobs, previous);
   choice["finish_reason"] =
       event.finish == FinishReason::kNone ? Json(nullptr) : Json(FinishReasonJson(event.finish));
   if (return_token_ids_) choice["token_ids"] = event.tokens;
@@ -205,8 +233,15 @@ Json CompletionJob::WholeResponse() const {
     } else {
       choice["text"] = c.echo + c.text;
     }
-    choice["logprobs"] =
-        ChoiceLogprobs(c, c.tokens, c.logprobs, c.prompt.empty() ? -1 : c.prompt.back());
+    const int32_t previous = c.prompt.empty() ? -1 : c.prompt.back();
+    if (c.prompt_logprobs.has_value()) {
+      // The echoed prompt's entries first; the completion's offsets continue from them.
+      Json all = EchoLogprobs(c);
+      AppendCompletionLogprobs(all, ChoiceLogprobs(EndOffset(all), c.tokens, c.logprobs, previous));
+      choice["logprobs"] = std::move(all);
+    } else {
+      choice["logprobs"] = ChoiceLogprobs(0, c.tokens, c.logprobs, previous);
+    }
     choice["finish_reason"] = FinishReasonJson(c.finish);
     if (return_token_ids_) {
       choice["prompt_token_ids"] = c.prompt;

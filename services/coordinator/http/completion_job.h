@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -56,7 +57,8 @@ class CompletionJob : public std::enable_shared_from_this<CompletionJob> {
     std::vector<int32_t> prompt;
     std::vector<int32_t> tokens;
     std::vector<TokenLogprobs> logprobs;
-    int64_t text_offset = 0;  // bytes of text streamed so far
+    std::optional<std::vector<TokenLogprobs>> prompt_logprobs;  // echo with logprobs
+    int64_t text_offset = 0;                                    // bytes of text streamed so far
     FinishReason finish = FinishReason::kNone;
     GenerationUsage usage;
   };
@@ -70,8 +72,13 @@ class CompletionJob : public std::enable_shared_from_this<CompletionJob> {
   void CancelAll() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Finish() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void StreamChunk(size_t index, const GenerationEvent& event) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // `previous`: the token before tokens[0].
-  Json ChoiceLogprobs(const Choice& c, std::span<const int32_t> tokens,
+  // The echo of a prompt whose logprobs were asked: its text and logprobs, in one chunk before
+  // the completion's.
+  void StreamEcho(size_t index) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void StartStreamOnce() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  Json EchoLogprobs(const Choice& c) const;
+  // `previous`: the token before tokens[0]; `text_offset`: tokens[0]'s byte offset in the text.
+  Json ChoiceLogprobs(int64_t text_offset, std::span<const int32_t> tokens,
                       std::span<const TokenLogprobs> logprobs, int32_t previous) const;
   Json ChunkEnvelope() const;
   Json WholeResponse() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

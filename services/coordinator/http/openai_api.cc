@@ -141,6 +141,7 @@ absl::StatusOr<std::vector<CompletionJob::ChoiceInput>> OpenAiApi::BuildChoices(
   names.prompt = chat ? "messages" : "prompt";
   names.max_new_tokens = "max_tokens";
   names.top_logprobs = chat ? "top_logprobs" : "logprobs";
+  names.prompt_logprobs = "echo";
   names.draft_method = "draft_method";
   names.tree = "speculation_tree";
   names.egag = "egag";

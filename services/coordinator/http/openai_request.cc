@@ -420,16 +420,14 @@ absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(Endpoint endpoint, absl::string
                         "logprobs_mode must be \"raw_logprobs\" or \"processed_logprobs\"");
     }
   }
-  if (out.echo && out.logprobs) {
-    return FieldError(
-        "echo", "echo with logprobs is not supported: the prompt's logprobs are not computed");
-  }
   SPECD_RETURN_IF_ERROR(ParseGuidance(body, &out.base));
   if (out.logprobs) {
     v1::LogprobsParameters* lp = out.base.mutable_logprobs();
     lp->set_enabled(true);
     lp->set_top_logprobs(static_cast<uint32_t>(out.top_logprobs));
     lp->set_mode(logprobs_mode);
+    // An echoed prompt reports its tokens' logprobs too (what evaluation harnesses score).
+    lp->set_prompt(out.echo);
   }
   return out;
 }

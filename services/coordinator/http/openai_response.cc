@@ -64,6 +64,33 @@ Json CompletionLogprobs(std::span<const int32_t> tokens, std::span<const TokenLo
   return out;
 }
 
+Json EchoedPromptLogprobs(std::span<const int32_t> prompt, std::span<const TokenLogprobs> logprobs,
+                          const TokenText& text, int32_t top_n) {
+  if (prompt.empty()) return CompletionLogprobs({}, {}, text, -1, 0, top_n);
+  // The first token has no context: OpenAI and vLLM report null for it.
+  const std::string first = text(-1, prompt[0]);
+  Json out = CompletionLogprobs(prompt.subspan(1), logprobs, text, prompt[0],
+                                static_cast<int64_t>(first.size()), top_n);
+  out["tokens"].insert(out["tokens"].begin(), first);
+  out["token_logprobs"].insert(out["token_logprobs"].begin(), nullptr);
+  out["top_logprobs"].insert(out["top_logprobs"].begin(), nullptr);
+  out["text_offset"].insert(out["text_offset"].begin(), 0);
+  return out;
+}
+
+int64_t EndOffset(const Json& logprobs) {
+  const Json& offsets = logprobs["text_offset"];
+  if (offsets.empty()) return 0;
+  return offsets.back().get<int64_t>() +
+         static_cast<int64_t>(logprobs["tokens"].back().get<std::string>().size());
+}
+
+void AppendCompletionLogprobs(Json& into, const Json& more) {
+  for (const char* key : {"tokens", "token_logprobs", "top_logprobs", "text_offset"}) {
+    for (const Json& v : more[key]) into[key].push_back(v);
+  }
+}
+
 Json ChatLogprobs(std::span<const int32_t> tokens, std::span<const TokenLogprobs> logprobs,
                   const TokenText& text, int32_t previous, int32_t top_n) {
   Json content = Json::array();

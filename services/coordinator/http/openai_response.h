@@ -40,6 +40,16 @@ using TokenText = std::function<std::string(int32_t previous, int32_t id)>;
 Json CompletionLogprobs(std::span<const int32_t> tokens, std::span<const TokenLogprobs> logprobs,
                         const TokenText& text, int32_t previous, int64_t text_offset,
                         int32_t top_n);
+// The same object for an echoed prompt: its first token with null logprobs (it has no context),
+// then prompt[1:] with `logprobs`, offsets from 0. As in vLLM, offsets count the token strings
+// (a BOS shows as its text, "<s>", which the echoed prompt text lacks), and the completion's
+// continue from EndOffset().
+Json EchoedPromptLogprobs(std::span<const int32_t> prompt, std::span<const TokenLogprobs> logprobs,
+                          const TokenText& text, int32_t top_n);
+// The offset after the last token of a CompletionLogprobs object (0 when it has none).
+int64_t EndOffset(const Json& logprobs);
+// Appends `more`'s entries to `into` (two CompletionLogprobs objects).
+void AppendCompletionLogprobs(Json& into, const Json& more);
 // /v1/chat/completions' logprobs object: {"content": [{token, logprob, bytes, top_logprobs}]}.
 Json ChatLogprobs(std::span<const int32_t> tokens, std::span<const TokenLogprobs> logprobs,
                   const TokenText& text, int32_t previous, int32_t top_n);

@@ -454,6 +454,17 @@ TEST_F(SyntheticE2eTest, InvalidRequestsAreRejectedWithPreciseMessages) {
          r->mutable_speculation()->set_draft_method(v1::DRAFT_METHOD_NGRAM);
        },
        "speculation.egag needs a chain of model drafts"},
+      {[](v1::GenerateRequest* r) {
+         r->mutable_logprobs()->set_prompt(true);
+         r->mutable_guidance()->set_scale(2.0f);
+         r->mutable_guidance()->mutable_unconditional_token_ids()->add_ids(1);
+       },
+       "logprobs.prompt is not supported with guidance"},
+      {[](v1::GenerateRequest* r) {
+         r->mutable_logprobs()->set_prompt(true);
+         r->mutable_logprobs()->set_top_logprobs(21);
+       },
+       "logprobs.top_logprobs must be in [0, 20], got 21"},
   };
   for (const Case& c : cases) {
     v1::GenerateRequest r = TextRequest("hello", 4, 2);

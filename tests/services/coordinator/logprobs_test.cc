@@ -7,11 +7,13 @@
 //  * completions of one seed with different sample numbers are reproducible and independent:
 //    each has the target's distribution (chi-square), and two agree only as often as two
 //    independent draws would (a z-test with power against ignoring the sample number).
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -50,11 +52,14 @@ struct Generated {
   std::vector<TokenLogprobs> logprobs;
   int read_rows = 0;  // rounds whose correction came from the ReadRows fallback
   int rejections = 0;
+  std::optional<std::vector<TokenLogprobs>> prompt_logprobs;  // when the sequence asked
+  int scoring_rounds = 0;  // rounds that read the prompt as forced chains
 };
 
 // Runs `seqs` to `max_new` tokens each, round after round, collecting what each round emitted.
 std::vector<Generated> Generate(WorkerApi& draft, WorkerApi& target,
-                                std::vector<SpeculativeSequence>& seqs, size_t max_new) {
+                                std::vector<SpeculativeSequence>& seqs, size_t max_new,
+                                const RoundOptions& options = RoundOptions{1 << 20}) {
   std::vector<Generated> runs(seqs.size());
   while (true) {
     std::vector<SpeculativeSequence*> running;
@@ -66,13 +71,19 @@ std::vector<Generated> Generate(WorkerApi& draft, WorkerApi& target,
       }
     }
     if (running.empty()) break;
-    const std::vector<RoundStats> stats =
-        RunSpeculationRound(draft, target, running, RoundOptions{1 << 20});
+    std::vector<bool> scoring;
+    for (const SpeculativeSequence* s : running) scoring.push_back(s->scoring());
+    const std::vector<RoundStats> stats = RunSpeculationRound(draft, target, running, options);
     for (size_t b = 0; b < stats.size(); ++b) {
       const RoundStats& st = stats[b];
       EXPECT_TRUE(st.status.ok()) << st.status;
       if (!st.status.ok()) return runs;
       Generated& r = runs[which[b]];
+      if (st.prompt_logprobs.has_value()) {
+        EXPECT_FALSE(r.prompt_logprobs.has_value()) << "prompt logprobs reported twice";
+        r.prompt_logprobs = st.prompt_logprobs;
+      }
+      r.scoring_rounds += scoring[b] && !st.deferred ? 1 : 0;
       EXPECT_EQ(st.logprobs.size(),
                 running[b]->logprobs.mode == LogprobsMode::kOff ? 0u : st.appended.size());
       for (size_t j = 0; j < st.appended.size() && r.tokens.size() < max_new; ++j) {
@@ -228,6 +239,123 @@ TEST_F(LogprobsTest, GreedyLogprobsAreTheSameBitsForEveryK) {
       }
     }
   }
+}
+
+// Prompt logprobs (echo with logprobs): the target reads the prompt as forced chains of at most 64
+// tokens, or what its pass budget leaves, and each token's logprob at its position equals the
+// numpy reference of the target alone (raw, and processed at temperature 0.8 with top-k). Nothing
+// else changes: the generated tokens and their logprobs are the same bits as without scoring.
+TEST_F(LogprobsTest, PromptLogprobsMatchTheReferenceAndChangeNothingElse) {
+  constexpr int32_t kTop = 4;
+  constexpr size_t kNew = 12;
+  // 150 tokens take three chains (64 + 64 + 21 after the first token); 1 token has nothing to
+  // score.
+  std::vector<std::vector<int32_t>> prompts = {Prompt(0), Prompt(3), {1}};
+  std::vector<int32_t> long_prompt = {1};
+  for (int j = 0; j < 149; ++j) long_prompt.push_back(3 + (j * 53) % 290);
+  prompts.push_back(long_prompt);
+  struct Setting {
+    LogprobsMode mode;
+    float temperature;
+    int32_t top_k;
+    int32_t K;
+    int64_t target_pass_tokens;  // 0: no budget; 16: chains of 15
+  };
+  for (const Setting& set : {Setting{LogprobsMode::kRaw, 0.0f, 0, 4, 0},
+                             Setting{LogprobsMode::kProcessed, 0.8f, 20, 4, 0},
+                             Setting{LogprobsMode::kRaw, 1.0f, 0, 0, 16}}) {
+    const std::string where = absl::StrCat("mode ", static_cast<int>(set.mode), " K ", set.K,
+                                           " budget ", set.target_pass_tokens);
+    SamplingParams p;
+    p.temperature = set.temperature;
+    p.top_k = set.top_k;
+    RoundOptions options{1 << 20};
+    options.target_pass_tokens = set.target_pass_tokens;
+    std::vector<Generated> with, without;
+    for (const bool score : {true, false}) {
+      auto target = MakeWorker(dir_->path(), 0);
+      auto draft = MakeWorker(dir_->path(), 1);
+      std::vector<SpeculativeSequence> seqs;
+      for (size_t i = 0; i < prompts.size(); ++i) {
+        SpeculativeSequence s = Seq(300 + i, prompts[i], p, set.K, {set.mode, kTop}, 50 + i);
+        if (score) s.prompt_logprobs = {set.mode, kTop};
+        seqs.push_back(std::move(s));
+      }
+      (score ? with : without) = Generate(*draft, *target, seqs, kNew, options);
+      EXPECT_EQ(target->runtime().engine().kv().used_blocks(), 0) << where;
+      EXPECT_EQ(draft->runtime().engine().kv().used_blocks(), 0) << where;
+    }
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      const std::string seq = absl::StrCat(where, " prompt ", i);
+      EXPECT_FALSE(without[i].prompt_logprobs.has_value()) << seq;
+      ASSERT_TRUE(with[i].prompt_logprobs.has_value()) << seq;
+      ASSERT_EQ(with[i].tokens, without[i].tokens) << seq;
+      ASSERT_EQ(with[i].logprobs.size(), without[i].logprobs.size()) << seq;
+      for (size_t j = 0; j < with[i].logprobs.size(); ++j) {
+        EXPECT_TRUE(SameBits(with[i].logprobs[j].logprob, without[i].logprobs[j].logprob)) << seq;
+      }
+      const int64_t scored = static_cast<int64_t>(prompts[i].size()) - 1;
+      const int64_t chain = set.target_pass_tokens > 0 ? set.target_pass_tokens - 1 : 64;
+      EXPECT_EQ(with[i].scoring_rounds, (scored + chain - 1) / chain) << seq;
+      const std::vector<TokenLogprobs>& got = *with[i].prompt_logprobs;
+      ASSERT_EQ(static_cast<int64_t>(got.size()), scored) << seq;
+      if (scored == 0) continue;
+      const Reference ref = RunReference(
+          {prompts[i][0]}, std::vector<int32_t>(prompts[i].begin() + 1, prompts[i].end()), p);
+      const std::vector<std::vector<double>>& want =
+          set.mode == LogprobsMode::kProcessed ? ref.processed : ref.raw;
+      ASSERT_EQ(static_cast<int64_t>(want.size()), scored) << seq;
+      for (size_t j = 0; j < got.size(); ++j) {
+        const int32_t t = prompts[i][j + 1];
+        const double w = want[j][static_cast<size_t>(t)];
+        if (std::isinf(w)) {
+          EXPECT_TRUE(std::isinf(got[j].logprob) && got[j].logprob < 0) << seq << " token " << j;
+        } else {
+          EXPECT_NEAR(got[j].logprob, w, kTolerance) << seq << " token " << j;
+        }
+        ASSERT_EQ(got[j].top_ids.size(), static_cast<size_t>(kTop)) << seq;
+        std::vector<double> sorted = want[j];
+        std::sort(sorted.begin(), sorted.end(), std::greater<>());
+        EXPECT_NEAR(got[j].top_logprobs[0], sorted[0], kTolerance) << seq << " token " << j;
+      }
+    }
+  }
+}
+
+// A target that loses the sequence mid-scoring (a restart) scores the lost part again: the
+// prompt logprobs are reported once, with the reference's values.
+TEST_F(LogprobsTest, PromptScoringResumesOnATargetThatLostTheSequence) {
+  std::vector<int32_t> prompt = {1};
+  for (int j = 0; j < 99; ++j) prompt.push_back(5 + (j * 31) % 280);
+  SamplingParams greedy;
+  greedy.temperature = 0.0f;
+  auto target = MakeWorker(dir_->path(), 0);
+  auto draft = MakeWorker(dir_->path(), 1);
+  SpeculativeSequence s = Seq(400, prompt, greedy, 4, {});
+  s.prompt_logprobs = {LogprobsMode::kRaw, 0};
+  std::vector<SpeculativeSequence*> batch = {&s};
+  std::vector<RoundStats> stats =
+      RunSpeculationRound(*draft, *target, batch, RoundOptions{1 << 20});
+  ASSERT_TRUE(stats[0].status.ok()) << stats[0].status;
+  ASSERT_EQ(s.scored_len, 65);
+  ASSERT_TRUE(target->Release(s.id).ok());
+  s.ResetTargetCache(0);
+  std::optional<std::vector<TokenLogprobs>> reported;
+  for (int round = 0; round < 8 && !reported.has_value(); ++round) {
+    stats = RunSpeculationRound(*draft, *target, batch, RoundOptions{1 << 20});
+    ASSERT_TRUE(stats[0].status.ok()) << stats[0].status;
+    reported = stats[0].prompt_logprobs;
+  }
+  ASSERT_TRUE(reported.has_value());
+  ASSERT_EQ(reported->size(), prompt.size() - 1);
+  const Reference ref =
+      RunReference({prompt[0]}, std::vector<int32_t>(prompt.begin() + 1, prompt.end()), greedy);
+  for (size_t j = 0; j < reported->size(); ++j) {
+    EXPECT_NEAR((*reported)[j].logprob, ref.raw[j][static_cast<size_t>(prompt[j + 1])], kTolerance)
+        << "token " << j;
+  }
+  EXPECT_TRUE(target->Release(s.id).ok());
+  (void)draft->Release(s.id);
 }
 
 struct Case {

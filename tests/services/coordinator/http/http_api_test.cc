@@ -379,6 +379,76 @@ TEST_F(HttpApiTest, HundredTwentyEightConcurrentStreamsEachEqualItsSoloRun) {
   serve_->ExpectNoBlocksUsed();
 }
 
+// echo with logprobs (what evaluation harnesses send to score a text): the echoed prompt's tokens
+// come first, the first with null logprobs, then the completion's, which are the numbers of the
+// same request without echo. The prompt's numbers are the gRPC API's logprobs.prompt, and a
+// stream sends the echo and its logprobs in the first chunk.
+TEST_F(HttpApiTest, EchoWithLogprobsScoresThePromptAsTheGrpcApiDoes) {
+  const std::string prompt = "The cat sat on the mat";
+  const Json base = {{"prompt", prompt},           {"max_tokens", 8},          {"temperature", 0},
+                     {"ignore_eos", true},         {"return_token_ids", true}, {"logprobs", 2},
+                     {"num_speculative_tokens", 4}};
+  const Choice plain = ChoicesOf(Post("/v1/completions", base), false).at(0);
+  Json echo = base;
+  echo["echo"] = true;
+  const Choice echoed = ChoicesOf(Post("/v1/completions", echo), false).at(0);
+  ASSERT_EQ(echoed.tokens, plain.tokens);
+  EXPECT_EQ(echoed.text, prompt + plain.text);
+  const size_t p = echoed.prompt_tokens.size();
+  ASSERT_GE(p, 3u);
+  const Json& lp = echoed.logprobs;
+  ASSERT_EQ(lp["tokens"].size(), p + plain.tokens.size()) << lp.dump();
+  EXPECT_TRUE(lp["token_logprobs"][0].is_null());
+  EXPECT_TRUE(lp["top_logprobs"][0].is_null());
+  EXPECT_EQ(lp["text_offset"][0], 0);
+  // Offsets count the token strings, the prompt's (a BOS's "<s>" included) then the completion's.
+  for (size_t i = 1; i < lp["text_offset"].size(); ++i) {
+    EXPECT_EQ(lp["text_offset"][i].get<size_t>(), lp["text_offset"][i - 1].get<size_t>() +
+                                                      lp["tokens"][i - 1].get<std::string>().size())
+        << i;
+  }
+  for (const char* key : {"tokens", "token_logprobs", "top_logprobs"}) {
+    for (size_t j = 0; j < plain.tokens.size(); ++j) {
+      EXPECT_EQ(lp[key][p + j], plain.logprobs[key][j]) << key << " of completion token " << j;
+    }
+  }
+  v1::GenerateRequest g = GrpcRequest(8, 4);
+  g.set_text(prompt);
+  g.mutable_sampling()->set_temperature(0.0f);
+  g.mutable_logprobs()->set_prompt(true);
+  g.mutable_logprobs()->set_top_logprobs(2);
+  const ServeProcess::Stream grpc = Grpc(g);
+  ASSERT_FALSE(grpc.messages.empty());
+  const v1::GenerateResponse& first = grpc.messages.front();
+  EXPECT_TRUE(first.token_ids().empty()) << "the prompt's logprobs come before any token";
+  EXPECT_EQ(std::vector<int32_t>(first.prompt_token_ids().begin(), first.prompt_token_ids().end()),
+            echoed.prompt_tokens);
+  ASSERT_EQ(static_cast<size_t>(first.prompt_logprobs_size()), p - 1);
+  for (size_t j = 1; j < p; ++j) {
+    const v1::TokenLogprob& want = first.prompt_logprobs(static_cast<int>(j - 1));
+    EXPECT_EQ(lp["token_logprobs"][j].get<double>(), static_cast<double>(want.logprob()));
+    EXPECT_LE(want.logprob(), 0.0f);
+    EXPECT_EQ(want.top_token_ids_size(), 2);
+  }
+  EXPECT_EQ(grpc.tokens, plain.tokens);
+  for (size_t m = 1; m < grpc.messages.size(); ++m) {
+    EXPECT_EQ(grpc.messages[m].prompt_logprobs_size(), 0);
+  }
+
+  echo["stream"] = true;
+  const SseReply streamed = Stream("/v1/completions", echo);
+  ASSERT_FALSE(streamed.events.empty());
+  const Json& head = streamed.events.front()["choices"][0];
+  EXPECT_EQ(head["text"], prompt);
+  ASSERT_EQ(head["logprobs"]["tokens"].size(), p);
+  for (size_t j = 0; j < p; ++j) {
+    EXPECT_EQ(head["logprobs"]["tokens"][j], lp["tokens"][j]) << j;
+    EXPECT_EQ(head["logprobs"]["token_logprobs"][j], lp["token_logprobs"][j]) << j;
+    EXPECT_EQ(head["logprobs"]["text_offset"][j], lp["text_offset"][j]) << j;
+  }
+  EXPECT_EQ(ChoicesOf(streamed, false).at(0).text, prompt + plain.text);
+}
+
 TEST_F(HttpApiTest, NCompletionsWithASeedReproduceUnderLoadAndAreTheGrpcSamples) {
   const Json body = {{"prompt", "In a land far away"},
                      {"n", 4},

@@ -77,7 +77,6 @@ INSTANTIATE_TEST_SUITE_P(
         BadCase{kC, R"({"prompt": "a", "echo": 1})", "echo"},
         BadCase{kC, R"({"prompt": "a", "logprobs": 21})", "logprobs"},
         BadCase{kC, R"({"prompt": "a", "logprobs": true})", "logprobs"},
-        BadCase{kC, R"({"prompt": "a", "logprobs": 2, "echo": true})", "echo"},
         BadCase{kC, R"({"prompt": "a", "logprobs": 2, "logprobs_mode": "final"})", "logprobs_mode"},
         BadCase{kC, R"({"prompt": "a", "ignore_eos": "no"})", "ignore_eos"},
         BadCase{kC, R"({"prompt": "a", "num_speculative_tokens": 65})", "num_speculative_tokens"},
@@ -168,6 +167,21 @@ TEST(OpenAiRequestTest, CompletionFieldsLandInTheGenerateRequest) {
   EXPECT_TRUE(g.logprobs().enabled());
   EXPECT_EQ(g.logprobs().top_logprobs(), 4u);
   EXPECT_EQ(g.logprobs().mode(), v1::LOGPROBS_MODE_PROCESSED);
+  EXPECT_FALSE(g.logprobs().prompt());  // no echo
+}
+
+// echo with logprobs asks the prompt's logprobs too, in the same mode and with as many
+// alternatives; echo alone or logprobs alone does not.
+TEST(OpenAiRequestTest, EchoWithLogprobsAsksThePromptsLogprobs) {
+  for (const auto& [body, prompt] : std::vector<std::pair<const char*, bool>>{
+           {R"({"prompt": "a", "echo": true, "logprobs": 3})", true},
+           {R"({"prompt": "a", "echo": true, "logprobs": 0})", true},
+           {R"({"prompt": "a", "echo": true})", false},
+           {R"({"prompt": "a", "logprobs": 3})", false}}) {
+    absl::StatusOr<OpenAiRequest> r = ParseOpenAiRequest(Endpoint::kCompletions, body);
+    ASSERT_TRUE(r.ok()) << body << ": " << r.status();
+    EXPECT_EQ(r->base.logprobs().prompt(), prompt) << body;
+  }
 }
 
 // OpenAI's logit_bias: token ids as strings, mapped onto the sampling parameters; the ids and
