@@ -16,11 +16,12 @@ Json Bytes(const std::string& s) {
 
 // The alternatives of one position, by logprob descending (id ascending on ties), with the
 // emitted token added when it is not among the top `top_n` (as vLLM does): sorted still, since
-// a token outside the top has a logprob no higher than the last one in it.
+// a token outside the top has a logprob no higher than the last one in it. With top_n 0 that is
+// the emitted token alone, unless `none_at_zero` (chat's top_logprobs 0: an empty list).
 std::vector<std::pair<int32_t, float>> Alternatives(int32_t token, const TokenLogprobs& lp,
-                                                    int32_t top_n) {
+                                                    int32_t top_n, bool none_at_zero) {
   std::vector<std::pair<int32_t, float>> out;
-  if (top_n <= 0) return out;
+  if (top_n <= 0 && none_at_zero) return out;
   const size_t n = std::min(lp.top_ids.size(), static_cast<size_t>(top_n));
   bool has_token = false;
   for (size_t i = 0; i < n && i < lp.top_logprobs.size(); ++i) {
@@ -52,7 +53,8 @@ Json CompletionLogprobs(std::span<const int32_t> tokens, std::span<const TokenLo
     out["tokens"].push_back(t);
     out["token_logprobs"].push_back(LogprobValue(logprobs[i].logprob));
     Json top = Json::object();
-    for (const auto& [id, lp] : Alternatives(tokens[i], logprobs[i], top_n)) {
+    // Legacy logprobs N lists up to N + 1 entries, the emitted token always among them.
+    for (const auto& [id, lp] : Alternatives(tokens[i], logprobs[i], top_n, false)) {
       // Keyed by text, as OpenAI's legacy shape is; two ids with one text keep the first.
       const std::string key = text(before, id);
       if (!top.contains(key)) top[key] = LogprobValue(lp);
@@ -98,7 +100,7 @@ Json ChatLogprobs(std::span<const int32_t> tokens, std::span<const TokenLogprobs
     const int32_t before = i > 0 ? tokens[i - 1] : previous;
     const std::string t = text(before, tokens[i]);
     Json top = Json::array();
-    for (const auto& [id, lp] : Alternatives(tokens[i], logprobs[i], top_n)) {
+    for (const auto& [id, lp] : Alternatives(tokens[i], logprobs[i], top_n, true)) {
       const std::string alt = text(before, id);
       top.push_back({{"token", alt}, {"logprob", LogprobValue(lp)}, {"bytes", Bytes(alt)}});
     }

@@ -302,6 +302,10 @@ TEST(OpenAiResponseTest, CompletionLogprobsAddTheEmittedTokenWhenNotInTheTop) {
   ASSERT_EQ(j["top_logprobs"][1].size(), 3u);  // N + the emitted token, last: it is lowest
   EXPECT_EQ(j["top_logprobs"][1].items().begin().key(), "a");
   EXPECT_EQ(j["top_logprobs"][1]["d"], -7.0);
+  // logprobs 0: the emitted token alone, as OpenAI's legacy API and vLLM answer.
+  const Json zero = CompletionLogprobs(tokens, lps, Names(), -1, 0, 0);
+  EXPECT_EQ(zero["top_logprobs"][0], Json({{"a", static_cast<double>(-0.1f)}}));
+  EXPECT_EQ(zero["top_logprobs"][1], Json({{"d", -7.0}}));
 }
 
 TEST(OpenAiResponseTest, ChatLogprobsCarryBytesAndSortedAlternatives) {
