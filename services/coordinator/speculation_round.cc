@@ -220,6 +220,28 @@ void ResolveByReadRows(WorkerApi& draft, WorkerApi& target,
   }
 }
 
+enum class Worker { kDraft, kTarget };
+
+// What every Draft and Verify request says of a sequence: what the coordinator believes `worker`
+// holds (its cached length, a tail to drop, a tree branch to move into place), the catch-up
+// x[cached:catch_up_end] and how the sequence samples.
+void DescribeSequence(const SpeculativeSequence& s, Worker worker, int64_t catch_up_end,
+                      int64_t max_prefill_tokens, SequenceRequest& r) {
+  const bool target = worker == Worker::kTarget;
+  const int64_t cached = target ? s.target_cached : s.draft_cached;
+  r.seq = s.id;
+  r.catch_up.assign(s.tokens.begin() + cached, s.tokens.begin() + catch_up_end);
+  r.expected_cached_len = cached;
+  r.drop_tail = target ? s.target_tail : s.draft_tail;
+  r.compact = target ? s.target_compact : s.draft_compact;
+  r.sampling = s.sampling;
+  r.logit_bias = s.logit_bias;
+  r.seed = s.seed;
+  r.prompt_len = s.prompt_len;
+  r.sample = s.sample;
+  r.max_prefill_tokens = max_prefill_tokens;
+}
+
 // Prompt tokens a scoring sequence has the target score this round: a chain's worth at most, and
 // within the target's pass budget beside the one catch-up token.
 int32_t ScoreChunk(const SpeculativeSequence& s, const RoundOptions& options) {
@@ -338,19 +360,10 @@ std::vector<Proposal> Propose(WorkerApi& draft, std::span<SpeculativeSequence* c
     }
     index[s.id] = i;
     DraftSequenceRequest r;
-    r.seq = s.id;
-    r.catch_up.assign(s.tokens.begin() + s.draft_cached, s.tokens.end());
-    r.expected_cached_len = s.draft_cached;
-    r.drop_tail = s.draft_tail;
-    r.compact = s.draft_compact;
-    r.sampling = s.sampling;
-    r.logit_bias = s.logit_bias;
-    r.seed = s.seed;
-    r.prompt_len = s.prompt_len;
-    r.sample = s.sample;
+    DescribeSequence(s, Worker::kDraft, static_cast<int64_t>(s.tokens.size()),
+                     plans[i].draft_prefill_limit, r);
     r.num_speculative_tokens = prop.k;
     r.draft_sampling = s.draft_sampling;
-    r.max_prefill_tokens = plans[i].draft_prefill_limit;
     r.prefill_only = prefill_only;
     if (s.tree.is_tree()) {
       r.tree = s.tree;
@@ -540,19 +553,10 @@ std::vector<RoundStats> RunSpeculationRound(WorkerApi& draft, WorkerApi& target,
     if (!stats[i].status.ok() || stats[i].deferred) continue;
     const SpeculativeSequence& s = *batch[i];
     VerifySequenceRequest r;
-    r.seq = s.id;
     const bool forced = proposals[i].judge == Judge::kForced;
-    r.catch_up.assign(s.tokens.begin() + s.target_cached,
-                      forced ? s.tokens.begin() + s.scored_len : s.tokens.end());
-    r.expected_cached_len = s.target_cached;
-    r.drop_tail = s.target_tail;
-    r.compact = s.target_compact;
-    r.sampling = s.sampling;
-    r.logit_bias = s.logit_bias;
-    r.seed = s.seed;
-    r.prompt_len = s.prompt_len;
-    r.sample = s.sample;
-    r.max_prefill_tokens = plans[i].target_prefill_limit;
+    DescribeSequence(s, Worker::kTarget,
+                     forced ? s.scored_len : static_cast<int64_t>(s.tokens.size()),
+                     plans[i].target_prefill_limit, r);
     // The draft is still prefilling (or the pass budget leaves room for a prefill chunk only):
     // the target may prefill too, but this round has no drafts for the sequence, so nothing may
     // be drawn for it yet.
