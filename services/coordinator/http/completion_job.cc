@@ -161,30 +161,30 @@ Json CompletionJob::EchoLogprobs(const Choice& c) const {
   return EchoedPromptLogprobs(c.prompt, *c.prompt_logprobs, text, top_logprobs_);
 }
 
-void CompletionJob::StartStreamOnce() {
-  if (stream_started_) return;
-  stream_started_ = true;
-  exchange_->StartStream("text/event-stream", {});
-}
-
-void CompletionJob::StreamEcho(size_t index) {
-  Choice& c = choices_[index];
-  StartStreamOnce();
-  Json logprobs = EchoLogprobs(c);
-  c.text_offset = EndOffset(logprobs);
-  Json choice = {{"index", index}, {"text", c.echo}, {"logprobs", std::move(logprobs)}};
-  choice["finish_reason"] = nullptr;
-  if (return_token_ids_) choice["token_ids"] = Json::array();
-  c.started = true;
+void CompletionJob::SendChoiceChunk(Json choice) {
+  if (!stream_started_) {
+    stream_started_ = true;
+    exchange_->StartStream("text/event-stream", {});
+  }
   Json chunk = ChunkEnvelope();
   chunk["choices"] = Json::array({std::move(choice)});
   if (include_usage_) chunk["usage"] = nullptr;
   exchange_->Send(SseEvent(chunk));
 }
 
+void CompletionJob::StreamEcho(size_t index) {
+  Choice& c = choices_[index];
+  Json logprobs = EchoLogprobs(c);
+  c.text_offset = EndOffset(logprobs);
+  Json choice = {{"index", index}, {"text", c.echo}, {"logprobs", std::move(logprobs)}};
+  choice["finish_reason"] = nullptr;
+  if (return_token_ids_) choice["token_ids"] = Json::array();
+  c.started = true;
+  SendChoiceChunk(std::move(choice));
+}
+
 void CompletionJob::StreamChunk(size_t index, const GenerationEvent& event) {
   Choice& c = choices_[index];
-  StartStreamOnce();
   const bool chat = endpoint_ == Endpoint::kChatCompletions;
   Json choice = {{"index", index}};
   if (chat) {
@@ -211,10 +211,7 @@ void CompletionJob::StreamChunk(size_t index, const GenerationEvent& event) {
       before = t;
     }
   }
-  Json chunk = ChunkEnvelope();
-  chunk["choices"] = Json::array({std::move(choice)});
-  if (include_usage_) chunk["usage"] = nullptr;
-  exchange_->Send(SseEvent(chunk));
+  SendChoiceChunk(std::move(choice));
 }
 
 Json CompletionJob::WholeResponse() const {

@@ -75,7 +75,8 @@ class CompletionJob : public std::enable_shared_from_this<CompletionJob> {
   // The echo of a prompt whose logprobs were asked: its text and logprobs, in one chunk before
   // the completion's.
   void StreamEcho(size_t index) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void StartStreamOnce() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Sends one choice's chunk, starting the stream with the first.
+  void SendChoiceChunk(Json choice) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   Json EchoLogprobs(const Choice& c) const;
   // `previous`: the token before tokens[0]; `text_offset`: tokens[0]'s byte offset in the text.
   Json ChoiceLogprobs(int64_t text_offset, std::span<const int32_t> tokens,
