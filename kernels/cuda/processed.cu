@@ -105,14 +105,15 @@ __device__ bool RowValid(const ProcessRowsArgs& a, int64_t r, const RowSampling&
     return report(DeviceField::kHistoryRange, a.history_len);
   }
   if (!ParamsValid(rs.params)) return report(DeviceField::kParams, 0);
-  if (rs.bias_begin < 0 || rs.bias_len < 0 || rs.bias_begin > a.n_biases ||
-      rs.bias_len > a.n_biases - rs.bias_begin || (a.biases == nullptr && rs.bias_len > 0)) {
+  if (rs.bias_begin < 0 || rs.bias_len < 0 || rs.bias_len > kMaxLogitBiasTokens ||
+      rs.bias_begin > a.n_biases || rs.bias_len > a.n_biases - rs.bias_begin ||
+      (a.biases == nullptr && rs.bias_len > 0)) {
     return report(DeviceField::kBias, a.n_biases);
   }
-  // AddBias's binary search needs ascending tokens.
+  // As ValidateLogitBias (base/sampling_params.h); AddBias's binary search needs ascending tokens.
   for (int64_t j = 0; j < rs.bias_len; ++j) {
     const TokenBias b = a.biases[rs.bias_begin + j];
-    if (b.token < 0 || b.token >= a.vocab || !isfinite(b.bias) ||
+    if (b.token < 0 || b.token >= a.vocab || !isfinite(b.bias) || fabsf(b.bias) > kMaxLogitBias ||
         (j > 0 && b.token <= a.biases[rs.bias_begin + j - 1].token)) {
       return report(DeviceField::kBias, a.n_biases);
     }

@@ -523,15 +523,23 @@ TEST_P(SamplingOpsTest, ProcessRowsRefusesAHistoryRangeOutsideTheHistory) {
 }
 
 // A row whose logit biases run past the list, or name a token outside the vocabulary, out of
-// order or with a bias that is not finite, is refused (a GPU at the next Synchronize).
+// order or with a bias that is not finite or beyond ±kMaxLogitBias, or more than
+// kMaxLogitBiasTokens of them, is refused (a GPU at the next Synchronize), as ValidateLogitBias
+// refuses a request's.
 TEST_P(SamplingOpsTest, ProcessRowsRefusesBadLogitBiases) {
+  vocab_ = 2048;  // room for one more distinct token than a row may bias
   const std::vector<TokenBias> good = {{2, 1.0f}, {9, -3.0f}};
+  std::vector<TokenBias> too_many;
+  for (int32_t t = 0; t <= kMaxLogitBiasTokens; ++t) too_many.push_back({t, 0.5f});
   const std::vector<std::vector<TokenBias>> bad = {
       {{2, 1.0f}, {static_cast<int32_t>(vocab_), 1.0f}},
       {{9, 1.0f}, {2, 1.0f}},
       {{2, 1.0f}, {2, 2.0f}},
       {{2, std::numeric_limits<float>::quiet_NaN()}},
-      {{-1, 1.0f}}};
+      {{-1, 1.0f}},
+      {{2, std::nextafter(kMaxLogitBias, 1000.0f)}},
+      {{3, -std::nextafter(kMaxLogitBias, 1000.0f)}},
+      too_many};
   for (size_t b = 0; b <= bad.size(); ++b) {
     std::vector<RowSampling> rows(2);
     std::vector<TokenBias> biases = good;
