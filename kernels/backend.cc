@@ -146,7 +146,7 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(const BackendOptions& opt
 #endif
     case BackendKind::kAuto:
 #if SPECD_WITH_CUDA
-      if (CudaDeviceCount() > 0) return CreateCudaBackend(options.device);
+      if (AutoChoosesCuda()) return CreateCudaBackend(options.device);
 #endif
       return CreateCpuBackend(options.num_threads);
   }

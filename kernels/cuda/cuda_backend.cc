@@ -343,15 +343,42 @@ class CudaBackend final : public Backend {
   std::vector<HeldFree> held_frees_;
 };
 
-}  // namespace
-
-int CudaDeviceCount() {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+// The loaded driver's CUDA version (e.g. 12080 for 12.8), 0 without a driver.
+int DriverCudaVersion() {
+  int version = 0;
+  if (cudaDriverGetVersion(&version) != cudaSuccess) {
     (void)cudaGetLastError();
     return 0;
   }
-  return n;
+  return version;
+}
+
+std::string CudaVersionName(int version) {
+  return absl::StrCat(version / 1000, ".", version % 1000 / 10);
+}
+
+// Why cudaGetDeviceCount found nothing usable, in words a person can act on.
+std::string NoDeviceReason(cudaError_t count) {
+  if (count == cudaSuccess) return "the driver reports 0 devices";
+  const std::string error = absl::StrCat(cudaGetErrorName(count), ": ", cudaGetErrorString(count));
+  const int driver = DriverCudaVersion();
+  if (driver == 0) return absl::StrCat(error, "; no NVIDIA driver is loaded");
+  if (driver < CUDART_VERSION) {
+    return absl::StrCat(error, "; the NVIDIA driver supports CUDA ", CudaVersionName(driver),
+                        ", older than the CUDA ", CudaVersionName(CUDART_VERSION),
+                        " runtime of this build: update the driver");
+  }
+  return error;
+}
+
+}  // namespace
+
+bool AutoChoosesCuda() {
+  int n = 0;
+  const cudaError_t count = cudaGetDeviceCount(&n);
+  (void)cudaGetLastError();
+  if (count == cudaSuccess) return n > 0;
+  return count != cudaErrorNoDevice && DriverCudaVersion() > 0;
 }
 
 absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackendWithOptions(
@@ -360,13 +387,8 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackendWithOptions(
   const cudaError_t count = cudaGetDeviceCount(&n);
   if (count != cudaSuccess || n == 0) {
     (void)cudaGetLastError();
-    return absl::FailedPreconditionError(
-        absl::StrCat("--backend cuda: no usable CUDA device (",
-                     count != cudaSuccess
-                         ? absl::StrCat(cudaGetErrorName(count), ": ", cudaGetErrorString(count),
-                                        "; this is what a machine without an NVIDIA driver reports")
-                         : "the driver reports 0 devices",
-                     "); use --backend cpu or auto"));
+    return absl::FailedPreconditionError(absl::StrCat(
+        "CUDA back end: no usable CUDA device (", NoDeviceReason(count), "); use --backend cpu"));
   }
   if (options.device < 0 || options.device >= n) {
     return absl::InvalidArgumentError(

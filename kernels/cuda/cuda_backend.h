@@ -27,8 +27,10 @@ struct CudaBackendOptions {
   int matmul_tokens_per_warp = 0;
 };
 
-// CUDA devices this process can use (0 without a driver or a device).
-int CudaDeviceCount();
+// Whether --backend auto should choose CUDA: a device is usable, or an NVIDIA driver is loaded but
+// cannot serve this build (e.g. older than its CUDA runtime), which is then reported rather than
+// silently replaced by the CPU. False without a driver, or with a driver that sees no device.
+bool AutoChoosesCuda();
 
 // FAILED_PRECONDITION naming the reason when no usable device is present (no driver, no device,
 // or a device this build has no kernels for).
