@@ -458,11 +458,12 @@ class Backend {
   virtual absl::Status Logprobs(const LogprobsArgs& args) = 0;
 
   // Recording (see RecordedWork). Between BeginRecording and EndRecording, ops and copies are
-  // recorded instead of enqueued; nothing may allocate, download or synchronize (a Buffer may go
-  // out of scope: a back end that cannot free then releases it at EndRecording). EndRecording
-  // after a failed op discards the recording and returns the stream to normal. Back ends that
-  // execute eagerly (the CPU) do not record: SupportsRecording() is false and the calls are
-  // UNIMPLEMENTED.
+  // recorded instead of enqueued; nothing may allocate, upload, download or synchronize (a
+  // recorded upload would re-read, at every replay, host memory the caller has reused; a Buffer
+  // may go out of scope: a back end that cannot free then releases it at EndRecording).
+  // EndRecording after a failed op discards the recording and returns the stream to normal. Back
+  // ends that execute eagerly (the CPU) do not record: SupportsRecording() is false and the calls
+  // are UNIMPLEMENTED.
   virtual bool SupportsRecording() const { return false; }
   virtual absl::Status BeginRecording();
   virtual absl::StatusOr<std::unique_ptr<RecordedWork>> EndRecording();

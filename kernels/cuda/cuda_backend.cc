@@ -68,14 +68,16 @@ class CudaGraph final : public RecordedWork {
   cudaGraphExec_t exec_;
 };
 
-// Synchronize, Download or Allocate between BeginRecording and EndRecording (kernels/backend.h
-// forbids them there): refused before any CUDA call, which would invalidate the capture, so the
-// recording goes on and a device error waiting for the next Synchronize stays recorded.
+// Synchronize, Upload, Download or Allocate between BeginRecording and EndRecording
+// (kernels/backend.h forbids them there): refused before any CUDA call, which would invalidate the
+// capture, so the recording goes on and a device error waiting for the next Synchronize stays
+// recorded.
 absl::Status RefusedWhileRecording(const char* call) {
   return absl::FailedPreconditionError(
       absl::StrCat(call,
                    " while recording (between BeginRecording and EndRecording): nothing may "
-                   "allocate, download or synchronize until EndRecording; the recording goes on"));
+                   "allocate, upload, download or synchronize until EndRecording; the recording "
+                   "goes on"));
 }
 
 class CudaBackend final : public Backend {
@@ -122,6 +124,7 @@ class CudaBackend final : public Backend {
   }
 
   absl::Status Upload(void* device_dst, const void* host_src, int64_t bytes) override {
+    if (recording_) return RefusedWhileRecording("Upload");
     return Copy("Upload", device_dst, host_src, bytes, cudaMemcpyHostToDevice);
   }
   absl::Status Download(void* host_dst, const void* device_src, int64_t bytes) override {

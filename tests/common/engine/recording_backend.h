@@ -38,6 +38,7 @@ class RecordingBackend : public kernels::Backend {
   }
 
   absl::Status Upload(void* device_dst, const void* host_src, int64_t bytes) override {
+    if (recording_) return Refused("Upload");
     return Enqueue(kernels::ValidateCopyArgs("Upload", device_dst, host_src, bytes),
                    [=, this] { return inner_->Upload(device_dst, host_src, bytes); });
   }

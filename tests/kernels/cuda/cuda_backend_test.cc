@@ -88,6 +88,7 @@ TEST_F(CudaBackendTest, SynchronizeDownloadAndAllocateWhileRecordingAreRefusedAn
   const absl::Status add = AddXToY();
   const absl::Status sync = backend_->Synchronize();
   const absl::Status download = backend_->Download(staging->data(), y_, kSize * 4);
+  const absl::Status upload = backend_->Upload(x_, staging->data(), kSize * 4);
   const absl::StatusOr<Buffer> allocated =
       backend_->Allocate(4096, MemoryKind::kScratch, "a buffer while recording");
   absl::StatusOr<std::unique_ptr<RecordedWork>> work = backend_->EndRecording();
@@ -95,6 +96,7 @@ TEST_F(CudaBackendTest, SynchronizeDownloadAndAllocateWhileRecordingAreRefusedAn
   EXPECT_TRUE(add.ok()) << add;
   EXPECT_TRUE(Is(sync, absl::StatusCode::kFailedPrecondition, "Synchronize while recording"));
   EXPECT_TRUE(Is(download, absl::StatusCode::kFailedPrecondition, "Download while recording"));
+  EXPECT_TRUE(Is(upload, absl::StatusCode::kFailedPrecondition, "Upload while recording"));
   // Backend::Allocate adds what the buffer was for, and keeps the back end's code.
   EXPECT_TRUE(
       Is(allocated.status(), absl::StatusCode::kFailedPrecondition, "Allocate while recording"));
