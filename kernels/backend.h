@@ -104,11 +104,23 @@ struct WeightView {
 //! y[t, o] = sum_i x[t, i] * w[o, i]   (y = x · wᵀ, as torch.nn.Linear without bias).
 //! Invariance: y[t, :] is reduced over i in a fixed order that depends only on w.cols (a fixed
 //! K-tiling; never a split-K chosen from n_tokens).
+//! With `accumulate`, y[t, o] += that sum instead: the residual add folded into the product (the
+//! finished sum is added to y in one fp32 addition, as a separate element-wise add would).
 struct MatmulArgs {
   const float* x = nullptr;  //!< input [n_tokens, w.cols]
   WeightView w;              //!< weight [out = w.rows, in = w.cols]
   float* y = nullptr;        //!< output [n_tokens, w.rows]; must not alias x
   int64_t n_tokens = 0;
+  bool accumulate = false;
+};
+
+//! Products of ONE input by up to kMaxMatmulGroup weights (q/k/v; gate/up), which a back end may
+//! run as one launch. The parts share x and n_tokens (so w.cols) and write distinct outputs;
+//! each part's y has exactly the bits its own Matmul would give.
+inline constexpr int kMaxMatmulGroup = 3;
+struct MatmulGroupArgs {
+  std::array<MatmulArgs, kMaxMatmulGroup> parts{};
+  int n_parts = 0;
 };
 
 //! y[t, :] = x[t, :] / sqrt(mean(x[t, :]^2) + eps) * weight   (Llama RMSNorm, f32 math).
@@ -199,14 +211,6 @@ struct EmbeddingArgs {
   const int32_t* ids = nullptr;  //!< [n_tokens]
   float* out = nullptr;          //!< [n_tokens, dim]
   int64_t n_tokens = 0;
-};
-
-//! y[t, :] += x[t, :]   (residual connection)
-struct AddArgs {
-  float* y = nullptr;        //!< in/out [n, dim]
-  const float* x = nullptr;  //!< [n, dim]
-  int64_t n = 0;
-  int64_t dim = 0;
 };
 
 //! dst[i, :] = src[rows[i], :]: the hidden states of the tokens whose logits are wanted.
@@ -441,13 +445,13 @@ class Backend {
   virtual absl::Status Health() const { return absl::OkStatus(); }
 
   virtual absl::Status Matmul(const MatmulArgs& args) = 0;
+  virtual absl::Status MatmulGroup(const MatmulGroupArgs& args) = 0;
   virtual absl::Status RmsNorm(const RmsNormArgs& args) = 0;
   virtual absl::Status Rope(const RopeArgs& args) = 0;
   virtual absl::Status StoreKv(const StoreKvArgs& args) = 0;
   virtual absl::Status Attention(const AttentionArgs& args) = 0;
   virtual absl::Status SwiGlu(const SwiGluArgs& args) = 0;
   virtual absl::Status Embedding(const EmbeddingArgs& args) = 0;
-  virtual absl::Status Add(const AddArgs& args) = 0;
   virtual absl::Status GatherRows(const GatherRowsArgs& args) = 0;
   virtual absl::Status CopyKvRows(const CopyKvRowsArgs& args) = 0;
 

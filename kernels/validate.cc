@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <string>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -130,6 +131,41 @@ absl::Status ValidateMatmulArgs(const MatmulArgs& args) {
                         args.w.rows * args.w.cols * DTypeSize(args.w.dtype));
 }
 
+absl::Status ValidateMatmulGroupArgs(const MatmulGroupArgs& args) {
+  constexpr absl::string_view kOp = "MatmulGroup";
+  if (args.n_parts < 1 || args.n_parts > kMaxMatmulGroup) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(kOp, ": n_parts must be in [1, ", kMaxMatmulGroup, "], got ", args.n_parts));
+  }
+  const MatmulArgs& first = args.parts[0];
+  for (int i = 0; i < args.n_parts; ++i) {
+    const MatmulArgs& p = args.parts[static_cast<size_t>(i)];
+    if (absl::Status st = ValidateMatmulArgs(p); !st.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(kOp, " parts[", i, "]: ", st.message()));
+    }
+    if (p.x != first.x || p.n_tokens != first.n_tokens || p.w.cols != first.w.cols) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(kOp, ": parts[", i, "] must share x, n_tokens and w.cols with parts[0]"));
+    }
+  }
+  if (first.n_tokens == 0) return absl::OkStatus();
+  for (int i = 0; i < args.n_parts; ++i) {
+    const MatmulArgs& a = args.parts[static_cast<size_t>(i)];
+    for (int j = 0; j < args.n_parts; ++j) {
+      if (j == i) continue;
+      const MatmulArgs& b = args.parts[static_cast<size_t>(j)];
+      const std::string a_name = absl::StrCat("parts[", i, "].y");
+      SPECD_RETURN_IF_ERROR(CheckNoOverlap(kOp, a_name, a.y, a.n_tokens * a.w.rows * 4,
+                                           absl::StrCat("parts[", j, "].y"), b.y,
+                                           b.n_tokens * b.w.rows * 4));
+      SPECD_RETURN_IF_ERROR(CheckNoOverlap(kOp, a_name, a.y, a.n_tokens * a.w.rows * 4,
+                                           absl::StrCat("parts[", j, "].w.data"), b.w.data,
+                                           b.w.rows * b.w.cols * DTypeSize(b.w.dtype)));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ValidateRmsNormArgs(const RmsNormArgs& args) {
   constexpr absl::string_view kOp = "RmsNorm";
   SPECD_RETURN_IF_ERROR(CheckPositive(kOp, "dim", args.dim));
@@ -240,16 +276,6 @@ absl::Status ValidateEmbeddingArgs(const EmbeddingArgs& args) {
   SPECD_RETURN_IF_ERROR(CheckNotNull(kOp, "table.data", args.table.data));
   SPECD_RETURN_IF_ERROR(CheckNotNull(kOp, "ids", args.ids));
   return CheckNotNull(kOp, "out", args.out);
-}
-
-absl::Status ValidateAddArgs(const AddArgs& args) {
-  constexpr absl::string_view kOp = "Add";
-  SPECD_RETURN_IF_ERROR(CheckPositive(kOp, "dim", args.dim));
-  SPECD_RETURN_IF_ERROR(CheckNonNegative(kOp, "n", args.n));
-  SPECD_RETURN_IF_ERROR(CheckElementCount(kOp, "n x dim", args.n, args.dim));
-  if (args.n == 0) return absl::OkStatus();
-  SPECD_RETURN_IF_ERROR(CheckNotNull(kOp, "y", args.y));
-  return CheckNotNull(kOp, "x", args.x);
 }
 
 absl::Status ValidateGatherRowsArgs(const GatherRowsArgs& args) {

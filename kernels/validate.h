@@ -28,13 +28,13 @@ namespace specd::kernels {
 // One check per op. Empty when the named count is 0.
 
 absl::Status ValidateMatmulArgs(const MatmulArgs& args);                // n_tokens
+absl::Status ValidateMatmulGroupArgs(const MatmulGroupArgs& args);      // n_tokens
 absl::Status ValidateRmsNormArgs(const RmsNormArgs& args);              // n_tokens
 absl::Status ValidateRopeArgs(const RopeArgs& args);                    // n_tokens
 absl::Status ValidateStoreKvArgs(const StoreKvArgs& args);              // n_tokens
 absl::Status ValidateAttentionArgs(const AttentionArgs& args);          // n_tokens
 absl::Status ValidateSwiGluArgs(const SwiGluArgs& args);                // n_tokens
 absl::Status ValidateEmbeddingArgs(const EmbeddingArgs& args);          // n_tokens
-absl::Status ValidateAddArgs(const AddArgs& args);                      // n
 absl::Status ValidateGatherRowsArgs(const GatherRowsArgs& args);        // n
 absl::Status ValidateCopyKvRowsArgs(const CopyKvRowsArgs& args);        // n
 absl::Status ValidateCombineLogitsArgs(const CombineLogitsArgs& args);  // n_pairs

@@ -54,6 +54,9 @@ class CpuBackend final : public Backend {
   absl::Status Synchronize() override { return absl::OkStatus(); }
 
   absl::Status Matmul(const MatmulArgs& args) override { return cpu::CpuMatmul(args, ctx_); }
+  absl::Status MatmulGroup(const MatmulGroupArgs& args) override {
+    return cpu::CpuMatmulGroup(args, ctx_);
+  }
   absl::Status RmsNorm(const RmsNormArgs& args) override { return cpu::CpuRmsNorm(args, ctx_); }
   absl::Status Rope(const RopeArgs& args) override { return cpu::CpuRope(args, ctx_); }
   absl::Status StoreKv(const StoreKvArgs& args) override { return cpu::CpuStoreKv(args, ctx_); }
@@ -64,7 +67,6 @@ class CpuBackend final : public Backend {
   absl::Status Embedding(const EmbeddingArgs& args) override {
     return cpu::CpuEmbedding(args, ctx_);
   }
-  absl::Status Add(const AddArgs& args) override { return cpu::CpuAdd(args, ctx_); }
   absl::Status GatherRows(const GatherRowsArgs& args) override {
     return cpu::CpuGatherRows(args, ctx_);
   }

@@ -35,17 +35,6 @@ absl::Status CpuSwiGlu(const SwiGluArgs& args, const CpuContext& ctx) {
   return absl::OkStatus();
 }
 
-absl::Status CpuAdd(const AddArgs& args, const CpuContext& ctx) {
-  SPECD_RETURN_IF_ERROR(ValidateAddArgs(args));
-  if (args.n == 0) return absl::OkStatus();
-
-  const int64_t dim = args.dim;
-  ctx.pool->ParallelFor(args.n, RowGrain(dim), [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin * dim; i < end * dim; ++i) args.y[i] += args.x[i];
-  });
-  return absl::OkStatus();
-}
-
 absl::Status CpuEmbedding(const EmbeddingArgs& args, const CpuContext& ctx) {
   SPECD_RETURN_IF_ERROR(ValidateEmbeddingArgs(args));
   if (args.n_tokens == 0) return absl::OkStatus();

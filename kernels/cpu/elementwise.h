@@ -1,4 +1,4 @@
-// Row-wise CPU ops with no reduction: SwiGLU, the residual add, the embedding lookup and the row
+// Row-wise CPU ops with no reduction: SwiGLU, the embedding lookup and the row
 // gather (see the Args structs in kernels/backend.h). Each output element depends only on its own
 // inputs, so these are batch invariant by construction. n_tokens / n == 0 is a no-op.
 #ifndef SPECD_KERNELS_CPU_ELEMENTWISE_H_
@@ -12,8 +12,6 @@ namespace specd::kernels::cpu {
 
 // out = gate / (1 + exp(-gate)) * up, in f32 with std::exp.
 absl::Status CpuSwiGlu(const SwiGluArgs& args, const CpuContext& ctx);
-
-absl::Status CpuAdd(const AddArgs& args, const CpuContext& ctx);
 
 // Also checks every id against table.rows.
 absl::Status CpuEmbedding(const EmbeddingArgs& args, const CpuContext& ctx);

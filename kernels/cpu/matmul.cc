@@ -1,7 +1,9 @@
 #include "kernels/cpu/matmul.h"
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
+#include <span>
 
 #include "base/math.h"
 #include "base/status_macros.h"
@@ -27,13 +29,8 @@ int64_t RowGrain(int64_t rows, int64_t cols, int64_t n_tokens, int threads) {
   return RoundUpTo(grain, kRowAlign);
 }
 
-}  // namespace
-
-absl::Status CpuMatmul(const MatmulArgs& args, const CpuContext& ctx) {
-  SPECD_RETURN_IF_ERROR(ValidateMatmulArgs(args));
-  if (args.n_tokens == 0) return absl::OkStatus();
-
-  const MatmulTask task{
+MatmulTask TaskOf(const MatmulArgs& args) {
+  return MatmulTask{
       .x = args.x,
       .w = args.w.data,
       .wtype = static_cast<WeightType>(args.w.dtype),
@@ -41,11 +38,48 @@ absl::Status CpuMatmul(const MatmulArgs& args, const CpuContext& ctx) {
       .n_tokens = args.n_tokens,
       .rows = args.w.rows,
       .cols = args.w.cols,
+      .accumulate = args.accumulate,
   };
+}
+
+// The parts' rows as one range, split among the threads in one ParallelFor: a chunk that
+// straddles two parts computes the end of one and the start of the next.
+void RunTasks(std::span<const MatmulTask> tasks, const CpuContext& ctx) {
+  int64_t total_rows = 0;
+  for (const MatmulTask& t : tasks) total_rows += t.rows;
+  const MatmulTask& first = tasks.front();
   const SimdOps& ops = *ctx.ops;
-  ctx.pool->ParallelFor(task.rows,
-                        RowGrain(task.rows, task.cols, task.n_tokens, ctx.pool->num_threads()),
-                        [&](int64_t begin, int64_t end) { ops.matmul_rows(task, begin, end); });
+  ctx.pool->ParallelFor(total_rows,
+                        RowGrain(total_rows, first.cols, first.n_tokens, ctx.pool->num_threads()),
+                        [&](int64_t begin, int64_t end) {
+                          int64_t offset = 0;
+                          for (const MatmulTask& t : tasks) {
+                            const int64_t b = std::max(begin, offset);
+                            const int64_t e = std::min(end, offset + t.rows);
+                            if (b < e) ops.matmul_rows(t, b - offset, e - offset);
+                            offset += t.rows;
+                          }
+                        });
+}
+
+}  // namespace
+
+absl::Status CpuMatmul(const MatmulArgs& args, const CpuContext& ctx) {
+  SPECD_RETURN_IF_ERROR(ValidateMatmulArgs(args));
+  if (args.n_tokens == 0) return absl::OkStatus();
+  const MatmulTask task = TaskOf(args);
+  RunTasks({&task, 1}, ctx);
+  return absl::OkStatus();
+}
+
+absl::Status CpuMatmulGroup(const MatmulGroupArgs& args, const CpuContext& ctx) {
+  SPECD_RETURN_IF_ERROR(ValidateMatmulGroupArgs(args));
+  if (args.parts[0].n_tokens == 0) return absl::OkStatus();
+  std::array<MatmulTask, kMaxMatmulGroup> tasks{};
+  for (int i = 0; i < args.n_parts; ++i) {
+    tasks[static_cast<size_t>(i)] = TaskOf(args.parts[static_cast<size_t>(i)]);
+  }
+  RunTasks({tasks.data(), static_cast<size_t>(args.n_parts)}, ctx);
   return absl::OkStatus();
 }
 

@@ -12,6 +12,8 @@ namespace specd::kernels::cpu {
 // (simd.h), so the result is bit-exact whatever n_tokens and the thread count. n_tokens == 0
 // is a no-op.
 absl::Status CpuMatmul(const MatmulArgs& args, const CpuContext& ctx);
+// The parts' rows are split among the threads together, so a group costs one dispatch.
+absl::Status CpuMatmulGroup(const MatmulGroupArgs& args, const CpuContext& ctx);
 
 }  // namespace specd::kernels::cpu
 

@@ -32,6 +32,7 @@ struct MatmulTask {
   int64_t n_tokens;
   int64_t rows;
   int64_t cols;
+  bool accumulate;  // y += x · wᵀ
 };
 
 struct SimdOps {

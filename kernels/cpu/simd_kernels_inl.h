@@ -189,7 +189,10 @@ void MatmulTile(const MatmulTask& task, int64_t row, int64_t tok) {
   }
   SPECD_UNROLL for (int t = 0; t < T; ++t) {
     float* y = task.y + (tok + t) * task.rows + row;
-    SPECD_UNROLL for (int r = 0; r < R; ++r) y[r] = V::Reduce(acc[t][r]);
+    SPECD_UNROLL for (int r = 0; r < R; ++r) {
+      const float sum = V::Reduce(acc[t][r]);
+      y[r] = task.accumulate ? y[r] + sum : sum;
+    }
   }
 }
 

@@ -174,6 +174,11 @@ class CudaBackend final : public Backend {
       return cuda::LaunchMatmul(a, ctx_, stream_.get(), options_.matmul_tokens_per_warp);
     });
   }
+  absl::Status MatmulGroup(const MatmulGroupArgs& a) override {
+    return Enqueue([&] {
+      return cuda::LaunchMatmulGroup(a, ctx_, stream_.get(), options_.matmul_tokens_per_warp);
+    });
+  }
   absl::Status RmsNorm(const RmsNormArgs& a) override {
     return Enqueue([&] { return cuda::LaunchRmsNorm(a, ctx_, stream_.get()); });
   }
@@ -191,9 +196,6 @@ class CudaBackend final : public Backend {
   }
   absl::Status Embedding(const EmbeddingArgs& a) override {
     return Enqueue([&] { return cuda::LaunchEmbedding(a, ctx_, stream_.get()); });
-  }
-  absl::Status Add(const AddArgs& a) override {
-    return Enqueue([&] { return cuda::LaunchAdd(a, ctx_, stream_.get()); });
   }
   absl::Status GatherRows(const GatherRowsArgs& a) override {
     return Enqueue([&] { return cuda::LaunchGatherRows(a, ctx_, stream_.get()); });

@@ -24,13 +24,6 @@ __global__ void SwiGluKernel(const float* gate, const float* up, float* out, int
   }
 }
 
-__global__ void AddKernel(float* y, const float* x, int64_t n) {
-  for (int64_t i = blockIdx.x * int64_t{kThreads} + threadIdx.x; i < n;
-       i += int64_t{gridDim.x} * kThreads) {
-    y[i] = __fadd_rn(y[i], x[i]);
-  }
-}
-
 __global__ void GatherRowsKernel(const float* src, const int32_t* rows, float* dst, int64_t n_src,
                                  int64_t dim, DeviceError* error) {
   const int64_t i = blockIdx.x;
@@ -53,14 +46,6 @@ absl::Status LaunchSwiGlu(const SwiGluArgs& a, const CudaContext& ctx, cudaStrea
   const int64_t n = a.n_tokens * a.dim;
   SwiGluKernel<<<Blocks(n), kThreads, 0, stream>>>(a.gate, a.up, a.out, n);
   return CudaStatus(cudaGetLastError(), "SwiGlu launch");
-}
-
-absl::Status LaunchAdd(const AddArgs& a, const CudaContext& ctx, cudaStream_t stream) {
-  SPECD_RETURN_IF_ERROR(ValidateAddArgs(a));
-  if (a.n == 0) return absl::OkStatus();
-  const int64_t n = a.n * a.dim;
-  AddKernel<<<Blocks(n), kThreads, 0, stream>>>(a.y, a.x, n);
-  return CudaStatus(cudaGetLastError(), "Add launch");
 }
 
 absl::Status LaunchGatherRows(const GatherRowsArgs& a, const CudaContext& ctx,

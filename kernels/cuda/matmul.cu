@@ -60,15 +60,43 @@ __device__ __forceinline__ void LoadX8(const float* x, int64_t i, bool vec, floa
   for (int e = 0; e < kChunkElems; ++e) out[e] = __ldg(x + i + e);
 }
 
-// A warp computes TW tokens x RW rows; a block has kWarps warps on consecutive row groups and the
-// same tokens. See matmul.h for the one reduction order every (TW, RW) follows.
+// The parts of one launch (a group of one for a plain Matmul): x, n_tokens and cols are shared;
+// part p owns the blocks [block_end[p - 1], block_end[p]) of the grid's x dimension.
+struct Parts {
+  const void* w[kMaxMatmulGroup];
+  float* y[kMaxMatmulGroup];
+  int64_t rows[kMaxMatmulGroup];
+  unsigned block_end[kMaxMatmulGroup];
+  bool accumulate[kMaxMatmulGroup];
+  int n_parts;
+};
+
+// A warp computes TW tokens x RW rows of one part; a block has kWarps warps on consecutive row
+// groups of that part and the same tokens. See matmul.h for the one reduction order every
+// (TW, RW) follows.
 template <DType D, int TW, int RW>
 __global__ void __launch_bounds__(kThreads)
-    MatmulKernel(const float* __restrict__ x, const void* __restrict__ w, float* __restrict__ y,
-                 int64_t n_tokens, int64_t rows, int64_t cols, bool vec) {
+    MatmulKernel(const float* __restrict__ x, const Parts parts, int64_t n_tokens, int64_t cols,
+                 bool vec) {
+  // Constant indices only, so the parts stay in the parameter space (no local-memory copy).
+  const void* __restrict__ w = parts.w[0];
+  float* __restrict__ y = parts.y[0];
+  int64_t rows = parts.rows[0];
+  bool accumulate = parts.accumulate[0];
+  unsigned block = blockIdx.x;
+#pragma unroll
+  for (int i = 1; i < kMaxMatmulGroup; ++i) {
+    if (i < parts.n_parts && blockIdx.x >= parts.block_end[i - 1]) {
+      w = parts.w[i];
+      y = parts.y[i];
+      rows = parts.rows[i];
+      accumulate = parts.accumulate[i];
+      block = blockIdx.x - parts.block_end[i - 1];
+    }
+  }
   const int lane = threadIdx.x % kWarp;
   const int warp = threadIdx.x / kWarp;
-  const int64_t row0 = (int64_t{blockIdx.x} * kWarps + warp) * RW;
+  const int64_t row0 = (int64_t{block} * kWarps + warp) * RW;
   const int64_t t0 = int64_t{blockIdx.y} * TW;
   if (row0 >= rows) return;  // no block-wide barrier below
   const int nt = static_cast<int>(min(static_cast<int64_t>(TW), n_tokens - t0));
@@ -121,34 +149,58 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int r = 0; r < RW; ++r) {
       const float sum = WarpSum(acc[t][r]);
-      if (lane == 0 && t < nt && row0 + r < rows) y[(t0 + t) * rows + row0 + r] = sum;
+      if (lane == 0 && t < nt && row0 + r < rows) {
+        float* out = y + (t0 + t) * rows + row0 + r;
+        *out = accumulate ? *out + sum : sum;
+      }
     }
   }
 }
 
 template <DType D, int TW, int RW>
-cudaError_t Launch(const MatmulArgs& a, bool vec, cudaStream_t stream) {
-  const dim3 grid(static_cast<unsigned>(DivUp(a.w.rows, int64_t{kWarps} * RW)),
-                  static_cast<unsigned>(DivUp(a.n_tokens, TW)));
+cudaError_t Launch(const MatmulGroupArgs& g, bool vec, cudaStream_t stream) {
+  Parts parts{};
+  parts.n_parts = g.n_parts;
+  unsigned blocks = 0;
+  for (int i = 0; i < g.n_parts; ++i) {
+    const MatmulArgs& a = g.parts[static_cast<size_t>(i)];
+    parts.w[i] = a.w.data;
+    parts.y[i] = a.y;
+    parts.rows[i] = a.w.rows;
+    parts.accumulate[i] = a.accumulate;
+    blocks += static_cast<unsigned>(DivUp(a.w.rows, int64_t{kWarps} * RW));
+    parts.block_end[i] = blocks;
+  }
+  const MatmulArgs& first = g.parts[0];
+  const dim3 grid(blocks, static_cast<unsigned>(DivUp(first.n_tokens, TW)));
   MatmulKernel<D, TW, RW>
-      <<<grid, kThreads, 0, stream>>>(a.x, a.w.data, a.y, a.n_tokens, a.w.rows, a.w.cols, vec);
+      <<<grid, kThreads, 0, stream>>>(first.x, parts, first.n_tokens, first.w.cols, vec);
   return cudaGetLastError();
+}
+
+int64_t TotalRows(const MatmulGroupArgs& g) {
+  int64_t rows = 0;
+  for (int i = 0; i < g.n_parts; ++i) rows += g.parts[static_cast<size_t>(i)].w.rows;
+  return rows;
 }
 
 // `sm_count`: a one-token product of few rows (a decode step's k and v projections) takes one row
 // per warp when two would leave SMs without a block.
 template <DType D>
-cudaError_t LaunchTyped(const MatmulArgs& a, bool vec, int tw, int sm_count, cudaStream_t stream) {
+cudaError_t LaunchTyped(const MatmulGroupArgs& g, bool vec, int tw, int sm_count,
+                        cudaStream_t stream) {
   switch (tw) {
     case 1:
-      if (DivUp(a.w.rows, int64_t{kWarps} * 2) < sm_count) return Launch<D, 1, 1>(a, vec, stream);
-      return Launch<D, 1, 2>(a, vec, stream);
+      if (DivUp(TotalRows(g), int64_t{kWarps} * 2) < sm_count) {
+        return Launch<D, 1, 1>(g, vec, stream);
+      }
+      return Launch<D, 1, 2>(g, vec, stream);
     case 2:
-      return Launch<D, 2, 2>(a, vec, stream);
+      return Launch<D, 2, 2>(g, vec, stream);
     case 4:
-      return Launch<D, 4, 2>(a, vec, stream);
+      return Launch<D, 4, 2>(g, vec, stream);
     default:
-      return Launch<D, 8, 4>(a, vec, stream);
+      return Launch<D, 8, 4>(g, vec, stream);
   }
 }
 
@@ -156,35 +208,58 @@ bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 
 }  // namespace
 
-absl::Status LaunchMatmul(const MatmulArgs& a, const CudaContext& ctx, cudaStream_t stream,
-                          int tokens_per_warp) {
-  SPECD_RETURN_IF_ERROR(ValidateMatmulArgs(a));
-  if (a.n_tokens == 0) return absl::OkStatus();
+absl::Status LaunchMatmulGroup(const MatmulGroupArgs& g, const CudaContext& ctx,
+                               cudaStream_t stream, int tokens_per_warp) {
+  SPECD_RETURN_IF_ERROR(ValidateMatmulGroupArgs(g));
+  const MatmulArgs& first = g.parts[0];
+  if (first.n_tokens == 0) return absl::OkStatus();
+  // One launch covers parts of one dtype; a mixed group (never made by the engine, whose layers
+  // have one dtype) runs part by part, with the same bits.
+  for (int i = 1; i < g.n_parts; ++i) {
+    if (g.parts[static_cast<size_t>(i)].w.dtype != first.w.dtype) {
+      for (int j = 0; j < g.n_parts; ++j) {
+        SPECD_RETURN_IF_ERROR(
+            LaunchMatmul(g.parts[static_cast<size_t>(j)], ctx, stream, tokens_per_warp));
+      }
+      return absl::OkStatus();
+    }
+  }
   // This back end's own choices and limits: the tile shape, and the grid's dimensions.
   int tw = tokens_per_warp;
-  if (tw == 0) tw = a.n_tokens == 1 ? 1 : a.n_tokens == 2 ? 2 : a.n_tokens <= 4 ? 4 : 8;
+  if (tw == 0) tw = first.n_tokens == 1 ? 1 : first.n_tokens == 2 ? 2 : first.n_tokens <= 4 ? 4 : 8;
   if (tw != 1 && tw != 2 && tw != 4 && tw != 8) {
     return absl::InvalidArgumentError(
         absl::StrCat("Matmul: tokens_per_warp must be 0, 1, 2, 4 or 8, got ", tokens_per_warp));
   }
-  if (DivUp(a.n_tokens, tw) > 65535 || DivUp(a.w.rows, kWarps) > 0x7fffffff) {
+  if (DivUp(first.n_tokens, tw) > 65535 || DivUp(TotalRows(g), kWarps) > 0x7fffffff) {
     return absl::InvalidArgumentError("Matmul: too many tokens or rows for one launch");
   }
   // Vector loads need every row (and chunk) 16-byte aligned: cols % 8 == 0 and aligned bases.
-  const bool vec = a.w.cols % kChunkElems == 0 && Aligned16(a.w.data) && Aligned16(a.x);
+  bool vec = first.w.cols % kChunkElems == 0 && Aligned16(first.x);
+  for (int i = 0; i < g.n_parts; ++i)
+    vec = vec && Aligned16(g.parts[static_cast<size_t>(i)].w.data);
   cudaError_t e = cudaSuccess;
-  switch (a.w.dtype) {
+  switch (first.w.dtype) {
     case DType::kF32:
-      e = LaunchTyped<DType::kF32>(a, vec, tw, ctx.sm_count, stream);
+      e = LaunchTyped<DType::kF32>(g, vec, tw, ctx.sm_count, stream);
       break;
     case DType::kBF16:
-      e = LaunchTyped<DType::kBF16>(a, vec, tw, ctx.sm_count, stream);
+      e = LaunchTyped<DType::kBF16>(g, vec, tw, ctx.sm_count, stream);
       break;
     case DType::kF16:
-      e = LaunchTyped<DType::kF16>(a, vec, tw, ctx.sm_count, stream);
+      e = LaunchTyped<DType::kF16>(g, vec, tw, ctx.sm_count, stream);
       break;
   }
   return CudaStatus(e, "Matmul launch");
+}
+
+absl::Status LaunchMatmul(const MatmulArgs& a, const CudaContext& ctx, cudaStream_t stream,
+                          int tokens_per_warp) {
+  SPECD_RETURN_IF_ERROR(ValidateMatmulArgs(a));
+  MatmulGroupArgs g;
+  g.parts[0] = a;
+  g.n_parts = 1;
+  return LaunchMatmulGroup(g, ctx, stream, tokens_per_warp);
 }
 
 }  // namespace specd::kernels::cuda

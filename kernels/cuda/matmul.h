@@ -26,6 +26,11 @@ namespace specd::kernels::cuda {
 // n_tokens); tests force each to show they agree bit for bit.
 absl::Status LaunchMatmul(const MatmulArgs& args, const CudaContext& ctx, cudaStream_t stream,
                           int tokens_per_warp = 0);
+// The parts in one launch: the grid's blocks are the parts' row groups one after the other, and
+// each warp runs exactly a plain Matmul's operations for its rows (an accumulating part adds the
+// finished sum to y), so every part has its own Matmul's bits.
+absl::Status LaunchMatmulGroup(const MatmulGroupArgs& args, const CudaContext& ctx,
+                               cudaStream_t stream, int tokens_per_warp = 0);
 
 }  // namespace specd::kernels::cuda
 

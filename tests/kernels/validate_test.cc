@@ -159,6 +159,42 @@ TEST(ValidateArgsTest, Matmul) {
   EXPECT_THAT(ValidateMatmulArgs(a), InvalidArgument("Matmul: y must not overlap w.data"));
 }
 
+TEST(ValidateArgsTest, MatmulGroup) {
+  const float* x = Fake<float>(1);
+  float y0[16] = {}, y1[8] = {};
+  MatmulGroupArgs g;
+  g.n_parts = 2;
+  g.parts[0] = {.x = x, .w = {Fake<void>(2), DType::kBF16, 4, 4}, .y = y0, .n_tokens = 4};
+  g.parts[1] = {.x = x, .w = {Fake<void>(3), DType::kBF16, 2, 4}, .y = y1, .n_tokens = 4};
+  EXPECT_TRUE(ValidateMatmulGroupArgs(g).ok());
+  MatmulGroupArgs empty;
+  empty.n_parts = 3;
+  for (MatmulArgs& p : empty.parts) p.w = {nullptr, DType::kF32, 4, 4};
+  EXPECT_TRUE(ValidateMatmulGroupArgs(empty).ok());  // n_tokens 0: nothing to compute
+
+  MatmulGroupArgs bad = g;
+  bad.n_parts = 4;
+  EXPECT_THAT(ValidateMatmulGroupArgs(bad),
+              InvalidArgument("MatmulGroup: n_parts must be in [1, 3], got 4"));
+  bad = g;
+  bad.parts[1].w.cols = 0;  // each part's own check first, named by its index
+  EXPECT_THAT(ValidateMatmulGroupArgs(bad),
+              InvalidArgument("MatmulGroup parts[1]: Matmul: w.cols must be > 0, got 0"));
+  bad = g;
+  bad.parts[1].w.cols = 2;
+  EXPECT_THAT(ValidateMatmulGroupArgs(bad),
+              InvalidArgument("MatmulGroup: parts[1] must share x, n_tokens and w.cols with "
+                              "parts[0]"));
+  bad = g;
+  bad.parts[1].y = y0 + 8;
+  EXPECT_THAT(ValidateMatmulGroupArgs(bad),
+              InvalidArgument("MatmulGroup: parts[0].y must not overlap parts[1].y"));
+  bad = g;
+  bad.parts[1].w.data = y0;
+  EXPECT_THAT(ValidateMatmulGroupArgs(bad),
+              InvalidArgument("MatmulGroup: parts[0].y must not overlap parts[1].w.data"));
+}
+
 TEST(ValidateArgsTest, RmsNorm) {
   const RmsNormArgs good{Fake<float>(1), Fake<float>(2), Fake<float>(3), 2, 8, 1e-5f};
   EXPECT_TRUE(ValidateRmsNormArgs(good).ok());
@@ -289,14 +325,6 @@ TEST(ValidateArgsTest, ElementwiseOps) {
               InvalidArgument("SwiGlu: n_tokens must be >= 0, got -1"));
   EXPECT_THAT(ValidateSwiGluArgs({Fake<float>(1), nullptr, Fake<float>(3), 2, 8}),
               InvalidArgument("SwiGlu: up must not be null"));
-
-  EXPECT_TRUE(ValidateAddArgs({Fake<float>(1), Fake<float>(2), 2, 8}).ok());
-  EXPECT_THAT(ValidateAddArgs({nullptr, nullptr, -1, 0}),
-              InvalidArgument("Add: dim must be > 0, got 0"));
-  EXPECT_THAT(ValidateAddArgs({nullptr, nullptr, int64_t{1} << 46, 8}),
-              InvalidArgument("Add: n x dim = 70368744177664 x 8 elements is out of range"));
-  EXPECT_THAT(ValidateAddArgs({Fake<float>(1), nullptr, 2, 8}),
-              InvalidArgument("Add: x must not be null"));
 
   float rows[32] = {};
   const int32_t* ids = Fake<int32_t>(2);

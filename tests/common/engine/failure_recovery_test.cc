@@ -77,13 +77,13 @@ class FailingBackend final : public kernels::Backend {
 #define SPECD_FORWARDED_OP(Op) \
   absl::Status Op(const kernels::Op##Args& a) override { return inner_->Op(a); }
   SPECD_FORWARDED_OP(Matmul)
+  SPECD_FORWARDED_OP(MatmulGroup)
   SPECD_FORWARDED_OP(RmsNorm)
   SPECD_FORWARDED_OP(Rope)
   SPECD_FORWARDED_OP(StoreKv)
   SPECD_FORWARDED_OP(Attention)
   SPECD_FORWARDED_OP(SwiGlu)
   SPECD_FORWARDED_OP(Embedding)
-  SPECD_FORWARDED_OP(Add)
   SPECD_FORWARDED_OP(GatherRows)
   SPECD_FORWARDED_OP(CombineLogits)
   SPECD_FORWARDED_OP(ProcessRows)

@@ -61,13 +61,13 @@ class RecordingBackend : public kernels::Backend {
     return Enqueue(kernels::Validate##Op##Args(a), [a, this] { return inner_->Op(a); }); \
   }
   SPECD_RECORDED_OP(Matmul)
+  SPECD_RECORDED_OP(MatmulGroup)
   SPECD_RECORDED_OP(RmsNorm)
   SPECD_RECORDED_OP(Rope)
   SPECD_RECORDED_OP(StoreKv)
   SPECD_RECORDED_OP(Attention)
   SPECD_RECORDED_OP(SwiGlu)
   SPECD_RECORDED_OP(Embedding)
-  SPECD_RECORDED_OP(Add)
   SPECD_RECORDED_OP(GatherRows)
   SPECD_RECORDED_OP(CopyKvRows)
   SPECD_RECORDED_OP(CombineLogits)

@@ -1,11 +1,12 @@
-// Conformance of the model ops (Matmul, RmsNorm, Rope, SwiGlu, Add, Embedding, GatherRows) on
-// every available back end: against double-precision references written independently of
-// kernels/, with finite outputs, intact guard zones, and batch invariance (a row alone and among
-// 1..63 others, at any position, gives the same bits).
+// Conformance of the model ops (Matmul, MatmulGroup, RmsNorm, Rope, SwiGlu, Embedding,
+// GatherRows) on every available back end: against double-precision references written
+// independently of kernels/, with finite outputs, intact guard zones, and batch invariance (a row
+// alone and among 1..63 others, at any position, gives the same bits).
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -133,6 +134,116 @@ TEST_P(ModelOpsTest, MatmulRowsAreBatchInvariant) {
   }
 }
 
+// q/k/v and gate/up run as groups: each part must have the bits of its own Matmul, whatever the
+// other parts, their number and order, the tile shape chosen from n, or an accumulating part.
+TEST_P(ModelOpsTest, MatmulGroupPartsHaveTheBitsOfTheirOwnMatmuls) {
+  for (const DType dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
+    for (const int64_t cols : {700, 768}) {
+      // With all three parts, a one-token group has enough rows for CUDA's two-row warps.
+      const std::vector<TestWeight> w = {RandomWeight(dtype, 96, cols, rng_),
+                                         RandomWeight(dtype, 40, cols, rng_),
+                                         RandomWeight(dtype, 1100, cols, rng_)};
+      for (const int64_t n : {1, 2, 3, 5, 17}) {
+        const std::vector<float> x = RandomFloats(n * cols, rng_);
+        const std::vector<float> y0 = RandomFloats(n * w[2].rows, rng_);
+        for (int n_parts = 1; n_parts <= kMaxMatmulGroup; ++n_parts) {
+          MatmulGroupArgs g;
+          g.n_parts = n_parts;
+          const float* dx = device().Put(x);
+          std::vector<float*> out;
+          for (int p = 0; p < n_parts; ++p) {
+            const TestWeight& wp = w[static_cast<size_t>(p)];
+            // The third part accumulates onto y0, as o_proj and down_proj do onto the residual.
+            const bool accumulate = p == 2;
+            out.push_back(accumulate ? device().Put(y0) : device().Output<float>(n * wp.rows));
+            g.parts[static_cast<size_t>(p)] = {dx,
+                                               {device().Put(wp.bytes), wp.dtype, wp.rows, wp.cols},
+                                               out.back(),
+                                               n,
+                                               accumulate};
+          }
+          const absl::Status st = backend().MatmulGroup(g);
+          ASSERT_TRUE(st.ok()) << st;
+          for (int p = 0; p < n_parts; ++p) {
+            const TestWeight& wp = w[static_cast<size_t>(p)];
+            std::vector<float> want = Matmul(wp, x, n);
+            if (p == 2) {
+              for (size_t i = 0; i < want.size(); ++i) want[i] = y0[i] + want[i];
+            }
+            EXPECT_TRUE(SameBits(device().Get(out[static_cast<size_t>(p)], n * wp.rows), want))
+                << DTypeName(dtype) << " " << cols << " columns, " << n << " tokens: part " << p
+                << " of " << n_parts;
+          }
+        }
+      }
+    }
+  }
+  // Parts of different dtypes (which one launch cannot take) keep their bits too.
+  const int64_t cols = 256, n = 3;
+  const TestWeight wf = RandomWeight(DType::kF32, 24, cols, rng_);
+  const TestWeight wb = RandomWeight(DType::kBF16, 16, cols, rng_);
+  const std::vector<float> x = RandomFloats(n * cols, rng_);
+  const float* dx = device().Put(x);
+  float* yf = device().Output<float>(n * wf.rows);
+  float* yb = device().Output<float>(n * wb.rows);
+  MatmulGroupArgs g;
+  g.n_parts = 2;
+  g.parts[0] = {dx, {device().Put(wf.bytes), wf.dtype, wf.rows, cols}, yf, n};
+  g.parts[1] = {dx, {device().Put(wb.bytes), wb.dtype, wb.rows, cols}, yb, n};
+  ASSERT_TRUE(backend().MatmulGroup(g).ok());
+  EXPECT_TRUE(SameBits(device().Get(yf, n * wf.rows), Matmul(wf, x, n)));
+  EXPECT_TRUE(SameBits(device().Get(yb, n * wb.rows), Matmul(wb, x, n)));
+}
+
+// The residual add folded into a product rounds once more, exactly as a separate addition would.
+TEST_P(ModelOpsTest, MatmulAccumulateAddsTheProductToY) {
+  for (const DType dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
+    for (const int64_t n : {1, 4, 9, 64}) {
+      const int64_t rows = 72, cols = 520;
+      const TestWeight w = RandomWeight(dtype, rows, cols, rng_);
+      const std::vector<float> x = RandomFloats(n * cols, rng_);
+      const std::vector<float> y0 = RandomFloats(n * rows, rng_, -4.0f, 4.0f);
+      float* y = device().Put(y0);
+      const absl::Status st = backend().Matmul(
+          {device().Put(x), {device().Put(w.bytes), dtype, rows, cols}, y, n, true});
+      ASSERT_TRUE(st.ok()) << st;
+      std::vector<float> want = Matmul(w, x, n);
+      for (size_t i = 0; i < want.size(); ++i) want[i] = y0[i] + want[i];
+      EXPECT_TRUE(SameBits(device().Get(y, n * rows), want)) << DTypeName(dtype) << " n " << n;
+    }
+  }
+}
+
+TEST_P(ModelOpsTest, MatmulGroupRefusesPartsThatDoNotShareTheirInput) {
+  const std::vector<float> ones(64, 1.0f);
+  const float* x = device().Put(ones);
+  const float* other_x = device().Put(ones);
+  const TestWeight w = RandomWeight(DType::kF32, 4, 8, rng_);
+  const WeightView view{device().Put(w.bytes), DType::kF32, 4, 8};
+  float* y0 = device().Output<float>(16);
+  float* y1 = device().Output<float>(16);
+  const auto message = [&](const MatmulGroupArgs& g) {
+    const absl::Status st = backend().MatmulGroup(g);
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+    return std::string(st.message());
+  };
+  MatmulGroupArgs g;
+  g.parts[0] = {x, view, y0, 2};
+  g.parts[1] = {x, view, y1, 2};
+  EXPECT_EQ(message(g), "MatmulGroup: n_parts must be in [1, 3], got 0");
+  g.n_parts = 2;
+  g.parts[1].x = other_x;
+  EXPECT_EQ(message(g), "MatmulGroup: parts[1] must share x, n_tokens and w.cols with parts[0]");
+  g.parts[1].x = x;
+  g.parts[1].n_tokens = 1;
+  EXPECT_EQ(message(g), "MatmulGroup: parts[1] must share x, n_tokens and w.cols with parts[0]");
+  g.parts[1].n_tokens = 2;
+  g.parts[1].y = y0 + 4;
+  EXPECT_EQ(message(g), "MatmulGroup: parts[0].y must not overlap parts[1].y");
+  g.parts[1].y = nullptr;
+  EXPECT_EQ(message(g), "MatmulGroup parts[1]: Matmul: y must not be null");
+}
+
 TEST_P(ModelOpsTest, RmsNormMatchesReferenceAndIsBatchInvariant) {
   const int64_t dim = 768, n = 64;
   const std::vector<float> x = RandomFloats(n * dim, rng_, -3.0f, 3.0f);
@@ -220,12 +331,6 @@ TEST_P(ModelOpsTest, SwiGluAddEmbeddingAndGatherMatchReferences) {
     EXPECT_TRUE(SameBits(one, PickRows(sw, dim, {static_cast<int>(t)}))) << t;
   }
 
-  // Add is one f32 addition per element: exact.
-  float* y = device().Put(gate);
-  ASSERT_TRUE(backend().Add({y, device().Put(up), n, dim}).ok());
-  const std::vector<float> sum = device().Get(y, n * dim);
-  for (size_t i = 0; i < sum.size(); ++i) ASSERT_EQ(sum[i], gate[i] + up[i]) << i;
-
   // Embedding widens exactly; GatherRows copies exactly.
   for (const DType dtype : {DType::kF32, DType::kF16, DType::kBF16}) {
     const TestWeight table = RandomWeight(dtype, 50, dim, rng_);
@@ -281,7 +386,6 @@ TEST_P(ModelOpsTest, BadArgumentsGetTheSameMessageOnEveryBackEnd) {
                                 "RmsNorm: dim must be > 0, got 0"));
   EXPECT_TRUE(
       IsInvalidArgument(backend().SwiGlu({x, x, y, -1, 0}), "SwiGlu: dim must be > 0, got 0"));
-  EXPECT_TRUE(IsInvalidArgument(backend().Add({y, x, -1, 0}), "Add: dim must be > 0, got 0"));
   const int32_t* rows = device().Put(std::vector<int32_t>{0, 1});
   EXPECT_TRUE(IsInvalidArgument(backend().GatherRows({x, rows, y, -1, 2, 0}),
                                 "GatherRows: dim must be > 0, got 0"));

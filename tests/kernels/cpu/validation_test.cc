@@ -201,7 +201,6 @@ TEST_F(ValidationTest, Attention) {
 TEST_F(ValidationTest, ElementwiseOps) {
   EXPECT_THAT(backend_->SwiGlu({x_.data(), nullptr, y_.data(), 2, 8}),
               InvalidArgumentNaming("SwiGlu", "up"));
-  EXPECT_THAT(backend_->Add({y_.data(), x_.data(), 2, 0}), InvalidArgumentNaming("Add", "dim"));
   const int32_t ids[2] = {0, 8};
   EXPECT_THAT(backend_->Embedding({{w_.data(), DType::kF32, 8, 8}, ids, y_.data(), 2}),
               InvalidArgumentNaming("Embedding", "ids[1]"));

@@ -58,11 +58,19 @@ class CudaBackendTest : public ::testing::Test {
     }
     y_ = device_->Put(y0_);
     x_ = device_->Put(x0_);
+    std::vector<float> identity(kDim * kDim, 0.0f);
+    for (int64_t i = 0; i < kDim; ++i) identity[i * kDim + i] = 1.0f;
+    identity_ = device_->Put(identity);
     ASSERT_NE(y_, nullptr);
     ASSERT_NE(x_, nullptr);
+    ASSERT_NE(identity_, nullptr);
   }
 
-  absl::Status AddXToY() { return backend_->Add({y_, x_, kN, kDim}); }
+  // y += x · Iᵀ: the product of x with the identity is x exactly (the other terms are zeros).
+  MatmulArgs AddXToYArgs() const {
+    return {x_, {identity_, DType::kF32, kDim, kDim}, y_, kN, /*accumulate=*/true};
+  }
+  absl::Status AddXToY() { return backend_->Matmul(AddXToYArgs()); }
   // y0 + times * x0.
   std::vector<float> YAfter(int times) const {
     std::vector<float> y = y0_;
@@ -78,9 +86,10 @@ class CudaBackendTest : public ::testing::Test {
   std::vector<float> y0_, x0_;
   float* y_ = nullptr;
   float* x_ = nullptr;
+  float* identity_ = nullptr;
 };
 
-TEST_F(CudaBackendTest, SynchronizeDownloadAndAllocateWhileRecordingAreRefusedAndItGoesOn) {
+TEST_F(CudaBackendTest, SynchronizeCopiesFromOrToHostAndAllocateWhileRecordingAreRefused) {
   absl::StatusOr<Buffer> staging = backend_->Allocate(kSize * 4, MemoryKind::kStaging, "test");
   ASSERT_TRUE(staging.ok()) << staging.status();
 
@@ -102,7 +111,7 @@ TEST_F(CudaBackendTest, SynchronizeDownloadAndAllocateWhileRecordingAreRefusedAn
       Is(allocated.status(), absl::StatusCode::kFailedPrecondition, "Allocate while recording"));
   ASSERT_TRUE(work.ok()) << work.status();
 
-  EXPECT_EQ(Y(), YAfter(0)) << "recording ran the Add";
+  EXPECT_EQ(Y(), YAfter(0)) << "recording ran the product";
   ASSERT_TRUE(backend_->Replay(**work).ok());
   EXPECT_EQ(Y(), YAfter(1));
   ASSERT_TRUE(backend_->Replay(**work).ok());
@@ -156,13 +165,15 @@ TEST_F(CudaBackendTest, ARefusedSynchronizeWhileRecordingKeepsAPendingDeviceErro
 TEST_F(CudaBackendTest, AnOpThatFailsWhileRecordingMakesEndRecordingDiscardIt) {
   ASSERT_TRUE(backend_->BeginRecording().ok());
   const absl::Status good = AddXToY();
-  const absl::Status bad = backend_->Add({y_, nullptr, kN, kDim});  // fails its host-side check
+  MatmulArgs no_input = AddXToYArgs();
+  no_input.x = nullptr;
+  const absl::Status bad = backend_->Matmul(no_input);  // fails its host-side check
   absl::StatusOr<std::unique_ptr<RecordedWork>> work = backend_->EndRecording();
 
   EXPECT_TRUE(good.ok()) << good;
-  EXPECT_TRUE(Is(bad, absl::StatusCode::kInvalidArgument, "Add: x must not be null"));
-  ASSERT_FALSE(work.ok()) << "a recording that misses the failed Add was kept";
-  EXPECT_TRUE(Is(work.status(), absl::StatusCode::kInvalidArgument, "Add: x must not be null"));
+  EXPECT_TRUE(Is(bad, absl::StatusCode::kInvalidArgument, "Matmul: x must not be null"));
+  ASSERT_FALSE(work.ok()) << "a recording that misses the failed Matmul was kept";
+  EXPECT_TRUE(Is(work.status(), absl::StatusCode::kInvalidArgument, "Matmul: x must not be null"));
   EXPECT_TRUE(Is(work.status(), absl::StatusCode::kInvalidArgument, "EndRecording"));
 
   // Nothing ran, and the stream runs eagerly again.

@@ -47,6 +47,7 @@ TEST_F(CudaTest, MatmulTileShapesGiveTheSameBits) {
                                      {2100, 768}}) {
       const int64_t n = 19;
       const TestWeight w = RandomWeight(dtype, rows, cols, rng_);
+      const TestWeight lead = RandomWeight(dtype, 33, cols, rng_);
       const std::vector<float> x = RandomFloats(n * cols, rng_);
       std::vector<float> first;
       for (const int tw : {1, 2, 4, 8}) {
@@ -70,6 +71,18 @@ TEST_F(CudaTest, MatmulTileShapesGiveTheSameBits) {
                 .ok());
         EXPECT_TRUE(SameBits(device.Get(y1, rows), std::vector<float>(first.begin() + 11 * rows,
                                                                       first.begin() + 12 * rows)));
+        // And as the second part of a group, behind another part's blocks.
+        MatmulGroupArgs g;
+        g.n_parts = 2;
+        const float* dx = device.Put(x);
+        g.parts[0] = {dx, {device.Put(lead.bytes), dtype, lead.rows, cols}, nullptr, n};
+        g.parts[0].y = device.Output<float>(n * lead.rows);
+        g.parts[1] = {
+            dx, {device.Put(w.bytes), dtype, rows, cols}, device.Output<float>(n * rows), n};
+        ASSERT_TRUE(backend->MatmulGroup(g).ok());
+        EXPECT_TRUE(SameBits(device.Get(g.parts[1].y, n * rows), first))
+            << DTypeName(dtype) << " " << rows << " x " << cols << ", tokens per warp " << tw
+            << ", grouped";
         EXPECT_TRUE(device.GuardsIntact());
       }
     }
@@ -173,9 +186,10 @@ TEST_F(CudaTest, RecordedWorkReplaysWithNewInputs) {
   const WeightView view{device.Put(w.bytes), DType::kBF16, rows, cols};
   float* x = device.Put(RandomFloats(n * cols, rng_));
   float* y = device.Output<float>(n * rows);
+  const float* norm = device.Put(RandomFloats(rows, rng_, 0.5f, 1.5f));
   ASSERT_TRUE(backend->BeginRecording().ok());
   ASSERT_TRUE(backend->Matmul({x, view, y, n}).ok());
-  ASSERT_TRUE(backend->Add({y, y + rows, 1, rows}).ok());
+  ASSERT_TRUE(backend->RmsNorm({y, norm, y, n, rows, 1e-5f}).ok());
   absl::StatusOr<std::unique_ptr<RecordedWork>> work = backend->EndRecording();
   ASSERT_TRUE(work.ok()) << work.status();
   for (int round = 0; round < 2; ++round) {
@@ -186,7 +200,7 @@ TEST_F(CudaTest, RecordedWorkReplaysWithNewInputs) {
     ASSERT_TRUE(backend->Replay(**work).ok());
     const std::vector<float> replayed = device.Get(y, n * rows);
     ASSERT_TRUE(backend->Matmul({x, view, y, n}).ok());
-    ASSERT_TRUE(backend->Add({y, y + rows, 1, rows}).ok());
+    ASSERT_TRUE(backend->RmsNorm({y, norm, y, n, rows, 1e-5f}).ok());
     EXPECT_TRUE(SameBits(replayed, device.Get(y, n * rows))) << "round " << round;
   }
 }
