@@ -145,6 +145,10 @@ struct RopeArgs {
   int64_t n_tokens = 0;
   int64_t n_heads = 0;
   int64_t head_dim = 0;
+  //! Optionally a second tensor of the same tokens (the keys beside the queries), rotated in the
+  //! same call with the same angles: [n_tokens, n_heads2 * head_dim]; null when n_heads2 is 0.
+  float* x2 = nullptr;
+  int64_t n_heads2 = 0;
 };
 
 //! Paged KV layout of one layer: k and v are [num_blocks, block_size, kv_dim] of `dtype`, with

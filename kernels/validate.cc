@@ -192,10 +192,19 @@ absl::Status ValidateRopeArgs(const RopeArgs& args) {
   SPECD_RETURN_IF_ERROR(CheckElementCount(kOp, "n_heads x head_dim", args.n_heads, args.head_dim));
   SPECD_RETURN_IF_ERROR(CheckElementCount(kOp, "n_tokens x n_heads x head_dim", args.n_tokens,
                                           args.n_heads * args.head_dim));
+  SPECD_RETURN_IF_ERROR(CheckNonNegative(kOp, "n_heads2", args.n_heads2));
+  SPECD_RETURN_IF_ERROR(
+      CheckElementCount(kOp, "n_heads2 x head_dim", args.n_heads2, args.head_dim));
+  SPECD_RETURN_IF_ERROR(CheckElementCount(kOp, "n_tokens x n_heads2 x head_dim", args.n_tokens,
+                                          args.n_heads2 * args.head_dim));
   if (args.n_tokens == 0) return absl::OkStatus();
   SPECD_RETURN_IF_ERROR(CheckNotNull(kOp, "x", args.x));
   SPECD_RETURN_IF_ERROR(CheckNotNull(kOp, "pos", args.pos));
-  return CheckNotNull(kOp, "inv_freq", args.inv_freq);
+  SPECD_RETURN_IF_ERROR(CheckNotNull(kOp, "inv_freq", args.inv_freq));
+  if (args.n_heads2 == 0) return absl::OkStatus();
+  SPECD_RETURN_IF_ERROR(CheckNotNull(kOp, "x2", args.x2));
+  return CheckNoOverlap(kOp, "x2", args.x2, args.n_tokens * args.n_heads2 * args.head_dim * 4, "x",
+                        args.x, args.n_tokens * args.n_heads * args.head_dim * 4);
 }
 
 absl::Status ValidateStoreKvArgs(const StoreKvArgs& args) {

@@ -27,26 +27,30 @@ absl::Status CpuRope(const RopeArgs& args, const CpuContext& ctx) {
   }
 
   const int64_t width = args.n_heads * args.head_dim;
+  const int64_t width2 = args.n_heads2 * args.head_dim;
   const int64_t half = args.head_dim / 2;
+  const auto rotate = [&](float* x, int64_t n_heads, int64_t i, float c, float s) {
+    for (int64_t h = 0; h < n_heads; ++h) {
+      float* head = x + h * args.head_dim;
+      const float x0 = head[i];
+      const float x1 = head[i + half];
+      head[i] = x0 * c - x1 * s;
+      head[i + half] = x1 * c + x0 * s;
+    }
+  };
   const auto tokens = [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
-      float* x = args.x + t * width;
       const float p = static_cast<float>(args.pos[t]);
       for (int64_t i = 0; i < half; ++i) {
         const float angle = p * args.inv_freq[i];
         const float c = static_cast<float>(std::cos(static_cast<double>(angle)));
         const float s = static_cast<float>(std::sin(static_cast<double>(angle)));
-        for (int64_t h = 0; h < args.n_heads; ++h) {
-          float* head = x + h * args.head_dim;
-          const float x0 = head[i];
-          const float x1 = head[i + half];
-          head[i] = x0 * c - x1 * s;
-          head[i + half] = x1 * c + x0 * s;
-        }
+        rotate(args.x + t * width, args.n_heads, i, c, s);
+        if (args.n_heads2 > 0) rotate(args.x2 + t * width2, args.n_heads2, i, c, s);
       }
     }
   };
-  const int64_t grain = CeilDiv(kMinElementsPerChunk, width);
+  const int64_t grain = CeilDiv(kMinElementsPerChunk, width + width2);
   ctx.pool->ParallelFor(args.n_tokens, grain, tokens);
   return absl::OkStatus();
 }

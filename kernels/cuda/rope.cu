@@ -9,8 +9,10 @@ namespace {
 
 constexpr int kThreads = 128;
 
-__global__ void RopeKernel(float* x, const int32_t* pos, const float* inv_freq, int64_t n_heads,
-                           int64_t head_dim, DeviceError* error) {
+// Heads [0, n_heads) of x, then [0, n_heads2) of x2, as one range of heads.
+__global__ void RopeKernel(float* x, int64_t n_heads, float* x2, int64_t n_heads2,
+                           const int32_t* pos, const float* inv_freq, int64_t head_dim,
+                           DeviceError* error) {
   const int64_t t = blockIdx.x;
   const int32_t p = pos[t];
   if (p < 0) {
@@ -19,7 +21,8 @@ __global__ void RopeKernel(float* x, const int32_t* pos, const float* inv_freq, 
   }
   const int64_t half = head_dim / 2;
   float* row = x + t * n_heads * head_dim;
-  for (int64_t k = threadIdx.x; k < n_heads * half; k += kThreads) {
+  float* row2 = x2 + t * n_heads2 * head_dim;
+  for (int64_t k = threadIdx.x; k < (n_heads + n_heads2) * half; k += kThreads) {
     const int64_t h = k / half;
     const int64_t i = k % half;
     const float angle = __fmul_rn(static_cast<float>(p), inv_freq[i]);
@@ -27,7 +30,7 @@ __global__ void RopeKernel(float* x, const int32_t* pos, const float* inv_freq, 
     sincos(static_cast<double>(angle), &s, &c);
     const float cf = static_cast<float>(c);
     const float sf = static_cast<float>(s);
-    float* a = row + h * head_dim + i;
+    float* a = h < n_heads ? row + h * head_dim + i : row2 + (h - n_heads) * head_dim + i;
     float* b = a + half;
     const float xa = *a;
     const float xb = *b;
@@ -45,7 +48,7 @@ absl::Status LaunchRope(const RopeArgs& a, const CudaContext& ctx, cudaStream_t 
   // device memory: the kernel checks them and Synchronize reports them.
   if (a.n_tokens > 0x7fffffff) return absl::InvalidArgumentError("Rope: n_tokens too large");
   RopeKernel<<<static_cast<unsigned>(a.n_tokens), kThreads, 0, stream>>>(
-      a.x, a.pos, a.inv_freq, a.n_heads, a.head_dim, ctx.error);
+      a.x, a.n_heads, a.x2, a.n_heads2, a.pos, a.inv_freq, a.head_dim, ctx.error);
   return CudaStatus(cudaGetLastError(), "Rope launch");
 }
 

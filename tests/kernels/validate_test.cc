@@ -235,6 +235,19 @@ TEST(ValidateArgsTest, Rope) {
   a = good;
   a.inv_freq = nullptr;
   EXPECT_THAT(ValidateRopeArgs(a), InvalidArgument("Rope: inv_freq must not be null"));
+
+  // The keys beside the queries.
+  a = good;
+  a.x2 = Fake<float>(4);
+  a.n_heads2 = 2;
+  EXPECT_TRUE(ValidateRopeArgs(a).ok());
+  a.n_heads2 = -1;
+  EXPECT_THAT(ValidateRopeArgs(a), InvalidArgument("Rope: n_heads2 must be >= 0, got -1"));
+  a.n_heads2 = 2;
+  a.x2 = nullptr;
+  EXPECT_THAT(ValidateRopeArgs(a), InvalidArgument("Rope: x2 must not be null"));
+  a.x2 = good.x + 8;
+  EXPECT_THAT(ValidateRopeArgs(a), InvalidArgument("Rope: x2 must not overlap x"));
 }
 
 TEST(ValidateArgsTest, StoreKv) {

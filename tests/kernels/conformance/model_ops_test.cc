@@ -313,10 +313,22 @@ TEST_P(ModelOpsTest, RopeMatchesReferenceAtPositionsApartFromSlots) {
       EXPECT_TRUE(SameBits(one, PickRows(y, heads * head_dim, {static_cast<int>(t)})))
           << heads << " x " << head_dim << ", token " << t;
     }
+    // Queries and keys rotated in one call give the bits of a call each.
+    const int64_t kv_heads = heads / 4;
+    const std::vector<float> keys = RandomFloats(n * kv_heads * head_dim, rng_);
+    float* dq = device().Put(x);
+    float* dk = device().Put(keys);
+    const absl::Status st = backend().Rope(
+        {dq, device().Put(pos), device().Put(inv_freq), n, heads, head_dim, dk, kv_heads});
+    ASSERT_TRUE(st.ok()) << st;
+    EXPECT_TRUE(SameBits(device().Get(dq, n * heads * head_dim), y)) << heads << " x " << head_dim;
+    EXPECT_TRUE(SameBits(device().Get(dk, n * kv_heads * head_dim),
+                         Rope(keys, pos, inv_freq, kv_heads, head_dim)))
+        << kv_heads << " key heads x " << head_dim;
   }
 }
 
-TEST_P(ModelOpsTest, SwiGluAddEmbeddingAndGatherMatchReferences) {
+TEST_P(ModelOpsTest, SwiGluEmbeddingAndGatherMatchReferences) {
   const int64_t n = 9, dim = 130;
   const std::vector<float> gate = RandomFloats(n * dim, rng_, -8.0f, 8.0f);
   const std::vector<float> up = RandomFloats(n * dim, rng_);
