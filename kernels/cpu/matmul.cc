@@ -18,7 +18,7 @@ static_assert(static_cast<int>(WeightType::kBF16) == static_cast<int>(DType::kBF
 
 // A chunk should carry enough multiply-adds to hide the cost of handing it out, and there
 // should be a few chunks per thread so a descheduled thread's share is picked up by others.
-constexpr int64_t kMinMacsPerChunk = 64 * 1024;
+constexpr int64_t kMinMacsPerChunk = int64_t{64} * 1024;
 constexpr int64_t kChunksPerThread = 4;
 constexpr int64_t kRowAlign = 16;
 

@@ -11,7 +11,7 @@
 namespace specd::kernels::cpu {
 namespace {
 
-constexpr int64_t kMinElementsPerChunk = 32 * 1024;
+constexpr int64_t kMinElementsPerChunk = int64_t{32} * 1024;
 
 }  // namespace
 

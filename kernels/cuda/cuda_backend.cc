@@ -117,7 +117,8 @@ class CudaBackend final : public Backend {
     return dtype == DType::kF32 || dtype == DType::kBF16 || dtype == DType::kF16;
   }
   absl::StatusOr<DeviceMemory> QueryDeviceMemory() const override {
-    size_t free_bytes = 0, total_bytes = 0;
+    size_t free_bytes = 0;
+    size_t total_bytes = 0;
     SPECD_RETURN_IF_ERROR(Use());
     SPECD_RETURN_IF_ERROR(CudaStatus(cudaMemGetInfo(&free_bytes, &total_bytes), "cudaMemGetInfo"));
     return DeviceMemory{static_cast<int64_t>(free_bytes), static_cast<int64_t>(total_bytes)};
