@@ -5,12 +5,15 @@
 // For each weight shape and n_tokens: specd's time and its weight-read bandwidth, cuBLAS's
 // time (cublasGemmEx, bf16 x bf16 -> f32 with fp32 compute; it needs the activations in bf16,
 // which specd keeps in f32), and the ratio. Then row 0's output from cuBLAS alone and in batches
-// of 2..64: "same bits" or the largest difference.
+// of 2..64: "same bits" or the largest difference. Last, the q/k/v projections as one
+// MatmulGroup launch against three Matmul launches (what the engine did before), eagerly
+// launched, so the difference is the launches and kernel tails the group saves.
 //
 // usage: cuda_matmul_bench [--reps N]
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -37,6 +40,64 @@ bool Check(cudaError_t e, const char* what) {
   if (e == cudaSuccess) return true;
   std::fprintf(stderr, "%s: %s\n", what, cudaGetErrorString(e));
   return false;
+}
+
+// Seconds per call of `run`, best of two timed rounds after a warm-up; `sync` waits for the
+// calls' stream.
+template <class Run, class Sync>
+double BestSeconds(int reps, Run run, Sync sync) {
+  double best = 1e30;
+  for (int round = 0; round < 3; ++round) {
+    const auto t0 = Clock::now();
+    for (int r = 0; r < reps; ++r) run();
+    sync();
+    if (round > 0) {
+      best = std::min(best, std::chrono::duration<double>(Clock::now() - t0).count() / reps);
+    }
+  }
+  return best;
+}
+
+// q (3072 rows), k and v (1024 rows each) of 3072 columns: grouped against separate launches.
+bool GroupedAgainstSeparate(kernels::Backend& be, int reps) {
+  constexpr int64_t kCols = 3072;
+  const int64_t rows[3] = {3072, 1024, 1024};
+  const int64_t max_n = 8;
+  std::vector<void*> buffers;
+  auto alloc = [&](int64_t bytes) -> void* {
+    void* p = nullptr;
+    if (!Check(cudaMalloc(&p, bytes), "cudaMalloc")) return nullptr;
+    cudaMemset(p, 0, bytes);
+    buffers.push_back(p);
+    return p;
+  };
+  kernels::MatmulGroupArgs group;
+  group.n_parts = 3;
+  auto* x = static_cast<float*>(alloc(max_n * kCols * 4));
+  for (int i = 0; i < 3; ++i) {
+    void* w = alloc(rows[i] * kCols * 2);
+    auto* y = static_cast<float*>(alloc(max_n * rows[i] * 4));
+    if (x == nullptr || w == nullptr || y == nullptr) return false;
+    group.parts[static_cast<size_t>(i)] = {x, {w, kernels::DType::kBF16, rows[i], kCols}, y, 0};
+  }
+  std::printf("\nq/k/v projections (3072 + 1024 + 1024 rows x 3072, bf16), eager launches\n");
+  std::printf("%6s %14s %14s %10s\n", "n", "3 Matmuls us", "1 group us", "saved us");
+  for (const int64_t n : {int64_t{1}, int64_t{5}}) {
+    for (kernels::MatmulArgs& part : group.parts) part.n_tokens = n;
+    const auto sync = [&] { (void)be.Synchronize(); };
+    const double separate = BestSeconds(
+        reps,
+        [&] {
+          for (const kernels::MatmulArgs& part : group.parts) (void)be.Matmul(part);
+        },
+        sync);
+    const double grouped = BestSeconds(
+        reps, [&] { (void)be.MatmulGroup(group); }, sync);
+    std::printf("%6ld %14.2f %14.2f %10.2f\n", static_cast<long>(n), separate * 1e6, grouped * 1e6,
+                (separate - grouped) * 1e6);
+  }
+  for (void* p : buffers) cudaFree(p);
+  return true;
 }
 
 int Main(int argc, char** argv) {
@@ -89,23 +150,11 @@ int Main(int argc, char** argv) {
                                      {dw, kernels::DType::kBF16, s.rows, s.cols},
                                      static_cast<float*>(dy),
                                      n};
-      double specd_s = 1e30, cublas_s = 1e30;
-      for (int round = 0; round < 3; ++round) {
-        auto t0 = Clock::now();
-        for (int r = 0; r < reps; ++r) (void)be.Matmul(args);
-        (void)be.Synchronize();
-        if (round > 0) {
-          specd_s =
-              std::min(specd_s, std::chrono::duration<double>(Clock::now() - t0).count() / reps);
-        }
-        t0 = Clock::now();
-        for (int r = 0; r < reps; ++r) (void)cublas(n, dy2);
-        cudaDeviceSynchronize();
-        if (round > 0) {
-          cublas_s =
-              std::min(cublas_s, std::chrono::duration<double>(Clock::now() - t0).count() / reps);
-        }
-      }
+      const auto sync_specd = [&] { (void)be.Synchronize(); };
+      const double specd_s = BestSeconds(
+          reps, [&] { (void)be.Matmul(args); }, sync_specd);
+      const double cublas_s = BestSeconds(
+          reps, [&] { (void)cublas(n, dy2); }, [] { cudaDeviceSynchronize(); });
       std::printf("%-11s %6ld %12.2f %12.1f %12.2f %10.3f\n", s.name, static_cast<long>(n),
                   specd_s * 1e6, s.rows * s.cols * 2 / specd_s / 1e9, cublas_s * 1e6,
                   cublas_s / specd_s);
@@ -129,7 +178,7 @@ int Main(int argc, char** argv) {
     cudaFree(dw), cudaFree(dx), cudaFree(dx16), cudaFree(dy), cudaFree(dy2);
   }
   cublasDestroy(handle);
-  return 0;
+  return GroupedAgainstSeparate(be, reps) ? 0 : 1;
 }
 
 }  // namespace
