@@ -14,6 +14,7 @@ GPU_BINARIES=(tests/kernels/conformance/kernels_conformance_test
               tools/bench/engine/decode_bench
               tools/bench/kernels/cuda_matmul_bench
               tools/bench/kernels/cuda_attention_bench
+              tools/bench/kernels/sampling_rows_bench
               "${GPU_ENGINE_TESTS[@]}")
 # The service, its client and the worker-call benchmark, from a full build (gRPC,
 # prometheus-cpp): only packed, since the device has no gRPC. `specd serve` finds the services

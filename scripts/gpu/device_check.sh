@@ -31,7 +31,10 @@
 #   hf_generate    transformers' plain and assisted generate() on the 3B pair's checkpoint
 #   concurrency    tokens/s against 1..64 streams over gRPC, K = 0, fixed K = 4 and adaptive K
 #   sanitize       compute-sanitizer's memcheck and racecheck over the CUDA-only tests
-#   matmul         specd's matmul next to cuBLAS on the 3B shapes, and cuBLAS's row invariance
+#   matmul         specd's matmul next to cuBLAS on the 3B shapes, and cuBLAS's row invariance;
+#                  the q/k/v projections as one grouped launch against three
+#   sampling       ProcessRows at Llama 3's vocabulary for greedy, temperature, top-k, top-p and
+#                  all filters, 1 and 5 rows (what a sampled request adds per draft step)
 #   sharing        two processes decoding on the GPU at once against one alone (is MPS needed?)
 # The order is the issue's order of priority. Each stage appends to summary.txt; a failed stage is
 # reported and the next one still runs. Everything stops at $BUDGET seconds (default 480) so the
@@ -51,7 +54,7 @@ SUMMARY=$OUT/summary.txt
 STAGES=("$@")
 [[ ${#STAGES[@]} -gt 0 ]] || STAGES=(build conformance hf_parity spec_parity decode attention
                                      engine_tests speedup serve_speedup hf_generate concurrency
-                                     sanitize matmul sharing)
+                                     sanitize matmul sampling sharing)
 export PYTHONUNBUFFERED=1
 # The tests' numpy references run on the image's Python, and find the sources here.
 SPECD_PYTHON=$(command -v python3)
@@ -199,6 +202,13 @@ stage_matmul() {
   run_timed "$BIN/cuda_matmul_bench" --reps 50 >"$LOGS/matmul.log" 2>&1
   local rc=$?
   tee -a "$SUMMARY" <"$LOGS/matmul.log"
+  return "$rc"
+}
+
+stage_sampling() {
+  run_timed "$BIN/sampling_rows_bench" --backend cuda --reps 50 >"$LOGS/sampling.log" 2>&1
+  local rc=$?
+  tee -a "$SUMMARY" <"$LOGS/sampling.log"
   return "$rc"
 }
 
