@@ -125,7 +125,11 @@ int Main(int argc, char** argv) {
     for (float& v : x) v = normal(rng);
     std::vector<uint16_t> x16(x.size());
     for (size_t i = 0; i < x.size(); ++i) x16[i] = kernels::F32ToBf16(x[i]);
-    void *dw, *dx, *dx16, *dy, *dy2;
+    void* dw = nullptr;
+    void* dx = nullptr;
+    void* dx16 = nullptr;
+    void* dy = nullptr;
+    void* dy2 = nullptr;
     if (!Check(cudaMalloc(&dw, w.size() * 2), "cudaMalloc") ||
         !Check(cudaMalloc(&dx, x.size() * 4), "cudaMalloc") ||
         !Check(cudaMalloc(&dx16, x16.size() * 2), "cudaMalloc") ||
@@ -136,7 +140,8 @@ int Main(int argc, char** argv) {
     cudaMemcpy(dw, w.data(), w.size() * 2, cudaMemcpyHostToDevice);
     cudaMemcpy(dx, x.data(), x.size() * 4, cudaMemcpyHostToDevice);
     cudaMemcpy(dx16, x16.data(), x16.size() * 2, cudaMemcpyHostToDevice);
-    const float one = 1.0f, zero = 0.0f;
+    const float one = 1.0f;
+    const float zero = 0.0f;
     // y^T [rows, n] = W [rows, cols] x^T [cols, n], column-major: W is cols x rows transposed.
     auto cublas = [&](int64_t n, void* out) {
       return cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(s.rows),
@@ -160,7 +165,8 @@ int Main(int argc, char** argv) {
                   cublas_s / specd_s);
     }
     // cuBLAS's row 0 alone and in larger batches.
-    std::vector<float> alone(static_cast<size_t>(s.rows)), batched(alone.size());
+    std::vector<float> alone(static_cast<size_t>(s.rows));
+    std::vector<float> batched(alone.size());
     cublas(1, dy2);
     cudaMemcpy(alone.data(), dy2, alone.size() * 4, cudaMemcpyDeviceToHost);
     for (const int64_t n : {2, 5, 17, 64, 512}) {
