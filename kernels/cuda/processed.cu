@@ -63,6 +63,78 @@ __device__ double SumIf(int64_t n, Shared& s, auto value) {
   return BlockSum<double>(acc, s.d);
 }
 
+// A threshold search asks about three candidate keys per pass over the row, so it takes half
+// the passes of a bisection (16 instead of 32 for a 32-bit key). Each candidate's count or sum
+// is formed exactly as a pass of its own would form it (CountIf's, SumIf's order), so the search
+// lands on the bisection's key.
+constexpr int kCandidates = 3;
+using Candidates = uint32_t[kCandidates];
+
+// For each candidate key j: how many of the row's values have Key(value) >= keys[j].
+__device__ void CountKeysAtLeast(const float* row, int64_t n, Shared& s, const Candidates& keys,
+                                 int64_t (&out)[kCandidates]) {
+  int64_t c[kCandidates] = {};
+  for (int64_t i = threadIdx.x; i < n; i += kThreads) {
+    const uint32_t key = Key(row[i]);
+#pragma unroll
+    for (int j = 0; j < kCandidates; ++j) c[j] += key >= keys[j] ? 1 : 0;
+  }
+#pragma unroll
+  for (int j = 0; j < kCandidates; ++j) out[j] = BlockSum<int64_t>(c[j], s.l);
+}
+
+// The fp64 mass of the positive probabilities whose bits are >= `key` (SumIf's order).
+__device__ double MassAtLeast(const float* probs, int64_t n, Shared& s, uint32_t key) {
+  return SumIf(n, s, [&](int64_t i) {
+    const float p = probs[i];
+    return p > 0.0f && __float_as_uint(p) >= key ? static_cast<double>(p) : 0.0;
+  });
+}
+
+// MassAtLeast for each candidate key, in one pass.
+__device__ void MassesAtLeast(const float* probs, int64_t n, Shared& s, const Candidates& keys,
+                              double (&out)[kCandidates]) {
+  double acc[kCandidates] = {};
+  for (int64_t i = threadIdx.x; i < n; i += kThreads) {
+    const float p = probs[i];
+    const uint32_t bits = __float_as_uint(p);
+#pragma unroll
+    for (int j = 0; j < kCandidates; ++j) {
+      acc[j] = __dadd_rn(acc[j], p > 0.0f && bits >= keys[j] ? static_cast<double>(p) : 0.0);
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < kCandidates; ++j) out[j] = BlockSum<double>(acc[j], s.d);
+}
+
+// The largest key in [lo, hi] at which a monotone test holds (true up to some key, false above
+// it), given that it holds at lo. `test(keys, holds)` answers for kCandidates ascending keys in
+// one pass; they cut (lo, hi] into kCandidates + 1 near-equal parts.
+__device__ uint32_t LargestKeyThatHolds(uint32_t lo, uint32_t hi, auto test) {
+  while (lo < hi) {
+    const uint64_t span = uint64_t{hi} - lo;
+    Candidates keys;
+#pragma unroll
+    for (int j = 0; j < kCandidates; ++j) {
+      keys[j] = lo + static_cast<uint32_t>((span * (j + 1) + kCandidates) / (kCandidates + 1));
+    }
+    bool holds[kCandidates];
+    test(keys, holds);
+    uint32_t next_lo = lo, next_hi = hi;
+#pragma unroll
+    for (int j = 0; j < kCandidates; ++j) {
+      if (holds[j]) next_lo = keys[j];
+    }
+#pragma unroll
+    for (int j = kCandidates - 1; j >= 0; --j) {
+      if (!holds[j]) next_hi = keys[j] - 1;
+    }
+    lo = next_lo;
+    hi = next_hi;
+  }
+  return lo;
+}
+
 // The smallest id bound B such that `pred` holds for `want` ids below B (want <= count(pred)).
 __device__ int64_t NthIdBound(int64_t n, int64_t want, Shared& s, auto pred) {
   int64_t lo = 1, hi = n;
@@ -307,19 +379,17 @@ __global__ void __launch_bounds__(kThreads)
   }
   __syncthreads();
 
-  // 4. Top-k: the k-th largest key by binary search, then the ties that fit, lowest ids first.
+  // 4. Top-k: the k-th largest key (the largest key at or above which k values lie; every value
+  // is at or above key 0), then the ties that fit, lowest ids first.
   const int64_t k = params.top_k;
   if (k > 0 && k < V) {
-    uint32_t lo = 0, hi = 0xffffffffu;
-    while (lo < hi) {
-      const uint32_t mid = lo + static_cast<uint32_t>((uint64_t{hi} - lo + 1) / 2);
-      if (CountIf(V, s, [&](int64_t i) { return Key(probs[i]) >= mid; }) >= k) {
-        lo = mid;
-      } else {
-        hi = mid - 1;
-      }
-    }
-    const uint32_t tau = lo;
+    const uint32_t tau = LargestKeyThatHolds(
+        0u, 0xffffffffu, [&](const Candidates& keys, bool(&holds)[kCandidates]) {
+          int64_t counts[kCandidates];
+          CountKeysAtLeast(probs, V, s, keys, counts);
+#pragma unroll
+          for (int j = 0; j < kCandidates; ++j) holds[j] = counts[j] >= k;
+        });
     const int64_t above =
         tau == 0xffffffffu ? 0 : CountIf(V, s, [&](int64_t i) { return Key(probs[i]) > tau; });
     const int64_t ties = CountIf(V, s, [&](int64_t i) { return Key(probs[i]) == tau; });
@@ -359,25 +429,16 @@ __global__ void __launch_bounds__(kThreads)
   const bool top_p = params.top_p < 1.0f;
   if (top_p) {
     const double target = static_cast<double>(params.top_p);
-    const auto mass_from = [&](uint32_t key) {
-      return SumIf(V, s, [&](int64_t i) {
-        const float p = probs[i];
-        return p > 0.0f && __float_as_uint(p) >= key ? static_cast<double>(p) : 0.0;
-      });
-    };
-    if (mass_from(1) >= target) {
-      uint32_t lo = 1, hi = 0x7f800000u;
-      while (lo < hi) {
-        const uint32_t mid = lo + (hi - lo + 1) / 2;
-        if (mass_from(mid) >= target) {
-          lo = mid;
-        } else {
-          hi = mid - 1;
-        }
-      }
-      const uint32_t tau = lo;
+    if (MassAtLeast(probs, V, s, 1) >= target) {
+      const uint32_t tau = LargestKeyThatHolds(
+          1u, 0x7f800000u, [&](const Candidates& keys, bool(&holds)[kCandidates]) {
+            double masses[kCandidates];
+            MassesAtLeast(probs, V, s, keys, masses);
+#pragma unroll
+            for (int j = 0; j < kCandidates; ++j) holds[j] = masses[j] >= target;
+          });
       const float tv = __uint_as_float(tau);
-      const double above = mass_from(tau + 1);
+      const double above = MassAtLeast(probs, V, s, tau + 1);
       const int64_t ties =
           CountIf(V, s, [&](int64_t i) { return __float_as_uint(probs[i]) == tau; });
       // The fewest ties c with above + c * tv >= target (c * tv is exact in fp64).
