@@ -146,7 +146,14 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(const BackendOptions& opt
 #endif
     case BackendKind::kAuto:
 #if SPECD_WITH_CUDA
-      if (AutoChoosesCuda()) return CreateCudaBackend(options.device);
+      if (AutoChoosesCuda()) {
+        absl::StatusOr<std::unique_ptr<Backend>> cuda = CreateCudaBackend(options.device);
+        if (cuda.ok()) return cuda;
+        return absl::Status(cuda.status().code(),
+                            absl::StrCat("--backend auto chose CUDA since an NVIDIA driver is "
+                                         "loaded: ",
+                                         cuda.status().message()));
+      }
 #endif
       return CreateCpuBackend(options.num_threads);
   }

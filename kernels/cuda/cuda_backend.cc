@@ -394,7 +394,7 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackendWithOptions(
   if (count != cudaSuccess || n == 0) {
     (void)cudaGetLastError();
     return absl::FailedPreconditionError(absl::StrCat(
-        "CUDA back end: no usable CUDA device (", NoDeviceReason(count), "); use --backend cpu"));
+        "--backend cuda: no usable CUDA device (", NoDeviceReason(count), "); use --backend cpu"));
   }
   if (options.device < 0 || options.device >= n) {
     return absl::InvalidArgumentError(
