@@ -11,7 +11,7 @@ APT_PACKAGES=(
   build-essential cmake pkg-config git
   libabsl-dev nlohmann-json3-dev libpcre2-dev libssl-dev
   libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc prometheus-cpp-dev
-  libboost-dev curl
+  libboost-dev libboost-context-dev curl
   libgtest-dev libgmock-dev libbenchmark-dev
   clang libclang-rt-14-dev
   python3 python3-numpy python3-sentencepiece libsentencepiece-dev python3-grpcio python3-protobuf

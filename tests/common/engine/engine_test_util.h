@@ -13,6 +13,7 @@
 #include "common/synth/synth.h"
 #include "gtest/gtest.h"
 #include "tests/common/engine/recording_backend.h"
+#include "tests/kernels/cuda_emulation/emulated_cuda.h"
 
 namespace specd::testing {
 
@@ -65,12 +66,19 @@ inline void WriteSynth(const SynthSpec& spec, const std::filesystem::path& dir) 
   ASSERT_TRUE(st.ok()) << st;
 }
 
+inline bool TestBackendIs(std::string_view wanted) {
+  const char* name = std::getenv("SPECD_TEST_BACKEND");
+  return name != nullptr && std::string_view(name) == wanted;
+}
+
 // SPECD_TEST_BACKEND=cpu-recording: the CPU inside a RecordingBackend, so that engines record
 // and replay their forward passes as on a GPU (CI runs some engine tests so).
-inline bool TestBackendRecords() {
-  const char* name = std::getenv("SPECD_TEST_BACKEND");
-  return name != nullptr && std::string_view(name) == "cpu-recording";
-}
+inline bool TestBackendRecords() { return TestBackendIs("cpu-recording"); }
+
+// SPECD_TEST_BACKEND=cuda-emulated: the CUDA back end over the CUDA emulator
+// (tests/kernels/cuda_emulation/), so that engine tests run the CUDA code, CUDA graphs included,
+// where no GPU is (CI runs some engine tests so).
+inline bool TestBackendEmulatesCuda() { return TestBackendIs("cuda-emulated"); }
 
 // The CPU back end with `threads` threads, or the back end SPECD_TEST_BACKEND names ("cuda":
 // scripts/gpu/device_check.sh runs the engine-level tests that compare an engine only with
@@ -80,7 +88,7 @@ inline kernels::BackendOptions TestBackend(int threads) {
   backend.kind = kernels::BackendKind::kCpu;
   backend.num_threads = threads;
   if (const char* name = std::getenv("SPECD_TEST_BACKEND");
-      name != nullptr && *name != '\0' && !TestBackendRecords()) {
+      name != nullptr && *name != '\0' && !TestBackendRecords() && !TestBackendEmulatesCuda()) {
     absl::StatusOr<kernels::BackendKind> kind = kernels::ParseBackendKind(name);
     EXPECT_TRUE(kind.ok()) << kind.status();
     if (kind.ok()) backend.kind = *kind;
@@ -98,13 +106,24 @@ inline absl::StatusOr<std::unique_ptr<LlamaEngine>> CreateRecordingEngine(
                              options);
 }
 
-// An engine of the model in `dir` on TestBackend(threads), or on a RecordingBackend.
+// An engine of the model in `dir` on the emulated CUDA back end.
+inline absl::StatusOr<std::unique_ptr<LlamaEngine>> CreateEmulatedCudaEngine(
+    const std::filesystem::path& dir, const EngineOptions& options, const LoadOptions& load = {}) {
+  SPECD_ASSIGN_OR_RETURN(std::unique_ptr<ModelWeights> weights, LoadModelWeights(dir, load));
+  SPECD_ASSIGN_OR_RETURN(std::unique_ptr<kernels::Backend> backend,
+                         kernels::CreateEmulatedCudaBackend(kernels::CudaBackendOptions()));
+  return LlamaEngine::Create(std::move(weights), std::move(backend), options);
+}
+
+// An engine of the model in `dir` on TestBackend(threads), on a RecordingBackend, or on the
+// emulated CUDA back end.
 inline std::unique_ptr<LlamaEngine> MakeTestEngine(const std::filesystem::path& dir, int threads,
                                                    const EngineOptions& options,
                                                    const LoadOptions& load = {}) {
   absl::StatusOr<std::unique_ptr<LlamaEngine>> engine =
-      TestBackendRecords() ? CreateRecordingEngine(dir, threads, options, load)
-                           : CreateEngine(dir, TestBackend(threads), options, load);
+      TestBackendRecords()        ? CreateRecordingEngine(dir, threads, options, load)
+      : TestBackendEmulatesCuda() ? CreateEmulatedCudaEngine(dir, options, load)
+                                  : CreateEngine(dir, TestBackend(threads), options, load);
   EXPECT_TRUE(engine.ok()) << engine.status();
   return engine.ok() ? *std::move(engine) : nullptr;
 }

@@ -22,6 +22,7 @@
 #include "kernels/backend.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/cpu_isa.h"
+#include "tests/kernels/cuda_emulation/emulated_cuda.h"
 
 namespace specd::kernels::conformance {
 
@@ -31,7 +32,8 @@ struct BackendCase {
 };
 
 // The CPU back end with each of its kernel tables (2 threads, so the thread pool is exercised),
-// and the CUDA back end. Cases this machine or build cannot run skip with the factory's reason.
+// the CUDA back end, and the CUDA back end over the CUDA emulator. Cases this machine or build
+// cannot run skip with the factory's reason.
 inline std::vector<BackendCase> AllBackends() {
   std::vector<BackendCase> cases;
   for (const cpu::CpuIsa isa : {cpu::CpuIsa::kScalar, cpu::CpuIsa::kAvx2, cpu::CpuIsa::kAvx512}) {
@@ -43,6 +45,9 @@ inline std::vector<BackendCase> AllBackends() {
                      options.kind = BackendKind::kCuda;
                      return CreateBackend(options);
                    }});
+  // The same CUDA code over the emulator, so that it runs where no GPU is (CI).
+  cases.push_back(
+      {"cuda_emulated", [] { return CreateEmulatedCudaBackend(CudaBackendOptions()); }});
   return cases;
 }
 
