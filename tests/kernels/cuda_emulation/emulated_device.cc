@@ -36,10 +36,8 @@ constexpr size_t kStackBytes = 256 << 10;
 constexpr unsigned char kUnwrittenShared = 0xcd;
 
 [[noreturn]] void Fail(const char* what) {
-  std::fprintf(stderr,
-               "CUDA emulator: %s (block %u,%u,%u, grid %u,%u,%u, %u threads); the kernel is "
-               "wrong on a GPU too\n",
-               what, blockIdx.x, blockIdx.y, blockIdx.z, gridDim.x, gridDim.y, gridDim.z,
+  std::fprintf(stderr, "CUDA emulator: %s (block %u,%u,%u, grid %u,%u,%u, %u threads)\n", what,
+               blockIdx.x, blockIdx.y, blockIdx.z, gridDim.x, gridDim.y, gridDim.z,
                blockDim.x * blockDim.y * blockDim.z);
   std::abort();
 }
@@ -189,7 +187,8 @@ class BlockScheduler {
       int done = 0;
       for (int t = 0; t < n; ++t) done += lanes_[static_cast<size_t>(t)]->state == State::kDone;
       if (done == n) return;
-      if (done > 0) Fail("threads wait at a barrier that exited threads never reach");
+      if (done > 0)
+        Fail("threads wait at a barrier that exited threads never reach: undefined on a GPU");
       barrier_or_ = false;
       for (int t = 0; t < n; ++t) {
         Lane& lane = *lanes_[static_cast<size_t>(t)];
@@ -220,7 +219,8 @@ class BlockScheduler {
       }
       const int mask = warp[0]->xor_mask;
       for (int l = 0; l < kWarpSize; ++l) {
-        if (warp[l]->xor_mask != mask) Fail("the lanes of a warp shuffled with different masks");
+        if (warp[l]->xor_mask != mask)
+          Fail("the lanes of a warp shuffled with different masks: undefined on a GPU");
         warp[l]->shuffle_result = warp[l ^ mask]->shuffle_value;
       }
       for (int l = 0; l < kWarpSize; ++l) warp[l]->state = State::kRunnable;
@@ -258,7 +258,8 @@ void Launch(dim3 grid, dim3 block, size_t dynamic_shared_bytes, cudaStream_t str
     (void)SetError(cudaErrorInvalidConfiguration);
     return;
   }
-  if (threads % kWarpSize != 0) Fail("a block of a partial warp (the kernels use whole warps)");
+  if (threads % kWarpSize != 0)
+    Fail("a block of a partial warp, which the emulator does not model");
   Enqueue(stream, [grid, block, dynamic_shared_bytes, kernel = std::move(kernel)] {
     const std::lock_guard<std::mutex> lock(GridMutex());
     Scheduler().RunGrid(grid, block, dynamic_shared_bytes, kernel);
