@@ -52,48 +52,46 @@ cudaError_t GetLastError() { return std::exchange(last_error, cudaSuccess); }
 
 cudaError_t PeekAtLastError() { return last_error; }
 
-const char* ErrorName(cudaError_t error) {
-  switch (error) {
-    case cudaSuccess:
-      return "cudaSuccess";
-    case cudaErrorInvalidValue:
-      return "cudaErrorInvalidValue";
-    case cudaErrorMemoryAllocation:
-      return "cudaErrorMemoryAllocation";
-    case cudaErrorInvalidConfiguration:
-      return "cudaErrorInvalidConfiguration";
-    case cudaErrorInvalidDevice:
-      return "cudaErrorInvalidDevice";
-    case cudaErrorInvalidResourceHandle:
-      return "cudaErrorInvalidResourceHandle";
-    case cudaErrorStreamCaptureUnsupported:
-      return "cudaErrorStreamCaptureUnsupported";
-    case cudaErrorStreamCaptureInvalidated:
-      return "cudaErrorStreamCaptureInvalidated";
-    case cudaErrorIllegalState:
-      return "cudaErrorIllegalState";
-    default:
-      return "cudaErrorUnknown";
+namespace {
+
+struct ErrorText {
+  cudaError_t error;
+  const char* name;
+  const char* text;
+};
+// The errors the emulator returns, in the runtime's words.
+constexpr ErrorText kErrors[] = {
+    {cudaSuccess, "cudaSuccess", "no error"},
+    {cudaErrorInvalidValue, "cudaErrorInvalidValue", "invalid argument"},
+    {cudaErrorMemoryAllocation, "cudaErrorMemoryAllocation", "out of memory"},
+    {cudaErrorInvalidConfiguration, "cudaErrorInvalidConfiguration",
+     "invalid configuration argument"},
+    {cudaErrorInvalidDevice, "cudaErrorInvalidDevice", "invalid device ordinal"},
+    {cudaErrorInvalidResourceHandle, "cudaErrorInvalidResourceHandle", "invalid resource handle"},
+    {cudaErrorStreamCaptureUnsupported, "cudaErrorStreamCaptureUnsupported",
+     "operation not permitted when stream is capturing"},
+    {cudaErrorStreamCaptureInvalidated, "cudaErrorStreamCaptureInvalidated",
+     "operation failed due to a previous error during capture"},
+    {cudaErrorIllegalState, "cudaErrorIllegalState", "the operation is not permitted now"},
+};
+
+const ErrorText* FindError(cudaError_t error) {
+  for (const ErrorText& e : kErrors) {
+    if (e.error == error) return &e;
   }
+  return nullptr;
+}
+
+}  // namespace
+
+const char* ErrorName(cudaError_t error) {
+  const ErrorText* e = FindError(error);
+  return e != nullptr ? e->name : "cudaErrorUnknown";
 }
 
 const char* ErrorString(cudaError_t error) {
-  switch (error) {
-    case cudaSuccess:
-      return "no error";
-    case cudaErrorInvalidValue:
-      return "invalid argument";
-    case cudaErrorMemoryAllocation:
-      return "out of memory";
-    case cudaErrorInvalidConfiguration:
-      return "invalid configuration argument";
-    case cudaErrorStreamCaptureUnsupported:
-      return "operation not permitted when stream is capturing";
-    case cudaErrorStreamCaptureInvalidated:
-      return "operation failed due to a previous error during capture";
-    default:
-      return "an error the CUDA emulator does not name";
-  }
+  const ErrorText* e = FindError(error);
+  return e != nullptr ? e->text : "an error the CUDA emulator does not name";
 }
 
 cudaError_t Malloc(void** p, size_t bytes) {
