@@ -291,6 +291,47 @@ stop_serve() {
   SERVE_PID=""
 }
 
+# memory_report SERVE_LOG: what each worker of a running `specd serve --metrics` holds on the
+# device (nvidia-smi) against what its metrics account for (weights, KV, scratch, rows). The rest
+# is the CUDA context and the runtime's own, which the memory share reserves 256 MiB for
+# (kReserveFixedBytes in common/engine/llama_engine.cc); also the device's use against the share.
+memory_report() {
+  python3 - "$1" <<'PY'
+import re, subprocess, sys, urllib.request
+log = open(sys.argv[1]).read()
+GiB = float(1 << 30)
+def smi(query, what):
+    out = subprocess.run(["nvidia-smi", f"--query-{what}={query}", "--format=csv,noheader,nounits"],
+                         capture_output=True, text=True).stdout
+    return [l.split(", ") for l in out.strip().splitlines() if l.strip()]
+apps = {int(p): int(m) << 20 for p, m in smi("pid,used_memory", "compute-apps")}
+used, total = (int(x) << 20 for x in smi("memory.used,memory.total", "gpu")[0])
+accounted_all = 0
+for name in ("target worker", "draft worker"):
+    pid = re.search(rf"{name} pid (\d+)", log)
+    url = re.search(rf"{name} metrics on (\S+)", log)
+    if not pid or not url:
+        print(f"memory: no pid or metrics address for the {name} in the serve log")
+        continue
+    kinds = {}
+    for line in urllib.request.urlopen(url.group(1), timeout=10).read().decode().splitlines():
+        m = re.match(r'specd_worker_memory_bytes\{kind="(\w+)"\} (\S+)', line)
+        if m:
+            kinds[m.group(1)] = float(m.group(2))
+    device = sum(v for k, v in kinds.items() if k != "staging")
+    accounted_all += device
+    held = apps.get(int(pid.group(1)))
+    parts = ", ".join(f"{k} {v / GiB:.2f}" for k, v in kinds.items())
+    print(f"memory: {name}: accounted {device / GiB:.2f} GiB ({parts})"
+          + (f"; nvidia-smi {held / GiB:.2f} GiB, so context and runtime "
+             f"{(held - device) / GiB:.2f} GiB (the share reserves 0.25)" if held else
+             "; nvidia-smi shows no per-process use (a container's PID namespace?)"))
+print(f"memory: device {used / GiB:.2f} of {total / GiB:.2f} GiB used ({used / total:.3f}; "
+      f"the pair's share is 0.9), of which the workers' metrics account for "
+      f"{accounted_all / GiB:.2f} GiB")
+PY
+}
+
 # bench_summary JSON: one line per arm (speed-up, efficiency, the coordinator's overhead per round).
 bench_summary() {
   python3 - "$1" <<'PY'
@@ -314,7 +355,8 @@ PY
 }
 
 stage_serve_speedup() {
-  serve_3b "$LOGS/serve_speedup_server.log" || return 1
+  serve_3b "$LOGS/serve_speedup_server.log" --metrics || return 1
+  memory_report "$LOGS/serve_speedup_server.log" 2>&1 | tee -a "$SUMMARY"
   run_timed "$BIN/specd" bench --server "$SERVE_ADDRESS" --compare --k 2,4,6 --streams 1 \
       --max-tokens 256 --repeats 2 --quiet --json "$LOGS/serve_speedup.json" \
       >"$LOGS/serve_speedup.log" 2>&1
