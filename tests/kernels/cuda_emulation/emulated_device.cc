@@ -1,14 +1,18 @@
 // The emulator's launches: blocks one at a time in a shuffled order, the threads of a block as
-// fibers (Boost.Context) that switch only where a GPU thread must wait for others.
+// fibers (Boost.Context) that switch only where a GPU thread must wait for others. Between two
+// such waits the warps of a block, and the lanes of a warp, run in a varying order too: a GPU
+// promises no order there, so a kernel that shares memory between them without a barrier reads
+// what another thread has not written yet, or has already overwritten, and shows.
 #include "tests/kernels/cuda_emulation/emulated_device.h"
 
 #include <algorithm>
+#include <array>
 #include <boost/context/fiber.hpp>
 #include <boost/context/protected_fixedsize_stack.hpp>
 #include <cstdio>
 #include <cstdlib>
-#include <memory>
 #include <mutex>
+#include <numeric>
 #include <random>
 #include <utility>
 #include <vector>
@@ -35,6 +39,12 @@ constexpr size_t kStackBytes = 256 << 10;
 // Unwritten shared memory reads as this pattern, so a kernel that reads before it writes shows.
 constexpr unsigned char kUnwrittenShared = 0xcd;
 
+std::array<int, kWarpSize> IdentityLanes() {
+  std::array<int, kWarpSize> lanes{};
+  std::iota(lanes.begin(), lanes.end(), 0);
+  return lanes;
+}
+
 [[noreturn]] void Fail(const char* what) {
   std::fprintf(stderr, "CUDA emulator: %s (block %u,%u,%u, grid %u,%u,%u, %u threads)\n", what,
                blockIdx.x, blockIdx.y, blockIdx.z, gridDim.x, gridDim.y, gridDim.z,
@@ -49,8 +59,9 @@ std::mutex& GridMutex() {
   return mutex;
 }
 
-// Runs a block warp by warp: each warp until all its threads wait at the block barrier or have
-// exited, releasing its shuffles as they complete, then the barrier once the whole block waits.
+// Runs a block warp by warp, in a shuffled order: each warp until all its threads wait at the
+// block barrier or have exited, releasing its shuffles as they complete, then the barrier once
+// the whole block waits. A warp's lanes run one after another in an order drawn per grid.
 class BlockScheduler {
  public:
   BlockScheduler() = default;
@@ -60,14 +71,14 @@ class BlockScheduler {
   // Lets every lane's loop end, so that each fiber returns normally.
   ~BlockScheduler() {
     quitting_ = true;
-    for (size_t t = 0; t < lanes_.size(); ++t) {
-      if (lanes_[t]->fiber) Resume(static_cast<int>(t));
+    for (int t = 0; t < lanes_made_; ++t) {
+      if (fibers_[static_cast<size_t>(t)]) Resume(t);
     }
   }
 
   void RunGrid(dim3 grid, dim3 block, size_t shared_bytes, const std::function<void()>& kernel) {
     const int n = static_cast<int>(block.x * block.y * block.z);
-    while (static_cast<int>(lanes_.size()) < n) AddLane();
+    while (lanes_made_ < n) AddLane();
     std::vector<dim3> order;
     order.reserve(size_t{grid.x} * grid.y * grid.z);
     for (unsigned z = 0; z < grid.z; ++z) {
@@ -79,10 +90,22 @@ class BlockScheduler {
     gridDim = grid;
     blockDim = block;
     for (unsigned t = 0; t < static_cast<unsigned>(n); ++t) {
-      lanes_[t]->index = dim3(t % block.x, t / block.x % block.y, t / (block.x * block.y));
+      lanes_[t].index = dim3(t % block.x, t / block.x % block.y, t / (block.x * block.y));
     }
     kernel_ = &kernel;
     shared_.resize((shared_bytes + sizeof(SharedUnit) - 1) / sizeof(SharedUnit) + 1);
+    // The lanes' order is a rotation, ascending or descending, drawn per grid: every two lanes
+    // run both ways round over a few launches, while the kernel's memory accesses stay in
+    // sequence, as they are fastest on the host.
+    const int rotation = static_cast<int>(rng_() % kWarpSize);
+    const int step = rng_() % 2 == 0 ? 1 : kWarpSize - 1;
+    for (int i = 0; i < kWarpSize; ++i) {
+      lane_order_[static_cast<size_t>(i)] = (rotation + i * step) % kWarpSize;
+      lane_rank_[static_cast<size_t>(lane_order_[static_cast<size_t>(i)])] = i;
+    }
+    warp_order_.clear();
+    for (int w = 0; w < n; w += kWarpSize) warp_order_.push_back(w);
+    std::shuffle(warp_order_.begin(), warp_order_.end(), rng_);
     for (const dim3& b : order) {
       blockIdx = b;
       std::fill_n(reinterpret_cast<unsigned char*>(shared_.data()), shared_bytes, kUnwrittenShared);
@@ -94,7 +117,7 @@ class BlockScheduler {
   void* shared() { return shared_.data(); }
 
   bool Barrier(int predicate) {
-    Lane& lane = *lanes_[static_cast<size_t>(current_)];
+    Lane& lane = lanes_[static_cast<size_t>(current_)];
     lane.predicate = predicate;
     lane.state = State::kAtBarrier;
     Yield();
@@ -102,7 +125,7 @@ class BlockScheduler {
   }
 
   uint64_t Exchange(uint64_t value, int xor_mask) {
-    Lane& lane = *lanes_[static_cast<size_t>(current_)];
+    Lane& lane = lanes_[static_cast<size_t>(current_)];
     lane.shuffle_value = value;
     lane.xor_mask = xor_mask;
     lane.state = State::kAtShuffle;
@@ -111,47 +134,44 @@ class BlockScheduler {
   }
 
  private:
-  enum class State { kRunnable, kAtBarrier, kAtShuffle, kDone };
+  enum class State : uint8_t { kRunnable, kAtBarrier, kAtShuffle, kDone };
+  // What the scheduler reads and writes at every switch, kept apart from the fibers and in one
+  // array, so that it stays in the cache beside the kernels' own data.
   struct Lane {
-    bctx::fiber fiber;
     State state = State::kDone;
-    dim3 index;  // threadIdx in the running grid
     int predicate = 0;
     int xor_mask = 0;
+    dim3 index;  // threadIdx in the running grid
     uint64_t shuffle_value = 0;
     uint64_t shuffle_result = 0;
   };
 
   // The lane starts when RunWarp first resumes it.
   void AddLane() {
-    const int index = static_cast<int>(lanes_.size());
-    auto lane = std::make_unique<Lane>();
-    lane->fiber = bctx::fiber(std::allocator_arg, bctx::protected_fixedsize_stack(kStackBytes),
-                              [this, index](bctx::fiber&& caller) {
-                                Slot(from_) = std::move(caller);
-                                LaneMain();
-                                // The scheduler's resume returns this finished fiber's (empty)
-                                // continuation, which then goes to the lane's slot.
-                                from_ = index;
-                                return std::move(scheduler_);
-                              });
-    lanes_.push_back(std::move(lane));
+    const int index = lanes_made_++;
+    fibers_[static_cast<size_t>(index)] =
+        bctx::fiber(std::allocator_arg, bctx::protected_fixedsize_stack(kStackBytes),
+                    [this, index](bctx::fiber&& caller) {
+                      Slot(from_) = std::move(caller);
+                      LaneMain(index);
+                      // The scheduler's resume returns this finished fiber's (empty)
+                      // continuation, which then goes to the lane's slot.
+                      from_ = index;
+                      return std::move(scheduler_);
+                    });
   }
 
   // A lane's life: the kernel once per block, until the scheduler is destroyed.
-  void LaneMain() {
-    Lane& lane = *lanes_[static_cast<size_t>(current_)];
+  void LaneMain(int index) {
     while (!quitting_) {
       (*kernel_)();
-      lane.state = State::kDone;
+      lanes_[static_cast<size_t>(index)].state = State::kDone;
       Yield();
     }
   }
 
   // Where the continuation of `who` (-1: the scheduler) is kept while it is suspended.
-  bctx::fiber& Slot(int who) {
-    return who < 0 ? scheduler_ : lanes_[static_cast<size_t>(who)]->fiber;
-  }
+  bctx::fiber& Slot(int who) { return who < 0 ? scheduler_ : fibers_[static_cast<size_t>(who)]; }
 
   // Suspends `self` (-1: the scheduler) and runs `target` (-1: the scheduler); returns when
   // something switches back to `self`. Lanes pass control along their warp directly, so that a
@@ -160,20 +180,22 @@ class BlockScheduler {
     from_ = self;
     if (target >= 0) {
       current_ = target;
-      threadIdx = lanes_[static_cast<size_t>(target)]->index;
+      threadIdx = lanes_[static_cast<size_t>(target)].index;
     }
     bctx::fiber came_from = std::move(Slot(target)).resume();
     Slot(from_) = std::move(came_from);
   }
 
   // From the running lane, which now waits or has exited: on to the next runnable lane of its
-  // warp, or back to the scheduler after the warp's last.
+  // warp in lane_order_, or back to the scheduler after the warp's last.
   void Yield() {
     const int self = current_;
-    const int warp_end = (self / kWarpSize + 1) * kWarpSize;
+    const int warp_begin = self / kWarpSize * kWarpSize;
     int next = -1;
-    for (int t = self + 1; t < warp_end && next < 0; ++t) {
-      if (lanes_[static_cast<size_t>(t)]->state == State::kRunnable) next = t;
+    for (int i = lane_rank_[static_cast<size_t>(self - warp_begin)] + 1; i < kWarpSize && next < 0;
+         ++i) {
+      const int t = warp_begin + lane_order_[static_cast<size_t>(i)];
+      if (lanes_[static_cast<size_t>(t)].state == State::kRunnable) next = t;
     }
     Switch(self, next);
   }
@@ -181,17 +203,24 @@ class BlockScheduler {
   void Resume(int t) { Switch(-1, t); }
 
   void RunBlock(int n) {
-    for (int t = 0; t < n; ++t) lanes_[static_cast<size_t>(t)]->state = State::kRunnable;
-    for (;;) {
-      for (int w = 0; w < n; w += kWarpSize) RunWarp(w);
+    for (int t = 0; t < n; ++t) lanes_[static_cast<size_t>(t)].state = State::kRunnable;
+    for (bool forward = true;; forward = !forward) {
+      // Phases alternate between warp_order_ and its reverse, so that each pair of warps runs
+      // both ways round in a block with barriers.
+      if (forward) {
+        for (const int w : warp_order_) RunWarp(w);
+      } else {
+        for (auto w = warp_order_.rbegin(); w != warp_order_.rend(); ++w) RunWarp(*w);
+      }
       int done = 0;
-      for (int t = 0; t < n; ++t) done += lanes_[static_cast<size_t>(t)]->state == State::kDone;
+      for (int t = 0; t < n; ++t) done += lanes_[static_cast<size_t>(t)].state == State::kDone;
       if (done == n) return;
-      if (done > 0)
+      if (done > 0) {
         Fail("threads wait at a barrier that exited threads never reach: undefined on a GPU");
+      }
       barrier_or_ = false;
       for (int t = 0; t < n; ++t) {
-        Lane& lane = *lanes_[static_cast<size_t>(t)];
+        Lane& lane = lanes_[static_cast<size_t>(t)];
         barrier_or_ = barrier_or_ || lane.predicate != 0;
         lane.state = State::kRunnable;
       }
@@ -200,38 +229,41 @@ class BlockScheduler {
 
   // Runs the warp of lanes [w, w + 32) until each waits at the block barrier or has exited.
   void RunWarp(int w) {
-    const std::unique_ptr<Lane>* const warp = &lanes_[static_cast<size_t>(w)];
+    Lane* const warp = &lanes_[static_cast<size_t>(w)];
     for (;;) {
-      // The lanes run in turn from the first runnable one to the warp's end (Yield).
-      for (int l = 0; l < kWarpSize; ++l) {
-        if (warp[l]->state == State::kRunnable) {
+      // The lanes run in turn from the first runnable one in lane_order_ to its end (Yield).
+      for (const int l : lane_order_) {
+        if (warp[l].state == State::kRunnable) {
           Resume(w + l);
           break;
         }
       }
       int at_shuffle = 0;
-      for (int l = 0; l < kWarpSize; ++l) at_shuffle += warp[l]->state == State::kAtShuffle;
+      for (int l = 0; l < kWarpSize; ++l) at_shuffle += warp[l].state == State::kAtShuffle;
       if (at_shuffle == 0) return;
       if (at_shuffle != kWarpSize) {
         Fail(
             "lanes wait at a warp shuffle that others of their warp, at a barrier or exited, "
             "never reach");
       }
-      const int mask = warp[0]->xor_mask;
+      const int mask = warp[0].xor_mask;
       for (int l = 0; l < kWarpSize; ++l) {
-        if (warp[l]->xor_mask != mask)
+        if (warp[l].xor_mask != mask) {
           Fail("the lanes of a warp shuffled with different masks: undefined on a GPU");
-        warp[l]->shuffle_result = warp[l ^ mask]->shuffle_value;
+        }
+        warp[l].shuffle_result = warp[l ^ mask].shuffle_value;
       }
-      for (int l = 0; l < kWarpSize; ++l) warp[l]->state = State::kRunnable;
+      for (int l = 0; l < kWarpSize; ++l) warp[l].state = State::kRunnable;
     }
   }
 
-  // Lanes never move, so a lane's fiber may hold references to its Lane.
-  std::vector<std::unique_ptr<Lane>> lanes_;
-  bctx::fiber scheduler_;  // the scheduler's continuation while a lane runs
-  int current_ = -1;       // the running lane
-  int from_ = -1;          // who switched last (-1: the scheduler); see Switch
+  // The scheduler never moves (one per host thread), so a lane's fiber may refer to it.
+  std::array<Lane, kMaxThreads> lanes_{};
+  std::array<bctx::fiber, kMaxThreads> fibers_{};  // each lane's continuation while suspended
+  int lanes_made_ = 0;                             // lanes [0, lanes_made_) have fibers
+  bctx::fiber scheduler_;                          // the scheduler's continuation while a lane runs
+  int current_ = -1;                               // the running lane
+  int from_ = -1;  // who switched last (-1: the scheduler); see Switch
   bool quitting_ = false;
   bool barrier_or_ = false;
   const std::function<void()>* kernel_ = nullptr;
@@ -240,6 +272,9 @@ class BlockScheduler {
   };
   std::vector<SharedUnit> shared_;  // aligned as a GPU's
   std::mt19937_64 rng_{20261127};
+  std::array<int, kWarpSize> lane_order_ = IdentityLanes();  // the order a warp's lanes run in
+  std::array<int, kWarpSize> lane_rank_ = IdentityLanes();   // each lane's place in lane_order_
+  std::vector<int> warp_order_;  // the first lanes of the block's warps, in a shuffled order
 };
 
 BlockScheduler& Scheduler() {
@@ -258,8 +293,9 @@ void Launch(dim3 grid, dim3 block, size_t dynamic_shared_bytes, cudaStream_t str
     (void)SetError(cudaErrorInvalidConfiguration);
     return;
   }
-  if (threads % kWarpSize != 0)
+  if (threads % kWarpSize != 0) {
     Fail("a block of a partial warp, which the emulator does not model");
+  }
   Enqueue(stream, [grid, block, dynamic_shared_bytes, kernel = std::move(kernel)] {
     const std::lock_guard<std::mutex> lock(GridMutex());
     Scheduler().RunGrid(grid, block, dynamic_shared_bytes, kernel);

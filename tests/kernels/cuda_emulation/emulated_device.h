@@ -75,8 +75,9 @@ namespace emu {
 
 // Runs `kernel` once per thread of every block of `grid`, as a launch on `stream`: now, or, while
 // the stream captures a graph, when the graph is launched. Invalid configurations (an empty grid,
-// grid.y or grid.z above 65535, more than 1024 threads or a partial warp, more than 48 KiB of
-// dynamic shared memory) launch nothing and become the thread's last CUDA error, as on a GPU.
+// grid.y or grid.z above 65535, more than 1024 threads, more than 48 KiB of dynamic shared
+// memory) launch nothing and become the thread's last CUDA error, as on a GPU; a block of a partial
+// warp, which the emulator does not model, stops the process.
 void Launch(dim3 grid, dim3 block, size_t dynamic_shared_bytes, cudaStream_t stream,
             std::function<void()> kernel);
 
