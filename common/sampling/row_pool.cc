@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
+#include "common/sampling/staging.h"
 
 namespace specd {
 namespace {
@@ -47,12 +48,12 @@ absl::StatusOr<std::vector<float>> RowPool::ReadRow(int32_t slot) {
     return absl::InvalidArgumentError(absl::StrCat("row slot ", slot, " is outside the pool"));
   }
   const int64_t bytes = vocab_ * 4;
-  SPECD_ASSIGN_OR_RETURN(kernels::Buffer staging,
-                         backend_->Allocate(bytes, kernels::MemoryKind::kStaging, "one row"));
-  SPECD_RETURN_IF_ERROR(backend_->Download(staging.data(), rows() + slot * vocab_, bytes));
+  SPECD_RETURN_IF_ERROR(sampling_internal::Ensure(*backend_, staging_, bytes,
+                                                  kernels::MemoryKind::kStaging, "one row"));
+  SPECD_RETURN_IF_ERROR(backend_->Download(staging_.data(), rows() + slot * vocab_, bytes));
   SPECD_RETURN_IF_ERROR(backend_->Synchronize());
   std::vector<float> row(static_cast<size_t>(vocab_));
-  std::memcpy(row.data(), staging.data(), static_cast<size_t>(bytes));
+  std::memcpy(row.data(), staging_.data(), static_cast<size_t>(bytes));
   return row;
 }
 

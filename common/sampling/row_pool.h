@@ -36,6 +36,9 @@ class RowPool {
   kernels::Backend* backend_;
   int64_t vocab_;
   kernels::Buffer buffer_;  // [capacity_, vocab_]
+  // One row of host staging, kept: pinned memory costs a GPU back end a page-locking allocation,
+  // and its free a device-wide synchronization, which a fallback round would pay per row.
+  kernels::Buffer staging_;
   int64_t capacity_ = 0;
   std::vector<int32_t> free_;
 };
