@@ -33,43 +33,29 @@ int32_t Unwritten() {
   return pattern;
 }
 
-// Lane 0 writes, lane 5 of the same warp reads, with no barrier between: a race on a GPU.
-void LaneRace(int32_t* out) {
+// Thread kWriter writes a slot of shared memory that thread kReader reads: a race on a GPU
+// without the barrier between them.
+template <unsigned kWriter, unsigned kReader, bool kBarrier>
+void WriteThenRead(int32_t* out) {
   auto* slot = static_cast<int32_t*>(emu::DynamicSharedMemory());
-  if (threadIdx.x == 0) *slot = kWritten;
-  if (threadIdx.x == 5) *out = *slot;
-}
-
-void LaneOrdered(int32_t* out) {
-  auto* slot = static_cast<int32_t*>(emu::DynamicSharedMemory());
-  if (threadIdx.x == 0) *slot = kWritten;
-  __syncthreads();
-  if (threadIdx.x == 5) *out = *slot;
-}
-
-// The first warp reads what the second writes, with no barrier between.
-void WarpRace(int32_t* out) {
-  auto* slot = static_cast<int32_t*>(emu::DynamicSharedMemory());
-  if (threadIdx.x == 32) *slot = kWritten;
-  if (threadIdx.x == 0) *out = *slot;
-}
-
-void WarpOrdered(int32_t* out) {
-  auto* slot = static_cast<int32_t*>(emu::DynamicSharedMemory());
-  if (threadIdx.x == 32) *slot = kWritten;
-  __syncthreads();
-  if (threadIdx.x == 0) *out = *slot;
+  if (threadIdx.x == kWriter) *slot = kWritten;
+  if constexpr (kBarrier) {
+    __syncthreads();
+  }
+  if (threadIdx.x == kReader) *out = *slot;
 }
 
 TEST(CudaEmulatorTest, LanesOfAWarpRunInVaryingOrders) {
-  // Lane 0 ran first in some launches and after lane 5 in others.
-  EXPECT_EQ(ValuesSeen(32, LaneRace), (std::set<int32_t>{kWritten, Unwritten()}));
-  EXPECT_EQ(ValuesSeen(32, LaneOrdered), std::set<int32_t>{kWritten});
+  // Lane 0 ran before lane 5 in some launches and after it in others.
+  EXPECT_EQ(ValuesSeen(32, WriteThenRead<0, 5, false>), (std::set<int32_t>{kWritten, Unwritten()}));
+  EXPECT_EQ(ValuesSeen(32, WriteThenRead<0, 5, true>), std::set<int32_t>{kWritten});
 }
 
 TEST(CudaEmulatorTest, WarpsOfABlockRunInVaryingOrders) {
-  EXPECT_EQ(ValuesSeen(64, WarpRace), (std::set<int32_t>{kWritten, Unwritten()}));
-  EXPECT_EQ(ValuesSeen(64, WarpOrdered), std::set<int32_t>{kWritten});
+  // The second warp's lane 0 writes, the first warp's reads.
+  EXPECT_EQ(ValuesSeen(64, WriteThenRead<32, 0, false>),
+            (std::set<int32_t>{kWritten, Unwritten()}));
+  EXPECT_EQ(ValuesSeen(64, WriteThenRead<32, 0, true>), std::set<int32_t>{kWritten});
 }
 
 TEST(CudaEmulatorTest, BlocksRunInVaryingOrders) {
