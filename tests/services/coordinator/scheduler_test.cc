@@ -835,8 +835,10 @@ TEST_F(SchedulerTest, EveryForwardPassStaysWithinThePassBudgetAndOutputsAreUncha
       outputs[budget].push_back(c->tokens());
     }
     if (budget == 0) {
-      EXPECT_GT(target_pass.tokens(), 3 * kBudget);  // the budget has work to do
-      EXPECT_GT(draft_pass.tokens(), 3 * kBudget);
+      // The budget has work to do. How many prompts meet in the first passes depends on how
+      // many were submitted before the scheduler's first round, so no more than that is sure.
+      EXPECT_GT(target_pass.tokens(), kBudget);
+      EXPECT_GT(draft_pass.tokens(), kBudget);
     } else {
       EXPECT_LE(target_pass.tokens(), budget);
       EXPECT_LE(draft_pass.tokens(), budget);
