@@ -12,7 +12,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <mutex>
-#include <numeric>
 #include <random>
 #include <utility>
 #include <vector>
@@ -38,12 +37,6 @@ constexpr size_t kMaxDynamicShared = 48 << 10;
 constexpr size_t kStackBytes = 256 << 10;
 // Unwritten shared memory reads as this pattern, so a kernel that reads before it writes shows.
 constexpr unsigned char kUnwrittenShared = 0xcd;
-
-std::array<int, kWarpSize> IdentityLanes() {
-  std::array<int, kWarpSize> lanes{};
-  std::iota(lanes.begin(), lanes.end(), 0);
-  return lanes;
-}
 
 [[noreturn]] void Fail(const char* what) {
   std::fprintf(stderr, "CUDA emulator: %s (block %u,%u,%u, grid %u,%u,%u, %u threads)\n", what,
@@ -272,9 +265,10 @@ class BlockScheduler {
   };
   std::vector<SharedUnit> shared_;  // aligned as a GPU's
   std::mt19937_64 rng_{20261127};
-  std::array<int, kWarpSize> lane_order_ = IdentityLanes();  // the order a warp's lanes run in
-  std::array<int, kWarpSize> lane_rank_ = IdentityLanes();   // each lane's place in lane_order_
-  std::vector<int> warp_order_;  // the first lanes of the block's warps, in a shuffled order
+  // Drawn by RunGrid for each grid:
+  std::array<int, kWarpSize> lane_order_{};  // the order a warp's lanes run in
+  std::array<int, kWarpSize> lane_rank_{};   // each lane's place in lane_order_
+  std::vector<int> warp_order_;              // the first lanes of the block's warps, shuffled
 };
 
 BlockScheduler& Scheduler() {
