@@ -9,11 +9,13 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdlib>
 #include <fstream>
 #include <random>
 #include <sstream>
+#include <thread>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -183,6 +185,31 @@ void ChildProcess::Signal(int signal) {
 }
 
 std::string ChildProcess::StderrText() const { return ReadAll(stderr_path_); }
+
+absl::Status StopProcess(pid_t pid) {
+  if (kill(pid, SIGSTOP) != 0) {
+    return absl::InternalError(absl::StrCat("kill(", pid, ", SIGSTOP) failed: errno ", errno));
+  }
+  const std::filesystem::path tasks = absl::StrCat("/proc/", pid, "/task");
+  for (int i = 0; i < 5000; ++i) {
+    bool all_stopped = true;
+    std::error_code ec;
+    for (const auto& task : std::filesystem::directory_iterator(tasks, ec)) {
+      // "TID (COMM) STATE ...": COMM may hold spaces and parentheses, so the state follows the
+      // last ')'. 'T' is stopped by a signal.
+      const std::string stat = ReadAll(task.path() / "stat");
+      const size_t paren = stat.rfind(')');
+      if (paren == std::string::npos || paren + 2 >= stat.size() || stat[paren + 2] != 'T') {
+        all_stopped = false;
+        break;
+      }
+    }
+    if (ec) return absl::InternalError(absl::StrCat("cannot list ", tasks.string()));
+    if (all_stopped) return absl::OkStatus();
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return absl::DeadlineExceededError(absl::StrCat("pid ", pid, " did not stop within 5 s"));
+}
 
 absl::StatusOr<std::string> HttpGet(int port, const std::string& path) {
   const int fd = socket(AF_INET, SOCK_STREAM, 0);

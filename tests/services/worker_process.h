@@ -64,6 +64,11 @@ class ChildProcess {
   std::vector<std::string> startup_lines_;
 };
 
+// Sends SIGSTOP to `pid` and waits until every one of its threads has stopped. kill() returns
+// once the signal is queued: until the thread chosen to take it runs, which on a loaded machine
+// can take milliseconds, the other threads still answer calls.
+absl::Status StopProcess(pid_t pid);
+
 // The body of GET http://127.0.0.1:port/path (HTTP/1.0, so the server closes the connection).
 absl::StatusOr<std::string> HttpGet(int port, const std::string& path);
 

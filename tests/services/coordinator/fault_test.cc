@@ -46,6 +46,7 @@ namespace {
 using testing::ChildProcess;
 using ::testing::HasSubstr;
 using testing::ScopedTempDir;
+using testing::StopProcess;
 
 // ---------------------------------------------------------------------------------------------
 // In process.
@@ -624,7 +625,7 @@ TEST_F(ServeFaultTest, HungTargetThatResumesInTimeCostsNothing) {
   const std::vector<Stream> reference = serve->Generate(reqs);
   const pid_t pid = serve->Pid("target-worker");
   const std::vector<Stream> hung = serve->Generate(reqs, 4, [&](int) {
-    kill(pid, SIGSTOP);
+    ASSERT_EQ(StopProcess(pid), absl::OkStatus());
     // Past the 1 s call deadline, so the hang is noticed, and well within the 20 s allowed.
     std::this_thread::sleep_for(std::chrono::milliseconds(2500));
     kill(pid, SIGCONT);
@@ -645,7 +646,7 @@ TEST_F(ServeFaultTest, HungTargetFailsItsRequestsAfterTheAllowedTime) {
   std::vector<Stream> hung;
   std::vector<Stream> late;
   hung = serve->Generate(SixteenStreams(200), 4, [&](int) {
-    kill(pid, SIGSTOP);
+    ASSERT_EQ(StopProcess(pid), absl::OkStatus());
     // A request that arrives while the worker hangs waits as long, then fails the same way.
     std::this_thread::sleep_for(std::chrono::milliseconds(500));
     late = serve->Generate({SixteenStreams()[0]});
@@ -676,7 +677,7 @@ TEST_F(ServeFaultTest, ATargetThatHangsWhileNothingRunsTurnsHealthNotServingUnti
       grpc::CreateChannel(serve->address(), grpc::InsecureChannelCredentials()));
   ASSERT_EQ(HealthBecomes(*health, Health::SERVING), Health::SERVING);
   const pid_t pid = serve->Pid("target-worker");
-  kill(pid, SIGSTOP);
+  ASSERT_EQ(StopProcess(pid), absl::OkStatus());
   EXPECT_EQ(HealthBecomes(*health, Health::NOT_SERVING), Health::NOT_SERVING)
       << serve->StderrText();
   EXPECT_THAT(serve->StderrText(),

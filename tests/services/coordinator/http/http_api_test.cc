@@ -51,6 +51,7 @@ using bench::HttpStream;
 using bench::SseReply;
 using ::testing::HasSubstr;
 using testing::ScopedTempDir;
+using testing::StopProcess;
 using testing::ServeProcess;
 
 // A ChatML template that writes BOS itself (as Llama 3's does): the prompt must hold one BOS.
@@ -943,7 +944,7 @@ TEST_F(HttpErrorsTest, EveryErrorHasItsStatusAndHarmsNothing) {
   // 503 while a worker is unavailable (stopped), for longer than --worker-unavailable-seconds.
   const pid_t target = serve_->Pid("target-worker");
   ASSERT_GT(target, 0);
-  ASSERT_EQ(kill(target, SIGSTOP), 0);
+  ASSERT_EQ(StopProcess(target), absl::OkStatus());
   const HttpReply unavailable = Call("POST", "/v1/completions", ok_body);
   ASSERT_EQ(kill(target, SIGCONT), 0);
   ExpectError(unavailable, 503);
