@@ -301,11 +301,14 @@ import re, subprocess, sys, urllib.request
 log = open(sys.argv[1]).read()
 GiB = float(1 << 30)
 def smi(query, what):
-    out = subprocess.run(["nvidia-smi", f"--query-{what}={query}", "--format=csv,noheader,nounits"],
-                         capture_output=True, text=True).stdout
+    try:
+        out = subprocess.run(["nvidia-smi", f"--query-{what}={query}",
+                              "--format=csv,noheader,nounits"], capture_output=True, text=True).stdout
+    except FileNotFoundError:  # the CPU dry run of the speed stages
+        return []
     return [l.split(", ") for l in out.strip().splitlines() if l.strip()]
 apps = {int(p): int(m) << 20 for p, m in smi("pid,used_memory", "compute-apps")}
-used, total = (int(x) << 20 for x in smi("memory.used,memory.total", "gpu")[0])
+gpu = smi("memory.used,memory.total", "gpu")
 accounted_all = 0
 for name in ("target worker", "draft worker"):
     pid = re.search(rf"{name} pid (\d+)", log)
@@ -326,9 +329,11 @@ for name in ("target worker", "draft worker"):
           + (f"; nvidia-smi {held / GiB:.2f} GiB, so context and runtime "
              f"{(held - device) / GiB:.2f} GiB (the share reserves 0.25)" if held else
              "; nvidia-smi shows no per-process use (a container's PID namespace?)"))
-print(f"memory: device {used / GiB:.2f} of {total / GiB:.2f} GiB used ({used / total:.3f}; "
-      f"the pair's share is 0.9), of which the workers' metrics account for "
-      f"{accounted_all / GiB:.2f} GiB")
+if gpu:
+    used, total = (int(x) << 20 for x in gpu[0])
+    print(f"memory: device {used / GiB:.2f} of {total / GiB:.2f} GiB used ({used / total:.3f}; "
+          f"the pair's share is 0.9), of which the workers' metrics account for "
+          f"{accounted_all / GiB:.2f} GiB")
 PY
 }
 
