@@ -188,11 +188,15 @@ TEST(PrometheusTest, PromqlAcceptanceRateMatchesUsageAndDashboardQueriesRun) {
   ASSERT_TRUE(prometheus.started());
   ASSERT_TRUE(prometheus.WaitReady()) << prometheus.Log();
   const auto window_start = std::chrono::steady_clock::now();
-  // The window must open on a scrape of the idle coordinator, whose counters are all zero: then
-  // increase() extrapolates the two counters alike and their ratio is exact.
+  // The window must open on a scrape of the idle coordinator and of the idle target worker,
+  // whose counters are all zero: then increase() extrapolates the two counters of a ratio alike
+  // and the ratio is exact. Prometheus scrapes each on its own schedule, and on a loaded machine
+  // the worker's first scrape may come a while after the coordinator's.
   bool scraped = false;
   for (int i = 0; i < 100 && !scraped; ++i) {
-    scraped = Scalar(prometheus.Query("specd_spec_decode_num_draft_tokens_total")) == 0;
+    scraped =
+        Scalar(prometheus.Query("specd_spec_decode_num_draft_tokens_total")) == 0 &&
+        Scalar(prometheus.Query("specd_prefix_cache_queried_tokens_total{worker=\"target\"}")) == 0;
     if (!scraped) std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   ASSERT_TRUE(scraped) << prometheus.Log();
