@@ -17,5 +17,6 @@ if(TARGET specd-coordinator AND TARGET specd_draft_worker AND TARGET specd_targe
            COMMAND /usr/bin/python3 ${CMAKE_SOURCE_DIR}/tests/deploy/compose_stack_test.py
                    ${CMAKE_SOURCE_DIR} ${CMAKE_BINARY_DIR})
   set_tests_properties(deploy_compose_stack_test PROPERTIES
-                       LABELS "deploy;containers" TIMEOUT 1500 SKIP_RETURN_CODE 77)
+                       LABELS "deploy;containers" TIMEOUT 1500 SKIP_RETURN_CODE 77
+                       COST 90)  # started first: see tests/fuzz/CMakeLists.txt
 endif()
