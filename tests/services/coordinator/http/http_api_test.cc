@@ -51,8 +51,8 @@ using bench::HttpStream;
 using bench::SseReply;
 using ::testing::HasSubstr;
 using testing::ScopedTempDir;
-using testing::StopProcess;
 using testing::ServeProcess;
+using testing::StopProcess;
 
 // A ChatML template that writes BOS itself (as Llama 3's does): the prompt must hold one BOS.
 constexpr char kTemplate[] =
