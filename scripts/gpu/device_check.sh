@@ -239,7 +239,7 @@ stage_decode() {
 # without a GPU (what they measure then means nothing).
 BACKEND=${SPECD_GPU_BACKEND:-cuda}
 # The 3B target and its early-exit draft: the residual scale and depth are the knobs of the
-# agreement rate (DESIGN.md, "Synthetic pairs"); the acceptance column shows what they gave.
+# agreement rate (DESIGN.md, "Synthetic pairs"); the alpha column shows what they gave.
 SPEC_SCALE=${SPECD_GPU_SPEC_SCALE:-0.06}
 SPEC_LAYERS=${SPECD_GPU_SPEC_LAYERS:-4}
 SPEC_SHAPE=${SPECD_GPU_SPEC_SHAPE:-llama-3.2-3b}

@@ -5,8 +5,9 @@
 //              decoding (DecodePlain on its own engine) token for token, with the prompts decoded
 //              one at a time and all together (concurrency). Exit 1 on any difference.
 //   --speedup  1 stream: plain decoding (K = 0 rounds) against speculative rounds for each K in
-//              --ks, measured side by side; prints tokens/s, the speed-up, the acceptance rate
-//              and the efficiency against the engine-limited prediction
+//              --ks, measured side by side; prints tokens/s, the speed-up, the per-token
+//              acceptance α (accepted / positions judged), accepted/drafted, and the efficiency
+//              against the engine-limited prediction
 //              E[tokens/round] * T_t / (K * T_d + T_v(K)), with T_t, T_d and T_v(K) the engines'
 //              own forward times measured in the same run.
 //
@@ -15,7 +16,8 @@
 //
 // usage: spec_bench (--check | --speedup) [--backend cpu|cuda] [--target DIR | --shape NAME
 //        [--dtype bf16] [--untied] [--residual-scale S]] --draft-layers L [--ks 1,2,4]
-//        [--prompts N] [--new-tokens N] [--model-dir DIR]
+//        [--prompts N] [--new-tokens N] [--model-dir DIR] [--threads N]
+//        [--prompt-ids 1,2,3 (--speedup: the stream's prompt, as token ids)]
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -24,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/engine/decode_loop.h"
 #include "common/engine/llama_engine.h"
@@ -46,6 +49,8 @@ struct Options {
   int64_t draft_layers = 1;
   std::vector<int32_t> ks = {1, 2, 3, 4, 5, 6, 7, 8};
   int prompts = 5;
+  std::vector<int32_t> prompt_ids;  // --speedup: the one stream's prompt, if given
+  int threads = 0;                  // CPU threads per engine; 0: one per core
   int64_t new_tokens = 48;
   std::filesystem::path model_dir = std::filesystem::temp_directory_path() / "specd-spec-bench";
 };
@@ -57,6 +62,7 @@ absl::StatusOr<std::unique_ptr<LlamaEngine>> Engine(const Options& o, int64_t ex
   options.max_seq_len = 4096;
   kernels::BackendOptions backend;
   backend.kind = o.backend;
+  backend.num_threads = o.threads;
   LoadOptions load;
   load.exit_layer = exit_layer;
   return CreateEngine(o.target, backend, options, load);
@@ -83,7 +89,8 @@ std::vector<std::vector<int32_t>> Prompts(const Options& o, int64_t vocab) {
 
 struct RunStats {
   double seconds = 0;
-  int64_t drafted = 0, accepted = 0, rounds = 0;
+  // judged: draft positions the target judged, up to and including a round's first rejection.
+  int64_t drafted = 0, accepted = 0, judged = 0, rounds = 0;
   absl::Duration draft_forward, verify_forward;
   int64_t draft_steps = 0;
 };
@@ -113,6 +120,7 @@ absl::StatusOr<RunStats> Generate(WorkerApi& draft, WorkerApi& target,
       if (!st.status.ok()) return st.status;
       stats.drafted += st.drafted;
       stats.accepted += st.accepted;
+      stats.judged += st.accepted + (st.accepted < st.drafted ? 1 : 0);
     }
     ++stats.rounds;
     stats.draft_forward += phases.draft_forward;
@@ -232,7 +240,8 @@ int Speedup(const Options& o) {
   }
   const std::vector<std::vector<int32_t>> prompts =
       Prompts(o, (*target)->runtime().engine().config().vocab_size);
-  const std::vector<std::vector<int32_t>> one = {prompts.back()};
+  const std::vector<std::vector<int32_t>> one = {o.prompt_ids.empty() ? prompts.back()
+                                                                      : o.prompt_ids};
   int64_t next_id = 1;
   // Warm-up (and CUDA graph recording) of every shape used below.
   for (const int32_t k : o.ks) {
@@ -251,8 +260,8 @@ int Speedup(const Options& o) {
               std::string((*target)->runtime().engine().backend().name()).c_str(),
               static_cast<long>(o.new_tokens), static_cast<long>(o.draft_layers));
   std::printf("plain: %.1f tokens/s, T_t %.3f ms\n", plain_tok_s, t_t * 1e3);
-  std::printf("%-3s %12s %9s %10s %10s %10s %12s %11s\n", "K", "tokens/s", "speed-up", "accept",
-              "T_d ms", "T_v ms", "predicted", "efficiency");
+  std::printf("%-3s %12s %9s %10s %15s %10s %10s %12s %11s\n", "K", "tokens/s", "speed-up", "alpha",
+              "accepted/drafted", "T_d ms", "T_v ms", "predicted", "efficiency");
   for (const int32_t k : o.ks) {
     std::vector<SpeculativeSequence> seqs = Sequences(one, k, next_id++);
     absl::StatusOr<RunStats> st = Generate(**draft, **target, seqs, o.new_tokens);
@@ -261,15 +270,18 @@ int Speedup(const Options& o) {
       return 1;
     }
     const double tok_s = static_cast<double>(o.new_tokens) / st->seconds;
-    const double alpha = st->drafted > 0 ? static_cast<double>(st->accepted) / st->drafted : 0;
+    // Leviathan's per-token acceptance, which the prediction's E[tokens] needs; accepted/drafted
+    // reads lower, as drafts after a rejection are never judged.
+    const double alpha = st->judged > 0 ? static_cast<double>(st->accepted) / st->judged : 0;
     const double t_d =
         st->draft_steps > 0 ? absl::ToDoubleSeconds(st->draft_forward) / st->draft_steps : 0;
     const double t_v = absl::ToDoubleSeconds(st->verify_forward) / st->rounds;
     const double per_round = alpha < 1 ? (1 - std::pow(alpha, k + 1)) / (1 - alpha) : k + 1;
     const double predicted = per_round * t_t / (k * t_d + t_v);
     const double speedup = tok_s / plain_tok_s;
-    std::printf("%-3d %12.1f %9.3f %10.3f %10.3f %10.3f %12.3f %11.3f\n", k, tok_s, speedup, alpha,
-                t_d * 1e3, t_v * 1e3, predicted, speedup / predicted);
+    const std::string drafts = absl::StrCat(st->accepted, "/", st->drafted);
+    std::printf("%-3d %12.1f %9.3f %10.3f %15s %10.3f %10.3f %12.3f %11.3f\n", k, tok_s, speedup,
+                alpha, drafts.c_str(), t_d * 1e3, t_v * 1e3, predicted, speedup / predicted);
   }
   return 0;
 }
@@ -316,6 +328,12 @@ int Main(int argc, char** argv) {
       }
     } else if (flag == "--prompts") {
       o.prompts = std::atoi(v.c_str());
+    } else if (flag == "--prompt-ids") {
+      for (const std::string& id : std::vector<std::string>(absl::StrSplit(v, ','))) {
+        o.prompt_ids.push_back(std::atoi(id.c_str()));
+      }
+    } else if (flag == "--threads") {
+      o.threads = std::atoi(v.c_str());
     } else if (flag == "--new-tokens") {
       o.new_tokens = std::atoll(v.c_str());
     } else if (flag == "--model-dir") {
