@@ -259,13 +259,14 @@ void Scheduler::ObserveRound(const std::vector<RoundStats>& stats, const RoundPh
                              const std::vector<std::optional<int64_t>>& draft_catch_up) {
   RoundObservation obs;
   for (size_t i = 0; i < stats.size(); ++i) {
-    // One the pass budget left out took no part in the round's passes. One that only prefilled
-    // drafted nothing, but its chunk went through the draft's first pass.
+    // One the pass budget left out took no part in the round's passes. One that only prefilled,
+    // or only read its prompt before its first token, drafted nothing, but its chunk went
+    // through the draft's first pass.
     if (stats[i].deferred) continue;
     ++obs.batch_size;
     if (!draft_catch_up[i].has_value()) continue;
     obs.draft_catch_up_tokens += *draft_catch_up[i];
-    if (!stats[i].prefilling) ++obs.drafting_sequences;
+    if (!stats[i].prefilling && stats[i].drafted > 0) ++obs.drafting_sequences;
   }
   obs.draft_steps = times.draft_steps;
   obs.draft_forward = times.draft_forward;

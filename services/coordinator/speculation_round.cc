@@ -126,6 +126,13 @@ Judge JudgeFor(const SpeculativeSequence& s, int32_t k) {
   return Judge::kSampled;
 }
 
+// Whether this round decides the sequence's first token: the target alone does, as in plain
+// decoding, while a model draft only reads the prompt. Drafting too would make the user wait for
+// K draft steps before the first token.
+bool FirstTokenRound(const SpeculativeSequence& s, int32_t k) {
+  return k > 0 && s.uses_draft_worker() && static_cast<int64_t>(s.tokens.size()) == s.prompt_len;
+}
+
 // The draft keeps at most `keep` tokens of x (and a guided draft's companion the same generated
 // tokens); anything past that leaves its KV with its next call (drop_tail).
 void CutDraft(SpeculativeSequence& s, int64_t keep) {
@@ -307,13 +314,14 @@ SequenceFeeds FeedsOf(const SpeculativeSequence& s, const RoundOptions& options)
   const int64_t max_seq_len = options.max_seq_len;
   const int32_t k = EffectiveK(s, max_seq_len);
   const int64_t len = static_cast<int64_t>(s.tokens.size());
+  const int32_t drafts = FirstTokenRound(s, k) ? 0 : VerifiedDrafts(s, k);
   SequenceFeeds f;
   f.draft.called = JudgeFor(s, k) != Judge::kNone && s.uses_draft_worker();
   f.draft.catch_up = len - s.draft_cached;
-  f.draft.drafts = VerifiedDrafts(s, k);
+  f.draft.drafts = drafts;
   f.target.called = true;
   f.target.catch_up = len - s.target_cached;
-  f.target.drafts = VerifiedDrafts(s, k);
+  f.target.drafts = drafts;
   f.rounds_left_out = s.rounds_left_out;
   if (s.guidance.has_value()) {
     f.target.companion = true;
@@ -364,7 +372,7 @@ std::vector<Proposal> Propose(WorkerApi& draft, std::span<SpeculativeSequence* c
                      plans[i].draft_prefill_limit, r);
     r.num_speculative_tokens = prop.k;
     r.draft_sampling = s.draft_sampling;
-    r.prefill_only = prefill_only;
+    r.prefill_only = prefill_only || FirstTokenRound(s, prop.k);
     if (s.tree.is_tree()) {
       r.tree = s.tree;
       r.tree.depth = std::min(s.tree.depth, prop.k);
@@ -418,6 +426,15 @@ std::vector<Proposal> Propose(WorkerApi& draft, std::span<SpeculativeSequence* c
       }
     }
     if (!stats[i].status.ok()) continue;
+    if (FirstTokenRound(s, r.num_speculative_tokens) &&
+        plans[i].action != FeedPlan::Action::kPrefillOnly) {
+      // The first token's round: the draft read the prompt, as far as a worker reads before the
+      // last token (the next round feeds it with the first token). Unless it is still a chunk
+      // short of that, the target decides the first token alone, as at K = 0.
+      stats[i].prefilling = s.draft_cached < static_cast<int64_t>(s.tokens.size()) - 1;
+      prop = Proposal();
+      continue;
+    }
     if (stats[i].prefilling) {
       // Only a prefill chunk was fed: nothing was drafted, and the target only prefills too.
       prop = Proposal();

@@ -1,6 +1,7 @@
 // One speculation round for a batch of running sequences (DESIGN.md, "One speculation round"):
 // Draft on the draft worker, Verify on the target worker, accept/reject here, Truncate both, and
-// append the accepted tokens plus the correction or bonus token.
+// append the accepted tokens plus the correction or bonus token. A model-drafted sequence's first
+// token is the target's alone: until it has one, the draft only reads the prompt.
 //
 // Chunked prefill: a worker feeds at most `prefill_chunk` catch-up tokens of a sequence per round
 // beyond what its prefix cache holds. A sequence whose catch-up is longer spends the round

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <array>
 #include <chrono>
+#include <functional>
 #include <future>
 #include <map>
 #include <memory>
@@ -115,15 +116,16 @@ class SchedulerTest : public ::testing::Test {
     tokenizer_ = *std::move(tok);
   }
 
-  // `target` stands in for the target worker when set (e.g. a recording wrapper of target_).
+  // `target` and `draft` stand in for the workers when set (e.g. recording wrappers of them).
   std::unique_ptr<Scheduler> MakeScheduler(int64_t max_running = 32, int64_t max_queued = 256,
-                                           SchedulerOptions o = {}, WorkerApi* target = nullptr) {
+                                           SchedulerOptions o = {}, WorkerApi* target = nullptr,
+                                           WorkerApi* draft = nullptr) {
     o.max_running = max_running;
     o.max_queued = max_queued;
     o.max_seq_len = 256;
     o.eos_token_ids = {2};
-    return std::make_unique<Scheduler>(*draft_, target != nullptr ? *target : *target_,
-                                       tokenizer_.get(), o);
+    return std::make_unique<Scheduler>(draft != nullptr ? *draft : *draft_,
+                                       target != nullptr ? *target : *target_, tokenizer_.get(), o);
   }
 
   std::vector<int32_t> Solo(const std::vector<int32_t>& prompt, int64_t n) {
@@ -528,12 +530,14 @@ TEST_F(SchedulerTest, SmallKvPoolPreemptsAndOutputsAreUnchanged) {
 }
 
 // The target worker with a log of its Verify calls: one per round. Each call records, per
-// sequence, whether it only prefilled; a request's sink records the round it was called after.
+// sequence, whether it only prefilled and how many drafts it judged; a request's sink records the
+// round it was called after.
 class RecordingTarget final : public testing::ForwardingWorker {
  public:
   struct Entry {
     bool ok = false;
     bool prefilling = false;
+    int64_t drafts = 0;
   };
 
   explicit RecordingTarget(WorkerApi& inner) : ForwardingWorker(inner) {}
@@ -544,7 +548,13 @@ class RecordingTarget final : public testing::ForwardingWorker {
     std::lock_guard<std::mutex> lock(mu_);
     std::map<SeqId, Entry>& call = calls_.emplace_back();
     if (out.ok()) {
-      for (const VerifySequenceResult& r : *out) call[r.seq] = {r.status.ok(), r.prefilling};
+      for (const VerifySequenceResult& r : *out) {
+        call[r.seq].ok = r.status.ok();
+        call[r.seq].prefilling = r.prefilling;
+      }
+    }
+    for (const VerifySequenceRequest& r : batch) {
+      call[r.seq].drafts = static_cast<int64_t>(r.drafts.size());
     }
     return out;
   }
@@ -638,6 +648,117 @@ TEST_F(SchedulerTest, ALongPromptIsFedOneChunkPerRoundWhileARunningStreamDecodes
     }
     EXPECT_EQ(first_decode, prefill_rounds.back() + 1);
     scheduler.reset();
+    ExpectNoBlocksUsed();
+  }
+}
+
+// The draft worker with a log of its Draft calls. Each records, per sequence, the catch-up sent
+// and whether the worker only read a chunk of it, and the round: the target's Verify calls so far.
+class RecordingDraft final : public testing::ForwardingWorker {
+ public:
+  struct Entry {
+    int64_t round = 0;
+    int64_t catch_up = 0;
+    bool prefilling = false;
+  };
+
+  RecordingDraft(WorkerApi& inner, RecordingTarget& target)
+      : ForwardingWorker(inner), target_(target) {}
+
+  absl::StatusOr<std::vector<SequenceOutcome>> Draft(
+      std::span<const DraftSequenceRequest> batch,
+      const std::function<void(const DraftStep&)>& on_step) override {
+    const int64_t round = target_.rounds();
+    absl::StatusOr<std::vector<SequenceOutcome>> out = inner_.Draft(batch, on_step);
+    std::lock_guard<std::mutex> lock(mu_);
+    std::map<SeqId, Entry>& call = calls_.emplace_back();
+    for (const DraftSequenceRequest& r : batch) {
+      call[r.seq] = {round, static_cast<int64_t>(r.catch_up.size()), false};
+    }
+    if (out.ok()) {
+      for (const SequenceOutcome& o : *out) call[o.seq].prefilling = o.prefilling;
+    }
+    return out;
+  }
+
+  // The calls that included `seq`, in order.
+  std::vector<Entry> CallsOf(SeqId seq) {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::vector<Entry> out;
+    for (const std::map<SeqId, Entry>& call : calls_) {
+      if (const auto it = call.find(seq); it != call.end()) out.push_back(it->second);
+    }
+    return out;
+  }
+
+ private:
+  RecordingTarget& target_;
+  std::mutex mu_;
+  std::vector<std::map<SeqId, Entry>> calls_;
+};
+
+// The first token is the target's alone, as in plain decoding: its round judges no drafts, while
+// the draft reads the prompt (a long one a chunk per round, beside the target). The next round's
+// draft catch-up is two tokens (the prompt's last and the first token) and the stream speculates
+// from then on without a round that only prefills. The output is plain decoding's.
+TEST_F(SchedulerTest, TheFirstTokenComesFromTheTargetAloneWhileTheDraftReadsThePrompt) {
+  std::vector<int32_t> long_prompt = {1};
+  for (int j = 0; j < 149; ++j) long_prompt.push_back(3 + (j * 37) % 290);
+  struct Case {
+    std::vector<int32_t> prompt;
+    int64_t chunk;
+    int64_t prefill_rounds;  // rounds before the first token
+  };
+  // 150 tokens in chunks of 16: nine rounds feed 144, the tenth the rest and draws.
+  for (const Case& c : {Case{{1, 40, 41, 42, 43, 44}, 0, 0}, Case{long_prompt, 16, 9}}) {
+    SCOPED_TRACE(::testing::Message() << c.prompt.size() << "-token prompt, chunk " << c.chunk);
+    MakeWorkers(8192);
+    RecordingTarget target(*target_);
+    RecordingDraft draft(*draft_, target);
+    SchedulerOptions o;
+    o.prefill_chunk = c.chunk;
+    auto scheduler = MakeScheduler(32, 256, o, &target, &draft);
+    std::mutex mu;
+    std::vector<size_t> event_sizes;
+    Collector out;
+    Scheduler::EventSink inner = out.Sink();
+    ASSERT_TRUE(scheduler
+                    ->Submit(Greedy(c.prompt, 16, 4),
+                             [&](GenerationEvent e) {
+                               if (!e.tokens.empty()) {
+                                 std::lock_guard<std::mutex> lock(mu);
+                                 event_sizes.push_back(e.tokens.size());
+                               }
+                               inner(std::move(e));
+                             })
+                    .ok());
+    ASSERT_TRUE(out.WaitFor(std::chrono::seconds(60)));
+    EXPECT_EQ(out.tokens(), Solo(c.prompt, 16));
+    scheduler.reset();
+    ASSERT_FALSE(event_sizes.empty());
+    EXPECT_EQ(event_sizes[0], 1u);
+
+    const SeqId seq = 1;
+    const std::vector<std::map<SeqId, RecordingTarget::Entry>> calls = target.calls();
+    const auto first = static_cast<size_t>(c.prefill_rounds);
+    ASSERT_GT(calls.size(), first + 1);
+    for (size_t r = 0; r < calls.size(); ++r) {
+      ASSERT_TRUE(calls[r].contains(seq)) << "round " << r;
+      const RecordingTarget::Entry& e = calls[r].at(seq);
+      ASSERT_TRUE(e.ok) << "round " << r;
+      EXPECT_EQ(e.prefilling, r < first) << "round " << r;
+      if (r == first) EXPECT_EQ(e.drafts, 0) << "the first token's round judged drafts";
+    }
+    EXPECT_EQ(calls[first + 1].at(seq).drafts, 4) << "the next round speculates";
+    const std::vector<RecordingDraft::Entry> drafts = draft.CallsOf(seq);
+    ASSERT_EQ(drafts.size(), calls.size() - (calls.back().at(seq).drafts == 0 ? 1 : 0))
+        << "a draft call every round but a last one without drafts";
+    for (size_t r = 0; r <= first; ++r) {
+      EXPECT_EQ(drafts[r].round, static_cast<int64_t>(r));
+      EXPECT_TRUE(drafts[r].prefilling) << "the draft drafted before the first token";
+    }
+    EXPECT_EQ(drafts[first + 1].catch_up, 2);
+    EXPECT_FALSE(drafts[first + 1].prefilling);
     ExpectNoBlocksUsed();
   }
 }
