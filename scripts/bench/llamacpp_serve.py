@@ -60,6 +60,7 @@ class Server:
                 self.port = port_of(out)
                 return
             time.sleep(0.2)
+        self.close()
         sys.exit(f"llamacpp_serve: {name} did not become ready in 300 s")
 
     def output(self):
