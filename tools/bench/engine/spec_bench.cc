@@ -19,7 +19,6 @@
 //        [--prompts N] [--new-tokens N] [--model-dir DIR] [--threads N]
 //        [--prompt-ids 1,2,3 (--speedup: the stream's prompt, as token ids)]
 #include <chrono>
-#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <memory>
@@ -34,6 +33,7 @@
 #include "services/coordinator/local_worker.h"
 #include "services/coordinator/speculation_round.h"
 #include "services/coordinator/worker_api.h"
+#include "tools/specd/bench/bench_stats.h"
 
 namespace specd {
 namespace {
@@ -276,8 +276,7 @@ int Speedup(const Options& o) {
     const double t_d =
         st->draft_steps > 0 ? absl::ToDoubleSeconds(st->draft_forward) / st->draft_steps : 0;
     const double t_v = absl::ToDoubleSeconds(st->verify_forward) / st->rounds;
-    const double per_round = alpha < 1 ? (1 - std::pow(alpha, k + 1)) / (1 - alpha) : k + 1;
-    const double predicted = per_round * t_t / (k * t_d + t_v);
+    const double predicted = bench::EngineLimitedSpeedup(alpha, k, t_t, t_d, t_v);
     const double speedup = tok_s / plain_tok_s;
     const std::string drafts = absl::StrCat(st->accepted, "/", st->drafted);
     std::printf("%-3d %12.1f %9.3f %10.3f %15s %10.3f %10.3f %12.3f %11.3f\n", k, tok_s, speedup,
