@@ -155,20 +155,26 @@ def drafts(samples):
     return f"{samples[0]['accepted']}/{samples[0]['drafted']}"
 
 
-def main():
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def arg_parser(doc):
+    """The options Bench and both llama.cpp benchmarks use; each script adds its own."""
+    p = argparse.ArgumentParser(description=doc.splitlines()[0])
     p.add_argument("--llama-cpp", required=True, help="a llama.cpp checkout, built (see above)")
     p.add_argument("--specd-build", default=str(ROOT / "build"))
     p.add_argument("--work", default="/tmp/specd-llamacpp-bench")
     p.add_argument("--shape", default="stories110M")
-    p.add_argument("--dtypes", default="f32,bf16")
-    p.add_argument("--threads", default="1,2")
-    p.add_argument("--ks", default="2,4")
     p.add_argument("--tokens", type=int, default=128)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--draft-layers", type=int, default=2)
     p.add_argument("--residual-scale", default="0.1")
     p.add_argument("--json", help="write every measurement here")
+    return p
+
+
+def main():
+    p = arg_parser(__doc__)
+    p.add_argument("--dtypes", default="f32,bf16")
+    p.add_argument("--threads", default="1,2")
+    p.add_argument("--ks", default="2,4")
     args = p.parse_args()
     bench = Bench(args)
     dtypes = args.dtypes.split(",")

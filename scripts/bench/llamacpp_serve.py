@@ -22,7 +22,6 @@ usage: /usr/bin/python3 scripts/bench/llamacpp_serve.py --llama-cpp DIR [--dtype
        [--streams 1,4,16] [--ks 0,4] [--repeats 3] [--threads 2] [--json OUT]
 (llama.cpp built as scripts/bench/llamacpp.py says, with the llama-server target too)
 """
-import argparse
 import http.client
 import json
 import pathlib
@@ -191,20 +190,11 @@ def run_arm(server, port, prompts, k, streams, tokens):
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--llama-cpp", required=True)
-    p.add_argument("--specd-build", default=str(llamacpp.ROOT / "build"))
-    p.add_argument("--work", default="/tmp/specd-llamacpp-bench")
-    p.add_argument("--shape", default="stories110M")
+    p = llamacpp.arg_parser(__doc__)
     p.add_argument("--dtype", default="bf16")
     p.add_argument("--streams", default="1,4,16")
     p.add_argument("--ks", default="0,4")
-    p.add_argument("--tokens", type=int, default=128)
-    p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--draft-layers", type=int, default=2)
-    p.add_argument("--residual-scale", default="0.1")
-    p.add_argument("--json")
     args = p.parse_args()
     bench = llamacpp.Bench(args)
     target, target_gguf, draft_gguf = bench.models(args.dtype)
