@@ -747,7 +747,9 @@ TEST_F(SchedulerTest, TheFirstTokenComesFromTheTargetAloneWhileTheDraftReadsTheP
       const RecordingTarget::Entry& e = calls[r].at(seq);
       ASSERT_TRUE(e.ok) << "round " << r;
       EXPECT_EQ(e.prefilling, r < first) << "round " << r;
-      if (r == first) EXPECT_EQ(e.drafts, 0) << "the first token's round judged drafts";
+      if (r == first) {
+        EXPECT_EQ(e.drafts, 0) << "the first token's round judged drafts";
+      }
     }
     EXPECT_EQ(calls[first + 1].at(seq).drafts, 4) << "the next round speculates";
     const std::vector<RecordingDraft::Entry> drafts = draft.CallsOf(seq);
