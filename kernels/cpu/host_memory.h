@@ -12,7 +12,8 @@
 namespace specd::kernels::cpu {
 
 // `bytes` of zeroed memory, 64-byte aligned; 2 MiB aligned with huge pages requested from
-// 2 MiB up. RESOURCE_EXHAUSTED when the memory cannot be had.
+// 2 MiB up. Every page is resident on return, so no later write pays for its first touch.
+// RESOURCE_EXHAUSTED when the memory cannot be had.
 absl::StatusOr<void*> AllocateHostMemory(int64_t bytes);
 
 // Frees what AllocateHostMemory(bytes) returned.
