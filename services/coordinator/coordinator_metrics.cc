@@ -128,6 +128,9 @@ CoordinatorMetrics::CoordinatorMetrics(int max_position)
   deferred_ = &counter("specd_pass_budget_deferred_total",
                        "Sequence rounds that waited because the workers' per-pass token budget "
                        "(--max-pass-tokens) was full");
+  prefix_waits_ = &counter("specd_prefix_sharing_waits_total",
+                           "Sequence rounds that waited for prompt blocks another sequence was "
+                           "computing, to take them from the prefix cache instead");
   finished_family_ = &prometheus::BuildCounter()
                           .Name("specd_request_success_total")
                           .Help("Requests that finished, by finish reason")
@@ -300,6 +303,10 @@ void CoordinatorMetrics::OnDraftLength(int32_t k, bool entropy_stopped) {
 
 void CoordinatorMetrics::OnDeferred(int64_t sequences) {
   deferred_->Increment(static_cast<double>(sequences));
+}
+
+void CoordinatorMetrics::OnPrefixWait(int64_t sequences) {
+  prefix_waits_->Increment(static_cast<double>(sequences));
 }
 
 void CoordinatorMetrics::SetWorkerUp(Worker worker, bool up) {

@@ -87,6 +87,8 @@ class CoordinatorMetrics final {
   void OnDraftLength(int32_t k, bool entropy_stopped);
   // `sequences` running sequences waited out a round: the workers' pass budget was full.
   void OnDeferred(int64_t sequences);
+  // `sequences` running sequences waited out a round for a prompt prefix another was computing.
+  void OnPrefixWait(int64_t sequences);
   // Whether the coordinator can use `worker` now (1) or waits for it (0): crashed, hung, or back
   // computing something else. A worker the coordinator runs without has no series.
   void SetWorkerUp(Worker worker, bool up);
@@ -115,6 +117,7 @@ class CoordinatorMetrics final {
   prometheus::Histogram* draft_length_;
   prometheus::Counter* egag_stops_;
   prometheus::Counter* deferred_;
+  prometheus::Counter* prefix_waits_;
   prometheus::Family<prometheus::Gauge>* worker_up_family_;
   std::array<prometheus::Counter*, 2> worker_restarts_{};
   prometheus::Family<prometheus::Counter>* finished_family_;

@@ -72,6 +72,11 @@ std::vector<FlagSpec> CoordinatorFlags() {
        "its prefix cache, so a long prompt is spread over rounds that keep decoding the running "
        "streams; 0 = each prompt in one round",
        "512"},
+      {"prefix-sharing",
+       "on: a prompt that shares at least 32 tokens of whole KV blocks with one another sequence "
+       "is computing waits for them and takes them from the workers' prefix caches (with the "
+       "target's --prefix-caching on); off: each prompt computes its own copy",
+       "on"},
       {"default-max-new-tokens", "max_new_tokens when a request does not say", "256"},
       {"worker-wait-seconds", "how long to wait for the workers at start-up", "120"},
       {"worker-call-timeout-seconds",
@@ -268,6 +273,11 @@ int Run(int argc, char** argv) {
   }
   if (default_k > max_k) {
     LogLine(kProgram) << "--default-k (" << default_k << ") exceeds --max-k (" << max_k << ")";
+    return 2;
+  }
+  const std::string prefix_sharing = flags->Get("prefix-sharing");
+  if (prefix_sharing != "on" && prefix_sharing != "off") {
+    LogLine(kProgram) << "--prefix-sharing must be on or off, got '" << prefix_sharing << "'";
     return 2;
   }
   const std::string draft_method = flags->Get("draft-method");
@@ -498,6 +508,9 @@ int Run(int argc, char** argv) {
     metrics.OnDraftLength(k, entropy_stopped);
   };
   so.on_deferred = [&metrics](int64_t sequences) { metrics.OnDeferred(sequences); };
+  so.prefix_block_size = prefix_sharing == "on" && ti.prefix_caching() ? ti.kv_block_size() : 0;
+  so.prefix_pool_blocks = ti.kv_total_blocks();
+  so.on_prefix_wait = [&metrics](int64_t sequences) { metrics.OnPrefixWait(sequences); };
   using MetricsWorker = CoordinatorMetrics::Worker;
   metrics.SetWorkerUp(MetricsWorker::kTarget, true);
   if (draft) metrics.SetWorkerUp(MetricsWorker::kDraft, true);

@@ -36,6 +36,9 @@ Scheduler::Scheduler(WorkerApi& draft, WorkerApi& target, const Tokenizer* token
   const RecoveryOptions recovery = RecoveryOptionsFrom(options);
   target_ = std::make_unique<SupervisedWorker>(target, recovery);
   if (&draft != &target) draft_ = std::make_unique<SupervisedWorker>(draft, recovery);
+  if (options.prefix_block_size > 0) {
+    computed_prefixes_.emplace(options.prefix_block_size, options.prefix_pool_blocks);
+  }
   thread_ = std::thread([this] { Loop(); });
 }
 
@@ -84,6 +87,7 @@ void Scheduler::ReleaseOnWorkers(Active& a, bool gone) {
     ReleaseOn(*draft_, a, gone);
   }
   ReleaseOn(*target_, a, gone);
+  if (gone && computed_prefixes_.has_value()) computed_prefixes_->Touch(a.block_hashes);
   // Release frees a guided sequence's companion with it.
   a.seq.ResetDraftCache(0);
   a.seq.ResetTargetCache(0);
@@ -297,6 +301,7 @@ void Scheduler::RecoverWorkers() {
     if (!shutting_down_.load()) w->CheckLiveness(absl::Now());
     if (w->ProbeIfDue(absl::Now()) != SupervisedWorker::Recovery::kRestarted) continue;
     if (options_.on_worker_restart) options_.on_worker_restart(w == target_.get());
+    if (w == target_.get() && computed_prefixes_.has_value()) computed_prefixes_->Clear();
     // An operator may restart a worker with another --max-pass-tokens (as the deferred metric
     // advises); the budget is the new process's from its first round.
     int64_t& budget = w == target_.get() ? options_.target_pass_tokens : options_.draft_pass_tokens;
@@ -562,6 +567,21 @@ void Scheduler::Loop() {
       ready.push_back(std::move(a));
     }
     running_ = std::move(ready);
+    // Prompts that share blocks another sequence is computing wait for its prefix-cache entries
+    // (prefix_sharing.h), keeping their place.
+    {
+      std::vector<const SpeculativeSequence*> seqs;
+      for (const auto& a : running_) seqs.push_back(&a->seq);
+      const std::vector<bool> waits = WaitsForSharedPrefix(
+          seqs, computed_prefixes_.has_value() ? &*computed_prefixes_ : nullptr);
+      std::vector<std::unique_ptr<Active>> sharing;
+      for (size_t i = 0; i < running_.size(); ++i) {
+        (waits[i] ? still : sharing).push_back(std::move(running_[i]));
+      }
+      const auto waiting = static_cast<int64_t>(running_.size() - sharing.size());
+      if (waiting > 0 && options_.on_prefix_wait) options_.on_prefix_wait(waiting);
+      running_ = std::move(sharing);
+    }
     if (running_.empty()) {
       running_ = std::move(still);
       running_count_ = static_cast<int64_t>(running_.size());
@@ -586,6 +606,13 @@ void Scheduler::Loop() {
                             RoundOptions{options_.max_seq_len, &phase_times, options_.prefill_chunk,
                                          options_.draft_pass_tokens, options_.target_pass_tokens});
     if (options_.on_round) options_.on_round(phase_times);
+    if (computed_prefixes_.has_value()) {
+      for (size_t i = 0; i < running_.size(); ++i) {
+        if (!stats[i].status.ok()) continue;
+        Active& a = *running_[i];
+        computed_prefixes_->Record(a.seq.tokens, a.seq.target_cached, a.block_hashes);
+      }
+    }
     ObserveRound(stats, phase_times, draft_catch_up);
     if (options_.on_k_choice) options_.on_k_choice(k_choice, adaptive_k_.alpha());
     if (options_.on_deferred) {

@@ -28,6 +28,7 @@
 #include "common/tokenizer/text_output.h"
 #include "common/tokenizer/tokenizer.h"
 #include "services/coordinator/adaptive_k.h"
+#include "services/coordinator/prefix_sharing.h"
 #include "services/coordinator/speculation_round.h"
 #include "services/coordinator/worker_recovery.h"
 
@@ -136,6 +137,15 @@ struct SchedulerOptions {
   // Called on the scheduler thread after a round in which the pass budget deferred `sequences`
   // running sequences (metrics); may be empty. Must not block.
   std::function<void(int64_t sequences)> on_deferred;
+  // The target worker's KV block size when it caches prefixes (InfoResponse), 0 when it does not:
+  // with it, prompts that share blocks another sequence is computing wait for them
+  // (prefix_sharing.h). prefix_pool_blocks: the target's pool size, the most blocks its cache can
+  // hold (what the scheduler remembers of it).
+  int64_t prefix_block_size = 0;
+  int64_t prefix_pool_blocks = 0;
+  // Called on the scheduler thread after a round in which `sequences` running sequences waited for
+  // a shared prefix (metrics); may be empty. Must not block.
+  std::function<void(int64_t sequences)> on_prefix_wait;
   NgramOptions ngram;  // prompt lookup (DraftMethod::kNgram)
   EgagOptions egag;    // requests with egag set
 };
@@ -189,6 +199,8 @@ class Scheduler {
     // cleared by its next committed round.
     std::optional<absl::Time> stalled_since;
     int32_t mismatches = 0;  // cache mismatches since the last committed round
+    // Hashes of the whole blocks of seq.tokens recorded in computed_prefixes_, in order.
+    std::vector<uint64_t> block_hashes;
   };
 
   void Loop();
@@ -254,6 +266,9 @@ class Scheduler {
   std::vector<std::unique_ptr<Active>> running_;  // scheduler thread only
   AdaptiveK adaptive_k_;                          // scheduler thread only
   std::optional<absl::Time> idle_until_;          // scheduler thread only
+  // What the target's prefix cache holds, as far as the scheduler saw it computed; set when
+  // prefix sharing is on. Scheduler thread only.
+  std::optional<ComputedPrefixes> computed_prefixes_;
   std::array<bool, 2> worker_up_ = {true, true};  // (draft, target) as last told; scheduler thread
   mutable std::mutex target_status_mu_;
   absl::Status target_status_;  // TargetStatus(); written by the scheduler thread

@@ -316,6 +316,10 @@ int RunServe(const std::vector<std::string>& argv) {
        "the KV caches by --kv-tokens",
        "0.9"},
       {"prefix-caching", "workers keep and reuse the KV of shared prefixes: on or off", "on"},
+      {"prefix-sharing",
+       "a prompt that shares blocks another is computing waits to take them from the prefix "
+       "cache: on or off (see specd-coordinator --help)",
+       "on"},
       {"max-pass-tokens",
        "tokens of a worker's largest forward pass: its scratch memory is reserved for it and the "
        "coordinator spreads prefill chunks over rounds to stay within it",
@@ -463,6 +467,8 @@ int RunServe(const std::vector<std::string>& argv) {
                 args->Get("max-running"),
                 "--prefill-chunk",
                 args->Get("prefill-chunk"),
+                "--prefix-sharing",
+                args->Get("prefix-sharing"),
                 "--max-queued",
                 args->Get("max-queued"),
                 "--worker-call-timeout-seconds",

@@ -112,6 +112,14 @@ TEST(CoordinatorMetricsTest, SequenceRoundsDeferredByThePassBudget) {
   EXPECT_EQ(Value(ParseExposition(metrics.Text()), "specd_pass_budget_deferred_total"), 4);
 }
 
+TEST(CoordinatorMetricsTest, SequenceRoundsThatWaitedForASharedPrefix) {
+  CoordinatorMetrics metrics(/*max_position=*/4);
+  EXPECT_EQ(Value(ParseExposition(metrics.Text()), "specd_prefix_sharing_waits_total"), 0);
+  metrics.OnPrefixWait(3);
+  metrics.OnPrefixWait(2);
+  EXPECT_EQ(Value(ParseExposition(metrics.Text()), "specd_prefix_sharing_waits_total"), 5);
+}
+
 TEST(CoordinatorMetricsTest, WorkerUpAndRestarts) {
   CoordinatorMetrics metrics(/*max_position=*/4);
   auto m = ParseExposition(metrics.Text());

@@ -888,6 +888,8 @@ TEST_F(SchedulerTest, OutputsAreTheSameWithCachingAndChunkingOnAndOff) {
       MakeWorkers(8192, caching);
       SchedulerOptions o;
       o.prefill_chunk = chunk;
+      o.prefix_block_size = caching ? 16 : 0;
+      o.prefix_pool_blocks = 8192 / 16;
       auto scheduler = MakeScheduler(8, 256, o);
       // Two waves, so the second finds the first's prefixes cached.
       for (int wave = 0; wave < 2; ++wave) {
@@ -916,6 +918,93 @@ TEST_F(SchedulerTest, OutputsAreTheSameWithCachingAndChunkingOnAndOff) {
   for (const auto& [name, got] : outputs) {
     for (size_t i = 0; i < reqs.size(); ++i) EXPECT_EQ(got[i], reference[i]) << name << " " << i;
   }
+}
+
+// Counts what a worker computed: the tokens of its forward passes and the catch-up tokens it took
+// from its prefix cache.
+class ComputedTokens final : public RuntimeObserver {
+ public:
+  void OnForward(ForwardKind, int64_t, int64_t tokens, absl::Duration) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    forwarded_ += tokens;
+  }
+  void OnKvChanged(const KvPool&) override {}
+  void OnPrefixCache(int64_t, int64_t hit) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    hit_ += hit;
+  }
+  int64_t forwarded() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return forwarded_;
+  }
+  int64_t hit() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return hit_;
+  }
+
+ private:
+  std::mutex mu_;
+  int64_t forwarded_ = 0;
+  int64_t hit_ = 0;
+};
+
+// n completions of one 100-token prompt and a greedy request for it arrive together, with a
+// prefill chunk of 16 so that the prompt takes rounds. With in-batch prefix sharing the first
+// computes the prompt and the others wait until fewer than 32 shared tokens are left to compute
+// (not worth another round), then take its 80 cached tokens on both workers; without it each
+// computes its own copy in the same rounds. The outputs are the same either way, the greedy one
+// plain decoding's.
+TEST_F(SchedulerTest, CompletionsOfOnePromptComputeItOnce) {
+  std::vector<int32_t> prompt = {1};
+  for (int j = 1; j < 100; ++j) prompt.push_back(3 + (j * 37) % 290);
+  std::vector<GenerationRequest> reqs;
+  for (uint32_t sample = 0; sample < 4; ++sample) {
+    GenerationRequest r = Greedy(prompt, 16, 4);
+    r.sampling.temperature = 0.9f;
+    r.seed = 7;
+    r.sample = sample;
+    reqs.push_back(r);
+  }
+  reqs.push_back(Greedy(prompt, 16, 2));
+  std::map<bool, std::vector<std::vector<int32_t>>> outputs;
+  std::map<bool, int64_t> target_forwarded;
+  for (const bool sharing : {true, false}) {
+    ComputedTokens draft_counts;
+    ComputedTokens target_counts;
+    MakeWorkers(8192, /*prefix_caching=*/true, {&draft_counts, &target_counts});
+    SchedulerOptions o;
+    o.prefill_chunk = 16;
+    o.prefix_block_size = sharing ? 16 : 0;
+    o.prefix_pool_blocks = 8192 / 16;
+    int64_t waits = 0;
+    o.on_prefix_wait = [&waits](int64_t sequences) { waits += sequences; };
+    auto scheduler = MakeScheduler(8, 256, o);
+    std::vector<std::unique_ptr<Collector>> cs;
+    for (const GenerationRequest& r : reqs) {
+      cs.push_back(std::make_unique<Collector>());
+      ASSERT_TRUE(scheduler->Submit(r, cs.back()->Sink()).ok());
+    }
+    for (auto& c : cs) {
+      ASSERT_TRUE(c->WaitFor(std::chrono::seconds(120)));
+      ASSERT_TRUE(c->last().error.ok()) << c->last().error;
+      outputs[sharing].push_back(c->tokens());
+    }
+    scheduler.reset();
+    ExpectNoBlocksUsed();
+    target_forwarded[sharing] = target_counts.forwarded();
+    if (sharing) {
+      EXPECT_GT(waits, 0);
+      // Whichever came first, the other four took at least 80 cached tokens on each worker.
+      EXPECT_GE(target_counts.hit(), 4 * 80);
+      EXPECT_GE(draft_counts.hit(), 4 * 80);
+    } else {
+      EXPECT_EQ(waits, 0);
+    }
+  }
+  EXPECT_LT(target_forwarded[true] + 3 * 80, target_forwarded[false])
+      << "sharing saves at least 80 prompt tokens for each of the four that waited";
+  EXPECT_EQ(outputs[true], outputs[false]);
+  EXPECT_EQ(outputs[true].back(), Solo(prompt, 16));
 }
 
 // Ten prompts of 60 to 150 tokens arrive together. Without a pass budget their prefill chunks

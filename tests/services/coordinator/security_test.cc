@@ -215,6 +215,7 @@ TEST(SecurityFlagsTest, BadValuesFailClearlyAndNeverEchoTheToken) {
        "--max-streams-per-connection must be in [0, 1048576], got -1"},
       {{"--max-request-bytes", "10"}, "--max-request-bytes must be in [1024, 1073741824], got 10"},
       {{"--max-prompt-tokens", "many"}, "--max-prompt-tokens must be an integer, got 'many'"},
+      {{"--prefix-sharing", "yes"}, "--prefix-sharing must be on or off, got 'yes'"},
       {{"--max-new-tokens-limit", "100"},
        "--default-max-new-tokens (256) exceeds --max-new-tokens-limit (100)"},
       {{"--http-listen", "nowhere"}, "--http-listen: 'nowhere' is not HOST:PORT", nullptr, 1},
