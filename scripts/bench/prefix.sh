@@ -7,7 +7,11 @@
 #   2. chat: 8 conversations x 6 turns, each turn resending its history: throughput and TTFT
 #      p50/p99, prefix caching on against off;
 #   3. long-prompts: ITL p99 of 8 decoding streams while 800-token prompts arrive one after
-#      another, --prefill-chunk $CHUNK against 0 (each prompt in one round).
+#      another, --prefill-chunk $CHUNK against 0 (each prompt in one round);
+#   4. burst: $BURST requests that share a new $PREFIX_TOKENS-token prefix, each with its own
+#      64-token suffix, all at once: TTFT and throughput, --prefix-sharing on against off (both
+#      with prefix caching on); then chat (as in 2) on the same two servers, where the shared
+#      system prompt is cached long before most turns: what sharing costs when nothing is to share.
 # JSON goes to $OUT, one file per scenario. SCENARIOS picks which run.
 #
 # usage: scripts/bench/prefix.sh            (environment variables below override the defaults)
@@ -34,7 +38,8 @@ TURNS="${TURNS:-6}"
 LONG_TOKENS="${LONG_TOKENS:-800}"
 STREAM_TOKENS="${STREAM_TOKENS:-160}"
 CHUNK="${CHUNK:-128}"            # the chunked server's --prefill-chunk in long-prompts
-SCENARIOS="${SCENARIOS:-shared-prefix chat long-prompts}"  # which to run
+BURST="${BURST:-8}"              # requests in the burst scenario
+SCENARIOS="${SCENARIOS:-shared-prefix chat long-prompts burst}"  # which to run
 
 [[ -x "$SPECD" ]] || { echo "prefix: no specd at $SPECD (build it, or set SPECD)" >&2; exit 1; }
 mkdir -p "$OUT"
@@ -78,6 +83,18 @@ if wants long-prompts; then
     "${common[@]}" --decode-streams 8 --stream-tokens "$STREAM_TOKENS" \
     --long-prompt-tokens "$LONG_TOKENS" --answer-tokens 8 --long-prompt-gap 0.5 \
     --json "$OUT/long_prompts_chunk$CHUNK.json"
+  stop_servers
+fi
+if wants burst; then
+  echo "prefix: --prefix-sharing on (a) against off (b)" >&2
+  start_server --prefix-sharing on
+  start_server --prefix-sharing off
+  "$SPECD" bench --scenario burst --server "${addresses[0]}" --baseline "${addresses[1]}" \
+    "${common[@]}" --prefix-tokens "$PREFIX_TOKENS" --suffix-tokens 64 --prefix-requests "$BURST" \
+    --answer-tokens 16 --json "$OUT/burst.json"
+  "$SPECD" bench --scenario chat --server "${addresses[0]}" --baseline "${addresses[1]}" \
+    "${common[@]}" --conversations 8 --turns "$TURNS" --system-tokens "$SYSTEM_TOKENS" \
+    --user-tokens "$USER_TOKENS" --reply-tokens 32 --json "$OUT/chat_sharing.json"
   stop_servers
 fi
 echo "prefix: done; JSON in $OUT" >&2

@@ -271,6 +271,11 @@ TEST_F(BenchCliTest, ScenariosWriteConsistentJson) {
        3,
        3 * 4,
        {"ttft_mean", "ttft_p50", "ttft_p99"}},
+      {"burst",
+       "--prefix-tokens 48 --suffix-tokens 8 --prefix-requests 3 --answer-tokens 4",
+       3,
+       3 * 4,
+       {"ttft_mean", "ttft_p99", "output_tokens_per_s"}},
       {"chat",
        "--conversations 2 --turns 2 --system-tokens 16 --user-tokens 8 --reply-tokens 4",
        2 * 2,
@@ -307,12 +312,15 @@ TEST_F(BenchCliTest, ScenariosWriteConsistentJson) {
       EXPECT_GT(j["a_over_b"][ratio].get<double>(), 0) << ratio;
     }
   }
-  // A chat arm's throughput is its one repeat's tokens over that repeat's wall time.
-  const nlohmann::json chat = ReadJson(tmp_->path() / "chat.json");
-  for (const nlohmann::json& a : chat["arms"]) {
-    ASSERT_EQ(a["repeat_output_tokens_per_s"].size(), 1u);
-    EXPECT_DOUBLE_EQ(a["output_tokens_per_s"].get<double>(),
-                     a["repeat_output_tokens_per_s"][0].get<double>());
+  // A chat or burst arm's throughput is its one repeat's tokens over that repeat's wall time.
+  for (const std::string name : {"chat", "burst"}) {
+    const nlohmann::json j = ReadJson(tmp_->path() / (name + ".json"));
+    for (const nlohmann::json& a : j["arms"]) {
+      ASSERT_EQ(a["repeat_output_tokens_per_s"].size(), 1u) << name;
+      EXPECT_DOUBLE_EQ(a["output_tokens_per_s"].get<double>(),
+                       a["repeat_output_tokens_per_s"][0].get<double>())
+          << name;
+    }
   }
   // Long prompts arrived while the streams decoded (from up to three senders at once), and were
   // measured apart from them.
@@ -389,8 +397,9 @@ TEST(BenchCliFlagsTest, BadInputIsAClearError) {
   EXPECT_THAT(r.output, HasSubstr("--server 127.0.0.1:1"));
   r = RunSpecd("bench --server 127.0.0.1:1 --scenario lunch");
   EXPECT_EQ(r.exit_code, 2);
-  EXPECT_THAT(r.output,
-              HasSubstr("--scenario must be shared-prefix, chat or long-prompts, got 'lunch'"));
+  EXPECT_THAT(
+      r.output,
+      HasSubstr("--scenario must be shared-prefix, burst, chat or long-prompts, got 'lunch'"));
   r = RunSpecd("bench --server 127.0.0.1:1 --scenario chat");
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_THAT(r.output, HasSubstr("--scenario needs --baseline"));

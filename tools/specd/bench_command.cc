@@ -88,10 +88,13 @@ constexpr char kHelp[] =
     "sets each guided arm against the unguided arm of the same K (tok/s ratio, alpha), and a\n"
     "guided K arm's speed-up against K=0 cfg.\n"
     "\n"
-    "--scenario runs one workload on --server (a: prefix caching or chunked prefill on) and\n"
-    "--baseline (b: off), alternating a and b in each of --repeats rounds, and reports a / b:\n"
+    "--scenario runs one workload on --server (a: prefix caching, prefix sharing or chunked\n"
+    "prefill on) and --baseline (b: off), alternating a and b in each of --repeats rounds, and\n"
+    "reports a / b:\n"
     "  shared-prefix  a warm-up request caches --prefix-tokens; then --prefix-requests requests\n"
     "                 with that prefix and their own --suffix-tokens, one at a time: TTFT\n"
+    "  burst          --prefix-requests requests with a new prefix of --prefix-tokens and their\n"
+    "                 own --suffix-tokens, all at once: TTFT and out tok/s\n"
     "  chat           --conversations at once, --turns each, every turn resending the history\n"
     "                 (a shared system prompt, user turns, the replies): out tok/s and TTFT\n"
     "  long-prompts   --decode-streams decoding while prompts of --long-prompt-tokens arrive one\n"
@@ -678,14 +681,17 @@ int RunBench(const std::vector<std::string>& argv) {
       {"guidance-scale", "add classifier-free guidance arms at this scale, in (0, 10]", "0"},
       {"unconditional", "with --guidance-scale: the unconditional prompt (empty: BOS)", ""},
       {"scenario",
-       "instead of K arms, a prefix-caching or chunked-prefill workload on --server and "
-       "--baseline side by side: shared-prefix, chat or long-prompts (see below)",
+       "instead of K arms, a prefix-caching, prefix-sharing or chunked-prefill workload on "
+       "--server and --baseline side by side: shared-prefix, burst, chat or long-prompts (see "
+       "below)",
        ""},
       {"baseline", "with --scenario: the server without the feature", ""},
-      {"prefix-tokens", "shared-prefix: tokens of the shared prefix", "800"},
-      {"suffix-tokens", "shared-prefix: tokens of each request's own suffix", "64"},
-      {"prefix-requests", "shared-prefix: requests after the warm-up, one at a time", "8"},
-      {"answer-tokens", "shared-prefix and long-prompts: tokens each such request generates", "16"},
+      {"prefix-tokens", "shared-prefix and burst: tokens of the shared prefix", "800"},
+      {"suffix-tokens", "shared-prefix and burst: tokens of each request's own suffix", "64"},
+      {"prefix-requests",
+       "shared-prefix: requests after the warm-up, one at a time; burst: requests at once", "8"},
+      {"answer-tokens", "shared-prefix, burst and long-prompts: tokens each such request generates",
+       "16"},
       {"conversations", "chat: conversations, all at once", "8"},
       {"turns", "chat: turns per conversation, each resending the history", "6"},
       {"system-tokens", "chat: tokens of the system prompt every conversation starts with", "160"},

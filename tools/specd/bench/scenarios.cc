@@ -93,6 +93,31 @@ void RunSharedPrefix(v1::Generation::StubInterface& stub, const ScenarioOptions&
   }
 }
 
+void RunBurst(v1::Generation::StubInterface& stub, const ScenarioOptions& o, int64_t repeat,
+              ScenarioArm& arm) {
+  Recorder rec(arm);
+  const Clock::time_point start = Clock::now();
+  const uint64_t r = static_cast<uint64_t>(repeat);
+  // A new prefix every repeat: no cache on either server has it when the burst arrives.
+  const std::vector<int32_t> prefix = Ids(Key(o.seed, 6, r), o.prefix_tokens, o.vocab_size);
+  std::atomic<int64_t> output_tokens{0};
+  std::vector<std::thread> requests;
+  for (int64_t i = 0; i < o.requests; ++i) {
+    requests.emplace_back([&, i] {
+      const std::vector<int32_t> prompt = Concat(
+          prefix, Ids(Key(o.seed, 7, r, static_cast<uint64_t>(i)), o.suffix_tokens, o.vocab_size));
+      RequestOutcome out =
+          RunRequest(stub, Request(prompt, o.max_tokens, o.k, absl::StrCat("burst-", i)), i,
+                     o.timeout_seconds, start);
+      output_tokens += out.output_tokens;
+      rec.Add(std::move(out));
+    });
+  }
+  for (std::thread& t : requests) t.join();
+  arm.repeat_wall_s.push_back(std::chrono::duration<double>(Clock::now() - start).count());
+  arm.repeat_output_tokens.push_back(output_tokens.load());
+}
+
 void RunChat(v1::Generation::StubInterface& stub, const ScenarioOptions& o, int64_t repeat,
              ScenarioArm& arm) {
   Recorder rec(arm);
@@ -195,6 +220,10 @@ std::vector<std::pair<std::string, std::optional<double>>> Ratios(Scenario scena
       return {{"ttft_mean", Ratio(a.ttft_ms.mean, b.ttft_ms.mean)},
               {"ttft_p50", Ratio(a.ttft_ms.p50, b.ttft_ms.p50)},
               {"ttft_p99", Ratio(a.ttft_ms.p99, b.ttft_ms.p99)}};
+    case Scenario::kBurst:
+      return {{"ttft_mean", Ratio(a.ttft_ms.mean, b.ttft_ms.mean)},
+              {"ttft_p99", Ratio(a.ttft_ms.p99, b.ttft_ms.p99)},
+              {"output_tokens_per_s", Ratio(a.output_tokens_per_s, b.output_tokens_per_s)}};
     case Scenario::kChat:
       return {{"output_tokens_per_s", Ratio(a.output_tokens_per_s, b.output_tokens_per_s)},
               {"ttft_p50", Ratio(a.ttft_ms.p50, b.ttft_ms.p50)},
@@ -212,16 +241,19 @@ std::vector<std::pair<std::string, std::optional<double>>> Ratios(Scenario scena
 
 absl::StatusOr<Scenario> ParseScenario(const std::string& name) {
   if (name == "shared-prefix") return Scenario::kSharedPrefix;
+  if (name == "burst") return Scenario::kBurst;
   if (name == "chat") return Scenario::kChat;
   if (name == "long-prompts") return Scenario::kLongPrompts;
-  return absl::InvalidArgumentError(
-      absl::StrCat("--scenario must be shared-prefix, chat or long-prompts, got '", name, "'"));
+  return absl::InvalidArgumentError(absl::StrCat(
+      "--scenario must be shared-prefix, burst, chat or long-prompts, got '", name, "'"));
 }
 
 std::string_view ScenarioName(Scenario scenario) {
   switch (scenario) {
     case Scenario::kSharedPrefix:
       return "shared-prefix";
+    case Scenario::kBurst:
+      return "burst";
     case Scenario::kChat:
       return "chat";
     case Scenario::kLongPrompts:
@@ -263,6 +295,9 @@ absl::StatusOr<std::vector<ScenarioArm>> RunScenario(v1::Generation::StubInterfa
       switch (options.scenario) {
         case Scenario::kSharedPrefix:
           RunSharedPrefix(stub, options, r, arms[which]);
+          break;
+        case Scenario::kBurst:
+          RunBurst(stub, options, r, arms[which]);
           break;
         case Scenario::kChat:
           RunChat(stub, options, r, arms[which]);
@@ -342,6 +377,7 @@ nlohmann::ordered_json ScenarioToJson(const ScenarioOptions& options,
   c["max_tokens"] = options.max_tokens;
   switch (options.scenario) {
     case Scenario::kSharedPrefix:
+    case Scenario::kBurst:
       c["prefix_tokens"] = options.prefix_tokens;
       c["suffix_tokens"] = options.suffix_tokens;
       c["requests"] = options.requests;

@@ -4,6 +4,9 @@
 // the servers' vocabulary, so any model serves them, tokenizer or not.
 //   shared-prefix  one request caches a long shared prefix; then requests with the prefix and
 //                  their own suffix, one at a time: time to first token.
+//   burst          requests with a shared prefix no cache holds yet and their own suffix, all at
+//                  once (n completions, or users behind one system prompt): time to first token
+//                  and the burst's throughput.
 //   chat           conversations of several turns, each turn resending the whole history, all
 //                  conversations at once: throughput and time to first token.
 //   long-prompts   streams decoding while long prompts arrive one after another: the streams'
@@ -25,9 +28,9 @@
 
 namespace specd::bench {
 
-enum class Scenario { kSharedPrefix, kChat, kLongPrompts };
+enum class Scenario { kSharedPrefix, kBurst, kChat, kLongPrompts };
 
-// "shared-prefix", "chat" or "long-prompts"; INVALID_ARGUMENT names --scenario otherwise.
+// "shared-prefix", "burst", "chat" or "long-prompts"; INVALID_ARGUMENT names --scenario otherwise.
 absl::StatusOr<Scenario> ParseScenario(const std::string& name);
 std::string_view ScenarioName(Scenario scenario);
 
@@ -38,9 +41,9 @@ struct ScenarioOptions {
   int32_t k = 4;  // num_speculative_tokens of every request (K_POLICY_FIXED)
   int64_t repeats = 1;
   double timeout_seconds = 600;
-  int64_t max_tokens = 16;  // shared-prefix: per request; chat: per reply; long-prompts: per
-                            // long prompt
-  // shared-prefix
+  int64_t max_tokens = 16;  // shared-prefix and burst: per request; chat: per reply;
+                            // long-prompts: per long prompt
+  // shared-prefix and burst
   int64_t prefix_tokens = 800;
   int64_t suffix_tokens = 64;
   int64_t requests = 8;
@@ -63,12 +66,12 @@ struct ScenarioOptions {
 struct ScenarioArm {
   std::string label;   // "a" or "b"
   std::string server;  // its address
-  // The requests the scenario measures (shared-prefix: the suffixed ones; chat: every turn;
-  // long-prompts: the decoding streams), and, for long-prompts, the long prompts.
+  // The requests the scenario measures (shared-prefix and burst: the suffixed ones; chat: every
+  // turn; long-prompts: the decoding streams), and, for long-prompts, the long prompts.
   std::vector<RequestOutcome> measured;
   std::vector<RequestOutcome> long_prompts;
-  std::vector<double> repeat_wall_s;          // chat: each repeat's wall time
-  std::vector<int64_t> repeat_output_tokens;  // chat: each repeat's tokens received
+  std::vector<double> repeat_wall_s;          // chat and burst: each repeat's wall time
+  std::vector<int64_t> repeat_output_tokens;  // chat and burst: each repeat's tokens received
   int64_t failed = 0;
   std::string first_error;
 };
@@ -77,8 +80,8 @@ struct ScenarioSummary {
   std::string label, server;
   int64_t requests = 0, failed = 0, output_tokens = 0;
   Distribution ttft_ms, itl_ms, long_prompt_ttft_ms;
-  std::vector<double> repeat_output_tokens_per_s;  // chat
-  std::optional<double> output_tokens_per_s;       // chat: median over the repeats
+  std::vector<double> repeat_output_tokens_per_s;  // chat and burst
+  std::optional<double> output_tokens_per_s;       // chat and burst: median over the repeats
 };
 
 ScenarioSummary SummarizeScenarioArm(const ScenarioArm& arm);
