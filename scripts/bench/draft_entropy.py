@@ -71,7 +71,8 @@ def main():
     edges = np.quantile(h, [0, .25, .5, .75, 1])
     for lo, hi in zip(edges[:-1], edges[1:]):
         sel = (h >= lo) & (h <= hi)
-        print(f"  H in [{lo:.4f}, {hi:.4f}]: {sel.sum()} positions, agreement {agree[sel].mean():.2f}")
+        print(f"  H in [{lo:.4f}, {hi:.4f}]: {sel.sum()} positions, "
+              f"agreement {agree[sel].mean():.2f}")
 
 
 if __name__ == "__main__":
