@@ -95,11 +95,14 @@ std::vector<bool> WaitsForSharedPrefix(std::span<const SpeculativeSequence* cons
   std::vector<int64_t> start(batch.size(), 0);
   std::vector<size_t> order;
   for (size_t i = 0; i < batch.size(); ++i) {
+    if (CatchingUp(*batch[i])) order.push_back(i);
+  }
+  // The usual round has at most one prompt to read: nothing to share, so nothing to hash.
+  if (order.size() < 2) return waits;
+  for (const size_t i : order) {
     const SpeculativeSequence& s = *batch[i];
-    if (!CatchingUp(s)) continue;
     start[i] = std::max(s.target_cached,
                         known->KnownPrefix(s.tokens, static_cast<int64_t>(s.tokens.size()) - 1));
-    order.push_back(i);
   }
   // The furthest along computes first, so that a leader never waits for its followers; of those
   // as far along, the one that computed its way there, so that a leader keeps its role while the
