@@ -34,7 +34,7 @@
 #include "specd/v1/generation.grpc.pb.h"
 #include "specd/worker/v1/worker.grpc.pb.h"
 #include "tests/common/engine/engine_test_util.h"
-#include "tests/services/coordinator/largest_pass.h"
+#include "tests/services/coordinator/pass_counter.h"
 #include "tests/services/serve_process.h"
 #include "tests/services/worker_fixture.h"
 #include "tests/services/worker_process.h"
@@ -423,7 +423,7 @@ TEST_F(InProcessFaultTest, RequestsGiveUpOnAWorkerThatStaysAwayAndItsBlocksAreFr
 TEST_F(InProcessFaultTest, ARestartedWorkersPassBudgetIsTheNewProcesses) {
   const std::vector<std::vector<int32_t>> reference = Reference();
   constexpr int64_t kBudget = 24;
-  std::deque<testing::LargestPass> passes;  // one per target process
+  std::deque<testing::PassCounter> passes;  // one per target process
   draft_ = MakeWorker(true);
   target_ = std::make_unique<FaultyWorker>("target worker at fake:2", [&passes] {
     passes.emplace_back();
@@ -458,10 +458,10 @@ TEST_F(InProcessFaultTest, ARestartedWorkersPassBudgetIsTheNewProcesses) {
   }
   s.reset();
   ASSERT_EQ(passes.size(), 2u);
-  EXPECT_LE(passes[0].tokens(), kBudget) << "before the restart, the coordinator's budget";
+  EXPECT_LE(passes[0].largest(), kBudget) << "before the restart, the coordinator's budget";
   // Sixteen sequences replay from position 0 on the new process, in passes only its budget
   // allows (the old one cut every pass to 24: no round here drafts more alone).
-  EXPECT_GT(passes[1].tokens(), kBudget) << "after it, the new process's";
+  EXPECT_GT(passes[1].largest(), kBudget) << "after it, the new process's";
   EXPECT_THAT(events,
               ::testing::Contains(
                   "target worker at fake:2 takes passes of up to 4096 tokens now (was 24)"));

@@ -23,14 +23,14 @@
 #include "services/coordinator/local_worker.h"
 #include "tests/common/engine/engine_test_util.h"
 #include "tests/services/coordinator/forwarding_worker.h"
-#include "tests/services/coordinator/largest_pass.h"
+#include "tests/services/coordinator/pass_counter.h"
 #include "tests/test_util.h"
 
 namespace specd {
 namespace {
 
 using ::testing::HasSubstr;
-using testing::LargestPass;
+using testing::PassCounter;
 using testing::ScopedTempDir;
 
 // Collects a request's events; Wait() returns once the last one arrived.
@@ -209,7 +209,7 @@ class DraftingMethodsSchedulerTest : public SchedulerTest,
                                      public ::testing::WithParamInterface<ChunkAndBudget> {};
 
 TEST_P(DraftingMethodsSchedulerTest, EveryDraftingMethodBatchedTogetherMatchesSolo) {
-  LargestPass draft_pass, target_pass;
+  PassCounter draft_pass, target_pass;
   MakeWorkers(8192, true, {&draft_pass, &target_pass});
   std::vector<std::pair<int32_t, bool>> lengths;  // (realized K, EGAG stopped) per drafting round
   SchedulerOptions o;
@@ -267,10 +267,10 @@ TEST_P(DraftingMethodsSchedulerTest, EveryDraftingMethodBatchedTogetherMatchesSo
   EXPECT_TRUE(std::any_of(lengths.begin(), lengths.end(), [](const auto& l) { return l.second; }))
       << "EGAG never stopped a draft";
   if (GetParam().pass_tokens > 0) {
-    EXPECT_LE(draft_pass.tokens(), GetParam().pass_tokens);
-    EXPECT_LE(target_pass.tokens(), GetParam().pass_tokens);
+    EXPECT_LE(draft_pass.largest(), GetParam().pass_tokens);
+    EXPECT_LE(target_pass.largest(), GetParam().pass_tokens);
   } else if (GetParam().prefill_chunk == 0) {
-    EXPECT_GT(target_pass.tokens(), 3 * 24);  // what a budget of 24 has to cut
+    EXPECT_GT(target_pass.largest(), 3 * 24);  // what a budget of 24 has to cut
   }
   ExpectNoBlocksUsed();
 }
@@ -920,34 +920,6 @@ TEST_F(SchedulerTest, OutputsAreTheSameWithCachingAndChunkingOnAndOff) {
   }
 }
 
-// Counts what a worker computed: the tokens of its forward passes and the catch-up tokens it took
-// from its prefix cache.
-class ComputedTokens final : public RuntimeObserver {
- public:
-  void OnForward(ForwardKind, int64_t, int64_t tokens, absl::Duration) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    forwarded_ += tokens;
-  }
-  void OnKvChanged(const KvPool&) override {}
-  void OnPrefixCache(int64_t, int64_t hit) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    hit_ += hit;
-  }
-  int64_t forwarded() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return forwarded_;
-  }
-  int64_t hit() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return hit_;
-  }
-
- private:
-  std::mutex mu_;
-  int64_t forwarded_ = 0;
-  int64_t hit_ = 0;
-};
-
 // n completions of one 100-token prompt and a greedy request for it arrive together, with a
 // prefill chunk of 16 so that the prompt takes rounds. With in-batch prefix sharing the first
 // computes the prompt and the others wait until fewer than 32 shared tokens are left to compute
@@ -969,8 +941,8 @@ TEST_F(SchedulerTest, CompletionsOfOnePromptComputeItOnce) {
   std::map<bool, std::vector<std::vector<int32_t>>> outputs;
   std::map<bool, int64_t> target_forwarded;
   for (const bool sharing : {true, false}) {
-    ComputedTokens draft_counts;
-    ComputedTokens target_counts;
+    PassCounter draft_counts;
+    PassCounter target_counts;
     MakeWorkers(8192, /*prefix_caching=*/true, {&draft_counts, &target_counts});
     SchedulerOptions o;
     o.prefill_chunk = 16;
@@ -1027,7 +999,7 @@ TEST_F(SchedulerTest, EveryForwardPassStaysWithinThePassBudgetAndOutputsAreUncha
   std::map<int64_t, std::vector<std::vector<int32_t>>> outputs;
   for (const int64_t budget : {int64_t{0}, kBudget}) {
     SCOPED_TRACE(::testing::Message() << "budget " << budget);
-    LargestPass draft_pass, target_pass;
+    PassCounter draft_pass, target_pass;
     MakeWorkers(8192, true, {&draft_pass, &target_pass});
     SchedulerOptions o;
     o.prefill_chunk = 64;
@@ -1049,12 +1021,12 @@ TEST_F(SchedulerTest, EveryForwardPassStaysWithinThePassBudgetAndOutputsAreUncha
     if (budget == 0) {
       // The budget has work to do. How many prompts meet in the first passes depends on how
       // many were submitted before the scheduler's first round, so no more than that is sure.
-      EXPECT_GT(target_pass.tokens(), kBudget);
-      EXPECT_GT(draft_pass.tokens(), kBudget);
+      EXPECT_GT(target_pass.largest(), kBudget);
+      EXPECT_GT(draft_pass.largest(), kBudget);
     } else {
-      EXPECT_LE(target_pass.tokens(), budget);
-      EXPECT_LE(draft_pass.tokens(), budget);
-      EXPECT_GT(target_pass.tokens(), budget / 2);  // and the passes are still filled
+      EXPECT_LE(target_pass.largest(), budget);
+      EXPECT_LE(draft_pass.largest(), budget);
+      EXPECT_GT(target_pass.largest(), budget / 2);  // and the passes are still filled
     }
     scheduler.reset();
     // Ten prompts of 60 or more tokens cannot all start in passes of 96.
