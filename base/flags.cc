@@ -104,6 +104,15 @@ absl::StatusOr<double> Flags::GetDouble(std::string_view name, double min, doubl
 
 bool Flags::GetBool(std::string_view name) const { return Get(name) == "true"; }
 
+absl::StatusOr<bool> Flags::GetOnOff(std::string_view name) const {
+  const std::string text = Get(name);
+  if (text != "on" && text != "off") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--", std::string(name), " must be on or off, got '", text, "'"));
+  }
+  return text == "on";
+}
+
 std::string Flags::Usage(const std::vector<FlagSpec>& specs) {
   std::string out;
   for (const FlagSpec& s : specs) {

@@ -43,6 +43,8 @@ class Flags {
   absl::StatusOr<double> GetDouble(std::string_view name) const;
   absl::StatusOr<double> GetDouble(std::string_view name, double min, double max) const;
   bool GetBool(std::string_view name) const;
+  // A switch given as on or off; INVALID_ARGUMENT naming the flag for anything else.
+  absl::StatusOr<bool> GetOnOff(std::string_view name) const;
   const std::vector<std::string>& positional() const { return positional_; }
 
   static std::string Usage(const std::vector<FlagSpec>& specs);

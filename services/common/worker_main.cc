@@ -121,12 +121,7 @@ absl::StatusOr<WorkerConfig> ReadConfig(const Flags& flags) {
   SPECD_ASSIGN_OR_RETURN(c.engine.max_seq_len, flags.GetInt("max-seq-len", 0, int64_t{1} << 31));
   SPECD_ASSIGN_OR_RETURN(c.engine.max_pass_tokens,
                          flags.GetInt("max-pass-tokens", kMinMaxPassTokens, int64_t{1} << 24));
-  const std::string prefix_caching = flags.Get("prefix-caching");
-  if (prefix_caching != "on" && prefix_caching != "off") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--prefix-caching must be on or off, got '", prefix_caching, "'"));
-  }
-  c.engine.prefix_caching = prefix_caching == "on";
+  SPECD_ASSIGN_OR_RETURN(c.engine.prefix_caching, flags.GetOnOff("prefix-caching"));
   SPECD_ASSIGN_OR_RETURN(c.backend.kind, kernels::ParseBackendKind(flags.Get("backend")));
   SPECD_ASSIGN_OR_RETURN(c.engine.kv_dtype, kernels::ParseKvDType(flags.Get("kv-dtype")));
   SPECD_ASSIGN_OR_RETURN(c.engine.gpu_memory_fraction, flags.GetDouble("gpu-memory-fraction"));
@@ -154,12 +149,7 @@ absl::StatusOr<WorkerConfig> ReadConfig(const Flags& flags) {
     c.engine.peer_fixed_bytes = m.weights_bytes + m.scratch_reserve_bytes;
     c.engine.peer_kv_bytes_per_token = m.kv_bytes_per_token;
   }
-  const std::string graphs = flags.Get("cuda-graphs");
-  if (graphs != "on" && graphs != "off") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--cuda-graphs must be on or off, got '", graphs, "'"));
-  }
-  c.engine.record_forwards = graphs == "on";
+  SPECD_ASSIGN_OR_RETURN(c.engine.record_forwards, flags.GetOnOff("cuda-graphs"));
   SPECD_ASSIGN_OR_RETURN(const int64_t threads, flags.GetInt("threads", 0, 4096));
   c.backend.num_threads = static_cast<int>(threads);
   SPECD_ASSIGN_OR_RETURN(c.metrics_port, flags.GetInt("metrics-port", -1, 65535));

@@ -275,11 +275,8 @@ int Run(int argc, char** argv) {
     LogLine(kProgram) << "--default-k (" << default_k << ") exceeds --max-k (" << max_k << ")";
     return 2;
   }
-  const std::string prefix_sharing = flags->Get("prefix-sharing");
-  if (prefix_sharing != "on" && prefix_sharing != "off") {
-    LogLine(kProgram) << "--prefix-sharing must be on or off, got '" << prefix_sharing << "'";
-    return 2;
-  }
+  const absl::StatusOr<bool> prefix_sharing = flags->GetOnOff("prefix-sharing");
+  if (!prefix_sharing.ok()) return FlagError(prefix_sharing.status());
   const std::string draft_method = flags->Get("draft-method");
   if (draft_method != "model" && draft_method != "ngram") {
     LogLine(kProgram) << "--draft-method must be model or ngram, got '" << draft_method << "'";
@@ -508,7 +505,7 @@ int Run(int argc, char** argv) {
     metrics.OnDraftLength(k, entropy_stopped);
   };
   so.on_deferred = [&metrics](int64_t sequences) { metrics.OnDeferred(sequences); };
-  so.prefix_block_size = prefix_sharing == "on" && ti.prefix_caching() ? ti.kv_block_size() : 0;
+  so.prefix_block_size = *prefix_sharing && ti.prefix_caching() ? ti.kv_block_size() : 0;
   so.prefix_pool_blocks = ti.kv_total_blocks();
   so.on_prefix_wait = [&metrics](int64_t sequences) { metrics.OnPrefixWait(sequences); };
   using MetricsWorker = CoordinatorMetrics::Worker;

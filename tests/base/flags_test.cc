@@ -18,6 +18,7 @@ const std::vector<FlagSpec> kSpecs = {
     {"scale", "a number", ""},
     {"model", "model dir", "", false, /*required=*/true},
     {"verbose", "a switch", "", /*is_bool=*/true},
+    {"caching", "on or off", "on"},
 };
 
 TEST(FlagsTest, ParsesBothValueFormsDefaultsAndBools) {
@@ -62,6 +63,21 @@ TEST(FlagsTest, ErrorsNameTheFlag) {
               HasSubstr("--threads must be in [1, 16], got 99"));
   f = Flags::Parse({"--model", "m", "--scale", "nan"}, kSpecs);
   EXPECT_FALSE(f->GetDouble("scale").ok());
+}
+
+TEST(FlagsTest, OnOffSwitchesTakeOnlyOnOrOff) {
+  absl::StatusOr<Flags> f = Flags::Parse({"--model", "m"}, kSpecs);
+  ASSERT_TRUE(f.ok());
+  absl::StatusOr<bool> on = f->GetOnOff("caching");
+  ASSERT_TRUE(on.ok()) << on.status();
+  EXPECT_TRUE(*on);
+  f = Flags::Parse({"--model", "m", "--caching", "off"}, kSpecs);
+  absl::StatusOr<bool> off = f->GetOnOff("caching");
+  ASSERT_TRUE(off.ok()) << off.status();
+  EXPECT_FALSE(*off);
+  f = Flags::Parse({"--model", "m", "--caching=yes"}, kSpecs);
+  EXPECT_THAT(f->GetOnOff("caching").status().message(),
+              HasSubstr("--caching must be on or off, got 'yes'"));
 }
 
 TEST(FlagsTest, PositionalArgumentsOnlyWhenAllowed) {
