@@ -28,13 +28,13 @@ import pathlib
 import random
 import socket
 import statistics
-import subprocess
 import sys
 import threading
 import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import llamacpp  # noqa: E402  (the sibling script: models and their GGUF files)
+from server import Server  # noqa: E402
 
 PROMPT_TOKENS = 32
 
@@ -43,44 +43,11 @@ def log(msg):
     print(f"llamacpp_serve: {msg}", file=sys.stderr, flush=True)
 
 
-class Server:
-    """A server process on a loopback port, stopped on close()."""
-
-    def __init__(self, name, cmd, ready, port_of, log_path):
-        self.log = open(log_path, "w+b")
-        self.proc = subprocess.Popen([str(c) for c in cmd], stdout=self.log,
-                                     stderr=subprocess.STDOUT)
-        deadline = time.time() + 300
-        while time.time() < deadline:
-            if self.proc.poll() is not None:
-                sys.exit(f"llamacpp_serve: {name} exited:\n{self.output()[-3000:]}")
-            out = self.output()
-            if ready in out:
-                self.port = port_of(out)
-                return
-            time.sleep(0.2)
-        self.close()
-        sys.exit(f"llamacpp_serve: {name} did not become ready in 300 s")
-
-    def output(self):
-        self.log.flush()
-        self.log.seek(0)
-        return self.log.read().decode(errors="replace")
-
-    def close(self):
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-        self.log.close()
-
-
 def start_specd(bench, target, args):
     cmd = [bench.specd_bin, "serve", "--target", target, "--draft-exit-layer", args.draft_layers,
            "--threads", args.threads, "--listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0",
            "--served-model-name", "bench"]
-    return Server("specd", cmd, "listening on ",
+    return Server("llamacpp_serve: specd", cmd, "listening on ",
                   lambda out: int(out.split("http on ")[1].split()[0].rsplit(":", 1)[1]),
                   bench.work / "specd-serve.log")
 
@@ -95,7 +62,7 @@ def start_llama(bench, target_gguf, draft_gguf, args, slots):
     cmd = [server, "-m", target_gguf, "-md", draft_gguf, "-t", args.threads, "-tb", args.threads,
            "-np", slots, "-c", ctx, "--host", "127.0.0.1", "--port", port,
            "--draft-max", max(args_ks(args)), "--draft-min", "0", "--draft-p-min", "0"]
-    return Server("llama-server", cmd, "server is listening", lambda _: port,
+    return Server("llamacpp_serve: llama-server", cmd, "server is listening", lambda _: port,
                   bench.work / "llama-server.log")
 
 

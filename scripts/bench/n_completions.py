@@ -19,7 +19,6 @@ import os
 import pathlib
 import random
 import re
-import signal
 import statistics
 import subprocess
 import sys
@@ -28,6 +27,10 @@ import urllib.request
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SPECD = pathlib.Path(os.environ.get("SPECD", ROOT / "build" / "tools" / "specd"))
+MODEL_ID = "bench"
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from server import Server  # noqa: E402
 
 
 def log(msg):
@@ -35,29 +38,17 @@ def log(msg):
 
 
 def start(model, sharing, threads, log_path):
-    """A `specd serve` with its HTTP API on a free port; returns (process, http address)."""
-    out = open(log_path, "w+")
-    proc = subprocess.Popen(
-        [str(SPECD), "serve", "--target", str(model), "--draft-exit-layer", "2",
-         "--threads", str(threads), "--kv-tokens", "32768", "--listen", "127.0.0.1:0",
-         "--http-listen", "127.0.0.1:0", "--prefix-sharing", sharing],
-        stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    deadline = time.time() + 300
-    while time.time() < deadline:
-        out.seek(0)
-        text = out.read()
-        if "listening on" in text:
-            return proc, re.search(r"^http on (\S+)", text, re.M).group(1)
-        if proc.poll() is not None:
-            sys.exit(f"n_completions: specd serve exited:\n{text[-3000:]}")
-        time.sleep(0.1)
-    os.killpg(proc.pid, signal.SIGINT)
-    sys.exit("n_completions: specd serve did not listen within 5 minutes")
+    """A `specd serve` with its HTTP API on a free port (.port: its address)."""
+    cmd = [SPECD, "serve", "--target", model, "--draft-exit-layer", "2", "--threads", threads,
+           "--kv-tokens", "32768", "--listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0",
+           "--prefix-sharing", sharing, "--served-model-name", MODEL_ID]
+    return Server(f"n_completions: specd serve --prefix-sharing {sharing}", cmd, "listening on ",
+                  lambda out: re.search(r"^http on (\S+)", out, re.M).group(1), log_path)
 
 
-def complete(address, model_id, prompt, n, max_tokens):
+def complete(address, prompt, n, max_tokens):
     """Seconds for one non-streamed completion request with n choices."""
-    body = json.dumps({"model": model_id, "prompt": prompt, "max_tokens": max_tokens, "n": n,
+    body = json.dumps({"model": MODEL_ID, "prompt": prompt, "max_tokens": max_tokens, "n": n,
                        "temperature": 0.8, "seed": 1, "ignore_eos": True}).encode()
     start = time.time()
     reply = urllib.request.urlopen(urllib.request.Request(
@@ -89,19 +80,15 @@ def main():
     times = {s: {1: [], args.n: []} for s in servers}
     rng = random.Random(5)
     try:
-        model_id = json.loads(urllib.request.urlopen(
-            f"http://{servers['on'][1]}/v1/models").read())["data"][0]["id"]
         for r in range(args.repeats):
             for n in (1, args.n):
                 prompt = [rng.randrange(3, vocab) for _ in range(args.prompt_tokens)]
                 for s in (("on", "off") if r % 2 == 0 else ("off", "on")):
-                    times[s][n].append(complete(servers[s][1], model_id, prompt, n,
-                                                args.max_tokens))
+                    times[s][n].append(complete(servers[s].port, prompt, n, args.max_tokens))
             log(f"repeat {r + 1}/{args.repeats} done")
     finally:
-        for proc, _ in servers.values():
-            os.killpg(proc.pid, signal.SIGINT)
-            proc.wait()
+        for server in servers.values():
+            server.close()
     med = {s: {n: statistics.median(v) for n, v in t.items()} for s, t in times.items()}
     print(f"{args.prompt_tokens}-token prompts, {args.max_tokens} new tokens, "
           f"median of {args.repeats}")
