@@ -41,7 +41,6 @@ class Collector {
       std::lock_guard<std::mutex> lock(mu_);
       tokens_.insert(tokens_.end(), e.tokens.begin(), e.tokens.end());
       text_ += e.text;
-      ++events_;
       if (e.finish != FinishReason::kNone || !e.error.ok()) {
         last_ = std::move(e);
         done_.set_value();
@@ -64,19 +63,50 @@ class Collector {
     std::lock_guard<std::mutex> lock(mu_);
     return last_;
   }
-  int events() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return events_;
-  }
 
  private:
   std::mutex mu_;
   std::vector<int32_t> tokens_;
   std::string text_;
-  int events_ = 0;
   GenerationEvent last_;
   std::promise<void> done_;
   std::future<void> done_future_ = done_.get_future();
+};
+
+// Holds the scheduler thread inside a request's sink at its n-th event until Release(), so that
+// a test can act between two rounds however slowly its own thread is scheduled. Releases itself
+// when destroyed, so a failed assertion does not leave the scheduler blocked.
+class PauseAt {
+ public:
+  explicit PauseAt(int n) : state_(std::make_shared<State>()) { state_->n = n; }
+  PauseAt(const PauseAt&) = delete;
+  PauseAt& operator=(const PauseAt&) = delete;
+  ~PauseAt() { Release(); }
+
+  Scheduler::EventSink Wrap(Scheduler::EventSink inner) {
+    return [state = state_, inner = std::move(inner)](GenerationEvent e) {
+      inner(std::move(e));
+      if (++state->events != state->n) return;
+      state->reached.set_value();
+      state->released_future.wait();
+    };
+  }
+  void WaitUntilReached() { state_->reached_future.wait(); }
+  void Release() {
+    std::call_once(state_->release_once, [&] { state_->released.set_value(); });
+  }
+
+ private:
+  struct State {
+    int n = 0;
+    int events = 0;  // touched only by the scheduler thread
+    std::promise<void> reached;
+    std::future<void> reached_future = reached.get_future();
+    std::promise<void> released;
+    std::shared_future<void> released_future = released.get_future().share();
+    std::once_flag release_once;
+  };
+  std::shared_ptr<State> state_;
 };
 
 class SchedulerTest : public ::testing::Test {
@@ -387,11 +417,13 @@ TEST_F(SchedulerTest, CancelFreesTheSequenceWithinARound) {
   MakeWorkers(4096);
   auto scheduler = MakeScheduler();
   Collector c;
+  PauseAt first_event(1);
   absl::StatusOr<Scheduler::RequestHandle> h =
-      scheduler->Submit(Greedy({1, 5, 6}, 200, 2), c.Sink());
+      scheduler->Submit(Greedy({1, 5, 6}, 200, 2), first_event.Wrap(c.Sink()));
   ASSERT_TRUE(h.ok());
-  while (c.events() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  first_event.WaitUntilReached();
   scheduler->Cancel(*h);
+  first_event.Release();
   ASSERT_TRUE(c.WaitFor(std::chrono::seconds(10)));
   EXPECT_EQ(c.last().error.code(), absl::StatusCode::kCancelled);
   EXPECT_LT(c.tokens().size(), 200u);
@@ -595,20 +627,23 @@ TEST_F(SchedulerTest, ALongPromptIsFedOneChunkPerRoundWhileARunningStreamDecodes
     std::map<int64_t, int64_t> tokens_in_round;
     Collector running;
     Scheduler::EventSink inner = running.Sink();
-    ASSERT_TRUE(scheduler
-                    ->Submit(Greedy(running_prompt, 120, 2),
-                             [&](GenerationEvent e) {
-                               {
-                                 std::lock_guard<std::mutex> lock(mu);
-                                 tokens_in_round[target.rounds() - 1] +=
-                                     static_cast<int64_t>(e.tokens.size());
-                               }
-                               inner(std::move(e));
-                             })
-                    .ok());
-    while (running.events() < 3) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    // The long prompt joins after the running stream's third round, while it still has most of
+    // its tokens to go.
+    PauseAt third_event(3);
+    ASSERT_TRUE(
+        scheduler
+            ->Submit(Greedy(running_prompt, 120, 2), third_event.Wrap([&](GenerationEvent e) {
+              {
+                std::lock_guard<std::mutex> lock(mu);
+                tokens_in_round[target.rounds() - 1] += static_cast<int64_t>(e.tokens.size());
+              }
+              inner(std::move(e));
+            }))
+            .ok());
+    third_event.WaitUntilReached();
     Collector long_one;
     ASSERT_TRUE(scheduler->Submit(Greedy(long_prompt, 4, 2), long_one.Sink()).ok());
+    third_event.Release();
     ASSERT_TRUE(long_one.WaitFor(std::chrono::seconds(60)));
     ASSERT_TRUE(running.WaitFor(std::chrono::seconds(60)));
     EXPECT_EQ(long_one.tokens(), long_solo);
