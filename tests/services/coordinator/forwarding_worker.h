@@ -3,7 +3,9 @@
 #ifndef SPECD_TESTS_SERVICES_COORDINATOR_FORWARDING_WORKER_H_
 #define SPECD_TESTS_SERVICES_COORDINATOR_FORWARDING_WORKER_H_
 
+#include <condition_variable>
 #include <functional>
+#include <mutex>
 #include <span>
 #include <string>
 #include <vector>
@@ -46,6 +48,34 @@ class ForwardingWorker : public WorkerApi {
 
  protected:
   WorkerApi& inner_;
+};
+
+// A worker whose Probe waits for Open(). The scheduler probes its workers once before it admits
+// anything, so requests submitted before Open() are admitted together in its first round, however
+// late the test's own thread runs. Open it in an absl::Cleanup declared after the scheduler, so a
+// failed assertion does not leave ~Scheduler waiting for its thread.
+class GatedWorker final : public ForwardingWorker {
+ public:
+  explicit GatedWorker(WorkerApi& inner) : ForwardingWorker(inner) {}
+  absl::StatusOr<WorkerProbe> Probe(absl::Duration timeout) override {
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return open_; });
+    }
+    return inner_.Probe(timeout);
+  }
+  void Open() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      open_ = true;
+    }
+    cv_.notify_all();
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool open_ = false;
 };
 
 }  // namespace specd::testing

@@ -23,11 +23,13 @@
 #include "services/coordinator/scheduler.h"
 #include "tests/common/engine/engine_test_util.h"
 #include "tests/services/coordinator/forwarding_worker.h"
+#include "tests/services/coordinator/pause_at.h"
 #include "tests/test_util.h"
 
 namespace specd {
 namespace {
 
+using testing::PauseAt;
 using testing::ScopedTempDir;
 using Tokens = std::vector<int32_t>;
 
@@ -43,16 +45,12 @@ class Collector {
       if (e.finish != FinishReason::kNone || !e.error.ok()) {
         last_ = std::move(e);
         done_.set_value();
-      } else if (!e.tokens.empty() && !started_) {
-        started_ = true;
-        first_.set_value();
       }
     };
   }
   bool Wait(int seconds = 300) {
     return done_future_.wait_for(std::chrono::seconds(seconds)) == std::future_status::ready;
   }
-  void WaitForFirstTokens() { first_future_.wait(); }
   Tokens tokens() {
     std::lock_guard<std::mutex> lock(mu_);
     return tokens_;
@@ -65,11 +63,9 @@ class Collector {
  private:
   std::mutex mu_;
   Tokens tokens_;
-  bool started_ = false;
   GenerationEvent last_;
-  std::promise<void> done_, first_;
+  std::promise<void> done_;
   std::future<void> done_future_ = done_.get_future();
-  std::future<void> first_future_ = first_.get_future();
 };
 
 // Passes every call through and counts sequence results that say the worker's copy was not
@@ -481,13 +477,16 @@ TEST_F(GuidanceSchedulerTest, CancellingAGuidedRequestFreesBothHalvesOnBothWorke
   MakeWorkers(4096);
   auto scheduler = MakeScheduler(4);
   Collector c;
-  absl::StatusOr<Scheduler::RequestHandle> h =
-      scheduler->Submit(Guided({1, 5, 6, 7}, {1, 9}, 3.0f, 3, true, 200), c.Sink());
+  // The workers are read while the scheduler waits in the sink, with most of the request to go.
+  PauseAt first_tokens(1);
+  absl::StatusOr<Scheduler::RequestHandle> h = scheduler->Submit(
+      Guided({1, 5, 6, 7}, {1, 9}, 3.0f, 3, true, 200), first_tokens.Wrap(c.Sink()));
   ASSERT_TRUE(h.ok());
-  c.WaitForFirstTokens();
+  first_tokens.WaitUntilReached();
   EXPECT_TRUE(target_->runtime().CachedLength(*h | kCompanionIdBit).ok());
   EXPECT_TRUE(draft_->runtime().CachedLength(*h | kCompanionIdBit).ok());
   scheduler->Cancel(*h);
+  first_tokens.Release();
   ASSERT_TRUE(c.Wait());
   EXPECT_EQ(c.last().error.code(), absl::StatusCode::kCancelled);
   ExpectNoBlocksUsed();

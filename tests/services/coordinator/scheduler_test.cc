@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "common/engine/decode_loop.h"
 #include "common/synth/synth.h"
@@ -24,13 +25,16 @@
 #include "tests/common/engine/engine_test_util.h"
 #include "tests/services/coordinator/forwarding_worker.h"
 #include "tests/services/coordinator/pass_counter.h"
+#include "tests/services/coordinator/pause_at.h"
 #include "tests/test_util.h"
 
 namespace specd {
 namespace {
 
+using testing::GatedWorker;
 using ::testing::HasSubstr;
 using testing::PassCounter;
+using testing::PauseAt;
 using testing::ScopedTempDir;
 
 // Collects a request's events; Wait() returns once the last one arrived.
@@ -71,42 +75,6 @@ class Collector {
   GenerationEvent last_;
   std::promise<void> done_;
   std::future<void> done_future_ = done_.get_future();
-};
-
-// Holds the scheduler thread inside a request's sink at its n-th event until Release(), so that
-// a test can act between two rounds however slowly its own thread is scheduled. Releases itself
-// when destroyed, so a failed assertion does not leave the scheduler blocked.
-class PauseAt {
- public:
-  explicit PauseAt(int n) : state_(std::make_shared<State>()) { state_->n = n; }
-  PauseAt(const PauseAt&) = delete;
-  PauseAt& operator=(const PauseAt&) = delete;
-  ~PauseAt() { Release(); }
-
-  Scheduler::EventSink Wrap(Scheduler::EventSink inner) {
-    return [state = state_, inner = std::move(inner)](GenerationEvent e) {
-      inner(std::move(e));
-      if (++state->events != state->n) return;
-      state->reached.set_value();
-      state->released_future.wait();
-    };
-  }
-  void WaitUntilReached() { state_->reached_future.wait(); }
-  void Release() {
-    std::call_once(state_->release_once, [&] { state_->released.set_value(); });
-  }
-
- private:
-  struct State {
-    int n = 0;
-    int events = 0;  // touched only by the scheduler thread
-    std::promise<void> reached;
-    std::future<void> reached_future = reached.get_future();
-    std::promise<void> released;
-    std::shared_future<void> released_future = released.get_future().share();
-    std::once_flag release_once;
-  };
-  std::shared_ptr<State> state_;
 };
 
 class SchedulerTest : public ::testing::Test {
@@ -248,7 +216,10 @@ TEST_P(DraftingMethodsSchedulerTest, EveryDraftingMethodBatchedTogetherMatchesSo
   o.on_draft_length = [&lengths](int32_t k, bool stopped) { lengths.emplace_back(k, stopped); };
   o.prefill_chunk = GetParam().prefill_chunk;
   o.draft_pass_tokens = o.target_pass_tokens = GetParam().pass_tokens;
-  auto scheduler = MakeScheduler(/*max_running=*/8, 256, o);
+  // The first eight are admitted together, so that the first passes hold all their prompts.
+  GatedWorker gate(*target_);
+  auto scheduler = MakeScheduler(/*max_running=*/8, 256, o, &gate);
+  absl::Cleanup open_gate = [&gate] { gate.Open(); };
   std::vector<GenerationRequest> reqs;
   std::vector<std::unique_ptr<Collector>> out;
   for (int i = 0; i < 16; ++i) {
@@ -282,6 +253,7 @@ TEST_P(DraftingMethodsSchedulerTest, EveryDraftingMethodBatchedTogetherMatchesSo
     out.push_back(std::make_unique<Collector>());
     ASSERT_TRUE(scheduler->Submit(r, out.back()->Sink()).ok());
   }
+  gate.Open();
   for (size_t i = 0; i < reqs.size(); ++i) {
     ASSERT_TRUE(out[i]->WaitFor(std::chrono::seconds(60))) << "request " << i;
     const GenerationEvent last = out[i]->last();
@@ -985,12 +957,16 @@ TEST_F(SchedulerTest, CompletionsOfOnePromptComputeItOnce) {
     o.prefix_pool_blocks = 8192 / 16;
     int64_t waits = 0;
     o.on_prefix_wait = [&waits](int64_t sequences) { waits += sequences; };
-    auto scheduler = MakeScheduler(8, 256, o);
+    // All five arrive in the same round, with nothing of the prompt cached yet.
+    GatedWorker gate(*target_);
+    auto scheduler = MakeScheduler(8, 256, o, &gate);
+    absl::Cleanup open_gate = [&gate] { gate.Open(); };
     std::vector<std::unique_ptr<Collector>> cs;
     for (const GenerationRequest& r : reqs) {
       cs.push_back(std::make_unique<Collector>());
       ASSERT_TRUE(scheduler->Submit(r, cs.back()->Sink()).ok());
     }
+    gate.Open();
     for (auto& c : cs) {
       ASSERT_TRUE(c->WaitFor(std::chrono::seconds(120)));
       ASSERT_TRUE(c->last().error.ok()) << c->last().error;
@@ -1042,20 +1018,22 @@ TEST_F(SchedulerTest, EveryForwardPassStaysWithinThePassBudgetAndOutputsAreUncha
     o.target_pass_tokens = budget;
     int64_t deferred = 0;  // on the scheduler thread; read after it stopped
     o.on_deferred = [&deferred](int64_t sequences) { deferred += sequences; };
-    auto scheduler = MakeScheduler(16, 256, o);
+    GatedWorker gate(*target_);  // the ten arrive together
+    auto scheduler = MakeScheduler(16, 256, o, &gate);
+    absl::Cleanup open_gate = [&gate] { gate.Open(); };
     std::vector<std::unique_ptr<Collector>> cs;
     for (const GenerationRequest& r : reqs) {
       cs.push_back(std::make_unique<Collector>());
       ASSERT_TRUE(scheduler->Submit(r, cs.back()->Sink()).ok());
     }
+    gate.Open();
     for (auto& c : cs) {
       ASSERT_TRUE(c->WaitFor(std::chrono::seconds(120)));
       ASSERT_TRUE(c->last().error.ok()) << c->last().error;
       outputs[budget].push_back(c->tokens());
     }
     if (budget == 0) {
-      // The budget has work to do. How many prompts meet in the first passes depends on how
-      // many were submitted before the scheduler's first round, so no more than that is sure.
+      // The budget has work to do: the ten prompts' first chunks of 64 meet in one pass.
       EXPECT_GT(target_pass.largest(), kBudget);
       EXPECT_GT(draft_pass.largest(), kBudget);
     } else {
@@ -1091,7 +1069,9 @@ TEST_F(SchedulerTest, StreamsThatOutgrowThePassBudgetTakeTurns) {
   SchedulerOptions o;
   o.draft_pass_tokens = 10;
   o.target_pass_tokens = 10;
-  auto scheduler = MakeScheduler(4, 256, o);
+  GatedWorker gate(*target_);  // the four arrive together
+  auto scheduler = MakeScheduler(4, 256, o, &gate);
+  absl::Cleanup open_gate = [&gate] { gate.Open(); };
   std::mutex mu;
   std::vector<std::pair<size_t, bool>> log;  // (request, finished) per event with tokens
   std::vector<std::unique_ptr<Collector>> cs;
@@ -1106,6 +1086,7 @@ TEST_F(SchedulerTest, StreamsThatOutgrowThePassBudgetTakeTurns) {
     };
     ASSERT_TRUE(scheduler->Submit(reqs[i], std::move(sink)).ok());
   }
+  gate.Open();
   for (size_t i = 0; i < cs.size(); ++i) {
     ASSERT_TRUE(cs[i]->WaitFor(std::chrono::seconds(120)));
     ASSERT_TRUE(cs[i]->last().error.ok()) << cs[i]->last().error;
