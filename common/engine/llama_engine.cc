@@ -202,10 +202,14 @@ absl::StatusOr<std::unique_ptr<LlamaEngine>> LlamaEngine::Create(
   engine->output_vocab_ = std::move(output_vocab);
   const int64_t cache_bytes =
       c.num_layers * (num_blocks + trash_blocks) * options.kv_block_size * row_bytes;
-  SPECD_ASSIGN_OR_RETURN(engine->k_cache_,
-                         be.Allocate(cache_bytes, kernels::MemoryKind::kKvCache, "the K cache"));
-  SPECD_ASSIGN_OR_RETURN(engine->v_cache_,
-                         be.Allocate(cache_bytes, kernels::MemoryKind::kKvCache, "the V cache"));
+  // Named with what sized them, for the user whose pool does not fit.
+  const std::string cache_of =
+      absl::StrCat(" cache of ", capacity_tokens, " tokens (set by ",
+                   sized_by_share ? "--gpu-memory-fraction" : "--kv-tokens", ")");
+  SPECD_ASSIGN_OR_RETURN(engine->k_cache_, be.Allocate(cache_bytes, kernels::MemoryKind::kKvCache,
+                                                       absl::StrCat("the K", cache_of)));
+  SPECD_ASSIGN_OR_RETURN(engine->v_cache_, be.Allocate(cache_bytes, kernels::MemoryKind::kKvCache,
+                                                       absl::StrCat("the V", cache_of)));
   if (sized_by_share) {
     // The share counted the scratch of a full pass: take it now, so that a device without room
     // for it fails at start naming the bytes, not a pass under load.

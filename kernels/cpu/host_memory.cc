@@ -6,10 +6,12 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "base/math.h"
+#include "kernels/cpu/memory_headroom.h"
 
 namespace specd::kernels::cpu {
 namespace {
@@ -30,6 +32,13 @@ absl::StatusOr<void*> AllocateHostMemory(int64_t bytes) {
     if (p == nullptr) return absl::ResourceExhaustedError("aligned_alloc failed");
     std::memset(p, 0, static_cast<size_t>(bytes));
     return p;
+  }
+  // Every page is committed below, and past the headroom that does not fail: the kernel swaps,
+  // or its OOM killer ends the process with no word of why.
+  if (const std::optional<MemoryHeadroom> room = HostMemoryHeadroom();
+      room.has_value() && bytes > room->bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "only ", room->bytes >> 20, " MiB more memory can be committed: ", room->limited_by));
   }
   const int64_t mapped = MappedBytes(bytes);
   void* base = mmap(nullptr, static_cast<size_t>(mapped), PROT_READ | PROT_WRITE,

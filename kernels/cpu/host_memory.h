@@ -13,7 +13,8 @@ namespace specd::kernels::cpu {
 
 // `bytes` of zeroed memory, 64-byte aligned; 2 MiB aligned with huge pages requested from
 // 2 MiB up. Every page is resident on return, so no later write pays for its first touch.
-// RESOURCE_EXHAUSTED when the memory cannot be had.
+// RESOURCE_EXHAUSTED when the memory cannot be had, or when a large allocation is more than the
+// process can commit (memory_headroom.h): then the message names the limit.
 absl::StatusOr<void*> AllocateHostMemory(int64_t bytes);
 
 // Frees what AllocateHostMemory(bytes) returned.

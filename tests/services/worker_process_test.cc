@@ -18,6 +18,7 @@
 #include "kernels/backend.h"
 #include "nlohmann/json.hpp"
 #include "tests/common/worker/worker_reference.h"
+#include "tests/memory_cgroup.h"
 #include "tests/services/worker_fixture.h"
 #include "tests/test_util.h"
 
@@ -510,6 +511,27 @@ TEST_F(WorkerProcessTest, BadFlagsAndModelsFailClearly) {
 
   code = ChildProcess::Run(DraftWorkerBinary(), {"--help"}, &err);
   EXPECT_EQ(*code, 0);
+}
+
+// A KV cache over the memory limit of the worker's container fails at start with the bytes, the
+// limit and the flag that sized it, where it used to be killed by the OOM killer with no word.
+// The worker starts in a cgroup of 256 MiB through a shell that joins it first.
+TEST_F(WorkerProcessTest, AKvCacheOverTheMemoryLimitFailsAtStartNamingIt) {
+  absl::StatusOr<std::unique_ptr<ScopedMemoryCgroup>> cgroup =
+      ScopedMemoryCgroup::Create(int64_t{256} << 20);
+  if (!cgroup.ok()) GTEST_SKIP() << cgroup.status().message();
+  // At least 128 bytes a token in each of K and V: 4M tokens are over 256 MiB, under 256 GiB.
+  std::string err;
+  absl::StatusOr<int> code = ChildProcess::Run(
+      "/bin/sh",
+      {"-c", "echo $$ > \"$0\" && exec \"$@\"", (*cgroup)->procs().string(), TargetWorkerBinary(),
+       "--model", model().string(), "--kv-tokens", "4000000", "--metrics-port", "-1"},
+      &err);
+  ASSERT_TRUE(code.ok()) << code.status();
+  EXPECT_EQ(*code, 1) << err;
+  EXPECT_THAT(err, HasSubstr("K cache of 4000000 tokens (set by --kv-tokens)"));
+  EXPECT_THAT(err,
+              HasSubstr("MiB more memory can be committed: the memory cgroup limit of 256 MiB"));
 }
 
 // --kv-dtype sets what Info, the load log and /metrics report, and the KV memory it takes; the
