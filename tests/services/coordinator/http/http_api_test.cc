@@ -956,7 +956,7 @@ TEST_F(HttpErrorsTest, EveryErrorHasItsStatusAndHarmsNothing) {
   ExpectServing();
 
   // 503 while the coordinator drains: an open stream still finishes, new requests are refused.
-  std::unique_ptr<HttpConnection> draining = connect_stream(200);
+  std::unique_ptr<HttpConnection> draining = connect_stream(480);
   ASSERT_EQ((*draining->ReadHead()).status, 200);
   ASSERT_TRUE(draining->NextEvent().ok());
   const pid_t coordinator = serve_->Pid("coordinator");
