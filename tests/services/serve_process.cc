@@ -1,7 +1,6 @@
 #include "tests/services/serve_process.h"
 
 #include <chrono>
-#include <condition_variable>
 #include <cstdlib>
 #include <fstream>
 #include <mutex>
@@ -74,9 +73,19 @@ std::vector<ServeProcess::Stream> ServeProcess::Generate(
     const std::vector<v1::GenerateRequest>& reqs, int after,
     const std::function<void(int finished)>& on_first_tokens) {
   std::mutex mu;
-  std::condition_variable cv;
   int started = 0, finished = 0;
   bool hooked = false;  // on_first_tokens has started
+  // The hook runs on the stream thread that saw the `after`-th start (or the last finish), which
+  // is running then: waking another thread for it could take long enough on a loaded machine for
+  // the streams the hook means to catch in flight to finish first.
+  const auto hook_if_due = [&](std::unique_lock<std::mutex>& lock) {
+    if (!on_first_tokens || hooked) return;
+    if (started < after && finished < static_cast<int>(reqs.size())) return;
+    hooked = true;
+    const int finished_then = finished;
+    lock.unlock();
+    on_first_tokens(finished_then);
+  };
   std::vector<Stream> out(reqs.size());
   std::vector<std::thread> threads;
   for (size_t i = 0; i < reqs.size(); ++i) {
@@ -92,27 +101,17 @@ std::vector<ServeProcess::Stream> ServeProcess::Generate(
         out[i].messages.push_back(msg);
         if (first && msg.token_ids_size() > 0) {
           first = false;
-          std::lock_guard<std::mutex> lock(mu);
+          std::unique_lock<std::mutex> lock(mu);
           ++started;
-          cv.notify_all();
+          hook_if_due(lock);
         }
       }
       out[i].status = reader->Finish();
-      std::lock_guard<std::mutex> lock(mu);
+      std::unique_lock<std::mutex> lock(mu);
       ++finished;
       if (!hooked) out[i].done_before_hook = true;
-      cv.notify_all();
+      hook_if_due(lock);
     });
-  }
-  if (on_first_tokens) {
-    int finished_then = 0;
-    {
-      std::unique_lock<std::mutex> lock(mu);
-      cv.wait(lock, [&] { return started >= after || finished == static_cast<int>(reqs.size()); });
-      finished_then = finished;
-      hooked = true;
-    }
-    on_first_tokens(finished_then);
   }
   for (std::thread& t : threads) t.join();
   return out;
