@@ -477,18 +477,8 @@ TEST_F(SyntheticE2eTest, InvalidRequestsAreRejectedWithPreciseMessages) {
   EXPECT_TRUE(service_->Generate(TextRequest("hello", 4, 2)).status.ok());
 }
 
-// A counter from a process's /metrics; -1 when the series is absent.
-double MetricValue(int port, const std::string& name) {
-  const absl::StatusOr<std::string> text = testing::HttpGet(port, "/metrics");
-  EXPECT_TRUE(text.ok()) << text.status();
-  if (!text.ok()) return -1;
-  const size_t at = text->find("\n" + name + " ");
-  if (at == std::string::npos) return -1;
-  return std::stod(text->substr(at + name.size() + 2));
-}
-
-// A labelled series from a process's /metrics, e.g. name{guidance="target"}; -1 when absent.
-double LabeledMetricValue(int port, const std::string& series) {
+// A series from a process's /metrics ("name" or "name{labels}"); -1 when it is absent.
+double MetricValue(int port, const std::string& series) {
   const absl::StatusOr<std::string> text = testing::HttpGet(port, "/metrics");
   EXPECT_TRUE(text.ok()) << text.status();
   if (!text.ok()) return -1;
@@ -567,13 +557,12 @@ TEST_F(SyntheticE2eTest, GuidanceOverTheWire) {
   EXPECT_GE(changed, 3) << "guidance at scale 3 should change most outputs";
 
   const int port = service_->coordinator->metrics_port();
-  EXPECT_EQ(LabeledMetricValue(port, "specd_guided_requests_total{guidance=\"target\"}"), 12);
-  EXPECT_EQ(LabeledMetricValue(port, "specd_guided_requests_total{guidance=\"target_and_draft\"}"),
-            24);
+  EXPECT_EQ(MetricValue(port, "specd_guided_requests_total{guidance=\"target\"}"), 12);
+  EXPECT_EQ(MetricValue(port, "specd_guided_requests_total{guidance=\"target_and_draft\"}"), 24);
   for (const char* kind : {"target", "target_and_draft"}) {
-    EXPECT_GT(LabeledMetricValue(port, absl::StrCat("specd_spec_decode_num_draft_tokens_by_"
-                                                    "guidance_total{guidance=\"",
-                                                    kind, "\"}")),
+    EXPECT_GT(MetricValue(port, absl::StrCat("specd_spec_decode_num_draft_tokens_by_"
+                                             "guidance_total{guidance=\"",
+                                             kind, "\"}")),
               0)
         << kind;
   }
@@ -823,6 +812,72 @@ TEST(SharedPrefixE2eTest, SixteenStreamsSharingASystemPromptEqualOneAtATimeCachi
       EXPECT_EQ(got[i], reference[i]) << name << ", request " << i;
     }
   }
+}
+
+// The coordinator's --prefix-sharing reaches its scheduler and its metric. Four requests for one
+// 200-token prompt arrive together: the target is stopped while they do, so the first is admitted
+// and its round waits on the target while the other three queue behind it. With sharing on,
+// once the first has computed a 32-token chunk the three wait for it to compute the rest
+// (specd_prefix_sharing_waits_total counts them each round); off, none waits. The outputs are
+// the same either way.
+TEST(PrefixSharingE2eTest, RequestsForOnePromptWaitForTheOneComputingIt) {
+  ScopedTempDir tmp;
+  SynthSpec spec;
+  absl::StatusOr<ModelConfig> c = ShapePreset("tiny");
+  ASSERT_TRUE(c.ok());
+  spec.config = *c;
+  spec.config.vocab_size = 1000;
+  const std::filesystem::path model = tmp.path() / "m";
+  ASSERT_TRUE(WriteSyntheticModel(spec, model).ok());
+  v1::GenerateRequest r;
+  r.mutable_token_ids()->add_ids(1);
+  for (int j = 1; j < 200; ++j) r.mutable_token_ids()->add_ids(3 + (j * 37) % 900);
+  r.mutable_stopping()->set_max_new_tokens(8);
+  r.mutable_stopping()->set_ignore_eos(true);
+  r.mutable_speculation()->set_num_speculative_tokens(2);
+
+  std::map<bool, std::vector<std::vector<int32_t>>> outputs;
+  for (const bool sharing : {true, false}) {
+    SCOPED_TRACE(absl::StrCat("--prefix-sharing ", sharing ? "on" : "off"));
+    auto service =
+        Service::Start(model, model, 1, 16384, {},
+                       {"--prefill-chunk", "32", "--prefix-sharing", sharing ? "on" : "off"});
+    ASSERT_NE(service, nullptr);
+    const int port = service->coordinator->metrics_port();
+    ASSERT_GT(port, 0);
+    const auto wait_for = [port](const std::string& gauge, double at_least) {
+      for (int i = 0; i < 1000; ++i) {
+        if (MetricValue(port, gauge) >= at_least) return true;
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
+      return false;
+    };
+    service->target->Signal(SIGSTOP);
+    std::vector<std::future<Stream>> streams;
+    streams.push_back(std::async(std::launch::async, [&] { return service->Generate(r); }));
+    const bool first_running = wait_for("specd_num_requests_running", 1);
+    for (int i = 0; i < 3; ++i) {
+      streams.push_back(std::async(std::launch::async, [&] { return service->Generate(r); }));
+    }
+    const bool rest_queued = wait_for("specd_num_requests_waiting", 3);
+    service->target->Signal(SIGCONT);
+    ASSERT_TRUE(first_running);
+    ASSERT_TRUE(rest_queued);
+    for (auto& f : streams) {
+      const Stream s = f.get();
+      ASSERT_TRUE(s.status.ok()) << s.status.error_message();
+      outputs[sharing].push_back(s.tokens);
+    }
+    const double waits = MetricValue(port, "specd_prefix_sharing_waits_total");
+    if (sharing) {
+      EXPECT_GE(waits, 3);
+    } else {
+      EXPECT_EQ(waits, 0);
+    }
+    service->ExpectNoBlocksUsed();
+  }
+  EXPECT_EQ(outputs[true], outputs[false]);
+  for (const std::vector<int32_t>& tokens : outputs[true]) EXPECT_EQ(tokens, outputs[true][0]);
 }
 
 TEST(SpecdServeTest, StartsThreeProcessesServesAndStopsOnSigint) {
