@@ -689,6 +689,53 @@ absl::StatusOr<ProbRow> WorkerRuntime::ReadRow(SeqId seq, int32_t step) {
   return out;
 }
 
+absl::Status WorkerRuntime::WarmUp(bool draft) {
+  constexpr int32_t kDrafts = 4;
+  constexpr int64_t kPrompt = 8;
+  // An id no coordinator hands out before the worker serves, and not a companion's.
+  constexpr SeqId kWarmUpSeq = (SeqId{1} << 62) + 1;
+  const int64_t room =
+      std::min(engine_->max_seq_len(), engine_->kv().total_blocks() * engine_->kv().block_size());
+  const int64_t prompt = std::min(kPrompt, room - kDrafts - 1);
+  if (prompt < 1) return absl::OkStatus();  // a pool too small to warm up in serves as it is
+  const int64_t vocab = engine_->config().vocab_size;
+  std::vector<int32_t> tokens;
+  for (int64_t i = 0; i < prompt; ++i)
+    tokens.push_back(static_cast<int32_t>((i * 7919 + 1) % vocab));
+  SamplingParams sampling;
+  sampling.temperature = 1.0f;
+  RuntimeObserver* const observer = options_.observer;
+  options_.observer = nullptr;
+  absl::Status status;
+  if (draft) {
+    DraftSequenceRequest r;
+    r.seq = kWarmUpSeq;
+    r.catch_up = tokens;
+    r.num_speculative_tokens = kDrafts;
+    r.sampling = sampling;
+    r.prompt_len = prompt;
+    const std::vector<SequenceOutcome> out = Draft({&r, 1});
+    status = out.empty() ? absl::InternalError("no outcome") : out[0].status;
+  } else {
+    VerifySequenceRequest r;
+    r.seq = kWarmUpSeq;
+    r.catch_up = tokens;
+    r.drafts.assign(kDrafts, tokens.back());
+    r.num_candidates = kDrafts;
+    r.sampling = sampling;
+    r.prompt_len = prompt;
+    const std::vector<VerifySequenceResult> out = Verify({&r, 1});
+    status = out.empty() ? absl::InternalError("no result") : out[0].status;
+  }
+  if (seqs_.contains(kWarmUpSeq)) status.Update(Release(kWarmUpSeq));
+  options_.observer = observer;
+  if (!status.ok()) {
+    return absl::Status(status.code(), absl::StrCat("the warm-up ", draft ? "Draft" : "Verify",
+                                                    " call failed: ", status.message()));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status WorkerRuntime::Release(SeqId seq) {
   const auto it = seqs_.find(seq);
   if (it == seqs_.end()) return absl::NotFoundError(absl::StrCat("unknown sequence ", seq));

@@ -351,6 +351,12 @@ int WorkerMain(int argc, char** argv, const WorkerMainSpec& spec) {
                                    << ") so that the worker restarts on a fresh device context";
                                std::_Exit(kExitDeviceLost);
                              });
+  // On the engine thread, which then serves: its first real call finds everything warm.
+  std::promise<absl::Status> warmed;
+  engine_thread.Post([&warmed, draft = spec.role == pb::WORKER_ROLE_DRAFT](WorkerRuntime& r) {
+    warmed.set_value(r.WarmUp(draft));
+  });
+  if (const absl::Status st = warmed.get_future().get(); !st.ok()) return Fail(spec, st);
   WorkerRpcs rpcs(&engine_thread, *std::move(info));
   const std::unique_ptr<grpc::Service> service = spec.make_service(&rpcs);
 

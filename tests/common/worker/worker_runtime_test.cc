@@ -318,6 +318,44 @@ class CountingObserver : public RuntimeObserver {
   std::map<ForwardKind, int64_t> tokens_by_kind;
 };
 
+// WarmUp runs a throwaway call of either kind and takes it all back: no sequence, no block in use
+// or cached (its 12 tokens fill no 16-token block), nothing reported to the observer; the calls
+// after it give the oracle's tokens and rows, bit for bit. A worker whose sequences are too short
+// to hold it is left cold and still serves.
+TEST_F(WorkerRuntimeTest, WarmUpLeavesNoTraceAndChangesNoResult) {
+  for (const bool draft : {true, false}) {
+    SCOPED_TRACE(draft ? "draft" : "target");
+    CountingObserver seen;
+    auto rt = Runtime(4096, 0, &seen);
+    ASSERT_TRUE(rt->WarmUp(draft).ok());
+    EXPECT_EQ(rt->num_sequences(), 0);
+    EXPECT_EQ(rt->engine().kv().used_blocks(), 0);
+    EXPECT_EQ(rt->engine().kv().cached_blocks(), 0);
+    EXPECT_TRUE(seen.calls.empty());
+    EXPECT_EQ(seen.queried_tokens, 0);
+    EXPECT_EQ(seen.last_used_blocks, -1);
+
+    const DraftSequenceRequest d = DraftReq(7, Prompt(20, 3), 0, 3, Filtered(), 41, 15);
+    DraftLog log;
+    rt->Draft(Drafts{d}, log.Callback());
+    ExpectDraftEquals(log.tokens[7], testing::ReferenceDraft(oracle_, d.catch_up, d.prompt_len,
+                                                             d.sampling, d.seed, 3));
+    const std::vector<int32_t> prompt = Prompt(17, 4);
+    const std::vector<int32_t> drafts = {11, 250, 3, 3};
+    const auto out = rt->Verify(Verifies{VerifyReq(8, prompt, 0, drafts, Sampled(), 99, 17, 6)});
+    ASSERT_EQ(out.size(), 1u);
+    ExpectVerifyEquals(out[0],
+                       testing::ReferenceVerify(oracle_, prompt, 17, drafts, Sampled(), 99, 6));
+    EXPECT_EQ(seen.calls[ForwardKind::kVerify], 1);
+  }
+  auto small = Runtime(4096, /*max_seq_len=*/4);
+  EXPECT_TRUE(small->WarmUp(false).ok());
+  EXPECT_EQ(small->num_sequences(), 0);
+  const auto out = small->Verify(Verifies{VerifyReq(1, {5}, 0, {9, 9}, Greedy(), 1, 1, 0)});
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_TRUE(out[0].status.ok()) << out[0].status;
+}
+
 TEST_F(WorkerRuntimeTest, ChunkedCatchUpEqualsUnchunked) {
   // Prefix caching off: every chunk is computed, so the call counts are exact.
   CountingObserver chunked_obs;
