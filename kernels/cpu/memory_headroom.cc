@@ -55,14 +55,6 @@ std::optional<int64_t> ReadField(const fs::path& path, absl::string_view key) {
   return std::nullopt;
 }
 
-// The files of one cgroup version's memory controller.
-struct MemoryController {
-  fs::path mount;
-  const char* limit;
-  const char* usage;
-  const char* inactive_file;  // the memory.stat key
-};
-
 constexpr int64_t kMiB = int64_t{1} << 20;
 
 void Consider(std::optional<MemoryHeadroom>& least, int64_t bytes, std::string limited_by) {
@@ -70,21 +62,20 @@ void Consider(std::optional<MemoryHeadroom>& least, int64_t bytes, std::string l
   if (!least.has_value() || bytes < least->bytes) least = MemoryHeadroom{bytes, limited_by};
 }
 
-// Each cgroup from `path` up to the root of `controller`'s mount.
-void ConsiderCgroups(const MemoryController& controller, absl::string_view path,
-                     std::optional<MemoryHeadroom>& least) {
-  fs::path level = fs::path(std::string(path)).relative_path();
+// `cgroup` and each cgroup above it, up to the root of its mount.
+void ConsiderCgroups(const MemoryCgroup& cgroup, std::optional<MemoryHeadroom>& least) {
+  fs::path level = cgroup.path;
   while (true) {
-    const fs::path dir = controller.mount / level;
-    const std::optional<int64_t> limit = ReadNumber(dir / controller.limit);
-    const std::optional<int64_t> usage = ReadNumber(dir / controller.usage);
+    const fs::path dir = cgroup.mount / level;
+    const std::optional<int64_t> limit = ReadNumber(dir / cgroup.limit_file);
+    const std::optional<int64_t> usage = ReadNumber(dir / cgroup.usage_file);
     if (limit.has_value() && *limit < kNoLimit && usage.has_value()) {
       const int64_t inactive =
-          ReadField(dir / "memory.stat", controller.inactive_file).value_or(int64_t{0});
+          ReadField(dir / "memory.stat", cgroup.inactive_file).value_or(int64_t{0});
       const int64_t used = std::max<int64_t>(*usage - inactive, 0);
       Consider(least, *limit - used,
                absl::StrFormat("the memory cgroup limit of %d MiB (%s), with %d MiB in use",
-                               *limit / kMiB, (dir / controller.limit).string(), used / kMiB));
+                               *limit / kMiB, (dir / cgroup.limit_file).string(), used / kMiB));
     }
     if (level.empty()) return;
     level = level.parent_path();
@@ -93,29 +84,36 @@ void ConsiderCgroups(const MemoryController& controller, absl::string_view path,
 
 }  // namespace
 
+std::vector<MemoryCgroup> MemoryCgroupsAt(const fs::path& proc, const fs::path& cgroup_root) {
+  std::vector<MemoryCgroup> out;
+  const std::optional<std::string> cgroups = ReadSmallFile(proc / "self" / "cgroup");
+  if (!cgroups.has_value()) return out;
+  // Lines are "hierarchy-id:controllers:path"; v2's is "0::path".
+  for (const absl::string_view line : absl::StrSplit(*cgroups, '\n', absl::SkipEmpty())) {
+    const std::vector<absl::string_view> fields = absl::StrSplit(line, absl::MaxSplits(':', 2));
+    if (fields.size() != 3) continue;
+    const fs::path path = fs::path(std::string(fields[2])).relative_path();
+    if (fields[0] == "0" && fields[1].empty()) {
+      out.push_back({cgroup_root, path, "memory.max", "memory.current", "inactive_file"});
+      continue;
+    }
+    for (const absl::string_view c : absl::StrSplit(fields[1], ',')) {
+      if (c != "memory") continue;
+      out.push_back({cgroup_root / "memory", path, "memory.limit_in_bytes", "memory.usage_in_bytes",
+                     "total_inactive_file"});
+    }
+  }
+  return out;
+}
+
 std::optional<MemoryHeadroom> HostMemoryHeadroomAt(const fs::path& proc,
                                                    const fs::path& cgroup_root) {
   std::optional<MemoryHeadroom> least;
   if (const std::optional<int64_t> kib = ReadField(proc / "meminfo", "MemAvailable")) {
     Consider(least, *kib * 1024, "MemAvailable in /proc/meminfo");
   }
-  const std::optional<std::string> cgroups = ReadSmallFile(proc / "self" / "cgroup");
-  if (!cgroups.has_value()) return least;
-  // Lines are "hierarchy-id:controllers:path"; v2's is "0::path".
-  for (const absl::string_view line : absl::StrSplit(*cgroups, '\n', absl::SkipEmpty())) {
-    const std::vector<absl::string_view> fields = absl::StrSplit(line, absl::MaxSplits(':', 2));
-    if (fields.size() != 3) continue;
-    if (fields[0] == "0" && fields[1].empty()) {
-      ConsiderCgroups({cgroup_root, "memory.max", "memory.current", "inactive_file"}, fields[2],
-                      least);
-      continue;
-    }
-    for (const absl::string_view c : absl::StrSplit(fields[1], ',')) {
-      if (c != "memory") continue;
-      ConsiderCgroups({cgroup_root / "memory", "memory.limit_in_bytes", "memory.usage_in_bytes",
-                       "total_inactive_file"},
-                      fields[2], least);
-    }
+  for (const MemoryCgroup& cgroup : MemoryCgroupsAt(proc, cgroup_root)) {
+    ConsiderCgroups(cgroup, least);
   }
   return least;
 }

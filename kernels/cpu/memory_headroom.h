@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace specd::kernels::cpu {
 
@@ -18,6 +19,22 @@ struct MemoryHeadroom {
   // What sets it, for a person: "MemAvailable in /proc/meminfo" or the cgroup and its limit.
   std::string limited_by;
 };
+
+// One memory cgroup of this process, as /proc/self/cgroup names it: v1's memory controller or
+// v2's unified hierarchy, with the names of that version's files.
+struct MemoryCgroup {
+  std::filesystem::path mount;  // where the hierarchy's files are, e.g. /sys/fs/cgroup/memory
+  std::filesystem::path path;   // the process's cgroup under `mount` (relative)
+  const char* limit_file;       // memory.limit_in_bytes (v1) or memory.max (v2)
+  const char* usage_file;       // memory.usage_in_bytes or memory.current
+  const char* inactive_file;    // memory.stat's key: total_inactive_file or inactive_file
+};
+
+// This process's memory cgroups, read from `proc`/self/cgroup, with v1's under
+// `cgroup_root`/memory and v2's under `cgroup_root`. A listed cgroup's files may be missing
+// (a v2 line on a host whose memory controller is v1's, a container's namespaced path).
+std::vector<MemoryCgroup> MemoryCgroupsAt(const std::filesystem::path& proc,
+                                          const std::filesystem::path& cgroup_root);
 
 // The headroom of this process; nullopt when neither /proc/meminfo nor a cgroup says.
 std::optional<MemoryHeadroom> HostMemoryHeadroom();
