@@ -147,6 +147,28 @@ class SchedulerTest : public ::testing::Test {
     return r;
   }
 
+  // Runs `reqs` on a scheduler over the workers, all admitted together in its first round (they
+  // are submitted behind a GatedWorker, however late this thread runs), and appends each one's
+  // tokens to `*out` once every one has finished without error. The scheduler has stopped on
+  // return. Call it in ASSERT_NO_FATAL_FAILURE.
+  void RunTogether(const std::vector<GenerationRequest>& reqs, int64_t max_running,
+                   const SchedulerOptions& o, std::vector<std::vector<int32_t>>* out) {
+    std::vector<std::unique_ptr<Collector>> cs;  // outlive the scheduler that calls them
+    GatedWorker gate(*target_);
+    auto scheduler = MakeScheduler(max_running, 256, o, &gate);
+    absl::Cleanup open_gate = [&gate] { gate.Open(); };
+    for (const GenerationRequest& r : reqs) {
+      cs.push_back(std::make_unique<Collector>());
+      ASSERT_TRUE(scheduler->Submit(r, cs.back()->Sink()).ok());
+    }
+    gate.Open();
+    for (auto& c : cs) {
+      ASSERT_TRUE(c->WaitFor(std::chrono::seconds(120)));
+      ASSERT_TRUE(c->last().error.ok()) << c->last().error;
+      out->push_back(c->tokens());
+    }
+  }
+
   void ExpectNoBlocksUsed() {
     EXPECT_EQ(target_->runtime().engine().kv().used_blocks(), 0);
     EXPECT_EQ(draft_->runtime().engine().kv().used_blocks(), 0);
@@ -958,21 +980,7 @@ TEST_F(SchedulerTest, CompletionsOfOnePromptComputeItOnce) {
     int64_t waits = 0;
     o.on_prefix_wait = [&waits](int64_t sequences) { waits += sequences; };
     // All five arrive in the same round, with nothing of the prompt cached yet.
-    GatedWorker gate(*target_);
-    auto scheduler = MakeScheduler(8, 256, o, &gate);
-    absl::Cleanup open_gate = [&gate] { gate.Open(); };
-    std::vector<std::unique_ptr<Collector>> cs;
-    for (const GenerationRequest& r : reqs) {
-      cs.push_back(std::make_unique<Collector>());
-      ASSERT_TRUE(scheduler->Submit(r, cs.back()->Sink()).ok());
-    }
-    gate.Open();
-    for (auto& c : cs) {
-      ASSERT_TRUE(c->WaitFor(std::chrono::seconds(120)));
-      ASSERT_TRUE(c->last().error.ok()) << c->last().error;
-      outputs[sharing].push_back(c->tokens());
-    }
-    scheduler.reset();
+    ASSERT_NO_FATAL_FAILURE(RunTogether(reqs, 8, o, &outputs[sharing]));
     ExpectNoBlocksUsed();
     target_forwarded[sharing] = target_counts.forwarded();
     if (sharing) {
@@ -1018,20 +1026,7 @@ TEST_F(SchedulerTest, EveryForwardPassStaysWithinThePassBudgetAndOutputsAreUncha
     o.target_pass_tokens = budget;
     int64_t deferred = 0;  // on the scheduler thread; read after it stopped
     o.on_deferred = [&deferred](int64_t sequences) { deferred += sequences; };
-    GatedWorker gate(*target_);  // the ten arrive together
-    auto scheduler = MakeScheduler(16, 256, o, &gate);
-    absl::Cleanup open_gate = [&gate] { gate.Open(); };
-    std::vector<std::unique_ptr<Collector>> cs;
-    for (const GenerationRequest& r : reqs) {
-      cs.push_back(std::make_unique<Collector>());
-      ASSERT_TRUE(scheduler->Submit(r, cs.back()->Sink()).ok());
-    }
-    gate.Open();
-    for (auto& c : cs) {
-      ASSERT_TRUE(c->WaitFor(std::chrono::seconds(120)));
-      ASSERT_TRUE(c->last().error.ok()) << c->last().error;
-      outputs[budget].push_back(c->tokens());
-    }
+    ASSERT_NO_FATAL_FAILURE(RunTogether(reqs, 16, o, &outputs[budget]));  // the ten together
     if (budget == 0) {
       // The budget has work to do: the ten prompts' first chunks of 64 meet in one pass.
       EXPECT_GT(target_pass.largest(), kBudget);
@@ -1041,7 +1036,6 @@ TEST_F(SchedulerTest, EveryForwardPassStaysWithinThePassBudgetAndOutputsAreUncha
       EXPECT_LE(draft_pass.largest(), budget);
       EXPECT_GT(target_pass.largest(), budget / 2);  // and the passes are still filled
     }
-    scheduler.reset();
     // Ten prompts of 60 or more tokens cannot all start in passes of 96.
     EXPECT_EQ(deferred > 0, budget > 0) << deferred;
     ExpectNoBlocksUsed();
