@@ -15,11 +15,13 @@
 #include <fstream>
 #include <random>
 #include <sstream>
+#include <string>
 #include <thread>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
 
 namespace specd::testing {
 namespace {
@@ -241,6 +243,15 @@ absl::StatusOr<std::string> HttpGet(int port, const std::string& path) {
         absl::StrCat("HTTP error: ", response.substr(0, response.find("\r\n"))));
   }
   return response.substr(body + 4);
+}
+
+double MetricValue(int port, const std::string& series) {
+  const absl::StatusOr<std::string> text = HttpGet(port, "/metrics");
+  EXPECT_TRUE(text.ok()) << text.status();
+  if (!text.ok()) return -1;
+  const size_t at = text->find("\n" + series + " ");
+  if (at == std::string::npos) return -1;
+  return std::stod(text->substr(at + series.size() + 2));
 }
 
 }  // namespace specd::testing

@@ -72,6 +72,10 @@ absl::Status StopProcess(pid_t pid);
 // The body of GET http://127.0.0.1:port/path (HTTP/1.0, so the server closes the connection).
 absl::StatusOr<std::string> HttpGet(int port, const std::string& path);
 
+// A series from the /metrics of 127.0.0.1:port ("name" or "name{labels}"); -1 when it is absent.
+// A failed scrape fails the test.
+double MetricValue(int port, const std::string& series);
+
 }  // namespace specd::testing
 
 #endif  // SPECD_TESTS_SERVICES_WORKER_PROCESS_H_

@@ -31,6 +31,7 @@ namespace specd {
 namespace {
 
 using testing::ChildProcess;
+using testing::MetricValue;
 using ::testing::HasSubstr;
 using ::testing::Not;
 using testing::ScopedTempDir;
@@ -475,16 +476,6 @@ TEST_F(SyntheticE2eTest, InvalidRequestsAreRejectedWithPreciseMessages) {
   }
   // A bad request harms nothing: a good one still works.
   EXPECT_TRUE(service_->Generate(TextRequest("hello", 4, 2)).status.ok());
-}
-
-// A series from a process's /metrics ("name" or "name{labels}"); -1 when it is absent.
-double MetricValue(int port, const std::string& series) {
-  const absl::StatusOr<std::string> text = testing::HttpGet(port, "/metrics");
-  EXPECT_TRUE(text.ok()) << text.status();
-  if (!text.ok()) return -1;
-  const size_t at = text->find("\n" + series + " ");
-  if (at == std::string::npos) return -1;
-  return std::stod(text->substr(at + series.size() + 2));
 }
 
 // Classifier-free guidance over the wire (the worker codec carries the companions): bad values
