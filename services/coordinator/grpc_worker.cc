@@ -97,7 +97,9 @@ absl::StatusOr<WorkerProbe> GrpcWorker::Probe(absl::Duration timeout) {
   }
   free_kv_tokens_ = info.kv_free_blocks() * info.kv_block_size();
   epoch_ = info.epoch();
-  return WorkerProbe{info.epoch(), info.max_pass_tokens()};
+  return WorkerProbe{
+      info.epoch(), info.max_pass_tokens(),
+      PrefixCacheShape{info.prefix_caching() ? info.kv_block_size() : 0, info.kv_total_blocks()}};
 }
 
 bool GrpcWorker::Connected() const {

@@ -74,8 +74,9 @@ std::vector<FlagSpec> CoordinatorFlags() {
        "512"},
       {"prefix-sharing",
        "on: a prompt that shares at least 32 tokens of whole KV blocks with one another sequence "
-       "is computing waits for them and takes them from the workers' prefix caches (with the "
-       "target's --prefix-caching on); off: each prompt computes its own copy",
+       "is computing waits for them and takes them from the workers' prefix caches (while the "
+       "target's --prefix-caching is on, as a restarted target declares it); off: each prompt "
+       "computes its own copy",
        "on"},
       {"default-max-new-tokens", "max_new_tokens when a request does not say", "256"},
       {"worker-wait-seconds", "how long to wait for the workers at start-up", "120"},
@@ -505,7 +506,8 @@ int Run(int argc, char** argv) {
     metrics.OnDraftLength(k, entropy_stopped);
   };
   so.on_deferred = [&metrics](int64_t sequences) { metrics.OnDeferred(sequences); };
-  so.prefix_block_size = *prefix_sharing && ti.prefix_caching() ? ti.kv_block_size() : 0;
+  so.prefix_sharing = *prefix_sharing;
+  so.prefix_block_size = ti.prefix_caching() ? ti.kv_block_size() : 0;
   so.prefix_pool_blocks = ti.kv_total_blocks();
   so.on_prefix_wait = [&metrics](int64_t sequences) { metrics.OnPrefixWait(sequences); };
   using MetricsWorker = CoordinatorMetrics::Worker;

@@ -36,7 +36,7 @@ Scheduler::Scheduler(WorkerApi& draft, WorkerApi& target, const Tokenizer* token
   const RecoveryOptions recovery = RecoveryOptionsFrom(options);
   target_ = std::make_unique<SupervisedWorker>(target, recovery);
   if (&draft != &target) draft_ = std::make_unique<SupervisedWorker>(draft, recovery);
-  if (options.prefix_block_size > 0) {
+  if (options.prefix_sharing && options.prefix_block_size > 0) {
     computed_prefixes_.emplace(options.prefix_block_size, options.prefix_pool_blocks);
   }
   thread_ = std::thread([this] { Loop(); });
@@ -301,7 +301,7 @@ void Scheduler::RecoverWorkers() {
     if (!shutting_down_.load()) w->CheckLiveness(absl::Now());
     if (w->ProbeIfDue(absl::Now()) != SupervisedWorker::Recovery::kRestarted) continue;
     if (options_.on_worker_restart) options_.on_worker_restart(w == target_.get());
-    if (w == target_.get() && computed_prefixes_.has_value()) computed_prefixes_->Clear();
+    if (w == target_.get()) FollowTargetPrefixCache();
     // An operator may restart a worker with another --max-pass-tokens (as the deferred metric
     // advises); the budget is the new process's from its first round.
     int64_t& budget = w == target_.get() ? options_.target_pass_tokens : options_.draft_pass_tokens;
@@ -318,6 +318,7 @@ void Scheduler::RecoverWorkers() {
       if (w == target_.get()) {
         a.seq.ResetTargetCache(0);
         a.target_in_doubt = false;
+        a.block_hashes.clear();  // recorded again as it replays into the new cache
       } else {
         a.seq.ResetDraftCache(0);
         a.draft_in_doubt = false;
@@ -327,6 +328,28 @@ void Scheduler::RecoverWorkers() {
     std::lock_guard<std::mutex> lock(mu_);
     for (auto& a : waiting_) forget(*a);
   }
+}
+
+void Scheduler::FollowTargetPrefixCache() {
+  const std::optional<PrefixCacheShape> shape = target_->prefix_cache();
+  if (!options_.prefix_sharing || !shape.has_value()) {
+    if (computed_prefixes_.has_value()) computed_prefixes_->Clear();
+    return;
+  }
+  const int64_t was = computed_prefixes_.has_value() ? computed_prefixes_->block_size() : 0;
+  if (shape->block_size > 0) {
+    computed_prefixes_.emplace(shape->block_size, shape->pool_blocks);
+  } else {
+    computed_prefixes_.reset();
+  }
+  if (shape->block_size == was || !options_.on_worker_event) return;
+  options_.on_worker_event(
+      shape->block_size > 0
+          ? absl::StrCat(target_->Name(), " caches prefixes in blocks of ", shape->block_size,
+                         " tokens now: prompts that share them compute them once")
+          : absl::StrCat(target_->Name(),
+                         " caches no prefixes now: each prompt computes its own copy until it "
+                         "does (--prefix-caching)"));
 }
 
 bool Scheduler::Resync(Active& a, SupervisedWorker& w) {

@@ -137,10 +137,12 @@ struct SchedulerOptions {
   // Called on the scheduler thread after a round in which the pass budget deferred `sequences`
   // running sequences (metrics); may be empty. Must not block.
   std::function<void(int64_t sequences)> on_deferred;
-  // The target worker's KV block size when it caches prefixes (InfoResponse), 0 when it does not:
-  // with it, prompts that share blocks another sequence is computing wait for them
-  // (prefix_sharing.h). prefix_pool_blocks: the target's pool size, the most blocks its cache can
-  // hold (what the scheduler remembers of it).
+  // In-batch prefix sharing (--prefix-sharing): prompts that share blocks another sequence is
+  // computing wait for them (prefix_sharing.h), while the target caches prefixes. At the start
+  // that is prefix_block_size, the target's KV block size when it caches prefixes (InfoResponse),
+  // 0 when it does not, and prefix_pool_blocks, its pool size, the most blocks its cache can hold
+  // (what the scheduler remembers of it); a restarted target's probe declares its own.
+  bool prefix_sharing = false;
   int64_t prefix_block_size = 0;
   int64_t prefix_pool_blocks = 0;
   // Called on the scheduler thread after a round in which `sequences` running sequences waited for
@@ -221,6 +223,9 @@ class Scheduler {
   std::vector<SupervisedWorker*> workers();
   // Probes unavailable workers that are due; a restarted one holds nothing any more.
   void RecoverWorkers();
+  // Prefix sharing after a target restart: the new process's cache, of its own block size, or
+  // none.
+  void FollowTargetPrefixCache();
   // Makes TargetStatus() say what the target is now, and tells on_worker_up of every change.
   void PublishWorkerState();
   // The unavailable worker that `a`'s next round needs, or null.

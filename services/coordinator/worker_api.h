@@ -22,12 +22,22 @@
 namespace specd {
 
 // What a liveness probe learns about a worker.
+// A worker's prefix cache as its InfoResponse declares it (prefix_caching, kv_block_size,
+// kv_total_blocks): in-batch prefix sharing follows the target's.
+struct PrefixCacheShape {
+  int64_t block_size = 0;  // 0: the worker caches no prefixes
+  int64_t pool_blocks = 0;
+};
+
 struct WorkerProbe {
   // Changes every time the worker process starts: a new epoch means its caches are gone.
   uint64_t epoch = 0;
   // The worker's per-pass token budget (InfoResponse.max_pass_tokens), which a restart with other
   // flags may change; nullopt where the worker does not say (in-process workers).
   std::optional<int64_t> max_pass_tokens;
+  // Its prefix cache, which a restart with other flags may change too; nullopt where the worker
+  // does not say.
+  std::optional<PrefixCacheShape> prefix_cache;
 };
 
 class WorkerApi {

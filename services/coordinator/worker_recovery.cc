@@ -129,6 +129,7 @@ std::optional<SupervisedWorker::Recovery> SupervisedWorker::ProbeIfDue(absl::Tim
   const bool restarted = epoch_.has_value() && *epoch_ != probe->epoch;
   epoch_ = probe->epoch;
   max_pass_tokens_ = probe->max_pass_tokens;
+  prefix_cache_ = probe->prefix_cache;
   if (down_ || restarted) {
     Log(absl::StrCat(name_, " is back", restarted ? " (restarted: its sequences replay)" : ""));
   }

@@ -70,6 +70,8 @@ class SupervisedWorker final : public WorkerApi {
   bool up() const { return !down_; }
   // The per-pass token budget the worker declared at its last answered probe, if it says.
   std::optional<int64_t> max_pass_tokens() const { return max_pass_tokens_; }
+  // Its prefix cache as of its last answered probe, if it says.
+  std::optional<PrefixCacheShape> prefix_cache() const { return prefix_cache_; }
   // When the next probe is due; InfiniteFuture while the worker is up and trusted.
   absl::Time next_probe() const;
 
@@ -113,6 +115,7 @@ class SupervisedWorker final : public WorkerApi {
   absl::Duration backoff_;
   std::optional<uint64_t> epoch_;
   std::optional<int64_t> max_pass_tokens_;
+  std::optional<PrefixCacheShape> prefix_cache_;
   absl::flat_hash_set<SeqId> orphans_;
 };
 

@@ -5,6 +5,7 @@
 // seeded sampling alike), and both workers must end with every KV block free.
 #include <signal.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -19,6 +20,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -34,6 +36,7 @@
 #include "specd/v1/generation.grpc.pb.h"
 #include "specd/worker/v1/worker.grpc.pb.h"
 #include "tests/common/engine/engine_test_util.h"
+#include "tests/services/coordinator/forwarding_worker.h"
 #include "tests/services/coordinator/pass_counter.h"
 #include "tests/services/serve_process.h"
 #include "tests/services/worker_fixture.h"
@@ -152,7 +155,10 @@ class FaultyWorker final : public WorkerApi {
   absl::StatusOr<WorkerProbe> Probe(absl::Duration /*timeout*/) override {
     std::lock_guard<std::mutex> lock(mu_);
     SPECD_RETURN_IF_ERROR(CheckUp());
-    return WorkerProbe{epoch_, pass_tokens_};
+    const auto& kv = runtime_->engine().kv();
+    return WorkerProbe{
+        epoch_, pass_tokens_,
+        PrefixCacheShape{kv.prefix_caching() ? kv.block_size() : 0, kv.total_blocks()}};
   }
   std::string Name() const override { return name_; }
 
@@ -416,6 +422,103 @@ TEST_F(InProcessFaultTest, RequestsGiveUpOnAWorkerThatStaysAwayAndItsBlocksAreFr
   ASSERT_TRUE(after.WaitFor(std::chrono::seconds(30)));
   EXPECT_TRUE(after.error().ok()) << after.error();
   EXPECT_EQ(after.tokens().size(), 24u);
+}
+
+// A target restarted with --prefix-caching switched gets the prefix sharing its new process
+// supports, without restarting the coordinator. Four completions of one 100-token prompt start
+// together, and the target crashes in their third round, so all four replay that prompt together
+// on the new process: they wait for one another's blocks after the restart exactly when the new
+// process caches prefixes. Outputs are unchanged either way.
+TEST_F(InProcessFaultTest, PrefixSharingFollowsARestartedTargetsCache) {
+  std::vector<GenerationRequest> reqs;
+  for (uint32_t i = 0; i < 4; ++i) {
+    GenerationRequest r;
+    r.prompt = {1};
+    for (int j = 1; j < 100; ++j) r.prompt.push_back(3 + (j * 37) % 290);
+    r.sampling.temperature = i == 0 ? 0.0f : 0.9f;
+    r.seed = 7;
+    r.sample = i;
+    r.max_new_tokens = 24;
+    r.ignore_eos = true;
+    r.num_speculative_tokens = 2;
+    reqs.push_back(r);
+  }
+  draft_ = MakeWorker(true);
+  target_ = MakeWorker(false);
+  std::vector<std::vector<int32_t>> reference;
+  {
+    auto s = MakeScheduler(absl::Seconds(10));
+    for (auto& c : RunAll(*s, reqs)) {
+      EXPECT_TRUE(c->error().ok()) << c->error();
+      reference.push_back(c->tokens());
+    }
+  }
+  for (const bool caching_after : {false, true}) {
+    SCOPED_TRACE(caching_after ? "restarted with prefix caching" : "restarted without it");
+    int processes = 0;
+    draft_ = MakeWorker(true);
+    target_ = std::make_unique<FaultyWorker>("target worker at fake:2", [&] {
+      EngineOptions options;
+      options.kv_capacity_tokens = 4096;
+      options.kv_block_size = 16;
+      options.prefix_caching = (processes++ == 0) != caching_after;
+      return std::make_unique<WorkerRuntime>(testing::MakeTestEngine(dir_->path(), 1, options),
+                                             WorkerRuntimeOptions{});
+    });
+    target_->Arm(3, FaultyWorker::Fault::kCrash, absl::Milliseconds(200));
+    SchedulerOptions o = Options(absl::Seconds(10));
+    o.prefix_sharing = true;
+    o.prefix_block_size = caching_after ? 0 : 16;  // the first process's cache
+    o.prefix_pool_blocks = 4096 / 16;
+    std::mutex mu;
+    std::vector<std::string> timeline;  // restarts and rounds with waits, in order
+    std::vector<std::string> events;
+    o.on_prefix_wait = [&](int64_t sequences) {
+      std::lock_guard<std::mutex> lock(mu);
+      if (sequences > 0) timeline.push_back("wait");
+    };
+    o.on_worker_restart = [&](bool target) {
+      std::lock_guard<std::mutex> lock(mu);
+      if (target) timeline.push_back("restart");
+    };
+    o.on_worker_event = [&](const std::string& e) {
+      std::lock_guard<std::mutex> lock(mu);
+      events.push_back(e);
+    };
+    testing::GatedWorker gated(*target_);  // all four are admitted in the first round
+    auto s = std::make_unique<Scheduler>(*draft_, gated, nullptr, o);
+    absl::Cleanup open = [&gated] { gated.Open(); };
+    std::vector<std::unique_ptr<Collector>> results;
+    for (const GenerationRequest& r : reqs) {
+      results.push_back(std::make_unique<Collector>());
+      ASSERT_TRUE(s->Submit(r, results.back()->Sink()).ok());
+    }
+    gated.Open();
+    for (size_t i = 0; i < results.size(); ++i) {
+      ASSERT_TRUE(results[i]->WaitFor(std::chrono::seconds(60)));
+      ASSERT_TRUE(results[i]->error().ok()) << "request " << i << ": " << results[i]->error();
+      EXPECT_EQ(results[i]->tokens(), reference[i]) << "request " << i;
+    }
+    s.reset();
+    ASSERT_EQ(processes, 2);
+    const auto restart = std::find(timeline.begin(), timeline.end(), "restart");
+    ASSERT_NE(restart, timeline.end());
+    const auto waits_before = std::count(timeline.begin(), restart, "wait");
+    const auto waits_after = std::count(restart, timeline.end(), "wait");
+    if (caching_after) {
+      EXPECT_EQ(waits_before, 0);
+      EXPECT_GT(waits_after, 0);
+      EXPECT_THAT(events, ::testing::Contains(
+                              "target worker at fake:2 caches prefixes in blocks of 16 tokens "
+                              "now: prompts that share them compute them once"));
+    } else {
+      EXPECT_GT(waits_before, 0);
+      EXPECT_EQ(waits_after, 0);
+      EXPECT_THAT(events, ::testing::Contains(::testing::StartsWith(
+                              "target worker at fake:2 caches no prefixes now")));
+    }
+    ExpectNoBlocksUsed();
+  }
 }
 
 // A target restarted with a larger --max-pass-tokens (as the deferred metric advises) gets passes

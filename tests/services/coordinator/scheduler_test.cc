@@ -917,6 +917,7 @@ TEST_F(SchedulerTest, OutputsAreTheSameWithCachingAndChunkingOnAndOff) {
       MakeWorkers(8192, caching);
       SchedulerOptions o;
       o.prefill_chunk = chunk;
+      o.prefix_sharing = true;  // as the coordinator's flag is by default
       o.prefix_block_size = caching ? 16 : 0;
       o.prefix_pool_blocks = 8192 / 16;
       auto scheduler = MakeScheduler(8, 256, o);
@@ -975,7 +976,8 @@ TEST_F(SchedulerTest, CompletionsOfOnePromptComputeItOnce) {
     MakeWorkers(8192, /*prefix_caching=*/true, {&draft_counts, &target_counts});
     SchedulerOptions o;
     o.prefill_chunk = 16;
-    o.prefix_block_size = sharing ? 16 : 0;
+    o.prefix_sharing = sharing;
+    o.prefix_block_size = 16;
     o.prefix_pool_blocks = 8192 / 16;
     int64_t waits = 0;
     o.on_prefix_wait = [&waits](int64_t sequences) { waits += sequences; };
