@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/synth/synth.h"
@@ -150,6 +151,12 @@ class TimedTarget final : public testing::ForwardingWorker {
   }
   void Open() { Set(&open_); }
   void Resume() { Set(&resumed_); }
+  // Both, so that ~Scheduler does not wait for its thread forever after a failed assertion:
+  // call it from an absl::Cleanup declared after the scheduler.
+  void Unblock() {
+    Open();
+    Resume();
+  }
   void WaitUntilHeld() {
     std::unique_lock<std::mutex> lock(mu_);
     cv_.wait(lock, [&] { return held_; });
@@ -431,6 +438,7 @@ TEST_F(GuidanceSchedulerTest, PreemptedBesideARequestThatFinishesInTheSameRoundI
 
   TimedTarget target(*target_, /*hold_at=*/0, /*exhaust_at=*/3);
   auto scheduler = MakeScheduler(4, {}, nullptr, &target);
+  absl::Cleanup unblock = [&target] { target.Unblock(); };
   Collector ca, cb;
   ASSERT_TRUE(scheduler->Submit(a, ca.Sink()).ok());
   const absl::StatusOr<Scheduler::RequestHandle> hb = scheduler->Submit(b, cb.Sink());
@@ -454,6 +462,7 @@ TEST_F(GuidanceSchedulerTest, ARequestThatCannotFitAloneFailsWhileOthersWait) {
   MakeWorkers(2 * 16);
   TimedTarget target(*target_, /*hold_at=*/1, /*exhaust_at=*/0);
   auto scheduler = MakeScheduler(4, {}, nullptr, &target);
+  absl::Cleanup unblock = [&target] { target.Unblock(); };
   const GenerationRequest big =
       Guided({1, 5, 6, 7, 8, 9, 10, 11, 12, 13}, {1, 600, 700}, 2.0f, 2, true, 60);
   GenerationRequest small = Guided({1, 8}, {1}, 1.0f, 1, false, 4);
