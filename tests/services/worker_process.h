@@ -44,7 +44,10 @@ class ChildProcess {
   const std::string& address() const { return address_; }
   std::shared_ptr<grpc::Channel> Channel() const;
 
-  // Sends SIGTERM and waits: the exit code, or 128 + signal if it died of a signal.
+  // Sends SIGTERM and waits: the exit code, or 128 + signal if it died of a signal. Close this
+  // process's channels to it first (drop their stubs): a gRPC server's shutdown waits for its
+  // connections to close, and an idle client notices the GOAWAY only at its backup poll, every
+  // 5 s.
   int Terminate();
   // Sends `signal` without waiting.
   void Signal(int signal);

@@ -461,6 +461,7 @@ TEST_F(WorkerProcessTest, CancelledDraftKeepsTheCacheConsistent) {
   ASSERT_TRUE(ds->Info(&context, {}, &info).ok());
   EXPECT_EQ(info.kv_free_blocks(), info.kv_total_blocks());
   // Nothing is left hanging: the drain completes at once (and leak-free under ASan).
+  ds.reset();
   EXPECT_EQ(draft->Terminate(), 0) << draft->StderrText();
 }
 
@@ -555,10 +556,12 @@ TEST_F(WorkerProcessTest, KvDtypeAndBackendAreReported) {
     auto target =
         Start(false, {"--kv-dtype", dtype, "--kv-tokens", "512", "--max-pass-tokens", "384"});
     ASSERT_TRUE(target);
-    auto ts = pb::TargetWorker::NewStub(target->Channel());
-    grpc::ClientContext context;
     pb::InfoResponse info;
-    ASSERT_TRUE(ts->Info(&context, {}, &info).ok());
+    {  // the channel closes with the stub, before Terminate()
+      auto ts = pb::TargetWorker::NewStub(target->Channel());
+      grpc::ClientContext context;
+      ASSERT_TRUE(ts->Info(&context, {}, &info).ok());
+    }
     EXPECT_EQ(info.kv_dtype(), dtype);
     EXPECT_EQ(info.max_pass_tokens(), 384);
     EXPECT_THAT(target->StderrText(), HasSubstr("max pass 384 tokens"));
