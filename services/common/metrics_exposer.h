@@ -11,11 +11,30 @@
 
 namespace specd {
 
-// Serves `collectable` on host:port (port 0 picks a free one) and stores the bound port in
-// `*bound_port`. UNAVAILABLE naming --metrics-port when the address cannot be bound.
-absl::StatusOr<std::unique_ptr<prometheus::Exposer>> ServeMetrics(
-    const std::string& host, int port, const std::shared_ptr<prometheus::Collectable>& collectable,
-    int* bound_port);
+// A prometheus-cpp Exposer that stops at once. Its civetweb listener looks at the stop flag only
+// between polls of its listening socket, 2 s each, so a plain ~Exposer held every process's exit
+// for up to 2 s; this one connects to its own port while it stops, which ends the poll.
+class MetricsExposer {
+ public:
+  // Serves `collectable` on host:port (port 0 picks a free one). UNAVAILABLE naming
+  // --metrics-port when the address cannot be bound.
+  static absl::StatusOr<std::unique_ptr<MetricsExposer>> Serve(
+      const std::string& host, int port,
+      const std::shared_ptr<prometheus::Collectable>& collectable);
+
+  // Takes over `exposer`, which listens on host:port (as Serve makes one).
+  MetricsExposer(std::unique_ptr<prometheus::Exposer> exposer, const std::string& host, int port);
+  MetricsExposer(const MetricsExposer&) = delete;
+  MetricsExposer& operator=(const MetricsExposer&) = delete;
+  ~MetricsExposer();
+
+  int port() const { return port_; }
+
+ private:
+  std::unique_ptr<prometheus::Exposer> exposer_;
+  const std::string host_;  // as bound: a wildcard address is reached on loopback
+  const int port_;
+};
 
 }  // namespace specd
 

@@ -1,5 +1,6 @@
 #include "services/common/worker_metrics.h"
 
+#include <cmath>
 #include <exception>
 #include <string>
 #include <vector>
@@ -16,14 +17,14 @@ constexpr std::array<ForwardKind, 3> kKinds = {ForwardKind::kCatchUp, ForwardKin
 // 100 us .. ~26 s in factors of 2: a tiny draft step to a long prefill chunk.
 prometheus::Histogram::BucketBoundaries DurationBuckets() {
   prometheus::Histogram::BucketBoundaries b;
-  for (double s = 1e-4; s < 30.0; s *= 2.0) b.push_back(s);
+  for (int i = 0; i < 19; ++i) b.push_back(std::ldexp(1e-4, i));
   return b;
 }
 
 // Sequences per forward pass: 1 .. 1024 in factors of 2.
 prometheus::Histogram::BucketBoundaries BatchBuckets() {
   prometheus::Histogram::BucketBoundaries b;
-  for (double n = 1; n <= 1024; n *= 2.0) b.push_back(n);
+  for (int i = 0; i <= 10; ++i) b.push_back(std::ldexp(1.0, i));
   return b;
 }
 
@@ -110,12 +111,11 @@ WorkerMetrics::WorkerMetrics() : registry_(std::make_shared<prometheus::Registry
 WorkerMetrics::~WorkerMetrics() = default;
 
 absl::StatusOr<int> WorkerMetrics::Serve(const std::string& host, int port) {
-  int bound = 0;
-  absl::StatusOr<std::unique_ptr<prometheus::Exposer>> exposer =
-      ServeMetrics(host, port, registry_, &bound);
+  absl::StatusOr<std::unique_ptr<MetricsExposer>> exposer =
+      MetricsExposer::Serve(host, port, registry_);
   if (!exposer.ok()) return exposer.status();
   exposer_ = *std::move(exposer);
-  return bound;
+  return exposer_->port();
 }
 
 void WorkerMetrics::OnLoaded(const LlamaEngine& engine) {

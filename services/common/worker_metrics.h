@@ -15,10 +15,10 @@
 #include "common/kv/kv_pool.h"
 #include "common/worker/worker_runtime.h"
 #include "prometheus/counter.h"
-#include "prometheus/exposer.h"
 #include "prometheus/gauge.h"
 #include "prometheus/histogram.h"
 #include "prometheus/registry.h"
+#include "services/common/metrics_exposer.h"
 
 namespace specd {
 
@@ -62,7 +62,7 @@ class WorkerMetrics final : public RuntimeObserver {
   std::array<prometheus::Histogram*, kNumKinds> forward_seconds_{};
   std::array<prometheus::Histogram*, kNumKinds> batch_size_{};
   std::array<prometheus::Counter*, kNumKinds> tokens_{};
-  std::unique_ptr<prometheus::Exposer> exposer_;
+  std::unique_ptr<MetricsExposer> exposer_;
 };
 
 }  // namespace specd

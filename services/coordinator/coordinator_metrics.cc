@@ -222,12 +222,11 @@ CoordinatorMetrics::CoordinatorMetrics(int max_position)
 CoordinatorMetrics::~CoordinatorMetrics() = default;
 
 absl::StatusOr<int> CoordinatorMetrics::Serve(const std::string& host, int port) {
-  int bound = 0;
-  absl::StatusOr<std::unique_ptr<prometheus::Exposer>> exposer =
-      ServeMetrics(host, port, collectable_, &bound);
+  absl::StatusOr<std::unique_ptr<MetricsExposer>> exposer =
+      MetricsExposer::Serve(host, port, collectable_);
   if (!exposer.ok()) return exposer.status();
   exposer_ = *std::move(exposer);
-  return bound;
+  return exposer_->port();
 }
 
 void CoordinatorMetrics::SetQueueSource(std::function<int64_t()> running,

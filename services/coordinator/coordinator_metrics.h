@@ -20,11 +20,11 @@
 #include "absl/time/time.h"
 #include "prometheus/collectable.h"
 #include "prometheus/counter.h"
-#include "prometheus/exposer.h"
 #include "prometheus/family.h"
 #include "prometheus/gauge.h"
 #include "prometheus/histogram.h"
 #include "prometheus/registry.h"
+#include "services/common/metrics_exposer.h"
 
 namespace specd {
 
@@ -142,7 +142,7 @@ class CoordinatorMetrics final {
   std::function<int64_t()> running_source_ ABSL_GUARDED_BY(mu_);
   std::function<int64_t()> waiting_source_ ABSL_GUARDED_BY(mu_);
 
-  std::unique_ptr<prometheus::Exposer> exposer_;
+  std::unique_ptr<MetricsExposer> exposer_;
 };
 
 }  // namespace specd
