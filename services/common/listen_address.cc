@@ -24,6 +24,7 @@ absl::StatusOr<ListenAddress> ParseListenAddress(absl::string_view flag, absl::s
     }
     a.unix_socket = true;
     a.host = "127.0.0.1";
+    a.metrics_host = a.host;
     return a;
   }
   const size_t colon = value.rfind(':');
@@ -35,6 +36,9 @@ absl::StatusOr<ListenAddress> ParseListenAddress(absl::string_view flag, absl::s
                      value, "'"));
   }
   a.host = std::string(value.substr(0, colon));
+  a.metrics_host = !absl::StartsWith(a.host, "[") ? a.host
+                   : a.host == "[::]"             ? "0.0.0.0"
+                                                  : "127.0.0.1";
   return a;
 }
 

@@ -1,6 +1,6 @@
 // The --listen flag of the services: a TCP "host:port" or a Unix socket, as gRPC names them
-// ("unix:PATH", "unix-abstract:NAME"). The Prometheus endpoint always listens on TCP, so a
-// service on a Unix socket serves /metrics on loopback.
+// ("unix:PATH", "unix-abstract:NAME"). The Prometheus endpoint always listens on IPv4 TCP, so a
+// service on a Unix socket or an IPv6 address serves /metrics on an IPv4 host beside it.
 #ifndef SPECD_SERVICES_COMMON_LISTEN_ADDRESS_H_
 #define SPECD_SERVICES_COMMON_LISTEN_ADDRESS_H_
 
@@ -14,7 +14,11 @@ namespace specd {
 struct ListenAddress {
   std::string grpc;          // as given: what ServerBuilder::AddListeningPort takes
   bool unix_socket = false;  // "unix:" or "unix-abstract:"
-  std::string host;          // the TCP host; 127.0.0.1 for a Unix socket (where /metrics goes)
+  std::string host;          // the TCP host ("[::1]" in brackets); 127.0.0.1 for a Unix socket
+  // Where /metrics listens. prometheus-cpp serves it with civetweb, which Debian builds without
+  // IPv6: the TCP host, but 0.0.0.0 for "[::]" (every interface) and 127.0.0.1 for any other
+  // IPv6 address or a Unix socket.
+  std::string metrics_host;
 
   // What a client dials once gRPC has bound it: "host:port" with the port it picked, or the
   // Unix socket as given.

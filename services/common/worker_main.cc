@@ -360,7 +360,7 @@ int WorkerMain(int argc, char** argv, const WorkerMainSpec& spec) {
   WorkerRpcs rpcs(&engine_thread, *std::move(info));
   const std::unique_ptr<grpc::Service> service = spec.make_service(&rpcs);
 
-  const std::string& host = config->listen.host;
+  const std::string& host = config->listen.metrics_host;
   if (config->metrics_port >= 0) {
     absl::StatusOr<int> port = metrics.Serve(host, static_cast<int>(config->metrics_port));
     if (!port.ok()) return Fail(spec, port.status());

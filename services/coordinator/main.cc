@@ -341,9 +341,10 @@ int Run(int argc, char** argv) {
   // Printed before "listening on", as the workers do, so launchers that stop reading at the
   // address have seen both.
   if (*metrics_port >= 0) {
-    absl::StatusOr<int> mport = metrics.Serve(host, static_cast<int>(*metrics_port));
+    const std::string& metrics_host = listen->metrics_host;
+    absl::StatusOr<int> mport = metrics.Serve(metrics_host, static_cast<int>(*metrics_port));
     if (!mport.ok()) return Fail(mport.status());
-    std::cout << "metrics on " << host << ":" << *mport << std::endl;
+    std::cout << "metrics on " << metrics_host << ":" << *mport << std::endl;
   }
   // The HTTP API, when asked for, answers 503 until the workers are up, as gRPC health does.
   std::unique_ptr<http::OpenAiApi> http_api;

@@ -3,7 +3,10 @@
 // health, reflection, /metrics, SIGTERM draining, cancellation, and flag errors.
 #include "tests/services/worker_process.h"
 
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <map>
@@ -461,7 +464,6 @@ TEST_F(WorkerProcessTest, CancelledDraftKeepsTheCacheConsistent) {
   ASSERT_TRUE(ds->Info(&context, {}, &info).ok());
   EXPECT_EQ(info.kv_free_blocks(), info.kv_total_blocks());
   // Nothing is left hanging: the drain completes at once (and leak-free under ASan).
-  ds.reset();
   EXPECT_EQ(draft->Terminate(), 0) << draft->StderrText();
 }
 
@@ -586,6 +588,35 @@ TEST_F(WorkerProcessTest, KvDtypeAndBackendAreReported) {
     EXPECT_THAT(*metrics, HasSubstr("specd_worker_kv_free_bytes " + std::to_string(kv_bytes)));
     EXPECT_EQ(target->Terminate(), 0);
   }
+}
+
+// A worker on IPv6 serves gRPC there and /metrics on IPv4 loopback (civetweb, under
+// prometheus-cpp, has no IPv6 in Debian's build); it used to fail at start.
+TEST_F(WorkerProcessTest, AnIpv6WorkerServesMetricsOnLoopback) {
+  const int probe = socket(AF_INET6, SOCK_STREAM, 0);
+  sockaddr_in6 loopback{};
+  loopback.sin6_family = AF_INET6;
+  loopback.sin6_addr = in6addr_loopback;
+  const bool has_ipv6 =
+      probe >= 0 && bind(probe, reinterpret_cast<sockaddr*>(&loopback), sizeof(loopback)) == 0;
+  if (probe >= 0) close(probe);
+  if (!has_ipv6) GTEST_SKIP() << "this machine has no IPv6 loopback to listen on";
+  auto target = Start(false, {"--listen", "[::1]:0"});
+  ASSERT_TRUE(target);
+  EXPECT_THAT(target->startup_lines(),
+              ::testing::Contains(::testing::StartsWith("metrics on 127.0.0.1:")));
+  EXPECT_THAT(target->startup_lines(),
+              ::testing::Contains(absl::StrCat("listening on [::1]:", target->port())));
+  EXPECT_GT(MetricValue(target->metrics_port(), "specd_worker_kv_blocks_used"), -1);
+  pb::InfoResponse info;
+  {  // the channel closes with the stub, before Terminate()
+    auto ts = pb::TargetWorker::NewStub(grpc::CreateChannel(absl::StrCat("[::1]:", target->port()),
+                                                            grpc::InsecureChannelCredentials()));
+    grpc::ClientContext context;
+    ASSERT_TRUE(ts->Info(&context, {}, &info).ok());
+  }
+  EXPECT_EQ(info.role(), pb::WORKER_ROLE_TARGET);
+  EXPECT_EQ(target->Terminate(), 0);
 }
 
 TEST_F(WorkerProcessTest, MetricsCanBeTurnedOff) {
