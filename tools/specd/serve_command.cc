@@ -501,15 +501,19 @@ int RunServe(const std::vector<std::string>& argv) {
   // The coordinator listens before it has checked its workers; announce the address only once
   // its health says SERVING, so a client that connects right away is served.
   bool serving = false;
-  const std::shared_ptr<grpc::Channel> coord_channel =
-      grpc::CreateChannel(coord.listen, grpc::InsecureChannelCredentials());
-  for (int i = 0; i < 1200 && !serving; ++i) {
-    absl::StatusOr<bool> s = IsServing(coord_channel, coord.listen, "", 1.0);
-    serving = s.ok() && *s;
-    if (!serving) usleep(100 * 1000);
-    if (waitpid(coord.pid, nullptr, WNOHANG) == coord.pid) {
-      coord.pid = -1;
-      return fail(absl::UnavailableError("the coordinator exited before serving"));
+  {
+    // Closed once it has answered: an idle channel would hold the coordinator's shutdown until
+    // this process's gRPC noticed the GOAWAY, a second or more.
+    const std::shared_ptr<grpc::Channel> coord_channel =
+        grpc::CreateChannel(coord.listen, grpc::InsecureChannelCredentials());
+    for (int i = 0; i < 1200 && !serving; ++i) {
+      absl::StatusOr<bool> s = IsServing(coord_channel, coord.listen, "", 1.0);
+      serving = s.ok() && *s;
+      if (!serving) usleep(100 * 1000);
+      if (waitpid(coord.pid, nullptr, WNOHANG) == coord.pid) {
+        coord.pid = -1;
+        return fail(absl::UnavailableError("the coordinator exited before serving"));
+      }
     }
   }
   if (!serving) {
