@@ -1,5 +1,7 @@
 #include "services/coordinator/chat_prompt.h"
 
+#include <string>
+#include <string_view>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -27,6 +29,40 @@ absl::StatusOr<ChatPrompt> ChatPrompt::Load(std::string_view tokenizer_config_js
   return ChatPrompt(*std::move(t));
 }
 
+namespace {
+
+// continue_final_message: cuts `text` right after the last occurrence of the final message's
+// content, as transformers does, so that what the template writes after it (an end-of-turn
+// token, a newline) is gone. Templates that trim messages (Llama 3's) write the content stripped
+// of surrounding whitespace, so that is looked for next.
+absl::Status CutAfterFinalMessage(const nlohmann::ordered_json& final_message, std::string& text) {
+  const auto content = final_message.find("content");
+  if (content == final_message.end() || !content->is_string() ||
+      content->get_ref<const std::string&>().empty()) {
+    return absl::InvalidArgumentError(
+        "continue_final_message: the last message has no text content to continue");
+  }
+  std::string_view wanted = content->get_ref<const std::string&>();
+  size_t at = text.rfind(wanted);
+  if (at == std::string::npos) {
+    constexpr std::string_view kSpace = " \t\n\r\f\v";
+    const size_t first = wanted.find_first_not_of(kSpace);
+    wanted = first == std::string_view::npos
+                 ? std::string_view()
+                 : wanted.substr(first, wanted.find_last_not_of(kSpace) - first + 1);
+    if (!wanted.empty()) at = text.rfind(wanted);
+  }
+  if (at == std::string::npos || wanted.empty()) {
+    return absl::InvalidArgumentError(
+        "continue_final_message: the chat template does not write the last message's content, "
+        "so there is nothing to continue");
+  }
+  text.resize(at + wanted.size());
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<std::vector<int32_t>> EncodeRenderedPrompt(const chat::RenderedPrompt& prompt,
                                                           const Tokenizer& tokenizer) {
   EncodeOptions options;
@@ -36,14 +72,23 @@ absl::StatusOr<std::vector<int32_t>> EncodeRenderedPrompt(const chat::RenderedPr
 }
 
 absl::StatusOr<std::vector<int32_t>> ChatPrompt::Encode(const nlohmann::ordered_json& messages,
-                                                        const Tokenizer& tokenizer) const {
+                                                        const Tokenizer& tokenizer,
+                                                        const ChatPromptOptions& options) const {
   if (!tmpl_.has_value()) return unavailable_;
+  if (options.add_generation_prompt && options.continue_final_message) {
+    return absl::InvalidArgumentError(
+        "continue_final_message and add_generation_prompt exclude each other: continuing the "
+        "last message adds no new turn");
+  }
   SPECD_ASSIGN_OR_RETURN(const nlohmann::ordered_json normalized,
                          chat::NormalizeMessages(messages));
   if (normalized.empty()) return absl::InvalidArgumentError("messages is empty");
-  chat::RenderOptions options;
-  options.add_generation_prompt = true;
-  SPECD_ASSIGN_OR_RETURN(const chat::RenderedPrompt prompt, tmpl_->Render(normalized, options));
+  chat::RenderOptions render;
+  render.add_generation_prompt = options.add_generation_prompt;
+  SPECD_ASSIGN_OR_RETURN(chat::RenderedPrompt prompt, tmpl_->Render(normalized, render));
+  if (options.continue_final_message) {
+    SPECD_RETURN_IF_ERROR(CutAfterFinalMessage(normalized.back(), prompt.text));
+  }
   absl::StatusOr<std::vector<int32_t>> ids = EncodeRenderedPrompt(prompt, tokenizer);
   if (!ids.ok()) {
     return absl::InvalidArgumentError(

@@ -20,6 +20,16 @@
 
 namespace specd {
 
+// How a conversation ends, as transformers' apply_chat_template and vLLM take it.
+struct ChatPromptOptions {
+  // Ends the prompt with the header of the assistant's turn, for a reply.
+  bool add_generation_prompt = true;
+  // Leaves the last message open, without the text the template writes after its content (an
+  // end-of-turn token), so that the model continues it: a reply the client has begun. Excludes
+  // add_generation_prompt.
+  bool continue_final_message = false;
+};
+
 class ChatPrompt {
  public:
   // No chat template: every conversation is refused with `why`.
@@ -37,11 +47,12 @@ class ChatPrompt {
   const absl::Status& unavailable_reason() const { return unavailable_; }
 
   // `messages`: an OpenAI-style array of {"role", "content"} objects (content may be a list of
-  // text parts). Rendered with the assistant's generation prompt, then encoded. Errors are
-  // INVALID_ARGUMENT naming the message or quoting the template's own raise_exception, or
-  // FAILED_PRECONDITION when there is no template.
+  // text parts). Rendered as `options` ask (by default with the assistant's generation prompt),
+  // then encoded. Errors are INVALID_ARGUMENT naming the message or option, or quoting the
+  // template's own raise_exception, or FAILED_PRECONDITION when there is no template.
   absl::StatusOr<std::vector<int32_t>> Encode(const nlohmann::ordered_json& messages,
-                                              const Tokenizer& tokenizer) const;
+                                              const Tokenizer& tokenizer,
+                                              const ChatPromptOptions& options = {}) const;
 
  private:
   explicit ChatPrompt(chat::ChatTemplate tmpl) : tmpl_(std::move(tmpl)) {}

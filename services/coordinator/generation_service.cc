@@ -78,8 +78,9 @@ PromptEncoders ServingState::Encoders() const {
   PromptEncoders e;
   e.tokenizer = tokenizer;
   if (tokenizer != nullptr && chat != nullptr) {
-    e.chat = [chat = chat, tokenizer = tokenizer](const nlohmann::ordered_json& messages) {
-      return chat->Encode(messages, *tokenizer);
+    e.chat = [chat = chat, tokenizer = tokenizer](const nlohmann::ordered_json& messages,
+                                                  const ChatPromptOptions& options) {
+      return chat->Encode(messages, *tokenizer, options);
     };
   }
   return e;

@@ -167,7 +167,12 @@ absl::StatusOr<GenerationRequest> BuildGenerationRequest(const v1::GenerateReque
                        absl::StrCat("the conversation is ", bytes, " bytes, over the limit of ",
                                     limits.max_prompt_bytes));
       }
-      SPECD_ASSIGN_OR_RETURN(out.prompt, encoders.chat(messages));
+      ChatPromptOptions options;
+      options.continue_final_message = request.chat().continue_final_message();
+      options.add_generation_prompt = request.chat().has_add_generation_prompt()
+                                          ? request.chat().add_generation_prompt()
+                                          : !options.continue_final_message;
+      SPECD_ASSIGN_OR_RETURN(out.prompt, encoders.chat(messages, options));
       break;
     }
     case v1::GenerateRequest::PROMPT_NOT_SET:

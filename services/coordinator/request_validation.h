@@ -12,6 +12,7 @@
 #include "absl/strings/string_view.h"
 #include "common/tokenizer/tokenizer.h"
 #include "nlohmann/json.hpp"
+#include "services/coordinator/chat_prompt.h"
 #include "services/coordinator/scheduler.h"
 #include "specd/v1/generation.pb.h"
 
@@ -62,7 +63,9 @@ std::string FieldOf(const absl::Status& status);
 // messages array; see ChatPrompt::Encode), and may be empty (then chat prompts are refused).
 struct PromptEncoders {
   const Tokenizer* tokenizer = nullptr;
-  std::function<absl::StatusOr<std::vector<int32_t>>(const nlohmann::ordered_json& messages)> chat;
+  std::function<absl::StatusOr<std::vector<int32_t>>(const nlohmann::ordered_json& messages,
+                                                     const ChatPromptOptions& options)>
+      chat;
 };
 
 // `random_seed` is used when the request has no seed. Errors are INVALID_ARGUMENT naming their

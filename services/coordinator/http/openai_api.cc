@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
+#include "base/status_macros.h"
 #include "services/coordinator/http/openai_response.h"
 #include "services/coordinator/request_validation.h"
 
@@ -29,6 +30,72 @@ HttpResponse ErrorResponse(const absl::Status& status) {
 
 absl::Status NotReady() {
   return absl::UnavailableError("the coordinator is not connected to its workers yet");
+}
+
+// A request may name the served model or none; another is 404, as OpenAI's API answers.
+absl::Status CheckModel(const std::string& model, const ServingState& state) {
+  const std::string& served = state.info.served_model_name();
+  if (model.empty() || model == served) return absl::OkStatus();
+  return FieldError(
+      "model",
+      absl::StrCat("the model '", model, "' does not exist; this server serves '", served, "'"),
+      absl::StatusCode::kNotFound);
+}
+
+absl::StatusOr<Json> Tokenize(absl::string_view body, const ServingState& state) {
+  SPECD_ASSIGN_OR_RETURN(const TokenizeRequest request, ParseTokenizeRequest(body));
+  SPECD_RETURN_IF_ERROR(CheckModel(request.model, state));
+  if (state.tokenizer == nullptr) {
+    return absl::FailedPreconditionError("the served model has no tokenizer");
+  }
+  std::vector<int32_t> ids;
+  if (request.chat) {
+    if (state.chat == nullptr) {
+      return FieldError("messages", "the served model has no chat template");
+    }
+    absl::StatusOr<std::vector<int32_t>> encoded =
+        state.chat->Encode(request.messages, *state.tokenizer, request.chat_options);
+    if (!encoded.ok()) {
+      return FieldError("messages", encoded.status().message(), encoded.status().code());
+    }
+    ids = *std::move(encoded);
+  } else {
+    if (static_cast<int64_t>(request.prompt.size()) > state.limits.max_prompt_bytes) {
+      return FieldError(
+          "prompt", absl::StrCat("prompt is ", request.prompt.size(), " bytes, over the limit of ",
+                                 state.limits.max_prompt_bytes));
+    }
+    // As /v1/completions encodes a text prompt, or without the special tokens.
+    EncodeOptions options;
+    if (!request.add_special_tokens) options.add_bos = false;
+    absl::StatusOr<std::vector<int32_t>> encoded = state.tokenizer->Encode(request.prompt, options);
+    if (!encoded.ok()) return FieldError("prompt", encoded.status().message());
+    ids = *std::move(encoded);
+  }
+  Json out = {{"count", ids.size()},
+              {"max_model_len", state.limits.max_seq_len},
+              {"tokens", ids},
+              {"token_strs", nullptr}};
+  if (request.return_token_strs) {
+    Json strs = Json::array();
+    for (const int32_t id : ids) {
+      SPECD_ASSIGN_OR_RETURN(std::string piece, state.tokenizer->IdToPiece(id));
+      strs.push_back(std::move(piece));
+    }
+    out["token_strs"] = std::move(strs);
+  }
+  return out;
+}
+
+absl::StatusOr<Json> Detokenize(absl::string_view body, const ServingState& state) {
+  SPECD_ASSIGN_OR_RETURN(const DetokenizeRequest request, ParseDetokenizeRequest(body));
+  SPECD_RETURN_IF_ERROR(CheckModel(request.model, state));
+  if (state.tokenizer == nullptr) {
+    return absl::FailedPreconditionError("the served model has no tokenizer");
+  }
+  absl::StatusOr<std::string> text = state.tokenizer->Decode(request.tokens);
+  if (!text.ok()) return FieldError("tokens", text.status().message());
+  return Json{{"prompt", *std::move(text)}};
 }
 
 }  // namespace
@@ -73,6 +140,8 @@ void OpenAiApi::Handle(std::shared_ptr<HttpExchange> exchange) {
   const bool completions = path == "/v1/completions";
   const bool chat = path == "/v1/chat/completions";
   const bool models = path == "/v1/models";
+  const bool tokenize = path == "/tokenize";
+  const bool detokenize = path == "/detokenize";
   if (path == "/health") {
     // Open without a token, like the gRPC health service: load balancers probe it.
     bool admitting = true;
@@ -94,11 +163,11 @@ void OpenAiApi::Handle(std::shared_ptr<HttpExchange> exchange) {
     }
     return;
   }
-  if (!completions && !chat && !models) {
+  if (!completions && !chat && !models && !tokenize && !detokenize) {
     exchange->Respond(ErrorResponse(absl::NotFoundError(
         absl::StrCat("no route ", req.method, " ", path,
                      "; this server has POST /v1/completions, POST /v1/chat/completions, "
-                     "GET /v1/models and GET /health"))));
+                     "GET /v1/models, POST /tokenize, POST /detokenize and GET /health"))));
     return;
   }
   const char* method = models ? "GET" : "POST";
@@ -117,6 +186,12 @@ void OpenAiApi::Handle(std::shared_ptr<HttpExchange> exchange) {
   }
   if (state == nullptr) {
     exchange->Respond(ErrorResponse(NotReady()));
+    return;
+  }
+  if (tokenize || detokenize) {
+    // Not generation requests: their errors are not counted with those.
+    absl::StatusOr<Json> out = tokenize ? Tokenize(req.body, *state) : Detokenize(req.body, *state);
+    exchange->Respond(out.ok() ? JsonResponse(200, *out) : ErrorResponse(out.status()));
     return;
   }
   if (models) {
@@ -157,7 +232,7 @@ absl::StatusOr<std::vector<CompletionJob::ChoiceInput>> OpenAiApi::BuildChoices(
       return FieldError("messages", "the served model has no tokenizer, so no chat template");
     }
     absl::StatusOr<std::vector<int32_t>> ids =
-        state.chat->Encode(request.messages, *state.tokenizer);
+        state.chat->Encode(request.messages, *state.tokenizer, request.chat_options);
     if (!ids.ok()) return FieldError("messages", ids.status().message(), ids.status().code());
     v1::GenerateRequest r = request.base;
     r.mutable_token_ids()->mutable_ids()->Add(ids->begin(), ids->end());
@@ -216,12 +291,8 @@ void OpenAiApi::HandleGeneration(const std::shared_ptr<HttpExchange>& exchange, 
     refuse(request.status());
     return;
   }
-  const std::string& served = state.info.served_model_name();
-  if (!request->model.empty() && request->model != served) {
-    refuse(FieldError("model",
-                      absl::StrCat("the model '", request->model,
-                                   "' does not exist; this server serves '", served, "'"),
-                      absl::StatusCode::kNotFound));
+  if (absl::Status model = CheckModel(request->model, state); !model.ok()) {
+    refuse(model);
     return;
   }
   absl::StatusOr<std::vector<CompletionJob::ChoiceInput>> choices = BuildChoices(*request, state);
@@ -233,7 +304,7 @@ void OpenAiApi::HandleGeneration(const std::shared_ptr<HttpExchange>& exchange, 
   meta.id =
       absl::StrFormat("%s-%016x%08x", endpoint == Endpoint::kChatCompletions ? "chatcmpl" : "cmpl",
                       RandomWord(), static_cast<uint32_t>(RandomWord()));
-  meta.model = served;
+  meta.model = state.info.served_model_name();
   meta.created = absl::ToUnixSeconds(absl::Now());
   uint64_t id = 0;
   std::shared_ptr<CompletionJob> job;

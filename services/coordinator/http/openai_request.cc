@@ -55,15 +55,56 @@ absl::StatusOr<std::optional<bool>> Bool(const Json& body, absl::string_view nam
   return v.get<bool>();
 }
 
-// A token id list element.
-absl::StatusOr<int32_t> TokenId(const Json& v, absl::string_view where) {
+// An element of the token id list `field`; `where` names it in the message ("prompt[3]").
+absl::StatusOr<int32_t> TokenId(const Json& v, absl::string_view field, absl::string_view where) {
   if (!v.is_number_integer() ||
       (v.is_number_unsigned() && v.get<uint64_t>() > std::numeric_limits<int32_t>::max()) ||
       v.get<int64_t>() < std::numeric_limits<int32_t>::min() ||
       v.get<int64_t>() > std::numeric_limits<int32_t>::max()) {
-    return FieldError("prompt", absl::StrCat(where, " must be a token id (an integer)"));
+    return FieldError(field, absl::StrCat(where, " must be a token id (an integer)"));
   }
   return static_cast<int32_t>(v.get<int64_t>());
+}
+
+absl::StatusOr<Json> ParseBody(absl::string_view body_text) {
+  Json body = Json::parse(body_text, nullptr, /*allow_exceptions=*/false);
+  if (body.is_discarded()) return absl::InvalidArgumentError("the request body is not valid JSON");
+  if (!body.is_object()) {
+    return absl::InvalidArgumentError("the request body must be a JSON object");
+  }
+  return body;
+}
+
+absl::StatusOr<std::string> ModelName(const Json& body) {
+  const Json& model = Field(body, "model");
+  if (!model.is_null() && !model.is_string()) return FieldError("model", "model must be a string");
+  return model.is_string() ? model.get<std::string>() : std::string();
+}
+
+// messages: a non-empty list (its messages are checked when the conversation is rendered).
+absl::StatusOr<Json> Messages(const Json& body) {
+  const Json& m = Field(body, "messages");
+  if (m.is_null()) return FieldError("messages", "messages is required");
+  if (!m.is_array() || m.empty()) {
+    return FieldError("messages", "messages must be a non-empty list of message objects");
+  }
+  return m;
+}
+
+// add_generation_prompt and continue_final_message (vLLM's names): the assistant's header by
+// default, none when the last message is continued.
+absl::StatusOr<ChatPromptOptions> ChatOptions(const Json& body) {
+  SPECD_ASSIGN_OR_RETURN(const std::optional<bool> add, Bool(body, "add_generation_prompt"));
+  SPECD_ASSIGN_OR_RETURN(const std::optional<bool> cont, Bool(body, "continue_final_message"));
+  ChatPromptOptions options;
+  options.continue_final_message = cont.value_or(false);
+  options.add_generation_prompt = add.value_or(!options.continue_final_message);
+  if (options.add_generation_prompt && options.continue_final_message) {
+    return FieldError("continue_final_message",
+                      "continue_final_message and add_generation_prompt cannot both be true: "
+                      "continuing the last message adds no new turn");
+  }
+  return options;
 }
 
 // prompt: a string, a list of strings, a list of token ids, or a list of token-id lists.
@@ -82,7 +123,8 @@ absl::Status ParsePrompt(const Json& body, OpenAiRequest* out) {
   if (p.front().is_number_integer()) {
     OpenAiRequest::Prompt ids{false, "", {}};
     for (size_t i = 0; i < p.size(); ++i) {
-      SPECD_ASSIGN_OR_RETURN(const int32_t id, TokenId(p[i], absl::StrCat("prompt[", i, "]")));
+      SPECD_ASSIGN_OR_RETURN(const int32_t id,
+                             TokenId(p[i], "prompt", absl::StrCat("prompt[", i, "]")));
       ids.ids.push_back(id);
     }
     out->prompts.push_back(std::move(ids));
@@ -96,7 +138,7 @@ absl::Status ParsePrompt(const Json& body, OpenAiRequest* out) {
       OpenAiRequest::Prompt ids{false, "", {}};
       for (size_t j = 0; j < e.size(); ++j) {
         SPECD_ASSIGN_OR_RETURN(const int32_t id,
-                               TokenId(e[j], absl::StrCat("prompt[", i, "][", j, "]")));
+                               TokenId(e[j], "prompt", absl::StrCat("prompt[", i, "][", j, "]")));
         ids.ids.push_back(id);
       }
       out->prompts.push_back(std::move(ids));
@@ -214,34 +256,29 @@ absl::Status RefuseUnsupported(const Json& body, Endpoint endpoint) {
   if (endpoint == Endpoint::kChatCompletions && !Field(body, "echo").is_null()) {
     return FieldError("echo", "echo is a field of /v1/completions only");
   }
+  if (endpoint == Endpoint::kCompletions) {
+    for (const char* name : {"add_generation_prompt", "continue_final_message"}) {
+      if (!Field(body, name).is_null()) {
+        return FieldError(name, absl::StrCat(name, " is a field of /v1/chat/completions only"));
+      }
+    }
+  }
   return absl::OkStatus();
 }
 
 }  // namespace
 
 absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(Endpoint endpoint, absl::string_view body_text) {
-  const Json body = Json::parse(body_text, nullptr, /*allow_exceptions=*/false);
-  if (body.is_discarded()) {
-    return absl::InvalidArgumentError("the request body is not valid JSON");
-  }
-  if (!body.is_object())
-    return absl::InvalidArgumentError("the request body must be a JSON object");
+  SPECD_ASSIGN_OR_RETURN(const Json body, ParseBody(body_text));
   OpenAiRequest out;
   out.endpoint = endpoint;
   const bool chat = endpoint == Endpoint::kChatCompletions;
   SPECD_RETURN_IF_ERROR(RefuseUnsupported(body, endpoint));
-
-  const Json& model = Field(body, "model");
-  if (!model.is_null() && !model.is_string()) return FieldError("model", "model must be a string");
-  if (model.is_string()) out.model = model.get<std::string>();
+  SPECD_ASSIGN_OR_RETURN(out.model, ModelName(body));
 
   if (chat) {
-    const Json& m = Field(body, "messages");
-    if (m.is_null()) return FieldError("messages", "messages is required");
-    if (!m.is_array() || m.empty()) {
-      return FieldError("messages", "messages must be a non-empty list of message objects");
-    }
-    out.messages = m;
+    SPECD_ASSIGN_OR_RETURN(out.messages, Messages(body));
+    SPECD_ASSIGN_OR_RETURN(out.chat_options, ChatOptions(body));
   } else {
     SPECD_RETURN_IF_ERROR(ParsePrompt(body, &out));
   }
@@ -428,6 +465,59 @@ absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(Endpoint endpoint, absl::string
     lp->set_mode(logprobs_mode);
     // An echoed prompt reports its tokens' logprobs too (what evaluation harnesses score).
     lp->set_prompt(out.echo);
+  }
+  return out;
+}
+
+absl::StatusOr<TokenizeRequest> ParseTokenizeRequest(absl::string_view body_text) {
+  SPECD_ASSIGN_OR_RETURN(const Json body, ParseBody(body_text));
+  TokenizeRequest out;
+  SPECD_ASSIGN_OR_RETURN(out.model, ModelName(body));
+  SPECD_ASSIGN_OR_RETURN(const std::optional<bool> strs, Bool(body, "return_token_strs"));
+  out.return_token_strs = strs.value_or(false);
+  const Json& prompt = Field(body, "prompt");
+  out.chat = !Field(body, "messages").is_null();
+  if (out.chat && !prompt.is_null()) {
+    return FieldError("prompt", "give prompt or messages, not both");
+  }
+  if (!out.chat && prompt.is_null()) {
+    return FieldError("prompt", "prompt (a string) or messages (a conversation) is required");
+  }
+  SPECD_ASSIGN_OR_RETURN(const std::optional<bool> special, Bool(body, "add_special_tokens"));
+  if (!out.chat) {
+    if (!prompt.is_string()) return FieldError("prompt", "prompt must be a string");
+    out.prompt = prompt.get<std::string>();
+    out.add_special_tokens = special.value_or(true);
+    for (const char* name : {"add_generation_prompt", "continue_final_message"}) {
+      if (!Field(body, name).is_null()) {
+        return FieldError(name, absl::StrCat(name, " applies to messages, not to a prompt"));
+      }
+    }
+    return out;
+  }
+  // The ids are what /v1/chat/completions feeds: the special tokens the template writes, and the
+  // tokenizer's BOS where it writes none. More on top would be another prompt.
+  if (special.value_or(false)) {
+    return FieldError("add_special_tokens",
+                      "add_special_tokens applies to a prompt; a conversation gets the special "
+                      "tokens its chat template writes (and BOS where the template writes none)");
+  }
+  SPECD_ASSIGN_OR_RETURN(out.messages, Messages(body));
+  SPECD_ASSIGN_OR_RETURN(out.chat_options, ChatOptions(body));
+  return out;
+}
+
+absl::StatusOr<DetokenizeRequest> ParseDetokenizeRequest(absl::string_view body_text) {
+  SPECD_ASSIGN_OR_RETURN(const Json body, ParseBody(body_text));
+  DetokenizeRequest out;
+  SPECD_ASSIGN_OR_RETURN(out.model, ModelName(body));
+  const Json& tokens = Field(body, "tokens");
+  if (tokens.is_null()) return FieldError("tokens", "tokens is required");
+  if (!tokens.is_array()) return FieldError("tokens", "tokens must be a list of token ids");
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    SPECD_ASSIGN_OR_RETURN(const int32_t id,
+                           TokenId(tokens[i], "tokens", absl::StrCat("tokens[", i, "]")));
+    out.tokens.push_back(id);
   }
   return out;
 }

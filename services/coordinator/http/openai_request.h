@@ -3,7 +3,8 @@
 // stop_token_ids, num_speculative_tokens, and specd's k_policy, draft_method, speculation_tree,
 // egag, logprobs_mode and return_token_ids). Every rejection is INVALID_ARGUMENT naming the field
 // (see FieldOf); limits that depend on the model (vocabulary, max_seq_len, the operator's caps) are
-// checked afterwards by BuildGenerationRequest, the same code the gRPC API uses.
+// checked afterwards by BuildGenerationRequest, the same code the gRPC API uses. Also the bodies
+// of vLLM's POST /tokenize and /detokenize.
 #ifndef SPECD_SERVICES_COORDINATOR_HTTP_OPENAI_REQUEST_H_
 #define SPECD_SERVICES_COORDINATOR_HTTP_OPENAI_REQUEST_H_
 
@@ -15,6 +16,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "nlohmann/json.hpp"
+#include "services/coordinator/chat_prompt.h"
 #include "services/coordinator/request_validation.h"
 #include "specd/v1/generation.pb.h"
 
@@ -38,6 +40,7 @@ struct OpenAiRequest {
   };
   std::vector<Prompt> prompts;
   nlohmann::ordered_json messages;  // chat: the conversation, as sent
+  ChatPromptOptions chat_options;   // chat: how the conversation ends
   int64_t n = 1;
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
@@ -53,6 +56,27 @@ struct OpenAiRequest {
 // Parses `body` for `endpoint`. INVALID_ARGUMENT, with the field as its param (FieldOf), for bad
 // JSON, a wrong type or a value out of range.
 absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(Endpoint endpoint, absl::string_view body);
+
+// POST /tokenize, as vLLM serves it: a prompt {"prompt", "add_special_tokens" (default true)}, or
+// a conversation {"messages", "add_generation_prompt", "continue_final_message"} encoded exactly
+// as /v1/chat/completions encodes it; either may ask for "return_token_strs".
+struct TokenizeRequest {
+  std::string model;  // empty when not given
+  bool chat = false;
+  std::string prompt;
+  bool add_special_tokens = true;
+  nlohmann::ordered_json messages;
+  ChatPromptOptions chat_options;
+  bool return_token_strs = false;
+};
+absl::StatusOr<TokenizeRequest> ParseTokenizeRequest(absl::string_view body);
+
+// POST /detokenize: {"tokens": [ids]}.
+struct DetokenizeRequest {
+  std::string model;
+  std::vector<int32_t> tokens;
+};
+absl::StatusOr<DetokenizeRequest> ParseDetokenizeRequest(absl::string_view body);
 
 }  // namespace specd::http
 

@@ -6,7 +6,9 @@
 //  * the special tokens the template writes are single tokens;
 //  * the end-of-turn token is an EOS when generation_config.json lists it, even where
 //    tokenizer_config.json names another EOS;
-//  * a template that cannot be rendered is a clear error, never a silent wrong prompt.
+//  * a template that cannot be rendered is a clear error, never a silent wrong prompt;
+//  * continue_final_message leaves the last turn open with transformers' ids (its rule applied to
+//    transformers.js's rendering by continue_final_reference.mjs).
 // The template text itself is checked byte for byte against @huggingface/jinja by
 // tests/common/chat/chat_parity_test.
 #include "services/coordinator/chat_prompt.h"
@@ -178,6 +180,78 @@ TEST(ChatPromptTest, ChatMlTemplateWithoutBosGetsTheTokenizersOne) {
   ASSERT_TRUE(ids.ok()) << ids.status();
   EXPECT_EQ(ids->front(), 1);
   EXPECT_EQ(Count(*ids, 1), 1);
+}
+
+// transformers' continue_final_message rule, applied by tests/services/coordinator/
+// continue_final_reference.mjs to transformers.js's own rendering and encoding.
+std::vector<int32_t> ContinuedReference(const std::string& name, const Json& messages) {
+  const std::string src = testing::SourceDir().string();
+  const std::string json = messages.dump();
+  const std::string cmd =
+      absl::StrCat("cd ", src, " && node tests/services/coordinator/continue_final_reference.mjs ",
+                   name, " '", json, "'");
+  FILE* pipe = popen(cmd.c_str(), "r");
+  std::string out;
+  char buf[4096];
+  size_t n;
+  while (pipe != nullptr && (n = fread(buf, 1, sizeof buf, pipe)) > 0) out.append(buf, n);
+  EXPECT_EQ(pipe != nullptr ? pclose(pipe) : -1, 0) << cmd;
+  const Json reference = Json::parse(out, nullptr, false);
+  EXPECT_TRUE(reference.is_object()) << out;
+  return reference.is_object() ? reference["ids"].get<std::vector<int32_t>>()
+                               : std::vector<int32_t>();
+}
+
+// A reply the client has begun: the last message is left open for the model to continue, the ids
+// transformers gives, whether the template writes the content as sent or trimmed (Llama 3's trim
+// it, so "is " is found as "is").
+TEST(ChatPromptTest, ContinueFinalMessageLeavesTheLastTurnOpenAsTransformersDoes) {
+  for (const std::string name : {"llama3_1", "llama3"}) {
+    Model m = Lenml(name);
+    ASSERT_NE(m.tokenizer, nullptr);
+    absl::StatusOr<ChatPrompt> chat = ChatPrompt::Load(m.config, std::nullopt);
+    ASSERT_TRUE(chat.ok() && chat->available());
+    for (const std::string begun : {"The answer is ", "Seven", "  7\n"}) {
+      SCOPED_TRACE(name + " '" + begun + "'");
+      Json conversation = kConversation;
+      conversation.push_back({{"role", "assistant"}, {"content", begun}});
+      ChatPromptOptions options;
+      options.add_generation_prompt = false;
+      options.continue_final_message = true;
+      absl::StatusOr<std::vector<int32_t>> ids = chat->Encode(conversation, *m.tokenizer, options);
+      ASSERT_TRUE(ids.ok()) << ids.status();
+      EXPECT_EQ(*ids, ContinuedReference(name, conversation));
+      EXPECT_EQ(Count(*ids, 128009), 4) << "the begun reply has no <|eot_id|> of its own";
+    }
+  }
+}
+
+TEST(ChatPromptTest, AConversationThatCannotBeContinuedIsAClearError) {
+  Model m = Lenml("llama3_1");
+  ASSERT_NE(m.tokenizer, nullptr);
+  absl::StatusOr<ChatPrompt> chat = ChatPrompt::Load(m.config, std::nullopt);
+  ASSERT_TRUE(chat.ok() && chat->available());
+  ChatPromptOptions both;
+  both.continue_final_message = true;
+  EXPECT_EQ(chat->Encode(kConversation, *m.tokenizer, both).status().code(),
+            absl::StatusCode::kInvalidArgument)
+      << "a generation prompt after a continued message";
+  ChatPromptOptions cont;
+  cont.add_generation_prompt = false;
+  cont.continue_final_message = true;
+  Json empty = kConversation;
+  empty.push_back({{"role", "assistant"}, {"content", ""}});
+  absl::StatusOr<std::vector<int32_t>> nothing = chat->Encode(empty, *m.tokenizer, cont);
+  EXPECT_EQ(nothing.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(nothing.status().message()), HasSubstr("no text content"));
+  // A template that writes the content changed (upper-cased) has no place to cut.
+  absl::StatusOr<ChatPrompt> shouting = ChatPrompt::Load(
+      m.config, std::string("{% for m in messages %}{{ m['role'] + ': ' + m['content'] | upper "
+                            "}}\n{% endfor %}"));
+  ASSERT_TRUE(shouting.ok()) << shouting.status();
+  absl::StatusOr<std::vector<int32_t>> lost = shouting->Encode(kConversation, *m.tokenizer, cont);
+  EXPECT_EQ(lost.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(lost.status().message()), HasSubstr("does not write"));
 }
 
 TEST(ChatPromptTest, BadTemplatesAndMessagesAreClearErrors) {

@@ -8,6 +8,9 @@
 //  * logprobs over HTTP are the gRPC API's numbers, the same for every K, sorted, and -9999 for
 //    tokens outside the processed distribution's support;
 //  * a client that drops its event stream has its request cancelled and its KV freed;
+//  * POST /tokenize gives the ids generation feeds, for prompts and conversations (each way of
+//    ending one, continue_final_message too, as the gRPC API's chat input does), and
+//    /detokenize undoes it;
 //  * real clients: the `openai` npm package, curl and Python's standard library;
 //  * every error status (400, 401, 404, 405, 413, 429, 503), after which the server still serves
 //    and every KV block is free.
@@ -21,6 +24,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
@@ -668,6 +672,153 @@ TEST_F(HttpApiTest, ProcessedLogprobsOutsideTheSupportAreMinus9999) {
     EXPECT_NEAR(mass, 1.0, 1e-5);  // processed values: the two kept tokens carry all the mass
     for (size_t r = 2; r < 5; ++r) EXPECT_EQ(top[r]["logprob"].get<double>(), -9999.0);
   }
+}
+
+// vLLM's POST /tokenize and /detokenize: the ids are those generation feeds for the same prompt
+// or conversation (the completion's prompt_token_ids), the token strings those of the model's
+// tokenizer.json, and detokenize undoes tokenize.
+TEST_F(HttpApiTest, TokenizeGivesTheIdsGenerationFeeds) {
+  // The vocabulary as tokenizer.json writes it, read independently of specd's tokenizer.
+  std::map<int32_t, std::string> pieces;
+  {
+    std::ifstream in(dir_->path() / "tinymodel" / "tokenizer.json");
+    const Json tokenizer = Json::parse(in);
+    for (const auto& [piece, id] : tokenizer["model"]["vocab"].items()) {
+      pieces[id.get<int32_t>()] = piece;
+    }
+    for (const Json& added : tokenizer["added_tokens"]) {
+      pieces[added["id"].get<int32_t>()] = added["content"].get<std::string>();
+    }
+  }
+  auto fed = [&](const std::string& path, Json body) {
+    body["max_tokens"] = 1;
+    body["return_token_ids"] = true;
+    const std::vector<Choice> c = ChoicesOf(Post(path, body), path != "/v1/completions");
+    return c.empty() ? std::vector<int32_t>() : c[0].prompt_tokens;
+  };
+  for (const std::string prompt : {"Once upon a time", "A", "", "tab\there <s> and </s>"}) {
+    SCOPED_TRACE(prompt);
+    const Json t = Post("/tokenize",
+                        {{"model", "tinymodel"}, {"prompt", prompt}, {"return_token_strs", true}});
+    const std::vector<int32_t> ids = t["tokens"].get<std::vector<int32_t>>();
+    EXPECT_EQ(ids, fed("/v1/completions", {{"prompt", prompt}}));
+    EXPECT_EQ(t["count"], ids.size());
+    EXPECT_EQ(t["max_model_len"], 512);
+    ASSERT_EQ(t["token_strs"].size(), ids.size());
+    for (size_t i = 0; i < ids.size(); ++i) EXPECT_EQ(t["token_strs"][i], pieces.at(ids[i]));
+    // Without special tokens: no BOS, as the gRPC API's Tokenize gives.
+    const Json bare = Post("/tokenize", {{"prompt", prompt}, {"add_special_tokens", false}});
+    EXPECT_TRUE(bare["token_strs"].is_null());
+    grpc::ClientContext ctx;
+    v1::TokenizeRequest req;
+    req.set_text(prompt);
+    v1::TokenizeResponse grpc_ids;
+    ASSERT_TRUE(serve_->stub().Tokenize(&ctx, req, &grpc_ids).ok());
+    EXPECT_EQ(bare["tokens"].get<std::vector<int32_t>>(),
+              std::vector<int32_t>(grpc_ids.token_ids().begin(), grpc_ids.token_ids().end()));
+    EXPECT_EQ(Post("/detokenize", {{"tokens", bare["tokens"]}})["prompt"], prompt);
+  }
+  // A conversation: what /v1/chat/completions feeds, with each way of ending it.
+  const Json conversation = {{{"role", "user"}, {"content", "Tell me a story."}},
+                             {{"role", "assistant"}, {"content", "Once upon"}}};
+  const std::vector<int32_t> reply =
+      Post("/tokenize", {{"messages", conversation}})["tokens"].get<std::vector<int32_t>>();
+  EXPECT_EQ(reply, fed("/v1/chat/completions", {{"messages", conversation}}));
+  const Json continued_body = {{"messages", conversation}, {"continue_final_message", true}};
+  const std::vector<int32_t> continued =
+      Post("/tokenize", continued_body)["tokens"].get<std::vector<int32_t>>();
+  EXPECT_EQ(continued, fed("/v1/chat/completions", continued_body));
+  const Json closed_body = {{"messages", conversation}, {"add_generation_prompt", false}};
+  const std::vector<int32_t> closed =
+      Post("/tokenize", closed_body)["tokens"].get<std::vector<int32_t>>();
+  EXPECT_EQ(closed, fed("/v1/chat/completions", closed_body));
+  // The texts they stand for, from the template (kTemplate): the continued one stops inside the
+  // last turn, the closed one after it, and the reply opens a new assistant turn.
+  auto text = [&](const std::vector<int32_t>& ids) {
+    return Post("/detokenize", {{"tokens", ids}})["prompt"].get<std::string>();
+  };
+  EXPECT_THAT(
+      text(continued),
+      ::testing::EndsWith(
+          "<|im_start|>user\nTell me a story.<|im_end|>\n<|im_start|>assistant\nOnce upon"));
+  EXPECT_EQ(text(closed), text(continued) + "<|im_end|>\n");
+  EXPECT_EQ(text(reply), text(closed) + "<|im_start|>assistant\n");
+  // The gRPC API's chat input continues the same message from the same ids.
+  v1::GenerateRequest g = GrpcRequest(8, 2);
+  for (const Json& m : conversation) {
+    v1::ChatMessage* message = g.mutable_chat()->add_messages();
+    message->set_role(m["role"].get<std::string>());
+    message->set_content(m["content"].get<std::string>());
+  }
+  g.mutable_chat()->set_continue_final_message(true);
+  const ServeProcess::Stream grpc_continued = Grpc(g);
+  Json http_continued = continued_body;
+  http_continued["max_tokens"] = 8;
+  http_continued["temperature"] = 0;
+  http_continued["ignore_eos"] = true;
+  http_continued["num_speculative_tokens"] = 2;
+  http_continued["return_token_ids"] = true;
+  const std::vector<Choice> http_choice =
+      ChoicesOf(Post("/v1/chat/completions", http_continued), true);
+  ASSERT_EQ(http_choice.size(), 1u);
+  EXPECT_EQ(http_choice[0].tokens, grpc_continued.tokens);
+}
+
+TEST_F(HttpApiTest, BadTokenizeRequestsAreClearErrors) {
+  auto error = [&](const std::string& path, const std::string& body) {
+    absl::StatusOr<HttpReply> r = HttpCall(port(), "POST", path, body);
+    EXPECT_TRUE(r.ok());
+    return r.ok() ? *r : HttpReply();
+  };
+  const Json conversation = {{{"role", "user"}, {"content", "Hi"}}};
+  struct Case {
+    std::string path;
+    std::string body;
+    int status;
+    std::string param;
+  };
+  const std::vector<Case> cases = {
+      {"/tokenize", "{", 400, ""},
+      {"/tokenize", "{}", 400, "prompt"},
+      {"/tokenize", R"({"prompt": 7})", 400, "prompt"},
+      {"/tokenize", Json({{"prompt", "x"}, {"messages", conversation}}).dump(), 400, "prompt"},
+      {"/tokenize", R"({"prompt": "x", "continue_final_message": true})", 400,
+       "continue_final_message"},
+      {"/tokenize", R"({"prompt": "x", "add_special_tokens": "yes"})", 400, "add_special_tokens"},
+      {"/tokenize", R"({"prompt": "x", "model": "gpt-4"})", 404, "model"},
+      {"/tokenize", Json({{"messages", conversation}, {"add_special_tokens", true}}).dump(), 400,
+       "add_special_tokens"},
+      {"/tokenize",
+       Json({{"messages", conversation},
+             {"add_generation_prompt", true},
+             {"continue_final_message", true}})
+           .dump(),
+       400, "continue_final_message"},
+      {"/tokenize", Json({{"messages", {{{"role", "user"}}}}}).dump(), 400, "messages"},
+      {"/detokenize", "{}", 400, "tokens"},
+      {"/detokenize", R"({"tokens": "1 2"})", 400, "tokens"},
+      {"/detokenize", R"({"tokens": [1, 1.5]})", 400, "tokens"},
+      {"/detokenize", R"({"tokens": [1, 99999]})", 400, "tokens"},
+      {"/detokenize", R"({"tokens": [-1]})", 400, "tokens"},
+      {"/v1/completions", R"({"prompt": "x", "continue_final_message": true})", 400,
+       "continue_final_message"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.path + " " + c.body);
+    const HttpReply r = error(c.path, c.body);
+    EXPECT_EQ(r.status, c.status) << r.body;
+    const Json body = Json::parse(r.body, nullptr, false);
+    ASSERT_TRUE(body.is_object()) << r.body;
+    EXPECT_FALSE(body["error"]["message"].get<std::string>().empty());
+    if (!c.param.empty()) {
+      EXPECT_EQ(body["error"]["param"], c.param) << r.body;
+    }
+  }
+  absl::StatusOr<HttpReply> get = HttpCall(port(), "GET", "/tokenize");
+  ASSERT_TRUE(get.ok());
+  EXPECT_EQ(get->status, 405);
+  // Still serving.
+  EXPECT_GT(Post("/tokenize", {{"prompt", "fine"}})["count"].get<int>(), 0);
 }
 
 TEST_F(HttpApiTest, DroppedStreamIsCancelledAndFreesItsKv) {
