@@ -61,11 +61,10 @@ Model Lenml(const std::string& name, const std::string& generation_config = "") 
   return m;
 }
 
-// A template published in @huggingface/ollama-utils, printed by the parity test's reference.
-std::string PublishedTemplate(const std::string& name) {
-  const std::string src = testing::SourceDir().string();
-  const std::string cmd = absl::StrCat("node ", src, "/tests/common/chat/hf_chat_reference.mjs",
-                                       " --print-template ", name);
+// What a reference script of this repository prints (a failure if it does not exit 0).
+std::string RunReference(const std::string& script_and_args) {
+  const std::string cmd =
+      absl::StrCat("cd ", testing::SourceDir().string(), " && node ", script_and_args);
   FILE* pipe = popen(cmd.c_str(), "r");
   std::string out;
   char buf[4096];
@@ -73,6 +72,11 @@ std::string PublishedTemplate(const std::string& name) {
   while (pipe != nullptr && (n = fread(buf, 1, sizeof buf, pipe)) > 0) out.append(buf, n);
   EXPECT_EQ(pipe != nullptr ? pclose(pipe) : -1, 0) << cmd;
   return out;
+}
+
+// A template published in @huggingface/ollama-utils, printed by the parity test's reference.
+std::string PublishedTemplate(const std::string& name) {
+  return RunReference("tests/common/chat/hf_chat_reference.mjs --print-template " + name);
 }
 
 const Json kConversation = Json::parse(R"([
@@ -184,18 +188,11 @@ TEST(ChatPromptTest, ChatMlTemplateWithoutBosGetsTheTokenizersOne) {
 
 // transformers' continue_final_message rule, applied by tests/services/coordinator/
 // continue_final_reference.mjs to transformers.js's own rendering and encoding.
+// The messages go in single quotes: they must hold none.
 std::vector<int32_t> ContinuedReference(const std::string& name, const Json& messages) {
-  const std::string src = testing::SourceDir().string();
-  const std::string json = messages.dump();
-  const std::string cmd =
-      absl::StrCat("cd ", src, " && node tests/services/coordinator/continue_final_reference.mjs ",
-                   name, " '", json, "'");
-  FILE* pipe = popen(cmd.c_str(), "r");
-  std::string out;
-  char buf[4096];
-  size_t n;
-  while (pipe != nullptr && (n = fread(buf, 1, sizeof buf, pipe)) > 0) out.append(buf, n);
-  EXPECT_EQ(pipe != nullptr ? pclose(pipe) : -1, 0) << cmd;
+  const std::string out =
+      RunReference(absl::StrCat("tests/services/coordinator/continue_final_reference.mjs ", name,
+                                " '", messages.dump(), "'"));
   const Json reference = Json::parse(out, nullptr, false);
   EXPECT_TRUE(reference.is_object()) << out;
   return reference.is_object() ? reference["ids"].get<std::vector<int32_t>>()
