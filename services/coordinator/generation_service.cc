@@ -332,6 +332,18 @@ grpc::ServerUnaryReactor* GenerationService::Tokenize(grpc::CallbackServerContex
     return Reply(context, grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
                                        "the served model has no tokenizer"));
   }
+  if (request->has_chat()) {
+    if (!request->text().empty() || request->add_special_tokens() || request->parse_special()) {
+      return Reply(context, grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                                         "chat: give text or chat, not both (add_special_tokens "
+                                         "and parse_special apply to text only)"));
+    }
+    absl::StatusOr<std::vector<int32_t>> ids =
+        EncodeChat(request->chat(), state->Encoders(), state->limits);
+    if (!ids.ok()) return Reply(context, ToGrpcStatus(ids.status()));
+    response->mutable_token_ids()->Add(ids->begin(), ids->end());
+    return Reply(context, grpc::Status::OK);
+  }
   if (static_cast<int64_t>(request->text().size()) > state->limits.max_prompt_bytes) {
     return Reply(context, grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                                        absl::StrCat("text is ", request->text().size(),

@@ -116,6 +116,35 @@ std::string FieldOf(const absl::Status& status) {
   return field.has_value() ? std::string(*field) : std::string();
 }
 
+absl::StatusOr<std::vector<int32_t>> EncodeChat(const v1::Chat& chat,
+                                                const PromptEncoders& encoders,
+                                                const ServerLimits& limits) {
+  if (!encoders.chat) {
+    return absl::FailedPreconditionError(
+        "the served model has no tokenizer or chat template; send token_ids instead");
+  }
+  nlohmann::ordered_json messages = nlohmann::ordered_json::array();
+  int64_t bytes = 0;
+  for (int i = 0; i < chat.messages_size(); ++i) {
+    const v1::ChatMessage& m = chat.messages(i);
+    if (FindInvalidUtf8(m.role()) || FindInvalidUtf8(m.content())) {
+      return Invalid("messages", absl::StrCat("messages[", i, "] is not valid UTF-8"));
+    }
+    bytes += static_cast<int64_t>(m.content().size() + m.role().size());
+    messages.push_back({{"role", m.role()}, {"content", m.content()}});
+  }
+  if (bytes > limits.max_prompt_bytes) {
+    return Invalid("messages", absl::StrCat("the conversation is ", bytes,
+                                            " bytes, over the limit of ", limits.max_prompt_bytes));
+  }
+  ChatPromptOptions options;
+  options.continue_final_message = chat.continue_final_message();
+  options.add_generation_prompt = chat.has_add_generation_prompt()
+                                      ? chat.add_generation_prompt()
+                                      : !options.continue_final_message;
+  return encoders.chat(messages, options);
+}
+
 absl::StatusOr<GenerationRequest> BuildGenerationRequest(const v1::GenerateRequest& request,
                                                          const PromptEncoders& encoders,
                                                          const ServerLimits& limits,
@@ -148,31 +177,7 @@ absl::StatusOr<GenerationRequest> BuildGenerationRequest(const v1::GenerateReque
       out.prompt.assign(request.token_ids().ids().begin(), request.token_ids().ids().end());
       break;
     case v1::GenerateRequest::kChat: {
-      if (!encoders.chat) {
-        return absl::FailedPreconditionError(
-            "the served model has no tokenizer or chat template; send token_ids instead");
-      }
-      nlohmann::ordered_json messages = nlohmann::ordered_json::array();
-      int64_t bytes = 0;
-      for (int i = 0; i < request.chat().messages_size(); ++i) {
-        const v1::ChatMessage& m = request.chat().messages(i);
-        if (FindInvalidUtf8(m.role()) || FindInvalidUtf8(m.content())) {
-          return Invalid("messages", absl::StrCat("messages[", i, "] is not valid UTF-8"));
-        }
-        bytes += static_cast<int64_t>(m.content().size() + m.role().size());
-        messages.push_back({{"role", m.role()}, {"content", m.content()}});
-      }
-      if (bytes > limits.max_prompt_bytes) {
-        return Invalid("messages",
-                       absl::StrCat("the conversation is ", bytes, " bytes, over the limit of ",
-                                    limits.max_prompt_bytes));
-      }
-      ChatPromptOptions options;
-      options.continue_final_message = request.chat().continue_final_message();
-      options.add_generation_prompt = request.chat().has_add_generation_prompt()
-                                          ? request.chat().add_generation_prompt()
-                                          : !options.continue_final_message;
-      SPECD_ASSIGN_OR_RETURN(out.prompt, encoders.chat(messages, options));
+      SPECD_ASSIGN_OR_RETURN(out.prompt, EncodeChat(request.chat(), encoders, limits));
       break;
     }
     case v1::GenerateRequest::PROMPT_NOT_SET:

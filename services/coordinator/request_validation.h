@@ -68,6 +68,13 @@ struct PromptEncoders {
       chat;
 };
 
+// A conversation's prompt ids, as Generate and Tokenize encode the gRPC API's `chat`:
+// INVALID_ARGUMENT naming "messages" for text that is not UTF-8 or a conversation over
+// max_prompt_bytes (or the template's own error), FAILED_PRECONDITION without a chat template.
+absl::StatusOr<std::vector<int32_t>> EncodeChat(const v1::Chat& chat,
+                                                const PromptEncoders& encoders,
+                                                const ServerLimits& limits);
+
 // `random_seed` is used when the request has no seed. Errors are INVALID_ARGUMENT naming their
 // field (FieldOf), or FAILED_PRECONDITION for chat input the server cannot render.
 absl::StatusOr<GenerationRequest> BuildGenerationRequest(const v1::GenerateRequest& request,

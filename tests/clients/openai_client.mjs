@@ -1,6 +1,6 @@
 // The official `openai` npm package against specd's HTTP API, as a user would call it: greedy
 // completions and chat, each non-streaming and streaming (stream_options.include_usage), plus
-// one chat with logprobs.
+// one chat with logprobs; the model list, and the served model retrieved by its id.
 //
 // usage: node openai_client.mjs SOURCE_DIR BASE_URL MODEL PROMPT
 // prints one JSON object: {"completion": {...}, "completion_stream": {...}, "chat": {...},
@@ -70,4 +70,5 @@ out.chat_stream = { text, role, finish_reason: finish, usage };
 
 const models = await client.models.list();
 out.models = models.data.map((m) => m.id);
+out.retrieved = (await client.models.retrieve(model)).id;
 console.log(JSON.stringify(out));

@@ -3,6 +3,8 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
@@ -30,6 +32,24 @@ HttpResponse ErrorResponse(const absl::Status& status) {
 
 absl::Status NotReady() {
   return absl::UnavailableError("the coordinator is not connected to its workers yet");
+}
+
+// A URL path segment with its %XX escapes decoded (a malformed escape stays as written).
+std::string PercentDecoded(absl::string_view segment) {
+  std::string out;
+  auto hex = [](char c) {
+    return absl::ascii_isdigit(c) ? c - '0' : absl::ascii_tolower(c) - 'a' + 10;
+  };
+  for (size_t i = 0; i < segment.size(); ++i) {
+    if (segment[i] == '%' && i + 2 < segment.size() && absl::ascii_isxdigit(segment[i + 1]) &&
+        absl::ascii_isxdigit(segment[i + 2])) {
+      out.push_back(static_cast<char>(hex(segment[i + 1]) * 16 + hex(segment[i + 2])));
+      i += 2;
+    } else {
+      out.push_back(segment[i]);
+    }
+  }
+  return out;
 }
 
 // A request may name the served model or none; another is 404, as OpenAI's API answers.
@@ -140,6 +160,9 @@ void OpenAiApi::Handle(std::shared_ptr<HttpExchange> exchange) {
   const bool completions = path == "/v1/completions";
   const bool chat = path == "/v1/chat/completions";
   const bool models = path == "/v1/models";
+  // GET /v1/models/{id} (the SDKs' models.retrieve); an id may hold '/' ("meta-llama/...").
+  constexpr absl::string_view kModelPrefix = "/v1/models/";
+  const bool one_model = absl::StartsWith(path, kModelPrefix) && path.size() > kModelPrefix.size();
   const bool tokenize = path == "/tokenize";
   const bool detokenize = path == "/detokenize";
   if (path == "/health") {
@@ -163,14 +186,14 @@ void OpenAiApi::Handle(std::shared_ptr<HttpExchange> exchange) {
     }
     return;
   }
-  if (!completions && !chat && !models && !tokenize && !detokenize) {
+  if (!completions && !chat && !models && !one_model && !tokenize && !detokenize) {
     exchange->Respond(ErrorResponse(absl::NotFoundError(
         absl::StrCat("no route ", req.method, " ", path,
                      "; this server has POST /v1/completions, POST /v1/chat/completions, "
-                     "GET /v1/models, POST /tokenize, POST /detokenize and GET /health"))));
+                     "GET /v1/models[/ID], POST /tokenize, POST /detokenize and GET /health"))));
     return;
   }
-  const char* method = models ? "GET" : "POST";
+  const char* method = models || one_model ? "GET" : "POST";
   if (req.method != method) {
     HttpResponse r = JsonResponse(405, ErrorJson(absl::InvalidArgumentError(absl::StrCat(
                                            path, " takes ", method, ", not ", req.method))));
@@ -194,13 +217,18 @@ void OpenAiApi::Handle(std::shared_ptr<HttpExchange> exchange) {
     exchange->Respond(out.ok() ? JsonResponse(200, *out) : ErrorResponse(out.status()));
     return;
   }
-  if (models) {
+  if (models || one_model) {
     Json model = {{"id", state->info.served_model_name()},
                   {"object", "model"},
                   {"created", absl::ToUnixSeconds(absl::Now())},
                   {"owned_by", "specd"},
                   {"max_model_len", state->limits.max_seq_len}};
-    exchange->Respond(JsonResponse(200, {{"object", "list"}, {"data", Json::array({model})}}));
+    if (models) {
+      exchange->Respond(JsonResponse(200, {{"object", "list"}, {"data", Json::array({model})}}));
+      return;
+    }
+    const absl::Status known = CheckModel(PercentDecoded(path.substr(kModelPrefix.size())), *state);
+    exchange->Respond(known.ok() ? JsonResponse(200, model) : ErrorResponse(known));
     return;
   }
   HandleGeneration(exchange, completions ? Endpoint::kCompletions : Endpoint::kChatCompletions,

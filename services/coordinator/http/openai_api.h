@@ -1,5 +1,5 @@
 // The coordinator's OpenAI-compatible HTTP API (issue 15): the routes POST /v1/completions,
-// POST /v1/chat/completions, GET /v1/models, vLLM's POST /tokenize and /detokenize, and
+// POST /v1/chat/completions, GET /v1/models[/ID], vLLM's POST /tokenize and /detokenize, and
 // GET /health over the same scheduler, tokenizer,
 // chat template, limits and bearer token as the gRPC API (GenerationService): two doors to one
 // server. Requests are checked with the gRPC API's own validation (BuildGenerationRequest), so

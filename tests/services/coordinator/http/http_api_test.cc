@@ -210,6 +210,18 @@ TEST_F(HttpApiTest, ModelsAndHealthAnswer) {
   ASSERT_EQ(j["data"].size(), 1u);
   EXPECT_EQ(j["data"][0]["id"], "tinymodel");  // the target directory's name
   EXPECT_EQ(j["data"][0]["max_model_len"], 512);
+  // One model by its id (escapes decoded); another is 404.
+  for (const std::string id : {"tinymodel", "tiny%6dodel"}) {
+    absl::StatusOr<HttpReply> one = HttpCall(port(), "GET", "/v1/models/" + id);
+    ASSERT_TRUE(one.ok());
+    EXPECT_EQ(one->status, 200) << one->body;
+    EXPECT_EQ(one->Json()["id"], "tinymodel");
+    EXPECT_EQ(one->Json()["object"], "model");
+  }
+  absl::StatusOr<HttpReply> other = HttpCall(port(), "GET", "/v1/models/meta-llama/Llama-3-8B");
+  ASSERT_TRUE(other.ok());
+  EXPECT_EQ(other->status, 404);
+  EXPECT_THAT(other->body, HasSubstr("meta-llama/Llama-3-8B"));
   // The gRPC API describes the same server.
   grpc::ClientContext ctx;
   v1::GetServerInfoResponse info;
@@ -751,6 +763,20 @@ TEST_F(HttpApiTest, TokenizeGivesTheIdsGenerationFeeds) {
     message->set_content(m["content"].get<std::string>());
   }
   g.mutable_chat()->set_continue_final_message(true);
+  {
+    // gRPC's Tokenize encodes the same conversation to the same ids, and refuses text with it.
+    grpc::ClientContext ctx;
+    v1::TokenizeRequest req;
+    *req.mutable_chat() = g.chat();
+    v1::TokenizeResponse grpc_ids;
+    ASSERT_TRUE(serve_->stub().Tokenize(&ctx, req, &grpc_ids).ok());
+    EXPECT_EQ(continued,
+              std::vector<int32_t>(grpc_ids.token_ids().begin(), grpc_ids.token_ids().end()));
+    grpc::ClientContext ctx2;
+    req.set_text("and text");
+    EXPECT_EQ(serve_->stub().Tokenize(&ctx2, req, &grpc_ids).error_code(),
+              grpc::StatusCode::INVALID_ARGUMENT);
+  }
   const ServeProcess::Stream grpc_continued = Grpc(g);
   Json http_continued = continued_body;
   http_continued["max_tokens"] = 8;
@@ -892,6 +918,7 @@ TEST_F(HttpApiTest, RealClientsAgreeWithTheGrpcApi) {
   EXPECT_EQ(node["chat_stream"]["role"], "assistant");
   EXPECT_EQ(node["chat_stream"]["usage"]["total_tokens"], node["chat"]["usage"]["total_tokens"]);
   EXPECT_EQ(node["models"], Json::array({"tinymodel"}));
+  EXPECT_EQ(node["retrieved"], "tinymodel");
 
   // Python's standard library.
   ASSERT_EQ(Shell(absl::StrCat(testing::Python(), " ", src, "/tests/clients/http_client.py ",
