@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
+#include "services/coordinator/request_validation.h"
 
 namespace specd {
 
@@ -61,6 +62,28 @@ absl::Status CutAfterFinalMessage(const nlohmann::ordered_json& final_message, s
   return absl::OkStatus();
 }
 
+// The request's template variables may not stand in for its own fields or the model's tokens.
+absl::Status CheckTemplateKwargs(const nlohmann::ordered_json& kwargs) {
+  if (!kwargs.is_object()) {
+    return FieldError("chat_template_kwargs", "chat_template_kwargs must be an object");
+  }
+  for (const auto& [key, value] : kwargs.items()) {
+    const bool own_field = key == "messages" || key == "add_generation_prompt";
+    const bool model_token = key == "bos_token" || key == "eos_token" || key == "unk_token" ||
+                             key == "sep_token" || key == "pad_token" || key == "cls_token" ||
+                             key == "mask_token";
+    if (own_field || model_token || key == "tools") {
+      return FieldError(
+          "chat_template_kwargs",
+          absl::StrCat("chat_template_kwargs may not set ", key,
+                       own_field     ? ": it is a field of the request"
+                       : model_token ? ": it comes from the model's tokenizer_config.json"
+                                     : ": tools are not supported by this server"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<std::vector<int32_t>> EncodeRenderedPrompt(const chat::RenderedPrompt& prompt,
@@ -80,11 +103,13 @@ absl::StatusOr<std::vector<int32_t>> ChatPrompt::Encode(const nlohmann::ordered_
         "continue_final_message and add_generation_prompt exclude each other: continuing the "
         "last message adds no new turn");
   }
+  SPECD_RETURN_IF_ERROR(CheckTemplateKwargs(options.template_kwargs));
   SPECD_ASSIGN_OR_RETURN(const nlohmann::ordered_json normalized,
                          chat::NormalizeMessages(messages));
   if (normalized.empty()) return absl::InvalidArgumentError("messages is empty");
   chat::RenderOptions render;
   render.add_generation_prompt = options.add_generation_prompt;
+  render.extra_context = options.template_kwargs;
   SPECD_ASSIGN_OR_RETURN(chat::RenderedPrompt prompt, tmpl_->Render(normalized, render));
   if (options.continue_final_message) {
     SPECD_RETURN_IF_ERROR(CutAfterFinalMessage(normalized.back(), prompt.text));

@@ -28,6 +28,11 @@ struct ChatPromptOptions {
   // end-of-turn token), so that the model continues it: a reply the client has begun. Excludes
   // add_generation_prompt.
   bool continue_final_message = false;
+  // More variables for the template (vLLM's chat_template_kwargs), a JSON object: e.g.
+  // {"date_string": "26 Jul 2024"}, which fixes the date Llama 3.1 and 3.2 templates write (by
+  // default today's, so a prompt would change every day). Not the variables that have their own
+  // fields or come from the model: messages, add_generation_prompt, tools, the special tokens.
+  nlohmann::ordered_json template_kwargs = nlohmann::ordered_json::object();
 };
 
 class ChatPrompt {

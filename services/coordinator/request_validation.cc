@@ -10,6 +10,7 @@
 #include "base/sampling_params.h"
 #include "base/status_macros.h"
 #include "base/utf8.h"
+#include "google/protobuf/util/json_util.h"
 
 namespace specd {
 namespace {
@@ -138,6 +139,13 @@ absl::StatusOr<std::vector<int32_t>> EncodeChat(const v1::Chat& chat,
                                             " bytes, over the limit of ", limits.max_prompt_bytes));
   }
   ChatPromptOptions options;
+  if (chat.has_chat_template_kwargs()) {
+    std::string json;
+    if (!google::protobuf::util::MessageToJsonString(chat.chat_template_kwargs(), &json).ok()) {
+      return Invalid("chat_template_kwargs", "chat_template_kwargs cannot be read as JSON");
+    }
+    options.template_kwargs = nlohmann::ordered_json::parse(json, nullptr, false);
+  }
   options.continue_final_message = chat.continue_final_message();
   options.add_generation_prompt = chat.has_add_generation_prompt()
                                       ? chat.add_generation_prompt()

@@ -52,6 +52,11 @@ std::string PercentDecoded(absl::string_view segment) {
   return out;
 }
 
+// An error encoding a conversation names `messages` unless it names another field.
+absl::Status ConversationError(const absl::Status& status) {
+  return FieldOf(status).empty() ? FieldError("messages", status.message(), status.code()) : status;
+}
+
 // A request may name the served model or none; another is 404, as OpenAI's API answers.
 absl::Status CheckModel(const std::string& model, const ServingState& state) {
   const std::string& served = state.info.served_model_name();
@@ -75,9 +80,7 @@ absl::StatusOr<Json> Tokenize(absl::string_view body, const ServingState& state)
     }
     absl::StatusOr<std::vector<int32_t>> encoded =
         state.chat->Encode(request.messages, *state.tokenizer, request.chat_options);
-    if (!encoded.ok()) {
-      return FieldError("messages", encoded.status().message(), encoded.status().code());
-    }
+    if (!encoded.ok()) return ConversationError(encoded.status());
     ids = *std::move(encoded);
   } else {
     if (static_cast<int64_t>(request.prompt.size()) > state.limits.max_prompt_bytes) {
@@ -261,7 +264,7 @@ absl::StatusOr<std::vector<CompletionJob::ChoiceInput>> OpenAiApi::BuildChoices(
     }
     absl::StatusOr<std::vector<int32_t>> ids =
         state.chat->Encode(request.messages, *state.tokenizer, request.chat_options);
-    if (!ids.ok()) return FieldError("messages", ids.status().message(), ids.status().code());
+    if (!ids.ok()) return ConversationError(ids.status());
     v1::GenerateRequest r = request.base;
     r.mutable_token_ids()->mutable_ids()->Add(ids->begin(), ids->end());
     prompts.push_back(std::move(r));

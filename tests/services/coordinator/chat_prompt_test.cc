@@ -28,6 +28,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "services/coordinator/request_validation.h"
 #include "tests/test_util.h"
 
 namespace specd {
@@ -249,6 +250,40 @@ TEST(ChatPromptTest, AConversationThatCannotBeContinuedIsAClearError) {
   absl::StatusOr<std::vector<int32_t>> lost = shouting->Encode(kConversation, *m.tokenizer, cont);
   EXPECT_EQ(lost.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(lost.status().message()), HasSubstr("does not write"));
+}
+
+// vLLM's chat_template_kwargs: more variables reach the template (Llama 3.2's date_string, here
+// a template of our own that writes one), but not those with their own fields or the model's.
+TEST(ChatPromptTest, TemplateKwargsReachTheTemplateButNotTheReservedNames) {
+  Model m = Lenml("llama3_1");
+  ASSERT_NE(m.tokenizer, nullptr);
+  absl::StatusOr<ChatPrompt> chat = ChatPrompt::Load(
+      m.config, std::string("{{ bos_token }}Today is {{ date_string | default('unknown') }}.\n"
+                            "{% for m in messages %}{{ m['role'] + ': ' + m['content'] }}\n"
+                            "{% endfor %}"));
+  ASSERT_TRUE(chat.ok()) << chat.status();
+  auto text = [&](const ChatPromptOptions& options) {
+    absl::StatusOr<std::vector<int32_t>> ids = chat->Encode(kConversation, *m.tokenizer, options);
+    EXPECT_TRUE(ids.ok()) << ids.status();
+    return ids.ok() ? *m.tokenizer->Decode(*ids) : std::string();
+  };
+  ChatPromptOptions plain;
+  EXPECT_THAT(text(plain), HasSubstr("Today is unknown."));
+  ChatPromptOptions dated;
+  dated.template_kwargs = {{"date_string", "26 Jul 2024"}};
+  EXPECT_THAT(text(dated), HasSubstr("Today is 26 Jul 2024."));
+  for (const char* reserved : {"messages", "add_generation_prompt", "bos_token", "tools"}) {
+    ChatPromptOptions bad;
+    bad.template_kwargs = {{reserved, "x"}};
+    absl::Status st = chat->Encode(kConversation, *m.tokenizer, bad).status();
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << reserved;
+    EXPECT_EQ(FieldOf(st), "chat_template_kwargs") << reserved;
+    EXPECT_THAT(std::string(st.message()), HasSubstr(reserved));
+  }
+  ChatPromptOptions not_object;
+  not_object.template_kwargs = Json::array({1});
+  EXPECT_EQ(FieldOf(chat->Encode(kConversation, *m.tokenizer, not_object).status()),
+            "chat_template_kwargs");
 }
 
 TEST(ChatPromptTest, BadTemplatesAndMessagesAreClearErrors) {

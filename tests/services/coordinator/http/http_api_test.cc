@@ -772,9 +772,24 @@ TEST_F(HttpApiTest, TokenizeGivesTheIdsGenerationFeeds) {
     ASSERT_TRUE(serve_->stub().Tokenize(&ctx, req, &grpc_ids).ok());
     EXPECT_EQ(continued,
               std::vector<int32_t>(grpc_ids.token_ids().begin(), grpc_ids.token_ids().end()));
+    // Template variables arrive as a Struct: unused ones change nothing, reserved ones are
+    // refused naming the field.
     grpc::ClientContext ctx2;
+    (*req.mutable_chat()->mutable_chat_template_kwargs()->mutable_fields())["unused"]
+        .set_string_value("x");
+    ASSERT_TRUE(serve_->stub().Tokenize(&ctx2, req, &grpc_ids).ok());
+    EXPECT_EQ(continued,
+              std::vector<int32_t>(grpc_ids.token_ids().begin(), grpc_ids.token_ids().end()));
+    grpc::ClientContext ctx3;
+    (*req.mutable_chat()->mutable_chat_template_kwargs()->mutable_fields())["eos_token"]
+        .set_bool_value(true);
+    const grpc::Status reserved = serve_->stub().Tokenize(&ctx3, req, &grpc_ids);
+    EXPECT_EQ(reserved.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_THAT(reserved.error_message(), HasSubstr("chat_template_kwargs may not set eos_token"));
+    grpc::ClientContext ctx4;
+    req.mutable_chat()->clear_chat_template_kwargs();
     req.set_text("and text");
-    EXPECT_EQ(serve_->stub().Tokenize(&ctx2, req, &grpc_ids).error_code(),
+    EXPECT_EQ(serve_->stub().Tokenize(&ctx4, req, &grpc_ids).error_code(),
               grpc::StatusCode::INVALID_ARGUMENT);
   }
   const ServeProcess::Stream grpc_continued = Grpc(g);
@@ -821,6 +836,14 @@ TEST_F(HttpApiTest, BadTokenizeRequestsAreClearErrors) {
            .dump(),
        400, "continue_final_message"},
       {"/tokenize", Json({{"messages", {{{"role", "user"}}}}}).dump(), 400, "messages"},
+      {"/tokenize", Json({{"messages", conversation}, {"chat_template_kwargs", {1, 2}}}).dump(),
+       400, "chat_template_kwargs"},
+      {"/tokenize",
+       Json({{"messages", conversation}, {"chat_template_kwargs", {{"messages", "x"}}}}).dump(),
+       400, "chat_template_kwargs"},
+      {"/v1/chat/completions",
+       Json({{"messages", conversation}, {"chat_template_kwargs", {{"bos_token", ""}}}}).dump(),
+       400, "chat_template_kwargs"},
       {"/detokenize", "{}", 400, "tokens"},
       {"/detokenize", R"({"tokens": "1 2"})", 400, "tokens"},
       {"/detokenize", R"({"tokens": [1, 1.5]})", 400, "tokens"},
