@@ -16,23 +16,16 @@
 namespace specd {
 namespace {
 
-// Opens and at once closes a connection to host:port, if anything listens there: the listener
-// wakes, and the connection's worker reads its end at once.
-void Knock(const std::string& host, int port) {
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_NUMERICSERV;
-  addrinfo* found = nullptr;
-  if (getaddrinfo(host.c_str(), absl::StrCat(port).c_str(), &hints, &found) != 0) return;
-  for (const addrinfo* a = found; a != nullptr; a = a->ai_next) {
+// Opens and at once closes a connection to one of `addresses`, if anything listens there: the
+// listener wakes, and the connection's worker reads its end at once.
+void Knock(const addrinfo* addresses) {
+  for (const addrinfo* a = addresses; a != nullptr; a = a->ai_next) {
     const int fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
     if (fd < 0) continue;
     const bool connected = connect(fd, a->ai_addr, a->ai_addrlen) == 0;
     close(fd);
-    if (connected) break;
+    if (connected) return;
   }
-  freeaddrinfo(found);
 }
 
 // Where a client reaches an Exposer bound to `host`: a wildcard address listens on loopback too.
@@ -69,15 +62,25 @@ MetricsExposer::MetricsExposer(std::unique_ptr<prometheus::Exposer> exposer,
 MetricsExposer::~MetricsExposer() {
   // The stop flag is set inside ~Exposer, so knock until it returns: the first knock after the
   // flag ends the listener's poll.
+  // The address is resolved once, not at every knock.
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_NUMERICSERV;
+  addrinfo* addresses = nullptr;
+  if (getaddrinfo(host_.c_str(), absl::StrCat(port_).c_str(), &hints, &addresses) != 0) {
+    addresses = nullptr;  // no knocking: ~Exposer takes its time
+  }
   absl::Notification stopped;
-  std::thread knocker([this, &stopped] {
+  std::thread knocker([addresses, &stopped] {
     do {
-      Knock(host_, port_);
+      Knock(addresses);
     } while (!stopped.WaitForNotificationWithTimeout(absl::Milliseconds(5)));
   });
   exposer_.reset();
   stopped.Notify();
   knocker.join();
+  if (addresses != nullptr) freeaddrinfo(addresses);
 }
 
 }  // namespace specd

@@ -99,9 +99,9 @@ absl::StatusOr<std::vector<int32_t>> ChatPrompt::Encode(const nlohmann::ordered_
                                                         const ChatPromptOptions& options) const {
   if (!tmpl_.has_value()) return unavailable_;
   if (options.add_generation_prompt && options.continue_final_message) {
-    return absl::InvalidArgumentError(
-        "continue_final_message and add_generation_prompt exclude each other: continuing the "
-        "last message adds no new turn");
+    return FieldError("continue_final_message",
+                      "continue_final_message and add_generation_prompt cannot both be true: "
+                      "continuing the last message adds no new turn");
   }
   SPECD_RETURN_IF_ERROR(CheckTemplateKwargs(options.template_kwargs));
   SPECD_ASSIGN_OR_RETURN(const nlohmann::ordered_json normalized,

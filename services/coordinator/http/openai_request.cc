@@ -91,24 +91,20 @@ absl::StatusOr<Json> Messages(const Json& body) {
   return m;
 }
 
-// add_generation_prompt, continue_final_message and chat_template_kwargs (vLLM's names): the
-// assistant's header by default, none when the last message is continued.
+// The fields of a conversation only (vLLM's names).
+constexpr const char* kChatOnlyFields[] = {"add_generation_prompt", "continue_final_message",
+                                           "chat_template_kwargs"};
+
+// add_generation_prompt, continue_final_message and chat_template_kwargs: the assistant's header
+// by default, none when the last message is continued. Their combination and the variables are
+// checked where the conversation is encoded (ChatPrompt::Encode), for both APIs.
 absl::StatusOr<ChatPromptOptions> ChatOptions(const Json& body) {
   SPECD_ASSIGN_OR_RETURN(const std::optional<bool> add, Bool(body, "add_generation_prompt"));
   SPECD_ASSIGN_OR_RETURN(const std::optional<bool> cont, Bool(body, "continue_final_message"));
   ChatPromptOptions options;
   options.continue_final_message = cont.value_or(false);
   options.add_generation_prompt = add.value_or(!options.continue_final_message);
-  if (options.add_generation_prompt && options.continue_final_message) {
-    return FieldError("continue_final_message",
-                      "continue_final_message and add_generation_prompt cannot both be true: "
-                      "continuing the last message adds no new turn");
-  }
-  const Json& kwargs = Field(body, "chat_template_kwargs");
-  if (!kwargs.is_null()) {
-    if (!kwargs.is_object()) {
-      return FieldError("chat_template_kwargs", "chat_template_kwargs must be an object");
-    }
+  if (const Json& kwargs = Field(body, "chat_template_kwargs"); !kwargs.is_null()) {
     options.template_kwargs = kwargs;
   }
   return options;
@@ -264,8 +260,7 @@ absl::Status RefuseUnsupported(const Json& body, Endpoint endpoint) {
     return FieldError("echo", "echo is a field of /v1/completions only");
   }
   if (endpoint == Endpoint::kCompletions) {
-    for (const char* name :
-         {"add_generation_prompt", "continue_final_message", "chat_template_kwargs"}) {
+    for (const char* name : kChatOnlyFields) {
       if (!Field(body, name).is_null()) {
         return FieldError(name, absl::StrCat(name, " is a field of /v1/chat/completions only"));
       }
@@ -496,8 +491,7 @@ absl::StatusOr<TokenizeRequest> ParseTokenizeRequest(absl::string_view body_text
     if (!prompt.is_string()) return FieldError("prompt", "prompt must be a string");
     out.prompt = prompt.get<std::string>();
     out.add_special_tokens = special.value_or(true);
-    for (const char* name :
-         {"add_generation_prompt", "continue_final_message", "chat_template_kwargs"}) {
+    for (const char* name : kChatOnlyFields) {
       if (!Field(body, name).is_null()) {
         return FieldError(name, absl::StrCat(name, " applies to messages, not to a prompt"));
       }
