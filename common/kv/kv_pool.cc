@@ -4,10 +4,9 @@
 #include <iterator>
 #include <limits>
 
-#include "absl/hash/hash.h"
 #include "absl/memory/memory.h"
 #include "absl/strings/str_cat.h"
-#include "absl/types/span.h"
+#include "base/block_hash.h"
 #include "base/math.h"
 #include "base/status_macros.h"
 
@@ -16,10 +15,6 @@ namespace {
 
 // Block ids are int32 in block tables; stay well inside that and inside host memory for tables.
 constexpr int64_t kMaxBlocks = int64_t{1} << 30;
-
-uint64_t AbslBlockHash(uint64_t parent, std::span<const int32_t> tokens) {
-  return absl::HashOf(parent, absl::MakeConstSpan(tokens.data(), tokens.size()));
-}
 
 absl::Status Unknown(KvPool::SeqId seq) {
   return absl::NotFoundError(absl::StrCat("KV pool: unknown sequence ", seq));
@@ -49,7 +44,7 @@ absl::StatusOr<std::unique_ptr<KvPool>> KvPool::Create(const KvPoolConfig& confi
 }
 
 KvPool::KvPool(const KvPoolConfig& config) : config_(config) {
-  if (config_.block_hash == nullptr) config_.block_hash = AbslBlockHash;
+  if (config_.block_hash == nullptr) config_.block_hash = ChainedBlockHash;
   blocks_.resize(static_cast<size_t>(config.num_blocks));
   free_list_.reserve(static_cast<size_t>(config.num_blocks));
   // Pop from the back hands out block 0 first.

@@ -42,7 +42,7 @@ struct KvPoolConfig {
   // The root of every hash chain: the model's identity and the KV dtype, so KV computed by
   // another model or in another precision can never match.
   uint64_t cache_salt = 0;
-  // The block hash; null uses absl::Hash. Tests substitute one that collides.
+  // The block hash; null uses ChainedBlockHash. Tests substitute one that collides.
   KvBlockHash block_hash = nullptr;
 };
 

@@ -3,8 +3,7 @@
 #include <algorithm>
 #include <cstddef>
 
-#include "absl/hash/hash.h"
-#include "absl/types/span.h"
+#include "base/block_hash.h"
 
 namespace specd {
 namespace {
@@ -24,11 +23,6 @@ int64_t SharedBlockTokens(const SpeculativeSequence& leader, const SpeculativeSe
       std::mismatch(leader.tokens.begin(), leader.tokens.begin() + limit, follower.tokens.begin());
   const auto common = static_cast<int64_t>(mismatch.first - leader.tokens.begin());
   return common / block_size * block_size;
-}
-
-// A block's hash, chained from its parent's (0 for a sequence's first block).
-uint64_t ChainHash(uint64_t parent, std::span<const int32_t> block) {
-  return absl::HashOf(parent, absl::MakeConstSpan(block.data(), block.size()));
 }
 
 }  // namespace
@@ -55,8 +49,8 @@ void ComputedPrefixes::Record(std::span<const int32_t> tokens, int64_t committed
       std::min<int64_t>(committed, static_cast<int64_t>(tokens.size())) / block_size_;
   for (auto b = static_cast<int64_t>(chain.size()); b < blocks; ++b) {
     const uint64_t parent = b == 0 ? 0 : chain.back();
-    chain.push_back(ChainHash(parent, tokens.subspan(static_cast<size_t>(b * block_size_),
-                                                     static_cast<size_t>(block_size_))));
+    chain.push_back(ChainedBlockHash(parent, tokens.subspan(static_cast<size_t>(b * block_size_),
+                                                            static_cast<size_t>(block_size_))));
     Insert(chain.back());
   }
 }
@@ -74,8 +68,8 @@ int64_t ComputedPrefixes::KnownPrefix(std::span<const int32_t> tokens, int64_t m
       std::min<int64_t>(max_tokens, static_cast<int64_t>(tokens.size())) / block_size_;
   uint64_t hash = 0;
   for (int64_t b = 0; b < blocks; ++b) {
-    hash = ChainHash(hash, tokens.subspan(static_cast<size_t>(b * block_size_),
-                                          static_cast<size_t>(block_size_)));
+    hash = ChainedBlockHash(hash, tokens.subspan(static_cast<size_t>(b * block_size_),
+                                                 static_cast<size_t>(block_size_)));
     if (!where_.contains(hash)) return b * block_size_;
   }
   return blocks * block_size_;
