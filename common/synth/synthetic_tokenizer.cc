@@ -8,6 +8,7 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_replace.h"
 #include "common/synth/synth.h"
 #include "common/tokenizer/llama2c_import.h"
 
@@ -78,10 +79,7 @@ absl::StatusOr<HfTokenizerFiles> SyntheticTokenizer(int64_t vocab_size) {
   std::string bin(4, '\0');
   int32_t max_len = 0;
   for (size_t id = 0; id < pieces.size(); ++id) {
-    std::string piece = pieces[id];
-    for (size_t at = piece.find(kSpace); at != std::string::npos; at = piece.find(kSpace, at)) {
-      piece.replace(at, sizeof(kSpace) - 1, " ");
-    }
+    const std::string piece = absl::StrReplaceAll(pieces[id], {{kSpace, " "}});
     const float score = id < 259 ? 0.0f : -static_cast<float>(id);
     const int32_t len = static_cast<int32_t>(piece.size());
     max_len = std::max(max_len, len);
