@@ -117,10 +117,15 @@ struct MatmulArgs {
 //! Products of ONE input by up to kMaxMatmulGroup weights (q/k/v; gate/up), which a back end may
 //! run as one launch. The parts share x and n_tokens (so w.cols) and write distinct outputs;
 //! each part's y has exactly the bits its own Matmul would give.
+//! With `swiglu` (two parts, gate then up, of equal rows, neither accumulating) the gated MLP's
+//! first half in one op: parts[0].y receives silu(gate) * up with exactly the bits SwiGlu would
+//! give on the two products, and parts[1].y is scratch the back end may leave unwritten (a GPU
+//! computes both products in the same warp and never stores `up`).
 inline constexpr int kMaxMatmulGroup = 3;
 struct MatmulGroupArgs {
   std::array<MatmulArgs, kMaxMatmulGroup> parts{};
   int n_parts = 0;
+  bool swiglu = false;
 };
 
 //! y[t, :] = x[t, :] / sqrt(mean(x[t, :]^2) + eps) * weight   (Llama RMSNorm, f32 math).

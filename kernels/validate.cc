@@ -138,6 +138,13 @@ absl::Status ValidateMatmulGroupArgs(const MatmulGroupArgs& args) {
         absl::StrCat(kOp, ": n_parts must be in [1, ", kMaxMatmulGroup, "], got ", args.n_parts));
   }
   const MatmulArgs& first = args.parts[0];
+  if (args.swiglu) {
+    const MatmulArgs& up = args.parts[1];
+    if (args.n_parts != 2 || first.w.rows != up.w.rows || first.accumulate || up.accumulate) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          kOp, ": swiglu needs two parts (gate, up) of equal w.rows, neither accumulating"));
+    }
+  }
   for (int i = 0; i < args.n_parts; ++i) {
     const MatmulArgs& p = args.parts[static_cast<size_t>(i)];
     if (absl::Status st = ValidateMatmulArgs(p); !st.ok()) {

@@ -7,6 +7,7 @@
 
 #include "base/math.h"
 #include "base/status_macros.h"
+#include "kernels/cpu/elementwise.h"
 #include "kernels/validate.h"
 
 namespace specd::kernels::cpu {
@@ -80,7 +81,11 @@ absl::Status CpuMatmulGroup(const MatmulGroupArgs& args, const CpuContext& ctx) 
     tasks[static_cast<size_t>(i)] = TaskOf(args.parts[static_cast<size_t>(i)]);
   }
   RunTasks({tasks.data(), static_cast<size_t>(args.n_parts)}, ctx);
-  return absl::OkStatus();
+  if (!args.swiglu) return absl::OkStatus();
+  // Here the products go through memory: SwiGlu's own pass over them gives its bits by
+  // construction.
+  const MatmulArgs& gate = args.parts[0];
+  return CpuSwiGlu({gate.y, args.parts[1].y, gate.y, gate.n_tokens, gate.w.rows}, ctx);
 }
 
 }  // namespace specd::kernels::cpu

@@ -64,6 +64,12 @@ __device__ __forceinline__ float WidenCache(CacheBits<D> x) {
   }
 }
 
+// silu(g) * u = g / (1 + exp(-g)) * u, each operation rounded once: SwiGlu and the epilogue of
+// the gate/up product share it, so the fused op has the separate ops' bits.
+__device__ __forceinline__ float SiluMul(float g, float u) {
+  return __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), u);
+}
+
 // Lane-order-independent warp sum: the xor butterfly. Lanes l and l^m add the same two values
 // (addition commutes), so every lane ends with the same bits.
 template <typename T>

@@ -18,9 +18,7 @@ unsigned Blocks(int64_t n) {
 __global__ void SwiGluKernel(const float* gate, const float* up, float* out, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t{kThreads} + threadIdx.x; i < n;
        i += int64_t{gridDim.x} * kThreads) {
-    const float g = gate[i];
-    const float silu = __fdiv_rn(g, __fadd_rn(1.0f, expf(-g)));
-    out[i] = __fmul_rn(silu, up[i]);
+    out[i] = SiluMul(gate[i], up[i]);
   }
 }
 

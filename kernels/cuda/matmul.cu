@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "kernels/cuda/device_common.cuh"
+#include "kernels/cuda/elementwise.h"
 #include "kernels/validate.h"
 
 namespace specd::kernels::cuda {
@@ -73,25 +74,30 @@ struct Parts {
 
 // A warp computes TW tokens x RW rows of one part; a block has kWarps warps on consecutive row
 // groups of that part and the same tokens. See matmul.h for the one reduction order every
-// (TW, RW) follows.
-template <DType D, int TW, int RW>
+// (TW, RW) follows. With kSwiGlu the grid covers the gate's rows only, and a warp computes its RW
+// rows of the gate AND of up (parts 0 and 1), so it writes silu(gate) * up without storing up.
+template <DType D, int TW, int RW, bool kSwiGlu>
 __global__ void __launch_bounds__(kThreads)
     MatmulKernel(const float* __restrict__ x, const Parts parts, int64_t n_tokens, int64_t cols,
                  bool vec) {
+  constexpr int kMats = kSwiGlu ? 2 : 1;  // weight matrices a warp reads
   // Constant indices only, so the parts stay in the parameter space (no local-memory copy).
   const void* __restrict__ w = parts.w[0];
+  const void* __restrict__ w_up = parts.w[1];
   float* __restrict__ y = parts.y[0];
   int64_t rows = parts.rows[0];
   bool accumulate = parts.accumulate[0];
   unsigned block = blockIdx.x;
+  if constexpr (!kSwiGlu) {
 #pragma unroll
-  for (int i = 1; i < kMaxMatmulGroup; ++i) {
-    if (i < parts.n_parts && blockIdx.x >= parts.block_end[i - 1]) {
-      w = parts.w[i];
-      y = parts.y[i];
-      rows = parts.rows[i];
-      accumulate = parts.accumulate[i];
-      block = blockIdx.x - parts.block_end[i - 1];
+    for (int i = 1; i < kMaxMatmulGroup; ++i) {
+      if (i < parts.n_parts && blockIdx.x >= parts.block_end[i - 1]) {
+        w = parts.w[i];
+        y = parts.y[i];
+        rows = parts.rows[i];
+        accumulate = parts.accumulate[i];
+        block = blockIdx.x - parts.block_end[i - 1];
+      }
     }
   }
   const int lane = threadIdx.x % kWarp;
@@ -103,25 +109,31 @@ __global__ void __launch_bounds__(kThreads)
   int64_t wbase[RW];
 #pragma unroll
   for (int r = 0; r < RW; ++r) wbase[r] = min(row0 + r, rows - 1) * cols;
-  float acc[TW][RW];
+  // Accumulator m * RW + r is row r of matrix m (the gate's rows, then up's).
+  float acc[TW][kMats * RW];
 #pragma unroll
   for (int t = 0; t < TW; ++t) {
 #pragma unroll
-    for (int r = 0; r < RW; ++r) acc[t][r] = 0.0f;
+    for (int r = 0; r < kMats * RW; ++r) acc[t][r] = 0.0f;
   }
   const int64_t nfull = cols / kChunkElems;
 #pragma unroll 2
   for (int64_t c = lane; c < nfull; c += kWarp) {
-    float wv[RW][kChunkElems];
+    float wv[kMats * RW][kChunkElems];
 #pragma unroll
-    for (int r = 0; r < RW; ++r) LoadWeight8<D>(w, wbase[r] + c * kChunkElems, vec, wv[r]);
+    for (int m = 0; m < kMats; ++m) {
+#pragma unroll
+      for (int r = 0; r < RW; ++r) {
+        LoadWeight8<D>(m == 0 ? w : w_up, wbase[r] + c * kChunkElems, vec, wv[m * RW + r]);
+      }
+    }
 #pragma unroll
     for (int t = 0; t < TW; ++t) {
       if (t < nt) {
         float xv[kChunkElems];
         LoadX8(x + (t0 + t) * cols, c * kChunkElems, vec, xv);
 #pragma unroll
-        for (int r = 0; r < RW; ++r) {
+        for (int r = 0; r < kMats * RW; ++r) {
 #pragma unroll
           for (int e = 0; e < kChunkElems; ++e) acc[t][r] = fmaf(xv[e], wv[r][e], acc[t][r]);
         }
@@ -131,15 +143,18 @@ __global__ void __launch_bounds__(kThreads)
   // The last, partial chunk belongs to the lane whose turn its index is, after its full chunks.
   if (cols % kChunkElems != 0 && lane == nfull % kWarp) {
     for (int64_t i = nfull * kChunkElems; i < cols; ++i) {
-      float wv[RW];
+      float wv[kMats * RW];
 #pragma unroll
-      for (int r = 0; r < RW; ++r) wv[r] = LoadAsF32<D>(w, wbase[r] + i);
+      for (int m = 0; m < kMats; ++m) {
+#pragma unroll
+        for (int r = 0; r < RW; ++r) wv[m * RW + r] = LoadAsF32<D>(m == 0 ? w : w_up, wbase[r] + i);
+      }
 #pragma unroll
       for (int t = 0; t < TW; ++t) {
         if (t < nt) {
           const float xv = __ldg(x + (t0 + t) * cols + i);
 #pragma unroll
-          for (int r = 0; r < RW; ++r) acc[t][r] = fmaf(xv, wv[r], acc[t][r]);
+          for (int r = 0; r < kMats * RW; ++r) acc[t][r] = fmaf(xv, wv[r], acc[t][r]);
         }
       }
     }
@@ -149,7 +164,12 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int r = 0; r < RW; ++r) {
       const float sum = WarpSum(acc[t][r]);
-      if (lane == 0 && t < nt && row0 + r < rows) {
+      if constexpr (kSwiGlu) {
+        const float up = WarpSum(acc[t][RW + r]);
+        if (lane == 0 && t < nt && row0 + r < rows) {
+          y[(t0 + t) * rows + row0 + r] = SiluMul(sum, up);
+        }
+      } else if (lane == 0 && t < nt && row0 + r < rows) {
         float* out = y + (t0 + t) * rows + row0 + r;
         *out = accumulate ? *out + sum : sum;
       }
@@ -157,7 +177,7 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-template <DType D, int TW, int RW>
+template <DType D, int TW, int RW, bool kSwiGlu>
 cudaError_t Launch(const MatmulGroupArgs& g, bool vec, cudaStream_t stream) {
   Parts parts{};
   parts.n_parts = g.n_parts;
@@ -168,12 +188,13 @@ cudaError_t Launch(const MatmulGroupArgs& g, bool vec, cudaStream_t stream) {
     parts.y[i] = a.y;
     parts.rows[i] = a.w.rows;
     parts.accumulate[i] = a.accumulate;
-    blocks += static_cast<unsigned>(DivUp(a.w.rows, int64_t{kWarps} * RW));
+    // The fused gate/up product's warps cover the gate's rows and read up's beside them.
+    if (i == 0 || !kSwiGlu) blocks += static_cast<unsigned>(DivUp(a.w.rows, int64_t{kWarps} * RW));
     parts.block_end[i] = blocks;
   }
   const MatmulArgs& first = g.parts[0];
   const dim3 grid(blocks, static_cast<unsigned>(DivUp(first.n_tokens, TW)));
-  MatmulKernel<D, TW, RW>
+  MatmulKernel<D, TW, RW, kSwiGlu>
       <<<grid, kThreads, 0, stream>>>(first.x, parts, first.n_tokens, first.w.cols, vec);
   return cudaGetLastError();
 }
@@ -185,22 +206,35 @@ int64_t TotalRows(const MatmulGroupArgs& g) {
 }
 
 // `sm_count`: a one-token product of few rows (a decode step's k and v projections) takes one row
-// per warp when two would leave SMs without a block.
+// per warp when two would leave SMs without a block. The fused gate/up product keeps half the
+// rows per warp, so that a warp holds as many accumulators as the plain shape does.
 template <DType D>
 cudaError_t LaunchTyped(const MatmulGroupArgs& g, bool vec, int tw, int sm_count,
                         cudaStream_t stream) {
+  if (g.swiglu) {
+    switch (tw) {
+      case 1:
+        return Launch<D, 1, 1, true>(g, vec, stream);
+      case 2:
+        return Launch<D, 2, 1, true>(g, vec, stream);
+      case 4:
+        return Launch<D, 4, 1, true>(g, vec, stream);
+      default:
+        return Launch<D, 8, 2, true>(g, vec, stream);
+    }
+  }
   switch (tw) {
     case 1:
       if (DivUp(TotalRows(g), int64_t{kWarps} * 2) < sm_count) {
-        return Launch<D, 1, 1>(g, vec, stream);
+        return Launch<D, 1, 1, false>(g, vec, stream);
       }
-      return Launch<D, 1, 2>(g, vec, stream);
+      return Launch<D, 1, 2, false>(g, vec, stream);
     case 2:
-      return Launch<D, 2, 2>(g, vec, stream);
+      return Launch<D, 2, 2, false>(g, vec, stream);
     case 4:
-      return Launch<D, 4, 2>(g, vec, stream);
+      return Launch<D, 4, 2, false>(g, vec, stream);
     default:
-      return Launch<D, 8, 4>(g, vec, stream);
+      return Launch<D, 8, 4, false>(g, vec, stream);
   }
 }
 
@@ -214,14 +248,16 @@ absl::Status LaunchMatmulGroup(const MatmulGroupArgs& g, const CudaContext& ctx,
   const MatmulArgs& first = g.parts[0];
   if (first.n_tokens == 0) return absl::OkStatus();
   // One launch covers parts of one dtype; a mixed group (never made by the engine, whose layers
-  // have one dtype) runs part by part, with the same bits.
+  // have one dtype) runs part by part, then SwiGlu, with the same bits.
   for (int i = 1; i < g.n_parts; ++i) {
     if (g.parts[static_cast<size_t>(i)].w.dtype != first.w.dtype) {
       for (int j = 0; j < g.n_parts; ++j) {
         SPECD_RETURN_IF_ERROR(
             LaunchMatmul(g.parts[static_cast<size_t>(j)], ctx, stream, tokens_per_warp));
       }
-      return absl::OkStatus();
+      if (!g.swiglu) return absl::OkStatus();
+      return LaunchSwiGlu({first.y, g.parts[1].y, first.y, first.n_tokens, first.w.rows}, ctx,
+                          stream);
     }
   }
   // This back end's own choices and limits: the tile shape, and the grid's dimensions.

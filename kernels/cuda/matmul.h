@@ -28,7 +28,9 @@ absl::Status LaunchMatmul(const MatmulArgs& args, const CudaContext& ctx, cudaSt
                           int tokens_per_warp = 0);
 // The parts in one launch: the grid's blocks are the parts' row groups one after the other, and
 // each warp runs exactly a plain Matmul's operations for its rows (an accumulating part adds the
-// finished sum to y), so every part has its own Matmul's bits.
+// finished sum to y), so every part has its own Matmul's bits. A swiglu group (gate, up) launches
+// warps over the gate's rows that reduce the same rows of both and write silu(gate) * up with
+// SwiGlu's rounding: one launch and no pass over the products instead of two of each.
 absl::Status LaunchMatmulGroup(const MatmulGroupArgs& args, const CudaContext& ctx,
                                cudaStream_t stream, int tokens_per_warp = 0);
 

@@ -1,5 +1,5 @@
-// Conformance of the model ops (Matmul, MatmulGroup, RmsNorm, Rope, SwiGlu, Embedding,
-// GatherRows) on every available back end: against double-precision references written
+// Conformance of the model ops (Matmul, MatmulGroup with and without swiglu, RmsNorm, Rope, SwiGlu,
+// Embedding, GatherRows) on every available back end: against double-precision references written
 // independently of kernels/, with finite outputs, intact guard zones, and batch invariance (a row
 // alone and among 1..63 others, at any position, gives the same bits).
 #include <algorithm>
@@ -195,6 +195,59 @@ TEST_P(ModelOpsTest, MatmulGroupPartsHaveTheBitsOfTheirOwnMatmuls) {
   EXPECT_TRUE(SameBits(device().Get(yb, n * wb.rows), Matmul(wb, x, n)));
 }
 
+// The MLP's gate/up product with swiglu: SwiGlu's bits on the two products' bits, for every
+// dtype, both load paths, the tile shapes chosen from n, and a row fed alone; and with gate and up
+// of different dtypes (which one launch cannot take).
+TEST_P(ModelOpsTest, SwiGluGroupHasTheBitsOfSwiGluOnItsProducts) {
+  const auto gated = [&](const TestWeight& wg, const TestWeight& wu, const std::vector<float>& x,
+                         int64_t n) {
+    const float* dx = device().Put(x);
+    MatmulGroupArgs g;
+    g.n_parts = 2;
+    g.swiglu = true;
+    g.parts[0] = {dx,
+                  {device().Put(wg.bytes), wg.dtype, wg.rows, wg.cols},
+                  device().Output<float>(n * wg.rows),
+                  n};
+    g.parts[1] = {dx,
+                  {device().Put(wu.bytes), wu.dtype, wu.rows, wu.cols},
+                  device().Output<float>(n * wu.rows),
+                  n};
+    const absl::Status st = backend().MatmulGroup(g);
+    EXPECT_TRUE(st.ok()) << st;
+    return device().Get(g.parts[0].y, n * wg.rows);
+  };
+  const auto separate = [&](const TestWeight& wg, const TestWeight& wu, const std::vector<float>& x,
+                            int64_t n) {
+    return SwiGlu(Matmul(wg, x, n), Matmul(wu, x, n), n, wg.rows);
+  };
+  for (const DType dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
+    for (const int64_t cols : {700, 768}) {
+      for (const int64_t rows : {5, 1100}) {
+        const TestWeight wg = RandomWeight(dtype, rows, cols, rng_);
+        const TestWeight wu = RandomWeight(dtype, rows, cols, rng_);
+        const int64_t n_max = 17;
+        const std::vector<float> x = RandomFloats(n_max * cols, rng_);
+        for (const int64_t n : {1, 2, 3, 5, 17}) {
+          const std::vector<float> xn(x.begin(), x.begin() + n * cols);
+          EXPECT_TRUE(SameBits(gated(wg, wu, xn, n), separate(wg, wu, xn, n)))
+              << DTypeName(dtype) << " " << rows << " x " << cols << ", " << n << " tokens";
+        }
+        const std::vector<float> last(x.begin() + (n_max - 1) * cols, x.end());
+        const std::vector<float> all = gated(wg, wu, x, n_max);
+        EXPECT_TRUE(
+            SameBits(gated(wg, wu, last, 1), std::vector<float>(all.end() - rows, all.end())))
+            << DTypeName(dtype) << " " << rows << " x " << cols << ": the last row alone";
+      }
+    }
+  }
+  const int64_t cols = 256, rows = 24, n = 3;
+  const TestWeight wg = RandomWeight(DType::kF32, rows, cols, rng_);
+  const TestWeight wu = RandomWeight(DType::kBF16, rows, cols, rng_);
+  const std::vector<float> x = RandomFloats(n * cols, rng_);
+  EXPECT_TRUE(SameBits(gated(wg, wu, x, n), separate(wg, wu, x, n)));
+}
+
 // The residual add folded into a product rounds once more, exactly as a separate addition would.
 TEST_P(ModelOpsTest, MatmulAccumulateAddsTheProductToY) {
   for (const DType dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
@@ -242,6 +295,21 @@ TEST_P(ModelOpsTest, MatmulGroupRefusesPartsThatDoNotShareTheirInput) {
   EXPECT_EQ(message(g), "MatmulGroup: parts[0].y must not overlap parts[1].y");
   g.parts[1].y = nullptr;
   EXPECT_EQ(message(g), "MatmulGroup parts[1]: Matmul: y must not be null");
+  // swiglu: gate and up, of equal rows, neither accumulating.
+  const TestWeight w3 = RandomWeight(DType::kF32, 3, 8, rng_);
+  g.parts[1].y = y1;
+  g.swiglu = true;
+  g.parts[1].w = {device().Put(w3.bytes), DType::kF32, 3, 8};
+  const std::string swiglu_parts =
+      "MatmulGroup: swiglu needs two parts (gate, up) of equal w.rows, neither accumulating";
+  EXPECT_EQ(message(g), swiglu_parts);
+  g.parts[1].w = view;
+  g.parts[1].accumulate = true;
+  EXPECT_EQ(message(g), swiglu_parts);
+  g.parts[1].accumulate = false;
+  g.n_parts = 3;
+  g.parts[2] = g.parts[1];
+  EXPECT_EQ(message(g), swiglu_parts);
 }
 
 TEST_P(ModelOpsTest, RmsNormMatchesReferenceAndIsBatchInvariant) {

@@ -1,5 +1,6 @@
 // CUDA back end checks beyond the conformance suite (which runs every op on this back end too):
-//  * the matmul's tile shapes (tokens per warp 1, 2, 4, 8) give the same bits for every row;
+//  * the matmul's tile shapes (tokens per warp 1, 2, 4, 8) give the same bits for every row, in
+//    a group and in the gate/up product with swiglu;
 //  * ProcessRows matches the CPU reference: argmax and one-hot rows bit for bit, sampled rows to
 //    one unit in the last place with the same kept tokens;
 //  * an id out of range in device memory fails the next Synchronize, naming the op, and nothing
@@ -48,6 +49,7 @@ TEST_F(CudaTest, MatmulTileShapesGiveTheSameBits) {
       const int64_t n = 19;
       const TestWeight w = RandomWeight(dtype, rows, cols, rng_);
       const TestWeight lead = RandomWeight(dtype, 33, cols, rng_);
+      const TestWeight w2 = RandomWeight(dtype, rows, cols, rng_);
       const std::vector<float> x = RandomFloats(n * cols, rng_);
       std::vector<float> first;
       for (const int tw : {1, 2, 4, 8}) {
@@ -83,6 +85,22 @@ TEST_F(CudaTest, MatmulTileShapesGiveTheSameBits) {
         EXPECT_TRUE(SameBits(device.Get(g.parts[1].y, n * rows), first))
             << DTypeName(dtype) << " " << rows << " x " << cols << ", tokens per warp " << tw
             << ", grouped";
+        // And as the gate of a gate/up product with swiglu, whose warps reduce both (halving
+        // the rows per warp): the bits of SwiGlu on the separate products.
+        MatmulGroupArgs gated = g;
+        gated.swiglu = true;
+        gated.parts[0] = g.parts[1];
+        gated.parts[0].y = device.Output<float>(n * rows);
+        gated.parts[1] = {
+            dx, {device.Put(w2.bytes), dtype, rows, cols}, device.Output<float>(n * rows), n};
+        ASSERT_TRUE(backend->MatmulGroup(gated).ok());
+        float* up = device.Output<float>(n * rows);
+        ASSERT_TRUE(backend->Matmul({dx, gated.parts[1].w, up, n}).ok());
+        float* want = device.Output<float>(n * rows);
+        ASSERT_TRUE(backend->SwiGlu({g.parts[1].y, up, want, n, rows}).ok());
+        EXPECT_TRUE(SameBits(device.Get(gated.parts[0].y, n * rows), device.Get(want, n * rows)))
+            << DTypeName(dtype) << " " << rows << " x " << cols << ", tokens per warp " << tw
+            << ", swiglu";
         EXPECT_TRUE(device.GuardsIntact());
       }
     }
