@@ -34,6 +34,7 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -139,23 +140,6 @@ struct RmsNormArgs {
   float eps = 1e-5f;
 };
 
-//! Rotary embedding in the Hugging Face "rotate_half" layout: within each head, element i pairs
-//! with element i + head_dim/2. The angle of pair i at position p is fl32(p * inv_freq[i]).
-//! `pos` is the token's position in the text, which is not always its KV slot: tree nodes at the
-//! same depth share a position.
-struct RopeArgs {
-  float* x = nullptr;               //!< in/out [n_tokens, n_heads * head_dim]
-  const int32_t* pos = nullptr;     //!< position of each token [n_tokens], >= 0
-  const float* inv_freq = nullptr;  //!< [head_dim / 2], already scaled (e.g. llama3 scaling)
-  int64_t n_tokens = 0;
-  int64_t n_heads = 0;
-  int64_t head_dim = 0;
-  //! Optionally a second tensor of the same tokens (the keys beside the queries), rotated in the
-  //! same call with the same angles: [n_tokens, n_heads2 * head_dim]; null when n_heads2 is 0.
-  float* x2 = nullptr;
-  int64_t n_heads2 = 0;
-};
-
 //! Paged KV layout of one layer: k and v are [num_blocks, block_size, kv_dim] of `dtype`, with
 //! kv_dim = n_kv_heads * head_dim. KV slot s of the sequence in row r of block_tables lives in
 //! block block_tables[r * max_blocks + s / block_size], slot s % block_size.
@@ -180,6 +164,27 @@ struct StoreKvArgs {
   const int32_t* token_seq = nullptr;  //!< row of block_tables for each token [n_tokens]
   const int32_t* slot = nullptr;       //!< KV slot of each token [n_tokens]
   int64_t n_tokens = 0;
+};
+
+//! Rotary embedding in the Hugging Face "rotate_half" layout: within each head, element i pairs
+//! with element i + head_dim/2. The angle of pair i at position p is fl32(p * inv_freq[i]).
+//! `pos` is the token's position in the text, which is not always its KV slot: tree nodes at the
+//! same depth share a position.
+struct RopeArgs {
+  float* x = nullptr;               //!< in/out [n_tokens, n_heads * head_dim]
+  const int32_t* pos = nullptr;     //!< position of each token [n_tokens], >= 0
+  const float* inv_freq = nullptr;  //!< [head_dim / 2], already scaled (e.g. llama3 scaling)
+  int64_t n_tokens = 0;
+  int64_t n_heads = 0;
+  int64_t head_dim = 0;
+  //! Optionally a second tensor of the same tokens (the keys beside the queries), rotated in the
+  //! same call with the same angles: [n_tokens, n_heads2 * head_dim]; null when n_heads2 is 0.
+  float* x2 = nullptr;
+  int64_t n_heads2 = 0;
+  //! Optionally the StoreKv that follows, run by the same call: store->k must be x2 (the keys it
+  //! has just rotated) and store->n_tokens n_tokens. Every output has the bits of Rope then that
+  //! StoreKv (a GPU rotates and stores a token's keys in one launch).
+  std::optional<StoreKvArgs> store = std::nullopt;
 };
 
 //! Grouped-query attention over the paged cache. Token t sees KV slots [0, slot[t]] of its own

@@ -204,6 +204,20 @@ absl::Status ValidateRopeArgs(const RopeArgs& args) {
       CheckElementCount(kOp, "n_heads2 x head_dim", args.n_heads2, args.head_dim));
   SPECD_RETURN_IF_ERROR(CheckElementCount(kOp, "n_tokens x n_heads2 x head_dim", args.n_tokens,
                                           args.n_heads2 * args.head_dim));
+  if (args.store.has_value()) {
+    const StoreKvArgs& store = *args.store;
+    if (absl::Status st = ValidateStoreKvArgs(store); !st.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(kOp, " store: ", st.message()));
+    }
+    if (store.k != args.x2 || store.n_tokens != args.n_tokens ||
+        store.cache.kv_dim != args.n_heads2 * args.head_dim) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          kOp,
+          ": store must store the rotated x2 of the same tokens: store.k == x2, "
+          "store.n_tokens == n_tokens and store.cache.kv_dim == n_heads2 x head_dim (",
+          args.n_heads2, " x ", args.head_dim, "), got cache.kv_dim ", store.cache.kv_dim));
+    }
+  }
   if (args.n_tokens == 0) return absl::OkStatus();
   SPECD_RETURN_IF_ERROR(CheckNotNull(kOp, "x", args.x));
   SPECD_RETURN_IF_ERROR(CheckNotNull(kOp, "pos", args.pos));

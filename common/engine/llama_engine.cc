@@ -629,15 +629,15 @@ absl::Status LlamaEngine::RunLayers(int64_t n) {
     cache.block_size = kv_->block_size();
     cache.kv_dim = c.kv_dim();
     // attn_norm -> q/k/v -> rope -> store -> attention -> attn_out (o_proj) -> residual.
-    // Grouped products, one Rope for q and k, SwiGlu in the gate/up product and the residual
-    // folded into o_proj and down_proj save launches (seven of sixteen per layer on a GPU) with
-    // the same bits as separate ops.
+    // Grouped products, one Rope for q and k that also stores k and v, SwiGlu in the gate/up
+    // product and the residual folded into o_proj and down_proj save launches (eight of sixteen
+    // per layer on a GPU) with the same bits as separate ops.
     SPECD_RETURN_IF_ERROR(be.RmsNorm({x, w.attn_norm, h, n, dim, eps}));
     SPECD_RETURN_IF_ERROR(be.MatmulGroup(
         {.parts = {{{h, w.wq, q, n}, {h, w.wk, k, n}, {h, w.wv, v, n}}}, .n_parts = 3}));
     SPECD_RETURN_IF_ERROR(
-        be.Rope({q, meta_.pos, weights_.inv_freq, n, c.num_heads, c.head_dim, k, c.num_kv_heads}));
-    SPECD_RETURN_IF_ERROR(be.StoreKv({k, v, cache, meta_.token_seq, meta_.slot, n}));
+        be.Rope({q, meta_.pos, weights_.inv_freq, n, c.num_heads, c.head_dim, k, c.num_kv_heads,
+                 kernels::StoreKvArgs{k, v, cache, meta_.token_seq, meta_.slot, n}}));
     kernels::AttentionArgs a;
     a.q = q;
     a.out = att;

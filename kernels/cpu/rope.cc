@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/math.h"
 #include "base/status_macros.h"
+#include "kernels/cpu/kv_cache.h"
 #include "kernels/validate.h"
 
 namespace specd::kernels::cpu {
@@ -52,6 +53,8 @@ absl::Status CpuRope(const RopeArgs& args, const CpuContext& ctx) {
   };
   const int64_t grain = CeilDiv(kMinElementsPerChunk, width + width2);
   ctx.pool->ParallelFor(args.n_tokens, grain, tokens);
+  // The store reads the rotated keys from memory, as a StoreKv call of its own would.
+  if (args.store.has_value()) return CpuStoreKv(*args.store, ctx);
   return absl::OkStatus();
 }
 

@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "kernels/cuda/device_common.cuh"
+#include "kernels/cuda/paged_kv.cuh"
 #include "kernels/validate.h"
 
 namespace specd::kernels::cuda {
@@ -12,27 +13,6 @@ namespace {
 
 constexpr int kThreads = 128;
 constexpr int64_t kCopySmemBytes = 48 * 1024;
-
-// The cache element index of (token's sequence, slot, 0), or -1 after reporting a bad token.
-__device__ int64_t RowOffset(const PagedKv& c, const int32_t* token_seq, const int32_t* slot,
-                             int64_t t, DeviceOp op, DeviceError* error) {
-  const int32_t seq = token_seq[t];
-  const int32_t s = slot[t];
-  if (seq < 0) {
-    ReportError(error, op, DeviceField::kTokenSeq, t, seq);
-    return -1;
-  }
-  if (s < 0 || s / c.block_size >= c.max_blocks) {
-    ReportError(error, op, DeviceField::kSlot, t, s);
-    return -1;
-  }
-  const int32_t block = c.block_tables[int64_t{seq} * c.max_blocks + s / c.block_size];
-  if (block < 0 || block >= c.num_blocks) {
-    ReportError(error, op, DeviceField::kBlockTable, t, block);
-    return -1;
-  }
-  return (int64_t{block} * c.block_size + s % c.block_size) * c.kv_dim;
-}
 
 __global__ void StoreKvKernel(const float* k, const float* v, PagedKv c, const int32_t* token_seq,
                               const int32_t* slot, DeviceError* error) {
@@ -44,21 +24,8 @@ __global__ void StoreKvKernel(const float* k, const float* v, PagedKv c, const i
   const float* kr = k + t * c.kv_dim;
   const float* vr = v + t * c.kv_dim;
   for (int64_t i = threadIdx.x; i < c.kv_dim; i += kThreads) {
-    const int64_t at = offset + i;
-    switch (c.dtype) {
-      case DType::kF32:
-        static_cast<float*>(c.k)[at] = kr[i];
-        static_cast<float*>(c.v)[at] = vr[i];
-        break;
-      case DType::kBF16:
-        static_cast<__nv_bfloat16*>(c.k)[at] = __float2bfloat16_rn(kr[i]);
-        static_cast<__nv_bfloat16*>(c.v)[at] = __float2bfloat16_rn(vr[i]);
-        break;
-      case DType::kF16:
-        static_cast<__half*>(c.k)[at] = __float2half_rn(kr[i]);
-        static_cast<__half*>(c.v)[at] = __float2half_rn(vr[i]);
-        break;
-    }
+    StoreKvElement(c.k, c.dtype, offset + i, kr[i]);
+    StoreKvElement(c.v, c.dtype, offset + i, vr[i]);
   }
 }
 

@@ -2,6 +2,7 @@
 
 #include "base/status_macros.h"
 #include "kernels/cuda/device_common.cuh"
+#include "kernels/cuda/paged_kv.cuh"
 #include "kernels/validate.h"
 
 namespace specd::kernels::cuda {
@@ -9,12 +10,22 @@ namespace {
 
 constexpr int kThreads = 128;
 
-// Heads [0, n_heads) of x, then [0, n_heads2) of x2, as one range of heads.
+// Heads [0, n_heads) of x, then [0, n_heads2) of x2, as one range of heads. With kStore, the
+// token's rotated x2 (its keys) and v also go to its cache row: StoreKv's work, in this launch.
+template <bool kStore>
 __global__ void RopeKernel(float* x, int64_t n_heads, float* x2, int64_t n_heads2,
                            const int32_t* pos, const float* inv_freq, int64_t head_dim,
-                           DeviceError* error) {
+                           StoreKvArgs store, DeviceError* error) {
   const int64_t t = blockIdx.x;
   const int32_t p = pos[t];
+  // The cache row, found before any thread returns (the barrier needs them all).
+  __shared__ int64_t offset;
+  if constexpr (kStore) {
+    if (threadIdx.x == 0) {
+      offset = RowOffset(store.cache, store.token_seq, store.slot, t, DeviceOp::kStoreKv, error);
+    }
+    __syncthreads();
+  }
   if (p < 0) {
     if (threadIdx.x == 0) ReportError(error, DeviceOp::kRope, DeviceField::kPos, t, p);
     return;
@@ -34,8 +45,24 @@ __global__ void RopeKernel(float* x, int64_t n_heads, float* x2, int64_t n_heads
     float* b = a + half;
     const float xa = *a;
     const float xb = *b;
-    *a = __fsub_rn(__fmul_rn(xa, cf), __fmul_rn(xb, sf));
-    *b = __fadd_rn(__fmul_rn(xb, cf), __fmul_rn(xa, sf));
+    const float ra = __fsub_rn(__fmul_rn(xa, cf), __fmul_rn(xb, sf));
+    const float rb = __fadd_rn(__fmul_rn(xb, cf), __fmul_rn(xa, sf));
+    *a = ra;
+    *b = rb;
+    if constexpr (kStore) {
+      if (h >= n_heads && offset >= 0) {
+        const int64_t at = offset + (h - n_heads) * head_dim + i;
+        StoreKvElement(store.cache.k, store.cache.dtype, at, ra);
+        StoreKvElement(store.cache.k, store.cache.dtype, at + half, rb);
+      }
+    }
+  }
+  if constexpr (kStore) {
+    if (offset < 0) return;
+    const float* vr = store.v + t * store.cache.kv_dim;
+    for (int64_t i = threadIdx.x; i < store.cache.kv_dim; i += kThreads) {
+      StoreKvElement(store.cache.v, store.cache.dtype, offset + i, vr[i]);
+    }
   }
 }
 
@@ -44,11 +71,18 @@ __global__ void RopeKernel(float* x, int64_t n_heads, float* x2, int64_t n_heads
 absl::Status LaunchRope(const RopeArgs& a, const CudaContext& ctx, cudaStream_t stream) {
   SPECD_RETURN_IF_ERROR(ValidateRopeArgs(a));
   if (a.n_tokens == 0) return absl::OkStatus();
-  // This back end's own limit (one block per token, in a grid's x dimension). The positions are
-  // device memory: the kernel checks them and Synchronize reports them.
+  // This back end's own limit (one block per token, in a grid's x dimension). The positions (and
+  // a store's sequences, slots and block table) are device memory: the kernel checks them and
+  // Synchronize reports them.
   if (a.n_tokens > 0x7fffffff) return absl::InvalidArgumentError("Rope: n_tokens too large");
-  RopeKernel<<<static_cast<unsigned>(a.n_tokens), kThreads, 0, stream>>>(
-      a.x, a.n_heads, a.x2, a.n_heads2, a.pos, a.inv_freq, a.head_dim, ctx.error);
+  const unsigned blocks = static_cast<unsigned>(a.n_tokens);
+  if (a.store.has_value()) {
+    RopeKernel<true><<<blocks, kThreads, 0, stream>>>(a.x, a.n_heads, a.x2, a.n_heads2, a.pos,
+                                                      a.inv_freq, a.head_dim, *a.store, ctx.error);
+  } else {
+    RopeKernel<false><<<blocks, kThreads, 0, stream>>>(
+        a.x, a.n_heads, a.x2, a.n_heads2, a.pos, a.inv_freq, a.head_dim, StoreKvArgs{}, ctx.error);
+  }
   return CudaStatus(cudaGetLastError(), "Rope launch");
 }
 

@@ -1,7 +1,7 @@
-// Conformance of the paged KV cache ops (StoreKv, CopyKvRows) and paged attention on every
-// available back end, for f32, bf16 and f16 caches: a decode token, a catch-up, a K+1 verify and a
-// draft tree in one varlen batch over a shuffled block table, against a double-precision
-// reference computed from the cache contents read back; plus batch invariance.
+// Conformance of the paged KV cache ops (StoreKv, Rope with a store, CopyKvRows) and paged
+// attention on every available back end, for f32, bf16 and f16 caches: a decode token, a
+// catch-up, a K+1 verify and a draft tree in one varlen batch over a shuffled block table, against
+// a double-precision reference computed from the cache contents read back; plus batch invariance.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/backend.h"
 #include "tests/kernels/conformance/backend_under_test.h"
@@ -238,6 +239,70 @@ TEST_P(KvAttentionTest, StoreKvRoundsEachValueToTheCacheDtype) {
             << DTypeName(dtype) << " seq " << key.first << " slot " << key.second;
       }
     }
+  }
+}
+
+// The layer's Rope stores the keys it rotates, and the values beside them, in the same call: the
+// queries, keys and every cache byte have the bits of Rope then StoreKv, for every cache dtype.
+TEST_P(KvAttentionTest, ARopeThatStoresHasTheBitsOfRopeThenStoreKv) {
+  for (const DType dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
+    if (!backend().SupportsKvDtype(dtype)) continue;
+    Build(dtype);
+    // Sequence 1's nine slots in a shuffled order, at positions apart from their slots.
+    std::vector<int32_t> slot(9);
+    std::iota(slot.begin(), slot.end(), 0);
+    std::shuffle(slot.begin(), slot.end(), rng_);
+    const int64_t n = static_cast<int64_t>(slot.size());
+    const std::vector<int32_t> seq(slot.size(), 1);
+    std::vector<int32_t> pos;
+    for (const int32_t s : slot) pos.push_back(s + 3);
+    std::vector<float> inv_freq;
+    for (int64_t i = 0; i < kHeadDim / 2; ++i) {
+      inv_freq.push_back(static_cast<float>(std::pow(10000.0, -2.0 * i / kHeadDim)));
+    }
+    const std::vector<float> q = RandomFloats(n * kWidth, rng_, -2.0f, 2.0f);
+    const std::vector<float> k = RandomFloats(n * kKvDim, rng_, -2.0f, 2.0f);
+    const std::vector<float> v = RandomFloats(n * kKvDim, rng_, -2.0f, 2.0f);
+    const int32_t* dseq = device().Put(seq);
+    const int32_t* dslot = device().Put(slot);
+    const int32_t* dpos = device().Put(pos);
+    const float* dfreq = device().Put(inv_freq);
+    const int64_t cache_bytes = num_blocks_ * kBlock * kKvDim * DTypeSize(dtype);
+
+    float* qa = device().Put(q);
+    float* ka = device().Put(k);
+    ASSERT_TRUE(backend().Rope({qa, dpos, dfreq, n, kHeads, kHeadDim, ka, kKvHeads}).ok());
+    ASSERT_TRUE(backend().StoreKv({ka, device().Put(v), Cache(), dseq, dslot, n}).ok());
+    const std::vector<uint8_t> k_separate = device().Get(k_, cache_bytes);
+    const std::vector<uint8_t> v_separate = device().Get(v_, cache_bytes);
+
+    // Other values in those slots first, so that the call must write every byte it owns.
+    const std::vector<float> other = RandomFloats(n * kKvDim, rng_);
+    ASSERT_TRUE(backend()
+                    .StoreKv({device().Put(other), device().Put(other), Cache(), dseq, dslot, n})
+                    .ok());
+    float* qb = device().Put(q);
+    float* kb = device().Put(k);
+    const StoreKvArgs store{kb, device().Put(v), Cache(), dseq, dslot, n};
+    const absl::Status st =
+        backend().Rope({qb, dpos, dfreq, n, kHeads, kHeadDim, kb, kKvHeads, store});
+    ASSERT_TRUE(st.ok()) << st;
+    EXPECT_TRUE(SameBits(device().Get(qb, n * kWidth), device().Get(qa, n * kWidth)))
+        << DTypeName(dtype);
+    EXPECT_TRUE(SameBits(device().Get(kb, n * kKvDim), device().Get(ka, n * kKvDim)))
+        << DTypeName(dtype);
+    EXPECT_EQ(device().Get(k_, cache_bytes), k_separate) << DTypeName(dtype);
+    EXPECT_EQ(device().Get(v_, cache_bytes), v_separate) << DTypeName(dtype);
+
+    // A store of anything but the rotated keys is refused before anything runs.
+    StoreKvArgs wrong = store;
+    wrong.k = qb;
+    const absl::Status refused =
+        backend().Rope({qb, dpos, dfreq, n, kHeads, kHeadDim, kb, kKvHeads, wrong});
+    EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(std::string(refused.message()),
+                ::testing::HasSubstr("Rope: store must store the rotated x2"));
+    EXPECT_TRUE(SameBits(device().Get(qb, n * kWidth), device().Get(qa, n * kWidth)));
   }
 }
 
