@@ -132,13 +132,26 @@ std::string_view BackendKindName(BackendKind kind) {
   return "?";
 }
 
+#if SPECD_WITH_CUDA
+namespace {
+
+CudaBackendOptions CudaOptions(const BackendOptions& options) {
+  CudaBackendOptions cuda;
+  cuda.device = options.device;
+  cuda.programmatic_launch = options.programmatic_launch;
+  return cuda;
+}
+
+}  // namespace
+#endif
+
 absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(const BackendOptions& options) {
   switch (options.kind) {
     case BackendKind::kCpu:
       return CreateCpuBackend(options.num_threads);
     case BackendKind::kCuda:
 #if SPECD_WITH_CUDA
-      return CreateCudaBackend(options.device);
+      return CreateCudaBackendWithOptions(CudaOptions(options));
 #else
       return absl::FailedPreconditionError(
           "--backend cuda: this build of specd has no CUDA back end (no CUDA toolkit was found "
@@ -147,7 +160,8 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(const BackendOptions& opt
     case BackendKind::kAuto:
 #if SPECD_WITH_CUDA
       if (AutoChoosesCuda()) {
-        absl::StatusOr<std::unique_ptr<Backend>> cuda = CreateCudaBackend(options.device);
+        absl::StatusOr<std::unique_ptr<Backend>> cuda =
+            CreateCudaBackendWithOptions(CudaOptions(options));
         if (cuda.ok()) return cuda;
         return absl::Status(cuda.status().code(),
                             absl::StrCat("--backend auto chose CUDA since an NVIDIA driver is "

@@ -510,6 +510,8 @@ struct BackendOptions {
   BackendKind kind = BackendKind::kCpu;
   int num_threads = 0;  // CPU: host threads, <= 0 for one per core
   int device = 0;       // CUDA: device ordinal
+  // CUDA: programmatic dependent launches where they work (CudaBackendOptions); off to measure.
+  bool programmatic_launch = true;
 };
 
 // kAuto picks CUDA when this build has the CUDA back end and a device is present, else the CPU.

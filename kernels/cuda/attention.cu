@@ -367,6 +367,7 @@ __device__ void WriteOutput(const Params& p, int64_t t, int kvh, const Smem& s) 
 // One block per (token, KV head): every chunk group in order, merged as it goes.
 template <DType kD>
 __global__ void __launch_bounds__(kThreads) AttentionKernel(Params p) {
+  AfterPreviousKernel();
   __shared__ Smem s;
   const int64_t t = blockIdx.x / p.n_kv_heads;
   const int kvh = static_cast<int>(blockIdx.x % p.n_kv_heads);
@@ -389,6 +390,7 @@ __global__ void __launch_bounds__(kThreads) AttentionKernel(Params p) {
 // last of the token's group blocks to arrive merges them all in group order.
 template <DType kD>
 __global__ void __launch_bounds__(kThreads) AttentionSplitKernel(Params p) {
+  AfterPreviousKernel();
   __shared__ Smem s;
   const int64_t t = blockIdx.x / p.n_kv_heads;
   const int kvh = static_cast<int>(blockIdx.x % p.n_kv_heads);
@@ -464,25 +466,27 @@ __global__ void __launch_bounds__(kThreads) AttentionSplitKernel(Params p) {
 
 // Launches one form of the kernel (split: a block per chunk group) for a cache of dtype kD.
 template <DType kD>
-void LaunchForm(const Params& p, bool split, int64_t blocks, int64_t groups_cap,
+void LaunchForm(const Params& p, bool split, int64_t blocks, int64_t groups_cap, bool programmatic,
                 cudaStream_t stream) {
   if (split) {
-    AttentionSplitKernel<kD>
-        <<<dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(groups_cap)), kThreads, 0,
-           stream>>>(p);
+    LaunchKernel(AttentionSplitKernel<kD>,
+                 dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(groups_cap)), kThreads,
+                 0, stream, programmatic, p);
   } else {
-    AttentionKernel<kD><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(p);
+    LaunchKernel(AttentionKernel<kD>, static_cast<unsigned>(blocks), kThreads, 0, stream,
+                 programmatic, p);
   }
 }
 
-void Launch(const Params& p, bool split, int64_t blocks, int64_t groups_cap, cudaStream_t stream) {
+void Launch(const Params& p, bool split, int64_t blocks, int64_t groups_cap, bool programmatic,
+            cudaStream_t stream) {
   switch (p.cache.dtype) {
     case DType::kF32:
-      return LaunchForm<DType::kF32>(p, split, blocks, groups_cap, stream);
+      return LaunchForm<DType::kF32>(p, split, blocks, groups_cap, programmatic, stream);
     case DType::kBF16:
-      return LaunchForm<DType::kBF16>(p, split, blocks, groups_cap, stream);
+      return LaunchForm<DType::kBF16>(p, split, blocks, groups_cap, programmatic, stream);
     case DType::kF16:
-      return LaunchForm<DType::kF16>(p, split, blocks, groups_cap, stream);
+      return LaunchForm<DType::kF16>(p, split, blocks, groups_cap, programmatic, stream);
   }
 }
 
@@ -562,7 +566,7 @@ absl::Status LaunchAttention(const AttentionArgs& a, const CudaContext& ctx, cud
     SPECD_RETURN_IF_ERROR(
         CudaStatus(cudaMemsetAsync(p.counters, 0, blocks * 4, stream), "Attention counters"));
   }
-  Launch(p, split, blocks, groups_cap, stream);
+  Launch(p, split, blocks, groups_cap, ctx.programmatic_launch, stream);
   return CudaStatus(cudaGetLastError(), "Attention launch");
 }
 

@@ -83,7 +83,8 @@ absl::Status RefusedWhileRecording(const char* call) {
 class CudaBackend final : public Backend {
  public:
   CudaBackend(const CudaBackendOptions& options, std::string name, UniqueStream stream,
-              UniqueHost error_host, cuda::DeviceError* error_device, int sm_count)
+              UniqueHost error_host, cuda::DeviceError* error_device, int sm_count,
+              bool programmatic_launch)
       : options_(options),
         name_(std::move(name)),
         stream_(std::move(stream)),
@@ -91,6 +92,7 @@ class CudaBackend final : public Backend {
     ctx_.error = error_device;
     ctx_.sm_count = sm_count;
     ctx_.attention_split = options.attention_split;
+    ctx_.programmatic_launch = programmatic_launch;
   }
 
   ~CudaBackend() override {
@@ -423,10 +425,20 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackendWithOptions(
   void* error_device = nullptr;
   SPECD_RETURN_IF_ERROR(CudaStatus(cudaHostGetDevicePointer(&error_device, error_raw, 0),
                                    "cudaHostGetDevicePointer"));
-  const std::string name = absl::StrCat("cuda-sm", prop.major, prop.minor, " (", prop.name, ")");
+  // Programmatic launches only let kernels start early, so where they do not work the back end
+  // launches plainly and says so in its name (which the workers log at start).
+  std::string launch_note;
+  bool programmatic_launch = false;
+  if (options.programmatic_launch && prop.major >= 9) {
+    const absl::Status probe = cuda::ProbeProgrammaticLaunch(stream.get());
+    programmatic_launch = probe.ok();
+    if (!probe.ok()) launch_note = absl::StrCat("; plain launches: ", probe.message());
+  }
+  const std::string name =
+      absl::StrCat("cuda-sm", prop.major, prop.minor, " (", prop.name, launch_note, ")");
   auto backend = std::make_unique<CudaBackend>(
       options, name, std::move(stream), std::move(error_host),
-      static_cast<cuda::DeviceError*>(error_device), prop.multiProcessorCount);
+      static_cast<cuda::DeviceError*>(error_device), prop.multiProcessorCount, programmatic_launch);
   SPECD_RETURN_IF_ERROR(backend->Init());
   return backend;
 }

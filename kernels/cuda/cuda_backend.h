@@ -25,6 +25,10 @@ struct CudaBackendOptions {
   // n_tokens, else 1, 2, 4 or 8).
   int attention_split = 0;
   int matmul_tokens_per_warp = 0;
+  // Launch kernels as programmatic dependent launches where the device has them (sm_90 and up)
+  // and a probe at creation shows they work (kernels/cuda/device_common.cuh); off for A/B
+  // measurements.
+  bool programmatic_launch = true;
 };
 
 // Whether --backend auto should choose CUDA: a device is usable, or an NVIDIA driver is loaded but

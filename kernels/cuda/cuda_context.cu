@@ -3,6 +3,8 @@
 #include <array>
 
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
+#include "kernels/cuda/device_common.cuh"
 
 namespace specd::kernels::cuda {
 namespace {
@@ -36,7 +38,52 @@ constexpr std::array<const char*, 24> kFieldNames = {"ids",
                                                      "rows logit bias"};
 
 // A kernel that does nothing, to learn whether this build has code the device can run.
-__global__ void ProbeKernel() {}
+__global__ void ProbeKernel() { AfterPreviousKernel(); }
+
+// The programmatic-launch probe's pair, one warp each: the second reads what the first wrote.
+__global__ void ProbeWrite(int* p, int value) {
+  AfterPreviousKernel();
+  if (threadIdx.x == 0) *p = value;
+}
+__global__ void ProbeCopy(const int* from, int* to) {
+  AfterPreviousKernel();
+  if (threadIdx.x == 0) *to = *from;
+}
+
+// Runs the pair as programmatic launches, eagerly or recorded in a CUDA graph and replayed, and
+// reads back what the second kernel copied.
+absl::Status RunProbePair(cudaStream_t stream, int* pair, int value, bool record) {
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  if (record) {
+    SPECD_RETURN_IF_ERROR(
+        CudaStatus(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal),
+                   "cudaStreamBeginCapture"));
+  }
+  LaunchKernel(ProbeWrite, 1, kWarp, 0, stream, true, pair, value);
+  LaunchKernel(ProbeCopy, 1, kWarp, 0, stream, true, static_cast<const int*>(pair), pair + 1);
+  const cudaError_t launched = cudaGetLastError();
+  if (record) {
+    const cudaError_t ended = cudaStreamEndCapture(stream, &graph);
+    absl::Status st = CudaStatus(launched != cudaSuccess ? launched : ended, "capturing a launch");
+    if (st.ok()) st = CudaStatus(cudaGraphInstantiate(&exec, graph, 0), "cudaGraphInstantiate");
+    if (st.ok()) st = CudaStatus(cudaGraphLaunch(exec, stream), "cudaGraphLaunch");
+    if (exec != nullptr) (void)cudaGraphExecDestroy(exec);
+    if (graph != nullptr) (void)cudaGraphDestroy(graph);
+    SPECD_RETURN_IF_ERROR(st);
+  } else {
+    SPECD_RETURN_IF_ERROR(CudaStatus(launched, "a launch"));
+  }
+  int copied = 0;
+  SPECD_RETURN_IF_ERROR(
+      CudaStatus(cudaMemcpyAsync(&copied, pair + 1, sizeof copied, cudaMemcpyDeviceToHost, stream),
+                 "cudaMemcpyAsync"));
+  SPECD_RETURN_IF_ERROR(CudaStatus(cudaStreamSynchronize(stream), "cudaStreamSynchronize"));
+  if (copied != value) {
+    return absl::InternalError(absl::StrCat("the second kernel read ", copied, ", not ", value));
+  }
+  return absl::OkStatus();
+}
 
 }  // namespace
 
@@ -104,6 +151,15 @@ bool IsStickyError(cudaError_t error) {
 cudaError_t ProbeKernelImage() {
   cudaFuncAttributes attributes;
   return cudaFuncGetAttributes(&attributes, ProbeKernel);
+}
+
+absl::Status ProbeProgrammaticLaunch(cudaStream_t stream) {
+  void* pair = nullptr;
+  SPECD_RETURN_IF_ERROR(CudaStatus(cudaMalloc(&pair, 2 * sizeof(int)), "cudaMalloc"));
+  absl::Status st = RunProbePair(stream, static_cast<int*>(pair), 7, /*record=*/false);
+  if (st.ok()) st = RunProbePair(stream, static_cast<int*>(pair), 11, /*record=*/true);
+  (void)cudaFree(pair);
+  return st;
 }
 
 }  // namespace specd::kernels::cuda

@@ -83,6 +83,8 @@ struct CudaContext {
   // Attention's split over KV chunks: 0 = choose by occupancy, 1 = always split, -1 = never
   // (tests force both to show they give the same bits).
   int attention_split = 0;
+  // Launch kernels as programmatic dependent launches (device_common.cuh's LaunchKernel).
+  bool programmatic_launch = false;
 };
 
 // OK, or INTERNAL naming `what` and the CUDA error. A failed runtime call also leaves its error as
@@ -96,6 +98,11 @@ bool IsStickyError(cudaError_t error);
 
 // cudaSuccess when this build holds machine code or PTX the current device can run.
 cudaError_t ProbeKernelImage();
+
+// OK when programmatic dependent launches (device_common.cuh's LaunchKernel) work on `stream`,
+// eagerly and recorded in a CUDA graph: a kernel pair runs in order and the second sees the
+// first's write. Else why not; the stream is idle either way.
+absl::Status ProbeProgrammaticLaunch(cudaStream_t stream);
 
 }  // namespace specd::kernels::cuda
 

@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <type_traits>
+#include <utility>
 
 #include "kernels/cuda/cuda_context.h"
 #include "kernels/dtype.h"
@@ -21,6 +22,39 @@
 namespace specd::kernels::cuda {
 
 inline constexpr int kWarp = 32;
+
+// Programmatic dependent launch (sm_90). LaunchKernel with `programmatic` lets the GPU start a
+// kernel's blocks while the kernel before it in the stream is still running, so that the launch
+// and the blocks' start overlap that kernel's tail instead of following it. Every kernel calls
+// this first, before it reads or writes any memory: it waits until the kernel before it has
+// finished and its writes are visible (a kernel launched plainly has nothing to wait for), then
+// lets the kernel after it start early in turn. Memory thus sees plain stream order, and at most
+// two kernels share the SMs.
+__device__ __forceinline__ void AfterPreviousKernel() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;");
+#endif
+}
+
+// kernel<<<grid, block, shared_bytes, stream>>>(args...), as a programmatic dependent launch
+// when `programmatic` (CudaContext::programmatic_launch). As after <<<>>>, a failed launch is the
+// thread's last CUDA error, which the launcher then checks.
+template <typename... Params, typename... Args>
+void LaunchKernel(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_bytes,
+                  cudaStream_t stream, bool programmatic, Args&&... args) {
+  cudaLaunchAttribute attribute[1] = {};
+  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = shared_bytes;
+  config.stream = stream;
+  config.attrs = programmatic ? attribute : nullptr;
+  config.numAttrs = programmatic ? 1 : 0;
+  (void)cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+}
 
 __device__ inline void ReportError(DeviceError* e, DeviceOp op, DeviceField field, int64_t index,
                                    int64_t value) {

@@ -16,6 +16,7 @@ unsigned Blocks(int64_t n) {
 }
 
 __global__ void SwiGluKernel(const float* gate, const float* up, float* out, int64_t n) {
+  AfterPreviousKernel();
   for (int64_t i = blockIdx.x * int64_t{kThreads} + threadIdx.x; i < n;
        i += int64_t{gridDim.x} * kThreads) {
     out[i] = SiluMul(gate[i], up[i]);
@@ -24,6 +25,7 @@ __global__ void SwiGluKernel(const float* gate, const float* up, float* out, int
 
 __global__ void GatherRowsKernel(const float* src, const int32_t* rows, float* dst, int64_t n_src,
                                  int64_t dim, DeviceError* error) {
+  AfterPreviousKernel();
   const int64_t i = blockIdx.x;
   const int32_t r = rows[i];
   float* out = dst + i * dim;
@@ -42,7 +44,8 @@ absl::Status LaunchSwiGlu(const SwiGluArgs& a, const CudaContext& ctx, cudaStrea
   SPECD_RETURN_IF_ERROR(ValidateSwiGluArgs(a));
   if (a.n_tokens == 0) return absl::OkStatus();
   const int64_t n = a.n_tokens * a.dim;
-  SwiGluKernel<<<Blocks(n), kThreads, 0, stream>>>(a.gate, a.up, a.out, n);
+  LaunchKernel(SwiGluKernel, Blocks(n), kThreads, 0, stream, ctx.programmatic_launch, a.gate, a.up,
+               a.out, n);
   return CudaStatus(cudaGetLastError(), "SwiGlu launch");
 }
 
@@ -53,8 +56,8 @@ absl::Status LaunchGatherRows(const GatherRowsArgs& a, const CudaContext& ctx,
   // This back end's own limit (one block per row, in a grid's x dimension). The row indices are
   // device memory: the kernel checks them and Synchronize reports them.
   if (a.n > 0x7fffffff) return absl::InvalidArgumentError("GatherRows: n too large");
-  GatherRowsKernel<<<static_cast<unsigned>(a.n), kThreads, 0, stream>>>(a.src, a.rows, a.dst,
-                                                                        a.n_src, a.dim, ctx.error);
+  LaunchKernel(GatherRowsKernel, static_cast<unsigned>(a.n), kThreads, 0, stream,
+               ctx.programmatic_launch, a.src, a.rows, a.dst, a.n_src, a.dim, ctx.error);
   return CudaStatus(cudaGetLastError(), "GatherRows launch");
 }
 

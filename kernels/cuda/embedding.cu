@@ -10,6 +10,7 @@ namespace {
 template <DType D>
 __global__ void EmbeddingKernel(const void* table, int64_t rows, int64_t dim, const int32_t* ids,
                                 float* out, DeviceError* error) {
+  AfterPreviousKernel();
   const int64_t t = blockIdx.x;
   const int32_t id = ids[t];
   float* dst = out + t * dim;
@@ -33,16 +34,16 @@ absl::Status LaunchEmbedding(const EmbeddingArgs& a, const CudaContext& ctx, cud
   const dim3 grid(static_cast<unsigned>(a.n_tokens));
   switch (a.table.dtype) {
     case DType::kF32:
-      EmbeddingKernel<DType::kF32><<<grid, 256, 0, stream>>>(a.table.data, a.table.rows,
-                                                             a.table.cols, a.ids, a.out, ctx.error);
+      LaunchKernel(EmbeddingKernel<DType::kF32>, grid, 256, 0, stream, ctx.programmatic_launch,
+                   a.table.data, a.table.rows, a.table.cols, a.ids, a.out, ctx.error);
       break;
     case DType::kBF16:
-      EmbeddingKernel<DType::kBF16><<<grid, 256, 0, stream>>>(
-          a.table.data, a.table.rows, a.table.cols, a.ids, a.out, ctx.error);
+      LaunchKernel(EmbeddingKernel<DType::kBF16>, grid, 256, 0, stream, ctx.programmatic_launch,
+                   a.table.data, a.table.rows, a.table.cols, a.ids, a.out, ctx.error);
       break;
     case DType::kF16:
-      EmbeddingKernel<DType::kF16><<<grid, 256, 0, stream>>>(a.table.data, a.table.rows,
-                                                             a.table.cols, a.ids, a.out, ctx.error);
+      LaunchKernel(EmbeddingKernel<DType::kF16>, grid, 256, 0, stream, ctx.programmatic_launch,
+                   a.table.data, a.table.rows, a.table.cols, a.ids, a.out, ctx.error);
       break;
   }
   return CudaStatus(cudaGetLastError(), "Embedding launch");

@@ -16,6 +16,7 @@ constexpr int64_t kCopySmemBytes = 48 * 1024;
 
 __global__ void StoreKvKernel(const float* k, const float* v, PagedKv c, const int32_t* token_seq,
                               const int32_t* slot, DeviceError* error) {
+  AfterPreviousKernel();
   const int64_t t = blockIdx.x;
   __shared__ int64_t offset;
   if (threadIdx.x == 0) offset = RowOffset(c, token_seq, slot, t, DeviceOp::kStoreKv, error);
@@ -34,6 +35,7 @@ template <typename T>
 __global__ void CopyKvRowsKernel(void* k, void* v, int64_t layer_stride, int64_t kv_dim,
                                  const int32_t* src_rows, const int32_t* dst_rows, int64_t n,
                                  int64_t tile, DeviceError* error) {
+  AfterPreviousKernel();
   extern __shared__ unsigned char smem_raw[];
   T* saved = reinterpret_cast<T*>(smem_raw);  // [n][tile]
   const int64_t layer = blockIdx.x / 2;
@@ -75,8 +77,8 @@ absl::Status LaunchStoreKv(const StoreKvArgs& a, const CudaContext& ctx, cudaStr
   // This back end's own limit (one block per token, in a grid's x dimension). Sequences, slots
   // and the block table are device memory: the kernel checks them and Synchronize reports them.
   if (a.n_tokens > 0x7fffffff) return absl::InvalidArgumentError("StoreKv: n_tokens too large");
-  StoreKvKernel<<<static_cast<unsigned>(a.n_tokens), kThreads, 0, stream>>>(
-      a.k, a.v, a.cache, a.token_seq, a.slot, ctx.error);
+  LaunchKernel(StoreKvKernel, static_cast<unsigned>(a.n_tokens), kThreads, 0, stream,
+               ctx.programmatic_launch, a.k, a.v, a.cache, a.token_seq, a.slot, ctx.error);
   return CudaStatus(cudaGetLastError(), "StoreKv launch");
 }
 
@@ -101,11 +103,11 @@ absl::Status LaunchCopyKvRows(const CopyKvRowsArgs& a, const CudaContext& ctx,
   const dim3 grid(static_cast<unsigned>(a.n_layers * 2), static_cast<unsigned>(tiles));
   const size_t smem = static_cast<size_t>(a.n * tile * elem);
   if (elem == 4) {
-    CopyKvRowsKernel<uint32_t><<<grid, kThreads, smem, stream>>>(
-        a.k, a.v, a.layer_stride, a.kv_dim, a.src_rows, a.dst_rows, a.n, tile, ctx.error);
+    LaunchKernel(CopyKvRowsKernel<uint32_t>, grid, kThreads, smem, stream, ctx.programmatic_launch,
+                 a.k, a.v, a.layer_stride, a.kv_dim, a.src_rows, a.dst_rows, a.n, tile, ctx.error);
   } else {
-    CopyKvRowsKernel<uint16_t><<<grid, kThreads, smem, stream>>>(
-        a.k, a.v, a.layer_stride, a.kv_dim, a.src_rows, a.dst_rows, a.n, tile, ctx.error);
+    LaunchKernel(CopyKvRowsKernel<uint16_t>, grid, kThreads, smem, stream, ctx.programmatic_launch,
+                 a.k, a.v, a.layer_stride, a.kv_dim, a.src_rows, a.dst_rows, a.n, tile, ctx.error);
   }
   return CudaStatus(cudaGetLastError(), "CopyKvRows launch");
 }

@@ -80,6 +80,7 @@ template <DType D, int TW, int RW, bool kSwiGlu>
 __global__ void __launch_bounds__(kThreads)
     MatmulKernel(const float* __restrict__ x, const Parts parts, int64_t n_tokens, int64_t cols,
                  bool vec) {
+  AfterPreviousKernel();
   constexpr int kMats = kSwiGlu ? 2 : 1;  // weight matrices a warp reads
   // Constant indices only, so the parts stay in the parameter space (no local-memory copy).
   const void* __restrict__ w = parts.w[0];
@@ -178,7 +179,8 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 template <DType D, int TW, int RW, bool kSwiGlu>
-cudaError_t Launch(const MatmulGroupArgs& g, bool vec, cudaStream_t stream) {
+cudaError_t Launch(const MatmulGroupArgs& g, bool vec, const CudaContext& ctx,
+                   cudaStream_t stream) {
   Parts parts{};
   parts.n_parts = g.n_parts;
   unsigned blocks = 0;
@@ -194,8 +196,8 @@ cudaError_t Launch(const MatmulGroupArgs& g, bool vec, cudaStream_t stream) {
   }
   const MatmulArgs& first = g.parts[0];
   const dim3 grid(blocks, static_cast<unsigned>(DivUp(first.n_tokens, TW)));
-  MatmulKernel<D, TW, RW, kSwiGlu>
-      <<<grid, kThreads, 0, stream>>>(first.x, parts, first.n_tokens, first.w.cols, vec);
+  LaunchKernel(MatmulKernel<D, TW, RW, kSwiGlu>, grid, kThreads, 0, stream, ctx.programmatic_launch,
+               first.x, parts, first.n_tokens, first.w.cols, vec);
   return cudaGetLastError();
 }
 
@@ -205,36 +207,36 @@ int64_t TotalRows(const MatmulGroupArgs& g) {
   return rows;
 }
 
-// `sm_count`: a one-token product of few rows (a decode step's k and v projections) takes one row
-// per warp when two would leave SMs without a block. The fused gate/up product keeps half the
+// `ctx.sm_count`: a one-token product of few rows (a decode step's k and v projections) takes one
+// row per warp when two would leave SMs without a block. The fused gate/up product keeps half the
 // rows per warp, so that a warp holds as many accumulators as the plain shape does.
 template <DType D>
-cudaError_t LaunchTyped(const MatmulGroupArgs& g, bool vec, int tw, int sm_count,
+cudaError_t LaunchTyped(const MatmulGroupArgs& g, bool vec, int tw, const CudaContext& ctx,
                         cudaStream_t stream) {
   if (g.swiglu) {
     switch (tw) {
       case 1:
-        return Launch<D, 1, 1, true>(g, vec, stream);
+        return Launch<D, 1, 1, true>(g, vec, ctx, stream);
       case 2:
-        return Launch<D, 2, 1, true>(g, vec, stream);
+        return Launch<D, 2, 1, true>(g, vec, ctx, stream);
       case 4:
-        return Launch<D, 4, 1, true>(g, vec, stream);
+        return Launch<D, 4, 1, true>(g, vec, ctx, stream);
       default:
-        return Launch<D, 8, 2, true>(g, vec, stream);
+        return Launch<D, 8, 2, true>(g, vec, ctx, stream);
     }
   }
   switch (tw) {
     case 1:
-      if (DivUp(TotalRows(g), int64_t{kWarps} * 2) < sm_count) {
-        return Launch<D, 1, 1, false>(g, vec, stream);
+      if (DivUp(TotalRows(g), int64_t{kWarps} * 2) < ctx.sm_count) {
+        return Launch<D, 1, 1, false>(g, vec, ctx, stream);
       }
-      return Launch<D, 1, 2, false>(g, vec, stream);
+      return Launch<D, 1, 2, false>(g, vec, ctx, stream);
     case 2:
-      return Launch<D, 2, 2, false>(g, vec, stream);
+      return Launch<D, 2, 2, false>(g, vec, ctx, stream);
     case 4:
-      return Launch<D, 4, 2, false>(g, vec, stream);
+      return Launch<D, 4, 2, false>(g, vec, ctx, stream);
     default:
-      return Launch<D, 8, 4, false>(g, vec, stream);
+      return Launch<D, 8, 4, false>(g, vec, ctx, stream);
   }
 }
 
@@ -277,13 +279,13 @@ absl::Status LaunchMatmulGroup(const MatmulGroupArgs& g, const CudaContext& ctx,
   cudaError_t e = cudaSuccess;
   switch (first.w.dtype) {
     case DType::kF32:
-      e = LaunchTyped<DType::kF32>(g, vec, tw, ctx.sm_count, stream);
+      e = LaunchTyped<DType::kF32>(g, vec, tw, ctx, stream);
       break;
     case DType::kBF16:
-      e = LaunchTyped<DType::kBF16>(g, vec, tw, ctx.sm_count, stream);
+      e = LaunchTyped<DType::kBF16>(g, vec, tw, ctx, stream);
       break;
     case DType::kF16:
-      e = LaunchTyped<DType::kF16>(g, vec, tw, ctx.sm_count, stream);
+      e = LaunchTyped<DType::kF16>(g, vec, tw, ctx, stream);
       break;
   }
   return CudaStatus(e, "Matmul launch");

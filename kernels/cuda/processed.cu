@@ -210,6 +210,7 @@ __device__ float AddBias(float x, int32_t token, const TokenBias* bias, int64_t 
 
 __global__ void __launch_bounds__(kThreads)
     ProcessRowsKernel(ProcessRowsArgs a, DeviceError* error) {
+  AfterPreviousKernel();
   __shared__ Shared s;
   const int64_t r = blockIdx.x;
   const int64_t V = a.vocab;
@@ -510,7 +511,8 @@ absl::Status LaunchProcessRows(const ProcessRowsArgs& a, const CudaContext& ctx,
   // reports them.
   if (a.vocab > 0x7fffffff) return absl::InvalidArgumentError("ProcessRows: vocab too large");
   if (a.n_rows > 0x7fffffff) return absl::InvalidArgumentError("ProcessRows: n_rows too large");
-  ProcessRowsKernel<<<static_cast<unsigned>(a.n_rows), kThreads, 0, stream>>>(a, ctx.error);
+  LaunchKernel(ProcessRowsKernel, static_cast<unsigned>(a.n_rows), kThreads, 0, stream,
+               ctx.programmatic_launch, a, ctx.error);
   return CudaStatus(cudaGetLastError(), "ProcessRows launch");
 }
 

@@ -15,9 +15,9 @@
 // Top-k and top-p find their thresholds by a four-way search over the order-preserving bit
 // patterns of the values (count, or fp64 mass, of the entries at or above a candidate; three
 // candidates per pass over the row, so 16 passes where a bisection takes 32, landing on the same
-// key), then keep ties at the threshold in ascending id order, as the CPU does. The first penalty pass uses the row's
-// pool slot (or the `penalized` row) as scratch for per-token counts, so no other memory is
-// needed; `logits` must not overlap the pool.
+// key), then keep ties at the threshold in ascending id order, as the CPU does. The first penalty
+// pass uses the row's pool slot (or the `penalized` row) as scratch for per-token counts, so no
+// other memory is needed; `logits` must not overlap the pool.
 #ifndef SPECD_KERNELS_CUDA_PROCESSED_H_
 #define SPECD_KERNELS_CUDA_PROCESSED_H_
 

@@ -11,6 +11,7 @@ constexpr int kThreads = 256;
 
 __global__ void RmsNormKernel(const float* x, const float* weight, float* y, int64_t dim,
                               float eps) {
+  AfterPreviousKernel();
   __shared__ float smem[kWarp];
   const float* row = x + blockIdx.x * dim;
   float* out = y + blockIdx.x * dim;
@@ -32,8 +33,8 @@ absl::Status LaunchRmsNorm(const RmsNormArgs& a, const CudaContext& ctx, cudaStr
   if (a.n_tokens == 0) return absl::OkStatus();
   // This back end's own limit: one block per token, in a grid's x dimension.
   if (a.n_tokens > 0x7fffffff) return absl::InvalidArgumentError("RmsNorm: n_tokens too large");
-  RmsNormKernel<<<static_cast<unsigned>(a.n_tokens), kThreads, 0, stream>>>(a.x, a.weight, a.y,
-                                                                            a.dim, a.eps);
+  LaunchKernel(RmsNormKernel, static_cast<unsigned>(a.n_tokens), kThreads, 0, stream,
+               ctx.programmatic_launch, a.x, a.weight, a.y, a.dim, a.eps);
   return CudaStatus(cudaGetLastError(), "RmsNorm launch");
 }
 

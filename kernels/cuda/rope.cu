@@ -16,6 +16,7 @@ template <bool kStore>
 __global__ void RopeKernel(float* x, int64_t n_heads, float* x2, int64_t n_heads2,
                            const int32_t* pos, const float* inv_freq, int64_t head_dim,
                            StoreKvArgs store, DeviceError* error) {
+  AfterPreviousKernel();
   const int64_t t = blockIdx.x;
   const int32_t p = pos[t];
   // The cache row, found before any thread returns (the barrier needs them all).
@@ -77,11 +78,12 @@ absl::Status LaunchRope(const RopeArgs& a, const CudaContext& ctx, cudaStream_t 
   if (a.n_tokens > 0x7fffffff) return absl::InvalidArgumentError("Rope: n_tokens too large");
   const unsigned blocks = static_cast<unsigned>(a.n_tokens);
   if (a.store.has_value()) {
-    RopeKernel<true><<<blocks, kThreads, 0, stream>>>(a.x, a.n_heads, a.x2, a.n_heads2, a.pos,
-                                                      a.inv_freq, a.head_dim, *a.store, ctx.error);
+    LaunchKernel(RopeKernel<true>, blocks, kThreads, 0, stream, ctx.programmatic_launch, a.x,
+                 a.n_heads, a.x2, a.n_heads2, a.pos, a.inv_freq, a.head_dim, *a.store, ctx.error);
   } else {
-    RopeKernel<false><<<blocks, kThreads, 0, stream>>>(
-        a.x, a.n_heads, a.x2, a.n_heads2, a.pos, a.inv_freq, a.head_dim, StoreKvArgs{}, ctx.error);
+    LaunchKernel(RopeKernel<false>, blocks, kThreads, 0, stream, ctx.programmatic_launch, a.x,
+                 a.n_heads, a.x2, a.n_heads2, a.pos, a.inv_freq, a.head_dim, StoreKvArgs{},
+                 ctx.error);
   }
   return CudaStatus(cudaGetLastError(), "Rope launch");
 }

@@ -42,6 +42,7 @@ __device__ double StreamUniform(const Draw& d) {
 
 __global__ void __launch_bounds__(kDrawThreads)
     SampleRowsKernel(SampleRowsArgs a, DeviceError* error) {
+  AfterPreviousKernel();
   __shared__ double partial[kDrawThreads];
   __shared__ double offset[kDrawThreads + 1];
   __shared__ int32_t red_i[kWarp];
@@ -130,6 +131,7 @@ __global__ void __launch_bounds__(kDrawThreads)
 }
 
 __global__ void GatherProbsKernel(GatherProbsArgs a, DeviceError* error) {
+  AfterPreviousKernel();
   const int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
   if (i >= a.n) return;
   const int32_t slot = a.slots[i];
@@ -148,6 +150,7 @@ __global__ void GatherProbsKernel(GatherProbsArgs a, DeviceError* error) {
 }
 
 __global__ void CombineLogitsKernel(CombineLogitsArgs a, DeviceError* error) {
+  AfterPreviousKernel();
   const int64_t pair = blockIdx.y;
   const int32_t cond = a.cond_rows[pair];
   const int32_t uncond = a.uncond_rows[pair];
@@ -191,6 +194,7 @@ __device__ float LogprobOf(float w, const RowStats& st) {
 }
 
 __global__ void __launch_bounds__(kRowThreads) LogprobRowsKernel(LogprobsArgs a, RowStats* stats) {
+  AfterPreviousKernel();
   __shared__ float red_f[kWarp];
   __shared__ int32_t red_i[kWarp];
   __shared__ double red_d[kWarp];
@@ -236,6 +240,7 @@ __global__ void __launch_bounds__(kRowThreads) LogprobRowsKernel(LogprobsArgs a,
 }
 
 __global__ void LogprobQueriesKernel(LogprobsArgs a, const RowStats* stats, DeviceError* error) {
+  AfterPreviousKernel();
   const int64_t q = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
   if (q >= a.n_queries) return;
   const int32_t r = a.query_rows[q];
@@ -266,7 +271,7 @@ absl::Status LaunchCombineLogits(const CombineLogitsArgs& a, const CudaContext& 
   if (a.n_pairs > 65535) return absl::InvalidArgumentError("CombineLogits: n_pairs too large");
   const dim3 grid(static_cast<unsigned>(std::min<int64_t>(DivUp(a.vocab, 256), 1024)),
                   static_cast<unsigned>(a.n_pairs));
-  CombineLogitsKernel<<<grid, 256, 0, stream>>>(a, ctx.error);
+  LaunchKernel(CombineLogitsKernel, grid, 256, 0, stream, ctx.programmatic_launch, a, ctx.error);
   return CudaStatus(cudaGetLastError(), "CombineLogits launch");
 }
 
@@ -278,7 +283,8 @@ absl::Status LaunchSampleRows(const SampleRowsArgs& a, const CudaContext& ctx,
   // dimension. The draws are device memory: the kernel checks them and Synchronize reports them.
   if (a.vocab > 0x7fffffff) return absl::InvalidArgumentError("SampleRows: vocab too large");
   if (a.n > 0x7fffffff) return absl::InvalidArgumentError("SampleRows: n too large");
-  SampleRowsKernel<<<static_cast<unsigned>(a.n), kDrawThreads, 0, stream>>>(a, ctx.error);
+  LaunchKernel(SampleRowsKernel, static_cast<unsigned>(a.n), kDrawThreads, 0, stream,
+               ctx.programmatic_launch, a, ctx.error);
   return CudaStatus(cudaGetLastError(), "SampleRows launch");
 }
 
@@ -287,7 +293,8 @@ absl::Status LaunchGatherProbs(const GatherProbsArgs& a, const CudaContext& ctx,
   SPECD_RETURN_IF_ERROR(ValidateGatherProbsArgs(a));
   if (a.n == 0) return absl::OkStatus();
   // The lookups are device memory: the kernel checks them and Synchronize reports them.
-  GatherProbsKernel<<<Blocks(a.n, 256), 256, 0, stream>>>(a, ctx.error);
+  LaunchKernel(GatherProbsKernel, Blocks(a.n, 256), 256, 0, stream, ctx.programmatic_launch, a,
+               ctx.error);
   return CudaStatus(cudaGetLastError(), "GatherProbs launch");
 }
 
@@ -303,11 +310,13 @@ absl::Status LaunchLogprobs(const LogprobsArgs& a, const CudaContext& ctx, cudaS
   }
   auto* stats = static_cast<RowStats*>(ctx.workspace);
   if (a.n_rows > 0) {
-    LogprobRowsKernel<<<static_cast<unsigned>(a.n_rows), kRowThreads, 0, stream>>>(a, stats);
+    LaunchKernel(LogprobRowsKernel, static_cast<unsigned>(a.n_rows), kRowThreads, 0, stream,
+                 ctx.programmatic_launch, a, stats);
     SPECD_RETURN_IF_ERROR(CudaStatus(cudaGetLastError(), "Logprobs launch"));
   }
   if (a.n_queries > 0) {
-    LogprobQueriesKernel<<<Blocks(a.n_queries, 256), 256, 0, stream>>>(a, stats, ctx.error);
+    LaunchKernel(LogprobQueriesKernel, Blocks(a.n_queries, 256), 256, 0, stream,
+                 ctx.programmatic_launch, a, stats, ctx.error);
     SPECD_RETURN_IF_ERROR(CudaStatus(cudaGetLastError(), "Logprobs launch"));
   }
   return absl::OkStatus();

@@ -228,7 +228,7 @@ stage_decode() {
   fi
   for shape in llama-3.2-1b llama-3.2-3b; do
     run_timed "$BIN/decode_bench" --backend cuda --shape "$shape" --untied --dtypes bf16 \
-        --graphs on,off --context 256 --k 4 --steps 50 --model-dir "$WORK/models" \
+        --graphs on,off --pdl on,off --context 256 --k 4 --steps 50 --model-dir "$WORK/models" \
         >"$LOGS/decode_$shape.log" 2>&1 || rc=1
     grep -v "^writing\|^measuring" "$LOGS/decode_$shape.log" | tee -a "$SUMMARY"
   done

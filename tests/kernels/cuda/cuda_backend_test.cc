@@ -9,7 +9,9 @@
 //    released at EndRecording;
 //  * BeginRecording twice, or EndRecording without a recording, is FAILED_PRECONDITION;
 //  * a failed CUDA call (a graph launched into a capturing stream) leaves no stale error behind
-//    for the next op's launch check.
+//    for the next op's launch check;
+//  * kernels launch as programmatic dependent launches where the device has them, and agree with
+//    plain launches.
 // Every test skips, saying why, where no CUDA device is present. No test asserts between
 // BeginRecording and EndRecording: a failure there would leave the stream capturing.
 #include "kernels/cuda/cuda_backend.h"
@@ -18,6 +20,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -247,6 +250,42 @@ TEST_F(CudaBackendTest, AFailedCudaCallLeavesNoStaleErrorForTheNextOp) {
   EXPECT_EQ(cudaPeekAtLastError(), cudaSuccess);
   ASSERT_TRUE(AddXToY().ok());
   EXPECT_EQ(Y(), YAfter(1));
+}
+
+// Programmatic dependent launches are on wherever the device has them: the probe at creation
+// (two kernels, eager and recorded) found them working, or the name says why not. Chained ops, a
+// recording's replays and a download then agree with a back end that launches plainly.
+TEST_F(CudaBackendTest, KernelsLaunchProgrammaticallyAndAgreeWithPlainLaunches) {
+  const std::string name(backend_->name());
+  EXPECT_EQ(name.find("plain launches"), std::string::npos) << name;
+  CudaBackendOptions plain_options;
+  plain_options.programmatic_launch = false;
+  absl::StatusOr<std::unique_ptr<Backend>> plain = CreateCudaBackendWithOptions(plain_options);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  Device plain_device(**plain);
+  float* plain_y = plain_device.Put(y0_);
+  const float* plain_x = plain_device.Put(x0_);
+  std::vector<float> identity(kDim * kDim, 0.0f);
+  for (int64_t i = 0; i < kDim; ++i) identity[i * kDim + i] = 1.0f;
+  const MatmulArgs plain_add{
+      plain_x, {plain_device.Put(identity), DType::kF32, kDim, kDim}, plain_y, kN, true};
+
+  for (Backend* b : {backend_.get(), plain->get()}) {
+    const MatmulArgs add = b == backend_.get() ? AddXToYArgs() : plain_add;
+    // Each product reads the sum the one before it wrote.
+    for (int i = 0; i < 3; ++i) ASSERT_TRUE(b->Matmul(add).ok());
+    ASSERT_TRUE(b->BeginRecording().ok());
+    const absl::Status recorded = b->Matmul(add);
+    const absl::Status recorded_again = b->Matmul(add);
+    absl::StatusOr<std::unique_ptr<RecordedWork>> work = b->EndRecording();
+    ASSERT_TRUE(recorded.ok()) << recorded;
+    ASSERT_TRUE(recorded_again.ok()) << recorded_again;
+    ASSERT_TRUE(work.ok()) << work.status();
+    ASSERT_TRUE(b->Replay(**work).ok());
+    ASSERT_TRUE(b->Replay(**work).ok());
+  }
+  EXPECT_EQ(Y(), YAfter(7));
+  EXPECT_EQ(plain_device.Get(plain_y, kSize), YAfter(7));
 }
 
 }  // namespace

@@ -1,7 +1,7 @@
 // The device side of the CUDA emulator: what the kernels of kernels/cuda/ use of CUDA C++ (thread
 // and block indices, __syncthreads, warp shuffles, atomics, rounding intrinsics, half and bfloat16
-// widening), so that the host compiler builds those .cu files unchanged once
-// launches_to_host.py has rewritten their launches.
+// widening), so that the host compiler builds those .cu files unchanged once cu_to_host.py has
+// turned their dynamic shared memory into a pointer.
 //
 // A launch runs its blocks one after another, in a shuffled order (no kernel may depend on block
 // order), and the threads of a block as fibers on the calling thread (emulated_device.cc): a

@@ -17,6 +17,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <tuple>
+#include <type_traits>
+#include <utility>
 
 #include "tests/kernels/cuda_emulation/emulated_device.h"
 
@@ -190,6 +193,40 @@ inline cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes,
 }
 inline cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t stream) {
   return emu::MemsetAsync(p, value, bytes, stream);
+}
+
+// Launches with attributes. The one attribute kernels/cuda/ sets, programmatic stream
+// serialization, only lets a GPU start a kernel early; its kernels then wait for their
+// predecessor before touching memory, which is the order the emulator runs them in anyway.
+enum cudaLaunchAttributeID : int {
+  cudaLaunchAttributeIgnore = 0,
+  cudaLaunchAttributeProgrammaticStreamSerialization = 6,
+};
+union cudaLaunchAttributeValue {
+  unsigned char pad[64];
+  unsigned int programmaticStreamSerializationAllowed;
+};
+struct cudaLaunchAttribute {
+  cudaLaunchAttributeID id;
+  cudaLaunchAttributeValue val;
+};
+struct cudaLaunchConfig_t {
+  dim3 gridDim;
+  dim3 blockDim;
+  size_t dynamicSmemBytes;
+  cudaStream_t stream;
+  cudaLaunchAttribute* attrs;
+  unsigned int numAttrs;
+};
+// The parameters are converted and copied at the launch, as a launch copies them (a CUDA graph
+// replays the values captured then); invalid configurations become the thread's last error.
+template <typename... Params, typename... Args>
+cudaError_t cudaLaunchKernelEx(const cudaLaunchConfig_t* config, void (*kernel)(Params...),
+                               Args&&... args) {
+  std::tuple<std::decay_t<Params>...> params(std::forward<Args>(args)...);
+  emu::Launch(config->gridDim, config->blockDim, config->dynamicSmemBytes, config->stream,
+              [kernel, params] { std::apply(kernel, params); });
+  return cudaSuccess;
 }
 
 // NOLINTEND(bugprone-reserved-identifier,google-runtime-int,google-global-names-in-headers,readability-identifier-naming,bugprone-macro-parentheses,readability-inconsistent-declaration-parameter-name)

@@ -6,19 +6,22 @@
 // the measured bandwidth. Decode at batch 1 is memory-bound, so that is the ceiling.
 //  * CPU: the read bandwidth of the weights' own memory (best of three passes).
 //  * CUDA: the device-to-device copy bandwidth, counting bytes read and written, of 1 GiB
-//    buffers (best of five), next to decode with and without CUDA graphs (--graphs).
+//    buffers (best of five), next to decode with and without CUDA graphs (--graphs) and
+//    programmatic dependent launches (--pdl).
 //
 // usage: decode_bench [--backend cpu|cuda] [--shape NAME] [--dtypes f32,bf16] [--threads 1,2]
-//                     [--untied] [--graphs on,off] [--steps N] [--context N] [--k K]
-//                     [--model-dir DIR]
+//                     [--untied] [--graphs on,off] [--pdl on,off] [--steps N] [--context N]
+//                     [--k K] [--model-dir DIR]
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/engine/llama_engine.h"
 #include "common/synth/synth.h"
@@ -107,7 +110,7 @@ std::vector<std::string> List(const std::string& s) { return absl::StrSplit(s, '
 int Main(int argc, char** argv) {
   int steps = 32, context = 64, k = 4;
   std::string backend_name = "cpu", shape_name = "stories110M", dtypes = "", threads = "1,2";
-  std::string graphs = "on,off";
+  std::string graphs = "on,off", pdl = "on";
   bool untied = false;
   std::filesystem::path dir = std::filesystem::temp_directory_path() / "specd-decode-bench";
   for (int i = 1; i < argc; ++i) {
@@ -139,6 +142,8 @@ int Main(int argc, char** argv) {
       threads = value;
     } else if (flag == "--graphs") {
       graphs = value;
+    } else if (flag == "--pdl") {
+      pdl = value;
     } else {
       std::fprintf(stderr, "unknown flag %s\n", flag.c_str());
       return 2;
@@ -180,9 +185,19 @@ int Main(int argc, char** argv) {
         return 1;
       }
     }
-    std::vector<std::string> configs = gpu ? List(graphs) : List(threads);
-    for (const std::string& config : configs) {
-      std::fprintf(stderr, "measuring %s, %s ...\n", dtype_name.c_str(), config.c_str());
+    // On a GPU: every pairing of CUDA graphs and programmatic launches asked for.
+    std::vector<std::pair<std::string, std::string>> configs;
+    if (gpu) {
+      for (const std::string& g : List(graphs)) {
+        for (const std::string& p : List(pdl)) configs.emplace_back(g, p);
+      }
+    } else {
+      for (const std::string& t : List(threads)) configs.emplace_back(t, "");
+    }
+    for (const auto& [config, pdl_config] : configs) {
+      const std::string label =
+          gpu ? absl::StrCat("graphs ", config, ", pdl ", pdl_config) : "threads " + config;
+      std::fprintf(stderr, "measuring %s, %s ...\n", dtype_name.c_str(), label.c_str());
       EngineOptions options;
       options.kv_capacity_tokens = 4096;
       options.max_seq_len = 4096;
@@ -190,6 +205,7 @@ int Main(int argc, char** argv) {
       backend.kind = *kind;
       if (gpu) {
         options.record_forwards = config == "on";
+        backend.programmatic_launch = pdl_config == "on";
       } else {
         backend.num_threads = std::atoi(config.c_str());
       }
@@ -209,8 +225,7 @@ int Main(int argc, char** argv) {
       const double bytes =
           static_cast<double>(WeightBytesPerToken((*engine)->weights(), (*engine)->config()));
       const double tok_s = 1.0 / t1;
-      rows.push_back({dtype_name, gpu ? "graphs " + config : "threads " + config, tok_s,
-                      bytes * tok_s / (gbps * 1e9), tk / t1, gbps});
+      rows.push_back({dtype_name, label, tok_s, bytes * tok_s / (gbps * 1e9), tk / t1, gbps});
     }
   }
   std::printf("%s-shaped synthetic model (%s classifier) on %s, context %d, K = %d\n",
