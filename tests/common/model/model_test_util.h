@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "tests/test_util.h"
@@ -40,8 +41,8 @@ inline std::string ShellQuote(const std::string& s) {
 // Runs `/usr/bin/python3 script args...`; returns its stdout. Fails the test (and returns "") if
 // the script exits non-zero.
 inline std::string RunPython(const std::string& script, const std::vector<std::string>& args) {
-  std::string command = std::string(kPython) + " " + ShellQuote(ModelTestScript(script).string());
-  for (const std::string& a : args) command += " " + ShellQuote(a);
+  std::string command = absl::StrCat(kPython, " ", ShellQuote(ModelTestScript(script).string()));
+  for (const std::string& a : args) absl::StrAppend(&command, " ", ShellQuote(a));
   std::unique_ptr<FILE, int (*)(FILE*)> pipe(popen(command.c_str(), "r"), pclose);
   if (pipe == nullptr) {
     ADD_FAILURE() << "cannot run " << command;
