@@ -72,6 +72,50 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* Refuse(grpc::Status status) {
   return reactor;
 }
 
+// The Tokenize and Detokenize RPCs, run on the work queue.
+grpc::Status TokenizeCall(const ServingState& state, const v1::TokenizeRequest& request,
+                          v1::TokenizeResponse* response) {
+  if (state.tokenizer == nullptr) {
+    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "the served model has no tokenizer");
+  }
+  if (request.has_chat()) {
+    if (!request.text().empty() || request.add_special_tokens() || request.parse_special()) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          "chat: give text or chat, not both (add_special_tokens "
+                          "and parse_special apply to text only)");
+    }
+    absl::StatusOr<std::vector<int32_t>> ids =
+        EncodeChat(request.chat(), state.Encoders(), state.limits);
+    if (!ids.ok()) return ToGrpcStatus(ids.status());
+    response->mutable_token_ids()->Add(ids->begin(), ids->end());
+    return grpc::Status::OK;
+  }
+  if (static_cast<int64_t>(request.text().size()) > state.limits.max_prompt_bytes) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        absl::StrCat("text is ", request.text().size(),
+                                     " bytes, over the limit of ", state.limits.max_prompt_bytes));
+  }
+  EncodeOptions options;
+  options.add_bos = request.add_special_tokens();
+  options.parse_special = request.parse_special();
+  absl::StatusOr<std::vector<int32_t>> ids = state.tokenizer->Encode(request.text(), options);
+  if (!ids.ok()) return ToGrpcStatus(ids.status());
+  response->mutable_token_ids()->Add(ids->begin(), ids->end());
+  return grpc::Status::OK;
+}
+
+grpc::Status DetokenizeCall(const ServingState& state, const v1::DetokenizeRequest& request,
+                            v1::DetokenizeResponse* response) {
+  if (state.tokenizer == nullptr) {
+    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "the served model has no tokenizer");
+  }
+  const std::vector<int32_t> ids(request.token_ids().begin(), request.token_ids().end());
+  absl::StatusOr<std::string> text = state.tokenizer->Decode(ids, request.skip_special_tokens());
+  if (!text.ok()) return ToGrpcStatus(text.status());
+  response->set_text(*std::move(text));
+  return grpc::Status::OK;
+}
+
 }  // namespace
 
 PromptEncoders ServingState::Encoders() const {
@@ -256,17 +300,36 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* GenerationService::Generate(
     call->Close(std::move(st));
     return reactor;
   }
+  // A prompt of up to --max-request-bytes is tens of milliseconds of tokenizer: not on the
+  // callback thread. The request is copied, as gRPC frees it once the stream is closed, which a
+  // drain may do before the task runs.
+  prep_.Post([this, state, call, request = *request] { StartGeneration(*state, call, request); });
+  return reactor;
+}
+
+void GenerationService::StartGeneration(const ServingState& state,
+                                        const std::shared_ptr<GenerateCall>& call,
+                                        const v1::GenerateRequest& request) {
+  CoordinatorMetrics* const metrics = state.metrics;
+  if (call->abandoned()) {
+    // The client went away or a drain ended the stream while it waited for the queue.
+    if (call->Close(grpc::Status(grpc::StatusCode::CANCELLED, "the call was cancelled")) &&
+        metrics != nullptr) {
+      metrics->OnRequestError(absl::StatusCode::kCancelled);
+    }
+    return;
+  }
   absl::StatusOr<GenerationRequest> req =
-      BuildGenerationRequest(*request, state->Encoders(), state->limits, RandomSeed());
+      BuildGenerationRequest(request, state.Encoders(), state.limits, RandomSeed());
   if (!req.ok()) {
     if (metrics != nullptr) metrics->OnRequestError(req.status().code());
     call->Close(ToGrpcStatus(req.status()));
-    return reactor;
+    return;
   }
   const uint64_t seed = req->seed;
   const GuidanceKind guidance = GuidanceOf(*req);
-  const std::string request_id = request->request_id();
-  Scheduler* scheduler = state->scheduler;
+  const std::string request_id = request.request_id();
+  Scheduler* scheduler = state.scheduler;
   auto first = std::make_shared<bool>(true);
   auto timing = std::make_shared<RequestTiming>();
   // Sent back with the prompt's logprobs: a text prompt's ids are the server's to tell.
@@ -315,11 +378,10 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* GenerationService::Generate(
   if (!h.ok()) {
     if (metrics != nullptr) metrics->OnRequestError(h.status().code());
     call->Close(ToGrpcStatus(h.status()));
-    return reactor;
+    return;
   }
   call->handle.store(*h);
   if (metrics != nullptr) metrics->OnGuidedRequest(guidance);
-  return reactor;
 }
 
 grpc::ServerUnaryReactor* GenerationService::Tokenize(grpc::CallbackServerContext* context,
@@ -328,35 +390,12 @@ grpc::ServerUnaryReactor* GenerationService::Tokenize(grpc::CallbackServerContex
   if (grpc::Status st = options_.auth.Check(*context); !st.ok()) return Reply(context, st);
   const ServingState* state = state_.load();
   if (state == nullptr) return Reply(context, NotReady());
-  if (state->tokenizer == nullptr) {
-    return Reply(context, grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
-                                       "the served model has no tokenizer"));
-  }
-  if (request->has_chat()) {
-    if (!request->text().empty() || request->add_special_tokens() || request->parse_special()) {
-      return Reply(context, grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                                         "chat: give text or chat, not both (add_special_tokens "
-                                         "and parse_special apply to text only)"));
-    }
-    absl::StatusOr<std::vector<int32_t>> ids =
-        EncodeChat(request->chat(), state->Encoders(), state->limits);
-    if (!ids.ok()) return Reply(context, ToGrpcStatus(ids.status()));
-    response->mutable_token_ids()->Add(ids->begin(), ids->end());
-    return Reply(context, grpc::Status::OK);
-  }
-  if (static_cast<int64_t>(request->text().size()) > state->limits.max_prompt_bytes) {
-    return Reply(context, grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                                       absl::StrCat("text is ", request->text().size(),
-                                                    " bytes, over the limit of ",
-                                                    state->limits.max_prompt_bytes)));
-  }
-  EncodeOptions options;
-  options.add_bos = request->add_special_tokens();
-  options.parse_special = request->parse_special();
-  absl::StatusOr<std::vector<int32_t>> ids = state->tokenizer->Encode(request->text(), options);
-  if (!ids.ok()) return Reply(context, ToGrpcStatus(ids.status()));
-  response->mutable_token_ids()->Add(ids->begin(), ids->end());
-  return Reply(context, grpc::Status::OK);
+  // gRPC keeps the request and response until the reactor finishes.
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  prep_.Post([state, request, response, reactor] {
+    reactor->Finish(TokenizeCall(*state, *request, response));
+  });
+  return reactor;
 }
 
 grpc::ServerUnaryReactor* GenerationService::Detokenize(grpc::CallbackServerContext* context,
@@ -365,15 +404,11 @@ grpc::ServerUnaryReactor* GenerationService::Detokenize(grpc::CallbackServerCont
   if (grpc::Status st = options_.auth.Check(*context); !st.ok()) return Reply(context, st);
   const ServingState* state = state_.load();
   if (state == nullptr) return Reply(context, NotReady());
-  if (state->tokenizer == nullptr) {
-    return Reply(context, grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
-                                       "the served model has no tokenizer"));
-  }
-  const std::vector<int32_t> ids(request->token_ids().begin(), request->token_ids().end());
-  absl::StatusOr<std::string> text = state->tokenizer->Decode(ids, request->skip_special_tokens());
-  if (!text.ok()) return Reply(context, ToGrpcStatus(text.status()));
-  response->set_text(*std::move(text));
-  return Reply(context, grpc::Status::OK);
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  prep_.Post([state, request, response, reactor] {
+    reactor->Finish(DetokenizeCall(*state, *request, response));
+  });
+  return reactor;
 }
 
 grpc::ServerUnaryReactor* GenerationService::GetServerInfo(grpc::CallbackServerContext* context,

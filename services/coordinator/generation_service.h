@@ -1,5 +1,6 @@
-// specd.v1.Generation: the public API. Handlers check the caller's bearer token, validate,
-// tokenize and hand requests to the scheduler; events stream back through a queued write reactor.
+// specd.v1.Generation: the public API. Handlers check the caller's bearer token; a work queue
+// off gRPC's threads validates and tokenizes requests and hands them to the scheduler; events
+// stream back through a queued write reactor.
 // Before the workers are connected every call is UNAVAILABLE. The service also keeps the books a
 // graceful shutdown and the per-connection stream limit need: which Generate streams are open,
 // and how many per client connection.
@@ -16,6 +17,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
 #include "common/tokenizer/tokenizer.h"
+#include "services/common/work_queue.h"
 #include "services/coordinator/auth.h"
 #include "services/coordinator/chat_prompt.h"
 #include "services/coordinator/coordinator_metrics.h"
@@ -47,7 +49,10 @@ struct PublicApiOptions {
 
 class GenerationService final : public v1::Generation::CallbackService {
  public:
-  explicit GenerationService(PublicApiOptions options = {}) : options_(std::move(options)) {}
+  // Requests are validated and tokenized on `prep`, not on gRPC's callback threads, which serve
+  // every other stream; `prep` must outlive the service, and be stopped once the server is.
+  GenerationService(PublicApiOptions options, WorkQueue& prep)
+      : options_(std::move(options)), prep_(prep) {}
 
   // Makes the service serve; before this, calls are UNAVAILABLE. `state` must outlive the server.
   void SetServing(const ServingState* state) { state_.store(state); }
@@ -83,6 +88,10 @@ class GenerationService final : public v1::Generation::CallbackService {
   class GenerateReactor;
 
   uint64_t RandomSeed();
+  // On prep_: validates and tokenizes `request`, then submits it, streaming its events to `call`
+  // (or closes `call` with the refusal).
+  void StartGeneration(const ServingState& state, const std::shared_ptr<GenerateCall>& call,
+                       const v1::GenerateRequest& request);
   // Counts a new stream on `reactor`'s connection and registers `call`; UNAVAILABLE while
   // draining and RESOURCE_EXHAUSTED over the per-connection limit (then nothing is counted).
   grpc::Status OpenStream(GenerateReactor* reactor, std::shared_ptr<GenerateCall> call);
@@ -90,6 +99,7 @@ class GenerationService final : public v1::Generation::CallbackService {
   void CloseStream(uint64_t id, const std::string& peer);
 
   const PublicApiOptions options_;
+  WorkQueue& prep_;
   std::atomic<const ServingState*> state_{nullptr};
   mutable absl::Mutex streams_mu_;
   bool admitting_ ABSL_GUARDED_BY(streams_mu_) = true;

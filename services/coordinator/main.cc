@@ -30,6 +30,7 @@
 #include "services/common/listen_address.h"
 #include "services/common/service_process.h"
 #include "services/common/tls.h"
+#include "services/common/work_queue.h"
 #include "services/coordinator/auth.h"
 #include "services/coordinator/chat_prompt.h"
 #include "services/coordinator/coordinator_metrics.h"
@@ -104,6 +105,10 @@ std::vector<FlagSpec> CoordinatorFlags() {
        "largest max_new_tokens a request may ask for; 0 = up to the model's max_seq_len", "0"},
       {"max-streams-per-connection",
        "Generate streams one client connection may hold open at once; 0 = no limit", "128"},
+      {"prep-threads",
+       "threads that validate and tokenize requests of both APIs, off the network threads that "
+       "carry every other request's stream",
+       "2"},
       {"http-listen",
        "also serve the OpenAI-compatible HTTP API on host:port (same TLS, token and limits as "
        "the gRPC API); port 0 picks a free one; unset = off",
@@ -138,6 +143,7 @@ struct PublicApiConfig {
   int64_t max_request_bytes = 0;
   int64_t max_prompt_tokens = 0;
   int64_t max_new_tokens_limit = 0;
+  int64_t prep_threads = 0;
 };
 
 absl::StatusOr<PublicApiConfig> ReadPublicApiConfig(const Flags& flags) {
@@ -162,6 +168,7 @@ absl::StatusOr<PublicApiConfig> ReadPublicApiConfig(const Flags& flags) {
   SPECD_ASSIGN_OR_RETURN(c.max_new_tokens_limit, flags.GetInt("max-new-tokens-limit", 0, 1 << 30));
   SPECD_ASSIGN_OR_RETURN(c.options.max_streams_per_connection,
                          flags.GetInt("max-streams-per-connection", 0, 1 << 20));
+  SPECD_ASSIGN_OR_RETURN(c.prep_threads, flags.GetInt("prep-threads", 1, 256));
   return c;
 }
 
@@ -173,8 +180,8 @@ bool IsLoopback(const std::string& host) {
 // APIs while the open ones get `drain_seconds` to finish; then the rest end with a status that
 // says why. A second SIGTERM or SIGINT ends the drain period at once.
 void Drain(Scheduler& scheduler, GenerationService& service, grpc::Server& server,
-           http::OpenAiApi* http_api, http::HttpServer* http_server, const sigset_t& stop_signals,
-           int64_t drain_seconds) {
+           http::OpenAiApi* http_api, http::HttpServer* http_server, WorkQueue& prep,
+           const sigset_t& stop_signals, int64_t drain_seconds) {
   // Workers signalled with the coordinator go away during the drain; that is no outage.
   scheduler.BeginShutdown();
   // Admission stops first, so a client that sees NOT_SERVING also gets UNAVAILABLE.
@@ -209,6 +216,8 @@ void Drain(Scheduler& scheduler, GenerationService& service, grpc::Server& serve
   // The streams just ended get a moment to deliver their last messages.
   server.Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   server.Wait();
+  // What the APIs queued is answered while the HTTP server can still deliver it.
+  prep.Stop();
   if (http_server != nullptr) http_server->Stop();
 }
 
@@ -346,13 +355,15 @@ int Run(int argc, char** argv) {
     if (!mport.ok()) return Fail(mport.status());
     std::cout << "metrics on " << metrics_host << ":" << *mport << std::endl;
   }
+  // Where both APIs validate and tokenize requests; stopped by the drain.
+  WorkQueue prep(static_cast<int>(api->prep_threads));
   // The HTTP API, when asked for, answers 503 until the workers are up, as gRPC health does.
   std::unique_ptr<http::OpenAiApi> http_api;
   std::unique_ptr<http::HttpServer> http_server;
   if (!flags->Get("http-listen").empty()) {
     http::OpenAiApiOptions options;
     options.auth = api->options.auth;
-    http_api = std::make_unique<http::OpenAiApi>(std::move(options));
+    http_api = std::make_unique<http::OpenAiApi>(std::move(options), prep);
     http::HttpServerOptions server_options;
     server_options.listen = flags->Get("http-listen");
     server_options.tls_cert = flags->Get("tls-cert");
@@ -369,7 +380,7 @@ int Run(int argc, char** argv) {
               << http_server->port() << std::endl;
   }
   // Serve first (NOT_SERVING), so health checks answer while the workers load.
-  GenerationService service(api->options);
+  GenerationService service(api->options, prep);
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
@@ -585,7 +596,7 @@ int Run(int argc, char** argv) {
   }
   LogLine(kProgram) << (signal_number == SIGTERM ? "SIGTERM" : "SIGINT") << ": draining (up to "
                     << drain_seconds << " s)";
-  Drain(scheduler, service, *server, http_api.get(), http_server.get(), stop_signals,
+  Drain(scheduler, service, *server, http_api.get(), http_server.get(), prep, stop_signals,
         drain_seconds);
   LogLine(kProgram) << "stopped";
   // A scrape after this point must not read the scheduler, which goes before the metrics do.

@@ -123,7 +123,8 @@ absl::StatusOr<Json> Detokenize(absl::string_view body, const ServingState& stat
 
 }  // namespace
 
-OpenAiApi::OpenAiApi(OpenAiApiOptions options) : options_(std::move(options)) {}
+OpenAiApi::OpenAiApi(OpenAiApiOptions options, WorkQueue& prep)
+    : options_(std::move(options)), prep_(prep) {}
 
 void OpenAiApi::StopAdmitting() {
   absl::MutexLock lock(&mu_);
@@ -132,7 +133,7 @@ void OpenAiApi::StopAdmitting() {
 
 int64_t OpenAiApi::open_requests() const {
   absl::MutexLock lock(&mu_);
-  return static_cast<int64_t>(open_.size());
+  return static_cast<int64_t>(open_.size()) + preparing_;
 }
 
 int64_t OpenAiApi::EndOpenRequests(const absl::Status& status) {
@@ -140,6 +141,7 @@ int64_t OpenAiApi::EndOpenRequests(const absl::Status& status) {
   {
     // Ending a job takes mu_ again (its on_done), so not under the lock.
     absl::MutexLock lock(&mu_);
+    ended_ = status;
     for (const auto& [id, job] : open_) jobs.push_back(job);
   }
   for (const std::shared_ptr<CompletionJob>& job : jobs) job->End(status);
@@ -216,8 +218,11 @@ void OpenAiApi::Handle(std::shared_ptr<HttpExchange> exchange) {
   }
   if (tokenize || detokenize) {
     // Not generation requests: their errors are not counted with those.
-    absl::StatusOr<Json> out = tokenize ? Tokenize(req.body, *state) : Detokenize(req.body, *state);
-    exchange->Respond(out.ok() ? JsonResponse(200, *out) : ErrorResponse(out.status()));
+    prep_.Post([exchange, state, tokenize] {
+      const std::string& body = exchange->request().body;
+      absl::StatusOr<Json> out = tokenize ? Tokenize(body, *state) : Detokenize(body, *state);
+      exchange->Respond(out.ok() ? JsonResponse(200, *out) : ErrorResponse(out.status()));
+    });
     return;
   }
   if (models || one_model) {
@@ -234,8 +239,22 @@ void OpenAiApi::Handle(std::shared_ptr<HttpExchange> exchange) {
     exchange->Respond(known.ok() ? JsonResponse(200, model) : ErrorResponse(known));
     return;
   }
-  HandleGeneration(exchange, completions ? Endpoint::kCompletions : Endpoint::kChatCompletions,
-                   *state);
+  bool admitted = false;
+  {
+    // Admitted here, in arrival order, so that a request that arrived before a drain began is
+    // served even if it is still being prepared when it does.
+    absl::MutexLock lock(&mu_);
+    admitted = admitting_;
+    if (admitted) ++preparing_;
+  }
+  if (!admitted) {
+    refuse(absl::UnavailableError(
+        "the coordinator is shutting down and admits no new requests; retry on another "
+        "replica"));
+    return;
+  }
+  const Endpoint endpoint = completions ? Endpoint::kCompletions : Endpoint::kChatCompletions;
+  prep_.Post([this, exchange, endpoint, state] { HandleGeneration(exchange, endpoint, *state); });
 }
 
 absl::StatusOr<std::vector<CompletionJob::ChoiceInput>> OpenAiApi::BuildChoices(
@@ -305,18 +324,13 @@ void OpenAiApi::HandleGeneration(const std::shared_ptr<HttpExchange>& exchange, 
                                  const ServingState& state) {
   CoordinatorMetrics* const metrics = state.metrics;
   auto refuse = [&](const absl::Status& st) {
+    {
+      absl::MutexLock lock(&mu_);
+      --preparing_;
+    }
     if (metrics != nullptr) metrics->OnRequestError(st.code());
     exchange->Respond(ErrorResponse(st));
   };
-  {
-    absl::MutexLock lock(&mu_);
-    if (!admitting_) {
-      refuse(absl::UnavailableError(
-          "the coordinator is shutting down and admits no new requests; retry on another "
-          "replica"));
-      return;
-    }
-  }
   absl::StatusOr<OpenAiRequest> request = ParseOpenAiRequest(endpoint, exchange->request().body);
   if (!request.ok()) {
     refuse(request.status());
@@ -337,20 +351,26 @@ void OpenAiApi::HandleGeneration(const std::shared_ptr<HttpExchange>& exchange, 
                       RandomWord(), static_cast<uint32_t>(RandomWord()));
   meta.model = state.info.served_model_name();
   meta.created = absl::ToUnixSeconds(absl::Now());
-  uint64_t id = 0;
+  std::optional<absl::Status> ended;
   std::shared_ptr<CompletionJob> job;
   {
     absl::MutexLock lock(&mu_);
-    if (!admitting_) {
-      refuse(absl::UnavailableError("the coordinator is shutting down"));
-      return;
+    ended = ended_;
+    if (!ended.has_value()) {
+      --preparing_;
+      const uint64_t id = next_job_++;
+      job =
+          std::make_shared<CompletionJob>(exchange, *request, std::move(meta), &state, [this, id] {
+            absl::MutexLock lock(&mu_);
+            open_.erase(id);
+          });
+      open_.emplace(id, job);
     }
-    id = next_job_++;
-    job = std::make_shared<CompletionJob>(exchange, *request, std::move(meta), &state, [this, id] {
-      absl::MutexLock lock(&mu_);
-      open_.erase(id);
-    });
-    open_.emplace(id, job);
+  }
+  if (ended.has_value()) {
+    // The drain ended the open requests while this one was being prepared.
+    refuse(*ended);
+    return;
   }
   job->Start(*std::move(choices));
 }

@@ -10,12 +10,14 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <random>
 #include <string>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
+#include "services/common/work_queue.h"
 #include "services/coordinator/auth.h"
 #include "services/coordinator/generation_service.h"
 #include "services/coordinator/http/completion_job.h"
@@ -31,23 +33,26 @@ struct OpenAiApiOptions {
 
 class OpenAiApi {
  public:
-  explicit OpenAiApi(OpenAiApiOptions options);
+  // Requests are parsed and tokenized on `prep`, not on the server's I/O threads, which carry
+  // every other request's stream; `prep` must outlive the API, and be stopped before the server.
+  OpenAiApi(OpenAiApiOptions options, WorkQueue& prep);
 
   // Makes the API serve; before this, every route but /health is 503. `state` must outlive the
   // server.
   void SetServing(const ServingState* state) { state_.store(state); }
   // The start of a graceful shutdown: new generation requests get 503, open ones go on.
   void StopAdmitting();
-  // Generation requests whose response has not ended.
+  // Generation requests whose response has not ended, those still being prepared included.
   int64_t open_requests() const;
-  // The end of the drain period: ends every open request with `status` (cancelling its choices).
-  // Returns how many it ended.
+  // The end of the drain period: ends every open request with `status` (cancelling its choices),
+  // and refuses with it those still being prepared. Returns how many it ended.
   int64_t EndOpenRequests(const absl::Status& status);
 
   // The HttpServer's handler.
   void Handle(std::shared_ptr<HttpExchange> exchange);
 
  private:
+  // On `prep_`, for a request admitted (and counted in preparing_) by Handle.
   void HandleGeneration(const std::shared_ptr<HttpExchange>& exchange, Endpoint endpoint,
                         const ServingState& state);
   // The scheduler requests of `request`'s choices, or the error that refuses it.
@@ -56,9 +61,14 @@ class OpenAiApi {
   uint64_t RandomWord();
 
   const OpenAiApiOptions options_;
+  WorkQueue& prep_;
   std::atomic<const ServingState*> state_{nullptr};
   mutable absl::Mutex mu_;
   bool admitting_ ABSL_GUARDED_BY(mu_) = true;
+  // Admitted generation requests on their way through prep_, not yet in open_.
+  int64_t preparing_ ABSL_GUARDED_BY(mu_) = 0;
+  // Set by EndOpenRequests: the status of a request that comes out of prep_ after it.
+  std::optional<absl::Status> ended_ ABSL_GUARDED_BY(mu_);
   uint64_t next_job_ ABSL_GUARDED_BY(mu_) = 1;
   absl::flat_hash_map<uint64_t, std::shared_ptr<CompletionJob>> open_ ABSL_GUARDED_BY(mu_);
   absl::Mutex rng_mu_;
