@@ -6,15 +6,14 @@
 #ifndef SPECD_SERVICES_COMMON_ENGINE_THREAD_H_
 #define SPECD_SERVICES_COMMON_ENGINE_THREAD_H_
 
-#include <deque>
 #include <memory>
-#include <thread>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/functional/any_invocable.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "common/worker/worker_runtime.h"
+#include "services/common/work_queue.h"
 
 namespace specd {
 
@@ -35,21 +34,17 @@ class EngineThread {
   void Post(Job job);
 
   // Runs every queued job, then joins the thread. Idempotent.
-  void Stop();
+  void Stop() { queue_.Stop(); }
 
  private:
-  void Loop();
-  bool HasWorkOrStopping() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Run(Job job);
 
-  std::unique_ptr<WorkerRuntime> runtime_;
-  DeviceLost on_device_lost_;  // empty once run
-  absl::Mutex mu_;
-  std::deque<Job> queue_ ABSL_GUARDED_BY(mu_);
-  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  bool stopped_ ABSL_GUARDED_BY(mu_) = false;
-  // Serialises the jobs run inline after Stop() with each other.
-  absl::Mutex inline_mu_;
-  std::thread thread_;
+  // Held while a job runs: the queue's one thread needs it only for the jobs run inline after
+  // Stop(), which may come from several threads at once.
+  absl::Mutex run_mu_;
+  std::unique_ptr<WorkerRuntime> runtime_ ABSL_GUARDED_BY(run_mu_);
+  DeviceLost on_device_lost_ ABSL_GUARDED_BY(run_mu_);  // empty once run
+  WorkQueue queue_{1};                                  // last: stopped before the runtime goes
 };
 
 }  // namespace specd
