@@ -96,19 +96,44 @@ absl::StatusOr<std::string> TemplateFromConfig(const Json& config, std::string_v
                                           "' (it has: ", absl::StrJoin(names, ", "), ")"));
 }
 
-// Nesting depth of a JSON value (iteratively: the value may be hostile).
-int JsonDepth(const Json& root) {
-  int deepest = 0;
+// A render may do this much work (Interpreter::Charge) plus kWorkPerContextUnit for each value
+// and string byte of its variables: a template does work in proportion to the conversation it
+// renders, several times over (a message's text is read, concatenated and written), and the
+// base, several times what the templates of real models take for a short conversation, covers
+// the template's own.
+constexpr int64_t kBaseWork = int64_t{1} << 20;
+constexpr int64_t kWorkPerContextUnit = 64;
+
+struct JsonShape {
+  int depth = 0;       // of containers; 0 for a scalar
+  int64_t values = 0;  // every value, and the bytes of strings
+};
+
+// Walked iteratively (the value may be hostile); stops counting once deeper than kMaxValueDepth
+// (the render is refused then).
+JsonShape ShapeOf(const Json& root) {
+  JsonShape shape;
   std::vector<std::pair<const Json*, int>> stack = {{&root, 1}};
   while (!stack.empty()) {
     const auto [json, depth] = stack.back();
     stack.pop_back();
+    ++shape.values;
+    if (json->is_string()) {
+      shape.values += static_cast<int64_t>(json->get_ref<const std::string&>().size());
+    }
     if (!json->is_array() && !json->is_object()) continue;
-    deepest = std::max(deepest, depth);
-    if (deepest > kMaxValueDepth) break;
-    for (const Json& child : *json) stack.emplace_back(&child, depth + 1);
+    shape.depth = std::max(shape.depth, depth);
+    if (shape.depth > kMaxValueDepth) break;
+    if (json->is_object()) {
+      for (const auto& [key, child] : json->items()) {
+        shape.values += static_cast<int64_t>(key.size());
+        stack.emplace_back(&child, depth + 1);
+      }
+    } else {
+      for (const Json& child : *json) stack.emplace_back(&child, depth + 1);
+    }
   }
-  return deepest;
+  return shape;
 }
 
 // Declares a caller variable; the reference refuses to redeclare its globals.
@@ -184,7 +209,8 @@ absl::StatusOr<RenderedPrompt> ChatTemplate::Render(const nlohmann::ordered_json
 
   Scope global;
   AddGlobals(global);
-  if (JsonDepth(context) > kMaxValueDepth) {
+  const JsonShape shape = ShapeOf(context);
+  if (shape.depth > kMaxValueDepth) {
     return absl::InvalidArgumentError(absl::StrCat(
         "chat messages, tools or variables nest deeper than ", kMaxValueDepth, " levels"));
   }
@@ -193,7 +219,7 @@ absl::StatusOr<RenderedPrompt> ChatTemplate::Render(const nlohmann::ordered_json
   }
   const absl::CivilSecond now =
       options.now.value_or(absl::ToCivilSecond(absl::Now(), absl::LocalTimeZone()));
-  Interpreter interpreter(now);
+  Interpreter interpreter(now, kBaseWork + kWorkPerContextUnit * shape.values);
   RenderedPrompt out;
   SPECD_ASSIGN_OR_RETURN(out.text, interpreter.Run(program_->block, global));
   out.starts_with_bos = !tokens_.bos_token.empty() && out.text.starts_with(tokens_.bos_token);

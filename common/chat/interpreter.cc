@@ -131,7 +131,17 @@ absl::StatusOr<std::string> Interpreter::ExecBlock(const Block& block, Scope& sc
   return out;
 }
 
+absl::Status Interpreter::Charge(int64_t units) {
+  work_ += units;
+  if (work_ <= work_limit_) return absl::OkStatus();
+  return TemplateError(absl::StrCat(
+      "the template did more than ", work_limit_,
+      " units of work (statements, expressions and the bytes or items of their values) for "
+      "this conversation; a chat template should take time in proportion to the conversation"));
+}
+
 absl::StatusOr<Value> Interpreter::Exec(const Stmt& stmt, Scope& scope) {
+  SPECD_RETURN_IF_ERROR(Charge(1));
   switch (stmt.kind) {
     case StmtKind::kOutput:
       return Evaluate(*stmt.expr, scope);
@@ -224,6 +234,8 @@ absl::StatusOr<Value> Interpreter::ExecFor(const Stmt& stmt, Scope& scope) {
   bool no_iteration = true;
   const auto n = static_cast<int64_t>(items.size());
   for (int64_t i = 0; i < n; ++i) {
+    // An iteration builds the nine-attribute `loop` object before its body runs.
+    SPECD_RETURN_IF_ERROR(Charge(10));
     ObjectData loop;
     loop.Set("index", Value::Int(i + 1));
     loop.Set("index0", Value::Int(i));
@@ -462,6 +474,21 @@ absl::StatusOr<Value> Interpreter::CallFunction(const Value& fn, const CallArgs&
 }
 
 absl::StatusOr<Value> Interpreter::Evaluate(const Expr& expr, Scope& scope) {
+  SPECD_RETURN_IF_ERROR(Charge(1));
+  SPECD_ASSIGN_OR_RETURN(Value value, EvaluateExpr(expr, scope));
+  int64_t size = 0;
+  if (value.is_string()) {
+    size = static_cast<int64_t>(value.str().size());
+  } else if (value.is_array()) {
+    size = static_cast<int64_t>(value.array().items.size());
+  } else if (value.is_attribute_container()) {
+    size = static_cast<int64_t>(value.object().entries.size());
+  }
+  SPECD_RETURN_IF_ERROR(Charge(size));
+  return value;
+}
+
+absl::StatusOr<Value> Interpreter::EvaluateExpr(const Expr& expr, Scope& scope) {
   switch (expr.kind) {
     case ExprKind::kIdentifier:
       return scope.Lookup(expr.name);

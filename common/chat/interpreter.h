@@ -4,6 +4,7 @@
 #ifndef SPECD_COMMON_CHAT_INTERPRETER_H_
 #define SPECD_COMMON_CHAT_INTERPRETER_H_
 
+#include <cstdint>
 #include <span>
 #include <string>
 #include <string_view>
@@ -33,8 +34,10 @@ struct Scope {
 
 class Interpreter {
  public:
-  // `now` is what strftime_now() formats (local time of the caller's choosing).
-  explicit Interpreter(absl::CivilSecond now) : now_(now) {}
+  // `now` is what strftime_now() formats (local time of the caller's choosing). `work_limit`
+  // bounds the render's work (see Charge), so a template that loops without end or builds values
+  // that double fails instead of hanging the caller or exhausting its memory.
+  Interpreter(absl::CivilSecond now, int64_t work_limit) : now_(now), work_limit_(work_limit) {}
   // Empties the namespaces of the render, breaking any reference cycle a template made through
   // them (`{% set ns.self = ns %}`); nothing else is mutable, so nothing else can form one.
   ~Interpreter();
@@ -46,6 +49,9 @@ class Interpreter {
   // failures give INVALID_ARGUMENT starting with "chat template error: ".
   absl::StatusOr<std::string> Run(const Block& program, Scope& global);
 
+  // Every evaluation costs one unit of work plus the size of its value (a string's bytes, a
+  // list's or mapping's items), which is also what any operation on the value reads, and every
+  // statement one unit: work bounds both the render's time and the memory its values take.
   absl::StatusOr<Value> Evaluate(const Expr& expr, Scope& scope);
   // Call arguments from argument expressions (positional, *spread, key=value, **spread).
   absl::StatusOr<CallArgs> EvaluateArguments(std::span<const ExprPtr> args, Scope& scope);
@@ -57,6 +63,8 @@ class Interpreter {
   void TrackNamespace(const Value& ns) { namespaces_.push_back(ns); }
 
  private:
+  absl::StatusOr<Value> EvaluateExpr(const Expr& expr, Scope& scope);
+  absl::Status Charge(int64_t units);
   absl::StatusOr<Value> Exec(const Stmt& stmt, Scope& scope);
   absl::StatusOr<Value> ExecFor(const Stmt& stmt, Scope& scope);
   absl::StatusOr<Value> ExecSet(const Stmt& stmt, Scope& scope);
@@ -73,6 +81,8 @@ class Interpreter {
   static constexpr int kMaxCallDepth = 100;
 
   absl::CivilSecond now_;
+  const int64_t work_limit_;
+  int64_t work_ = 0;
   int call_depth_ = 0;
   std::vector<Value> namespaces_;
 };

@@ -3,7 +3,8 @@
 corpus/safetensors/*  valid and invalid safetensors files (small),
 corpus/model_config/* valid and invalid config.json texts,
 corpus/tokenizer/*    inputs of tokenizer_fuzzer (the first byte picks the mode, see its header),
-corpus/request/*      inputs of request_fuzzer (the first byte picks the mode, see its header).
+corpus/request/*      inputs of request_fuzzer (the first byte picks the mode, see its header),
+corpus/chat_template/* inputs of chat_template_fuzzer (flags byte, template, NUL, messages).
 Uses only json + struct (and protoc's text-to-binary encoder for the request seeds), so the seeds
 do not depend on specd's writer. The two whole tokenizer.json seeds come from specd itself:
   make_corpus.py --specd build/tools/specd
@@ -178,6 +179,51 @@ def specd_tokenizer_seeds(specd):
     return seeds
 
 
+# Chat templates in the shapes real models ship (ChatML, Llama 3, Mistral's alternation check
+# with a namespace), one that uses many builtins, and ones that ask for unbounded work: nested
+# loops, a string that doubles, a recursive macro, a huge repetition. Loading and rendering must
+# refuse the last kind with an error, within the fuzzer's time and memory limits.
+CHAT_TEMPLATES = {
+    "chatml": "{{ bos_token }}{% for message in messages %}{{ '<|im_start|>' + message['role'] + "
+              "'\\n' + message['content'] + '<|im_end|>\\n' }}{% endfor %}{% if add_generation_prompt %}"
+              "{{ '<|im_start|>assistant\\n' }}{% endif %}",
+    "llama3": "{{- bos_token }}{%- for message in messages %}{{- '<|start_header_id|>' + "
+              "message['role'] + '<|end_header_id|>\\n\\n' + message['content'] | trim + "
+              "'<|eot_id|>' }}{%- endfor %}{%- if add_generation_prompt %}"
+              "{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{%- endif %}",
+    "mistral": "{%- set ns = namespace(system='') %}{%- for m in messages %}"
+               "{%- if m.role == 'system' %}{%- set ns.system = m.content %}"
+               "{%- elif (m.role == 'user') != (loop.index0 % 2 == 0) %}"
+               "{{- raise_exception('Conversation roles must alternate user/assistant') }}"
+               "{%- elif m.role == 'user' %}{{- '[INST] ' + ns.system + m.content + ' [/INST]' }}"
+               "{%- else %}{{- m.content + eos_token }}{%- endif %}{%- endfor %}",
+    "builtins": "{% macro f(x, y=2) %}{{ x * y }}{% endmacro %}{{ f(3) }}{{ messages | tojson }}"
+                "{{ messages | length }}{{ 'abc' | upper }}{% for k, v in {'a': 1}.items() %}"
+                "{{ k }}{{ v }}{% endfor %}{{ range(3) | list }}{{ strftime_now('%d %b %Y') }}"
+                "{{ messages[0].content[1:3] }}{{ 'a,b'.split(',') | join('-') }}"
+                "{% if messages is defined and not none %}{{ loop }}{% endif %}",
+    "nested_loops": "{% for i in range(1000000) %}{% for j in range(1000000) %}{{ '' }}"
+                    "{% endfor %}{% endfor %}",
+    "doubling": "{% set ns = namespace(s='x') %}{% for i in range(80) %}"
+                "{% set ns.s = ns.s + ns.s %}{% endfor %}{{ ns.s | length }}",
+    "recursion": "{% macro r(n) %}{{ r(n + 1) }}{{ r(n + 1) }}{% endmacro %}{{ r(0) }}",
+    "repeat": "{{ 'x' * 100000000000 }}{{ [1] * 100000000000 }}",
+}
+CHAT_MESSAGES = [
+    {"role": "system", "content": "Be brief."},
+    {"role": "user", "content": [{"type": "text", "text": "Hello"}, {"type": "text", "text": "there"}]},
+    {"role": "assistant", "content": "Hi!", "tool_calls": [{"function": {"name": "f", "arguments": {"a": 1}}}]},
+]
+
+
+def chat_template_seeds():
+    out = {}
+    for name, source in CHAT_TEMPLATES.items():
+        out[name] = b"\x03" + source.encode() + b"\x00" + json.dumps(CHAT_MESSAGES).encode()
+    out["no_messages"] = b"\x01" + CHAT_TEMPLATES["chatml"].encode()
+    return out
+
+
 def write(corpus, name, data):
     os.makedirs(os.path.join(HERE, "corpus", corpus), exist_ok=True)
     with open(os.path.join(HERE, "corpus", corpus, name), "wb") as f:
@@ -195,6 +241,8 @@ def main():
             write("tokenizer", name, data)
     for name, data in request_seeds().items():
         write("request", name, data)
+    for name, data in chat_template_seeds().items():
+        write("chat_template", name, data)
     for name, data in SAFETENSORS.items():
         with open(os.path.join(HERE, "corpus", "safetensors", name), "wb") as f:
             f.write(data)

@@ -5,12 +5,12 @@
 # changed.
 #
 #   run_fuzzer.sh TARGET WORK_DIR SECONDS
-#     TARGET: safetensors_header | model_config | tokenizer | request
+#     TARGET: safetensors_header | model_config | tokenizer | request | chat_template
 #     CXX (env): the clang++ to use (default clang++)
 set -euo pipefail
 
 if [[ $# -ne 3 ]]; then
-  echo "usage: $0 safetensors_header|model_config|tokenizer|request WORK_DIR SECONDS" >&2
+  echo "usage: $0 safetensors_header|model_config|tokenizer|request|chat_template WORK_DIR SECONDS" >&2
   exit 2
 fi
 target=$1
@@ -61,6 +61,15 @@ case "$target" in
                  "$work/proto")
     pkgs+=(absl_flat_hash_map absl_flat_hash_set absl_synchronization absl_str_format
            libpcre2-8 libcrypto protobuf)
+    ;;
+  chat_template)
+    sources=()
+    for s in builtins chat_template interpreter js_text lexer parser value; do
+      sources+=("$src/common/chat/$s.cc")
+    done
+    sources+=("$src/base/utf8.cc")
+    header_dirs=("$src/common/chat" "$src/base")
+    pkgs+=(absl_flat_hash_map absl_str_format absl_time)
     ;;
   *)
     echo "run_fuzzer.sh: unknown target '$target'" >&2

@@ -216,6 +216,46 @@ TEST(ChatTemplate, BoundsRecursionAndNesting) {
             absl::StatusCode::kInvalidArgument);
 }
 
+// A template's work is bounded in proportion to its conversation: endless loops and values that
+// double are refused, without hanging the caller or exhausting its memory, while a long
+// conversation under a real template still renders.
+TEST(ChatTemplate, BoundsTheWorkOfARender) {
+  for (const char* hostile : {
+           "{% for i in range(1000000) %}{% for j in range(1000000) %}{% endfor %}{% endfor %}",
+           "{% for i in range(100000) %}{% for j in range(100000) %}{{ '' }}{% endfor %}"
+           "{% endfor %}",
+           "{% set ns = namespace(s='x') %}{% for i in range(80) %}{% set ns.s = ns.s + ns.s %}"
+           "{% endfor %}{{ ns.s | length }}",
+           "{% set ns = namespace(l=[1]) %}{% for i in range(80) %}{% set ns.l = ns.l + ns.l %}"
+           "{% endfor %}{{ ns.l | length }}",
+           "{% macro r(n) %}{% for i in range(50) %}{{ r(n + 1) if n < 90 }}{% endfor %}"
+           "{% endmacro %}{{ r(0) }}",
+       }) {
+    const auto t = ChatTemplate::FromSource(hostile, SpecialTokens{});
+    ASSERT_TRUE(t.ok()) << hostile << ": " << t.status();
+    const absl::Status st = t->Render(Json::array(), RenderOptions{}).status();
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << hostile;
+    EXPECT_TRUE(absl::StrContains(st.message(), "units of work")) << hostile << ": " << st;
+  }
+
+  // 20000 turns (the budget grows with the conversation): Llama 2's template renders them all.
+  Json conversation = Json::array();
+  for (int i = 0; i < 20000; ++i) {
+    conversation.push_back({{"role", i % 2 == 0 ? "user" : "assistant"},
+                            {"content", "message number " + std::to_string(i)}});
+  }
+  SpecialTokens tokens;
+  tokens.bos_token = "<s>";
+  tokens.eos_token = "</s>";
+  const auto llama2 = ChatTemplate::FromSource(kLlama2, tokens);
+  ASSERT_TRUE(llama2.ok());
+  const auto rendered = llama2->Render(conversation, RenderOptions{});
+  ASSERT_TRUE(rendered.ok()) << rendered.status();
+  EXPECT_TRUE(absl::StrContains(rendered->text,
+                                "[INST] message number 19998 [/INST] message "
+                                "number 19999 </s>"));
+}
+
 TEST(NormalizeMessages, JoinsTextPartsAndKeepsOtherFields) {
   const auto out = NormalizeMessages(Json::parse(R"([
     {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
