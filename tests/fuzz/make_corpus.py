@@ -4,7 +4,8 @@ corpus/safetensors/*  valid and invalid safetensors files (small),
 corpus/model_config/* valid and invalid config.json texts,
 corpus/tokenizer/*    inputs of tokenizer_fuzzer (the first byte picks the mode, see its header),
 corpus/request/*      inputs of request_fuzzer (the first byte picks the mode, see its header),
-corpus/chat_template/* inputs of chat_template_fuzzer (flags byte, template, NUL, messages).
+corpus/chat_template/* inputs of chat_template_fuzzer (flags byte, template, NUL, messages),
+corpus/openai_request/* inputs of openai_request_fuzzer (endpoint byte, then a JSON body).
 Uses only json + struct (and protoc's text-to-binary encoder for the request seeds), so the seeds
 do not depend on specd's writer. The two whole tokenizer.json seeds come from specd itself:
   make_corpus.py --specd build/tools/specd
@@ -224,6 +225,46 @@ def chat_template_seeds():
     return out
 
 
+# HTTP bodies of each endpoint (byte 0: completions, 1: chat, 2: /tokenize, 3: /detokenize),
+# valid ones using most fields and invalid ones of each kind.
+OPENAI_BODIES = {
+    "completion_text": (0, {"model": "m", "prompt": "hello", "max_tokens": 8, "temperature": 0.7,
+                            "top_p": 0.9, "top_k": 20, "min_p": 0.05, "n": 2, "seed": 7,
+                            "stop": ["\n", "."], "logprobs": 3, "echo": True,
+                            "logit_bias": {"5": -100, "6": 2.5}, "presence_penalty": 0.5,
+                            "frequency_penalty": 0.5, "repetition_penalty": 1.1,
+                            "stream": True, "stream_options": {"include_usage": True},
+                            "ignore_eos": True, "stop_token_ids": [2],
+                            "num_speculative_tokens": 4, "return_token_ids": True}),
+    "completion_prompts": (0, {"prompt": ["a", "b"], "max_tokens": 4}),
+    "completion_ids": (0, {"prompt": [[1, 5, 9], [3]], "max_tokens": 4, "draft_method": "ngram"}),
+    "completion_bad_types": (0, {"prompt": {"x": 1}, "max_tokens": "8", "temperature": [1],
+                                 "n": 1e30, "stop": [1, 2], "logit_bias": {"x": "y"}}),
+    "completion_bad_json": (0, '{"prompt": "hi", "max_tokens": '),
+    "chat": (1, {"messages": [{"role": "system", "content": "Be brief."},
+                              {"role": "user", "content": [{"type": "text", "text": "Hi"}]},
+                              {"role": "assistant", "content": "Hello"}],
+                 "max_completion_tokens": 8, "logprobs": True, "top_logprobs": 2,
+                 "continue_final_message": True, "add_generation_prompt": False,
+                 "chat_template_kwargs": {"date_string": "29 Nov 2026"},
+                 "speculation_tree": {"branching": [2, 2]}, "egag": True,
+                 "guidance": {"scale": 1.5, "unconditional_prompt": "x"}}),
+    "chat_bad_messages": (1, {"messages": [{"role": 5}, {"content": None}, "x"]}),
+    "chat_tools": (1, {"messages": [{"role": "user", "content": "x"}], "tools": [],
+                       "response_format": {"type": "json_object"}}),
+    "tokenize": (2, {"prompt": "hello world", "add_special_tokens": False,
+                     "return_token_strs": True}),
+    "tokenize_chat": (2, {"messages": [{"role": "user", "content": "hi"}],
+                          "add_generation_prompt": True}),
+    "detokenize": (3, {"tokens": [1, 5, 9, 300000, -1]}),
+}
+
+
+def openai_seeds():
+    return {name: bytes([endpoint]) + (body if isinstance(body, str) else json.dumps(body)).encode()
+            for name, (endpoint, body) in OPENAI_BODIES.items()}
+
+
 def write(corpus, name, data):
     os.makedirs(os.path.join(HERE, "corpus", corpus), exist_ok=True)
     with open(os.path.join(HERE, "corpus", corpus, name), "wb") as f:
@@ -243,6 +284,8 @@ def main():
         write("request", name, data)
     for name, data in chat_template_seeds().items():
         write("chat_template", name, data)
+    for name, data in openai_seeds().items():
+        write("openai_request", name, data)
     for name, data in SAFETENSORS.items():
         with open(os.path.join(HERE, "corpus", "safetensors", name), "wb") as f:
             f.write(data)

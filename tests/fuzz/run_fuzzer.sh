@@ -5,12 +5,14 @@
 # changed.
 #
 #   run_fuzzer.sh TARGET WORK_DIR SECONDS
-#     TARGET: safetensors_header | model_config | tokenizer | request | chat_template
+#     TARGET: safetensors_header | model_config | tokenizer | request | chat_template |
+#             openai_request
 #     CXX (env): the clang++ to use (default clang++)
 set -euo pipefail
 
 if [[ $# -ne 3 ]]; then
-  echo "usage: $0 safetensors_header|model_config|tokenizer|request|chat_template WORK_DIR SECONDS" >&2
+  echo "usage: $0 safetensors_header|model_config|tokenizer|request|chat_template|openai_request" \
+       "WORK_DIR SECONDS" >&2
   exit 2
 fi
 target=$1
@@ -25,6 +27,10 @@ for s in added_tokens bpe byte_level decoder incremental_detokenizer json_fields
   tokenizer_sources+=("$src/common/tokenizer/$s.cc")
 done
 tokenizer_sources+=("$src/base/utf8.cc")
+chat_sources=()
+for s in builtins chat_template interpreter js_text lexer parser value; do
+  chat_sources+=("$src/common/chat/$s.cc")
+done
 
 # Per target: the sources to compile, the directories whose headers they include (a newer header
 # forces a rebuild), the pkg-config modules to link, and the corpus/dictionary name.
@@ -45,7 +51,7 @@ case "$target" in
     pkgs+=(absl_flat_hash_map absl_flat_hash_set absl_synchronization absl_str_format
            libpcre2-8 libcrypto)
     ;;
-  request)
+  request | openai_request)
     # The public proto's C++ is generated here, as the main build does with its own protoc rule.
     mkdir -p "$work/proto/specd/v1"
     proto="$src/proto/specd/v1/generation.proto"
@@ -61,13 +67,14 @@ case "$target" in
                  "$work/proto")
     pkgs+=(absl_flat_hash_map absl_flat_hash_set absl_synchronization absl_str_format
            libpcre2-8 libcrypto protobuf)
+    if [[ "$target" == openai_request ]]; then
+      sources+=("${chat_sources[@]}" "$src/services/coordinator/chat_prompt.cc"
+                "$src/services/coordinator/http/openai_request.cc")
+      pkgs+=(absl_time)
+    fi
     ;;
   chat_template)
-    sources=()
-    for s in builtins chat_template interpreter js_text lexer parser value; do
-      sources+=("$src/common/chat/$s.cc")
-    done
-    sources+=("$src/base/utf8.cc")
+    sources=("${chat_sources[@]}" "$src/base/utf8.cc")
     header_dirs=("$src/common/chat" "$src/base")
     pkgs+=(absl_flat_hash_map absl_str_format absl_time)
     ;;
