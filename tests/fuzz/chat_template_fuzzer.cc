@@ -14,19 +14,10 @@
 #include "absl/time/civil_time.h"
 #include "common/chat/chat_template.h"
 #include "nlohmann/json.hpp"
+#include "tests/fuzz/fuzz_util.h"
 
-namespace {
-
-void Check(bool condition) {
-  if (!condition) __builtin_trap();
-}
-
-void CheckRefusal(const absl::Status& status) {
-  Check(status.code() == absl::StatusCode::kInvalidArgument);
-  Check(!status.message().empty());
-}
-
-}  // namespace
+using specd::fuzz::Check;
+using specd::fuzz::CheckRefusal;
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size == 0) return 0;

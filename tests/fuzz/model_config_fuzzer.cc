@@ -7,14 +7,9 @@
 #include <vector>
 
 #include "common/model/config.h"
+#include "tests/fuzz/fuzz_util.h"
 
-namespace {
-
-void Check(bool condition) {
-  if (!condition) __builtin_trap();
-}
-
-}  // namespace
+using specd::fuzz::Check;
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string_view text(reinterpret_cast<const char*>(data), size);

@@ -20,28 +20,13 @@
 #include "services/coordinator/chat_prompt.h"
 #include "services/coordinator/http/openai_request.h"
 #include "services/coordinator/request_validation.h"
-#include "tests/common/tokenizer/mini_tokenizers.h"
+#include "tests/fuzz/fuzz_util.h"
 
 namespace {
 
-void Check(bool condition) {
-  if (!condition) __builtin_trap();
-}
-
-void CheckRefusal(const absl::Status& status) {
-  Check(status.code() == absl::StatusCode::kInvalidArgument);
-  Check(!status.message().empty());
-}
-
-const specd::Tokenizer& MiniTokenizer() {
-  static const std::unique_ptr<specd::Tokenizer> tokenizer = [] {
-    absl::StatusOr<std::unique_ptr<specd::Tokenizer>> t =
-        specd::Tokenizer::FromJson(specd::testing::MiniSpmTokenizerJson().dump(), "", "");
-    Check(t.ok());
-    return *std::move(t);
-  }();
-  return *tokenizer;
-}
+using specd::fuzz::Check;
+using specd::fuzz::CheckRefusal;
+using specd::fuzz::MiniTokenizer;
 
 const specd::ChatPrompt& ChatMl() {
   static const std::unique_ptr<specd::ChatPrompt> prompt = [] {

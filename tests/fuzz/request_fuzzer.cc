@@ -21,23 +21,12 @@
 #include "google/protobuf/stubs/logging.h"
 #include "services/coordinator/request_validation.h"
 #include "specd/v1/generation.pb.h"
-#include "tests/common/tokenizer/mini_tokenizers.h"
+#include "tests/fuzz/fuzz_util.h"
 
 namespace {
 
-void Check(bool condition) {
-  if (!condition) __builtin_trap();
-}
-
-const specd::Tokenizer& MiniTokenizer() {
-  static const std::unique_ptr<specd::Tokenizer> tokenizer = [] {
-    absl::StatusOr<std::unique_ptr<specd::Tokenizer>> t =
-        specd::Tokenizer::FromJson(specd::testing::MiniSpmTokenizerJson().dump(), "", "");
-    Check(t.ok());
-    return *std::move(t);
-  }();
-  return *tokenizer;
-}
+using specd::fuzz::Check;
+using specd::fuzz::MiniTokenizer;
 
 // Small limits, so the fuzzer reaches both sides of every bound.
 specd::ServerLimits Limits(bool has_draft) {

@@ -5,14 +5,13 @@
 #include <string_view>
 
 #include "common/model/safetensors.h"
+#include "tests/fuzz/fuzz_util.h"
 
 namespace {
 
-constexpr char kFile[] = "fuzz.safetensors";
+using specd::fuzz::Check;
 
-void Check(bool condition) {
-  if (!condition) __builtin_trap();
-}
+constexpr char kFile[] = "fuzz.safetensors";
 
 }  // namespace
 

@@ -26,17 +26,12 @@
 #include "common/tokenizer/llama2c_import.h"
 #include "common/tokenizer/tokenizer.h"
 #include "tests/common/tokenizer/mini_tokenizers.h"
+#include "tests/fuzz/fuzz_util.h"
 
 namespace {
 
-void Check(bool condition) {
-  if (!condition) __builtin_trap();
-}
-
-void CheckRejected(const absl::Status& status) {
-  Check(!status.ok() && status.code() == absl::StatusCode::kInvalidArgument &&
-        !status.message().empty());
-}
+using specd::fuzz::Check;
+using specd::fuzz::CheckRefusal;
 
 // RFC 3629, written here independently of the tokenizer's own UTF-8 code.
 bool IsValidUtf8(std::string_view s) {
@@ -93,10 +88,10 @@ const specd::Tokenizer& Fixed(int which) {
 void Exercise(const specd::Tokenizer& t) {
   const int32_t vocab = t.vocab_size();
   Check(vocab >= 0);
-  CheckRejected(t.IdToPiece(-1).status());
-  CheckRejected(t.IdToPiece(vocab).status());
+  CheckRefusal(t.IdToPiece(-1).status());
+  CheckRefusal(t.IdToPiece(vocab).status());
   const int32_t bad[] = {vocab};
-  CheckRejected(t.Decode(bad).status());
+  CheckRefusal(t.Decode(bad).status());
   for (const std::string_view text : {"Hello world", " a  b\n\xC3\xA9\xE2\x96\x81", "<s></s>"}) {
     const absl::StatusOr<std::vector<int32_t>> ids = t.Encode(text, {.parse_special = true});
     if (!ids.ok()) continue;
@@ -140,7 +135,7 @@ void FuzzEncode(std::string_view rest) {
   const specd::EncodeOptions options{.add_bos = false, .parse_special = (flags & 2) != 0};
   const absl::StatusOr<std::vector<int32_t>> ids = t.Encode(text, options);
   if (!IsValidUtf8(text)) {
-    CheckRejected(ids.status());
+    CheckRefusal(ids.status());
     return;
   }
   Check(ids.ok());
@@ -166,12 +161,12 @@ void FuzzDecode(std::string_view rest) {
   for (const int32_t id : ids) in_range = in_range && id >= 0 && id < t.vocab_size();
   const absl::StatusOr<std::string> text = t.Decode(ids, (flags & 2) != 0);
   if (!in_range) {
-    CheckRejected(text.status());
+    CheckRefusal(text.status());
     return;
   }
   // The mini byte-level vocabulary has unused ids between 262 and 300; those may be rejected.
   if ((flags & 1) == 1 && !text.ok()) {
-    CheckRejected(text.status());
+    CheckRefusal(text.status());
     return;
   }
   Check(text.ok());
@@ -198,7 +193,7 @@ void FuzzIncremental(std::string_view rest) {
     const absl::StatusOr<std::string> piece = detokenizer.Push(chunk);
     if (!piece.ok()) {
       // A rejected push leaves the stream as it was.
-      CheckRejected(piece.status());
+      CheckRefusal(piece.status());
       continue;
     }
     all.insert(all.end(), chunk.begin(), chunk.end());
@@ -219,7 +214,7 @@ void FuzzLlama2c(std::string_view rest) {
   const absl::StatusOr<specd::HfTokenizerFiles> files =
       specd::ConvertLlama2cTokenizerBytes(rest.substr(sizeof(int32_t)), vocab_size, "tok.bin");
   if (!files.ok()) {
-    CheckRejected(files.status());
+    CheckRefusal(files.status());
     Check(files.status().message().find("tok.bin") != std::string_view::npos);
     return;
   }
