@@ -335,6 +335,11 @@ absl::StatusOr<GenerationRequest> BuildGenerationRequest(const v1::GenerateReque
     }
     out.stop_token_ids.push_back(id);
   }
+  // A request may list a vocabulary's worth of ids (or one id a million times); the scheduler
+  // looks every token up in them.
+  std::sort(out.stop_token_ids.begin(), out.stop_token_ids.end());
+  out.stop_token_ids.erase(std::unique(out.stop_token_ids.begin(), out.stop_token_ids.end()),
+                           out.stop_token_ids.end());
   out.ignore_eos = stop.ignore_eos();
 
   // Speculation.

@@ -143,7 +143,7 @@ bool Scheduler::Commit(Active& a, const RoundStats& stats, const RoundPhaseTimes
       reason = FinishReason::kEosToken;
       break;
     }
-    if (std::find(r.stop_token_ids.begin(), r.stop_token_ids.end(), t) != r.stop_token_ids.end()) {
+    if (std::binary_search(r.stop_token_ids.begin(), r.stop_token_ids.end(), t)) {
       reason = FinishReason::kStopToken;
       break;
     }

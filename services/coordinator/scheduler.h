@@ -44,6 +44,8 @@ struct GenerationRequest {
   uint64_t seed = 0;
   int64_t max_new_tokens = 128;
   std::vector<std::string> stop_strings;
+  // Ascending and unique (BuildGenerationRequest makes them so): every generated token is looked
+  // up in them, on the scheduler's thread.
   std::vector<int32_t> stop_token_ids;
   bool ignore_eos = false;
   int32_t num_speculative_tokens = 4;

@@ -170,7 +170,10 @@ void CheckAccepted(const specd::v1::GenerateRequest& r, const specd::GenerationR
     Check(!stop.empty() && static_cast<int64_t>(stop.size()) <= limits.max_stop_string_bytes);
     Check(has_tokenizer);
   }
-  for (const int32_t id : g.stop_token_ids) Check(id >= 0 && id < limits.vocab_size);
+  for (size_t i = 0; i < g.stop_token_ids.size(); ++i) {
+    Check(g.stop_token_ids[i] >= 0 && g.stop_token_ids[i] < limits.vocab_size);
+    Check(i == 0 || g.stop_token_ids[i] > g.stop_token_ids[i - 1]);  // what the scheduler searches
+  }
   Check(g.ignore_eos == r.stopping().ignore_eos());
   Check(g.num_speculative_tokens >= 0 &&
         g.num_speculative_tokens <= limits.max_num_speculative_tokens);

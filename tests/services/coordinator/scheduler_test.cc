@@ -356,6 +356,20 @@ TEST_F(SchedulerTest, StopTokenAndEos) {
   c.Wait();
   EXPECT_EQ(c.last().finish, FinishReason::kStopToken);
   EXPECT_EQ(c.tokens(), std::vector<int32_t>(solo.begin(), solo.begin() + first + 1));
+
+  // Many stop ids, ascending as BuildGenerationRequest leaves them: every id the solo run never
+  // produces, and solo[7] among them.
+  GenerationRequest many = Greedy(prompt, 30, 4);
+  for (int32_t id = 0; id < 512; ++id) {
+    if (id == solo[7] || std::find(solo.begin(), solo.end(), id) == solo.end()) {
+      many.stop_token_ids.push_back(id);
+    }
+  }
+  Collector c2;
+  ASSERT_TRUE(scheduler->Submit(many, c2.Sink()).ok());
+  c2.Wait();
+  EXPECT_EQ(c2.last().finish, FinishReason::kStopToken);
+  EXPECT_EQ(c2.tokens(), std::vector<int32_t>(solo.begin(), solo.begin() + first + 1));
   scheduler.reset();
   ExpectNoBlocksUsed();
 }

@@ -196,6 +196,22 @@ TEST(OpenAiRequestTest, LogitBiasLandsInTheSamplingParameters) {
   EXPECT_EQ(bias.at(7), 2.5f);
 }
 
+// stop_token_ids reach the scheduler ascending and unique, however many and in whatever order
+// the client lists them: every generated token is looked up in them.
+TEST(OpenAiRequestTest, StopTokenIdsReachTheSchedulerAscendingAndUnique) {
+  absl::StatusOr<OpenAiRequest> r = ParseOpenAiRequest(
+      kC, R"({"prompt": [1, 2], "stop_token_ids": [9, 3, 9, 5, 3, 0], "max_tokens": 4})");
+  ASSERT_TRUE(r.ok()) << r.status();
+  v1::GenerateRequest g = r->base;
+  g.mutable_token_ids()->add_ids(1);
+  ServerLimits limits;
+  limits.vocab_size = 16;
+  limits.max_seq_len = 32;
+  absl::StatusOr<GenerationRequest> built = BuildGenerationRequest(g, {}, limits, 1);
+  ASSERT_TRUE(built.ok()) << built.status();
+  EXPECT_EQ(built->stop_token_ids, (std::vector<int32_t>{0, 3, 5, 9}));
+}
+
 // Issue 17's speculation fields: who drafts, a draft tree, EGAG. Their limits (a tree's shape
 // against K, a method the server cannot serve) are BuildGenerationRequest's, as on gRPC.
 TEST(OpenAiRequestTest, DraftingFieldsLandInTheSpeculationParameters) {
