@@ -159,8 +159,11 @@ absl::StatusOr<Value> Indent(const std::string& text, const Value* width_arg, bo
     width = width_arg->int_value();
   }
   if (width < 0) return TemplateError("indent: width must not be negative");
-  const std::string pad(width, ' ');
   std::vector<std::string> lines = absl::StrSplit(text, '\n');
+  SPECD_RETURN_IF_ERROR(CheckTextSize(width, "indent's width"));
+  SPECD_RETURN_IF_ERROR(CheckTextSize(
+      static_cast<int64_t>(text.size()) + width * static_cast<int64_t>(lines.size()), "indent"));
+  const std::string pad(width, ' ');
   for (size_t i = 0; i < lines.size(); ++i) {
     if ((!first && i == 0) || (!blank && lines[i].empty())) continue;
     lines[i] = pad + lines[i];
@@ -233,6 +236,23 @@ absl::StatusOr<Value> Replace(const std::string& s, const CallArgs& args) {
   }
   if (remaining == 0) return Value::String(s);
   const bool unlimited = remaining < 0;
+  // The result's size, before building it: an empty pattern with a long replacement would
+  // otherwise ask for the replacement once per code point.
+  int64_t matches = 0;
+  if (from.str().empty()) {
+    matches = 1;
+    for (size_t i = 0; i < s.size(); i += DecodeUtf8(s, i).size) ++matches;
+  } else {
+    for (size_t at = s.find(from.str()); at != std::string::npos;
+         at = s.find(from.str(), at + from.str().size())) {
+      ++matches;
+    }
+  }
+  if (!unlimited) matches = std::min(matches, remaining);
+  SPECD_RETURN_IF_ERROR(CheckTextSize(
+      static_cast<int64_t>(s.size()) + matches * (static_cast<int64_t>(to.str().size()) -
+                                                  static_cast<int64_t>(from.str().size())),
+      "replace()"));
   std::string out;
   if (from.str().empty()) {
     // An empty pattern matches at every code point boundary, both ends included.
@@ -424,6 +444,7 @@ absl::StatusOr<Value> IdentifierFilter(const Value& operand, const std::string& 
         for (const Value& item : items) {
           SPECD_ASSIGN_OR_RETURN(const std::string piece, JoinPiece(item));
           out += piece;
+          SPECD_RETURN_IF_ERROR(CheckTextSize(static_cast<int64_t>(out.size()), "join"));
         }
         return Value::String(std::move(out));
       }
@@ -584,8 +605,11 @@ absl::StatusOr<Value> CallFilter(Interpreter& interp, const Value& operand, cons
     if (operand.is_string()) {
       for (const std::string_view c : SplitCodePoints(operand.str())) pieces.emplace_back(c);
     } else if (operand.is_array()) {
+      int64_t bytes = 0;
       for (const Value& item : operand.array().items) {
         SPECD_ASSIGN_OR_RETURN(std::string piece, JoinPiece(item));
+        bytes += static_cast<int64_t>(piece.size());
+        SPECD_RETURN_IF_ERROR(CheckTextSize(bytes, "join"));
         pieces.push_back(std::move(piece));
       }
     } else {
@@ -595,7 +619,13 @@ absl::StatusOr<Value> CallFilter(Interpreter& interp, const Value& operand, cons
     const Value* sep = Arg(args, 0, "separator");
     if (sep != nullptr && !sep->is_string())
       return TemplateError("join: separator must be a string");
-    return Value::String(absl::StrJoin(pieces, sep != nullptr ? sep->str() : ""));
+    const std::string separator = sep != nullptr ? sep->str() : std::string();
+    int64_t bytes = 0;
+    for (const std::string& piece : pieces) {
+      bytes += static_cast<int64_t>(piece.size() + separator.size());
+    }
+    SPECD_RETURN_IF_ERROR(CheckTextSize(bytes, "join"));
+    return Value::String(absl::StrJoin(pieces, separator));
   }
   if (name == "int" || name == "float") {
     SPECD_ASSIGN_OR_RETURN(const CallArgs args, evaluate_args());

@@ -346,8 +346,11 @@ absl::StatusOr<std::string> Value::ToJsString() const {
       return JsNumberToString(float_);
     case Type::kArray: {
       std::vector<std::string> parts;
+      int64_t bytes = 0;
       for (const Value& item : array_->items) {
         SPECD_ASSIGN_OR_RETURN(std::string part, item.ToDisplay());
+        bytes += static_cast<int64_t>(part.size()) + 1;
+        SPECD_RETURN_IF_ERROR(CheckTextSize(bytes, "converting a list to a string"));
         parts.push_back(std::move(part));
       }
       return absl::StrJoin(parts, ",");
@@ -360,7 +363,37 @@ absl::StatusOr<std::string> Value::ToJsString() const {
   }
 }
 
+absl::Status CheckTextSize(int64_t bytes, absl::string_view what) {
+  if (bytes <= kMaxTextBytes) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat("chat template error: ", what, " would be over ",
+                                                 kMaxTextBytes >> 20, " MiB of text"));
+}
+
+namespace {
+
+// ToJson with the bytes it may still produce in `*left`: children are converted first, so the
+// check after each keeps the work of a value that shares itself many times bounded too.
+absl::StatusOr<std::string> ToJsonBounded(const Value& value, const JsonOptions& options, int depth,
+                                          int64_t* left);
+
+absl::StatusOr<std::string> Spend(absl::StatusOr<std::string> text, int64_t* left) {
+  if (!text.ok()) return text;
+  *left -= static_cast<int64_t>(text->size());
+  if (*left < 0) return CheckTextSize(kMaxTextBytes + 1, "converting a value to JSON");
+  return text;
+}
+
+}  // namespace
+
 absl::StatusOr<std::string> ToJson(const Value& value, const JsonOptions& options, int depth) {
+  int64_t left = kMaxTextBytes;
+  return ToJsonBounded(value, options, depth, &left);
+}
+
+namespace {
+
+absl::StatusOr<std::string> ToJsonBounded(const Value& value, const JsonOptions& options, int depth,
+                                          int64_t* left) {
   switch (value.type()) {
     case Value::Type::kUndefined:
       return std::string(options.undefined_as_null ? "null" : "undefined");
@@ -390,6 +423,8 @@ absl::StatusOr<std::string> ToJson(const Value& value, const JsonOptions& option
   }
   const int64_t indent = options.indent.value_or(0);
   if (indent < 0) return absl::InvalidArgumentError("tojson: indent must not be negative");
+  SPECD_RETURN_IF_ERROR(CheckTextSize(indent, "tojson's indent"));
+  SPECD_RETURN_IF_ERROR(CheckTextSize(indent * (depth + 1), "tojson's indent"));
   const std::string indent_str(indent, ' ');
   std::string base_pad = "\n";
   for (int i = 0; i < depth; ++i) base_pad += indent_str;
@@ -401,8 +436,12 @@ absl::StatusOr<std::string> ToJson(const Value& value, const JsonOptions& option
   std::vector<std::string> core;
   if (value.is_array()) {
     for (const Value& item : value.array().items) {
-      SPECD_ASSIGN_OR_RETURN(std::string s, ToJson(item, options, depth + 1));
-      core.push_back(indent > 0 ? child_pad + s : std::move(s));
+      SPECD_ASSIGN_OR_RETURN(std::string s,
+                             Spend(ToJsonBounded(item, options, depth + 1, left), left));
+      if (indent > 0) {
+        SPECD_ASSIGN_OR_RETURN(s, Spend(child_pad + s, left));
+      }
+      core.push_back(std::move(s));
     }
     if (indent > 0 && !core.empty()) {
       return absl::StrCat("[", absl::StrJoin(core, item_sep), base_pad, "]");
@@ -410,14 +449,20 @@ absl::StatusOr<std::string> ToJson(const Value& value, const JsonOptions& option
     return absl::StrCat("[", absl::StrJoin(core, item_sep), "]");
   }
   for (const auto& [key, item] : value.object().entries) {
-    SPECD_ASSIGN_OR_RETURN(std::string s, ToJson(item, options, depth + 1));
-    std::string entry = absl::StrCat(JsonQuote(key, options.ensure_ascii), key_sep, s);
-    core.push_back(indent > 0 ? child_pad + entry : std::move(entry));
+    SPECD_ASSIGN_OR_RETURN(std::string s,
+                           Spend(ToJsonBounded(item, options, depth + 1, left), left));
+    SPECD_ASSIGN_OR_RETURN(std::string entry,
+                           Spend(absl::StrCat(indent > 0 ? child_pad : "",
+                                              JsonQuote(key, options.ensure_ascii), key_sep, s),
+                                 left));
+    core.push_back(std::move(entry));
   }
   if (indent > 0 && !core.empty()) {
     return absl::StrCat("{", absl::StrJoin(core, item_sep), base_pad, "}");
   }
   return absl::StrCat("{", absl::StrJoin(core, item_sep), "}");
 }
+
+}  // namespace
 
 }  // namespace specd::chat

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "nlohmann/json.hpp"
 
 namespace specd::chat {
@@ -38,6 +39,15 @@ using NativeFunction =
 
 // Deeper values are refused: they would exhaust the stack when printed or destroyed.
 inline constexpr int kMaxValueDepth = 256;
+
+// The most text one conversion (JSON, display, concatenation) or one filter (join, replace,
+// indent) may produce: four times the default limit on a request (--max-request-bytes). A list that
+// holds itself twice per level, or a huge indent or separator, would otherwise ask for more memory
+// than any machine has, before the render's work budget (Interpreter::Charge) could see the result.
+inline constexpr int64_t kMaxTextBytes = int64_t{1} << 24;
+
+// INVALID_ARGUMENT "chat template error: ..." when `bytes` is over kMaxTextBytes.
+absl::Status CheckTextSize(int64_t bytes, absl::string_view what);
 
 struct ArrayData {
   ValueList items;

@@ -182,8 +182,9 @@ def specd_tokenizer_seeds(specd):
 
 # Chat templates in the shapes real models ship (ChatML, Llama 3, Mistral's alternation check
 # with a namespace), one that uses many builtins, and ones that ask for unbounded work: nested
-# loops, a string that doubles, a recursive macro, a huge repetition. Loading and rendering must
-# refuse the last kind with an error, within the fuzzer's time and memory limits.
+# loops, a string that doubles, a recursive macro, a huge repetition, a list that holds itself
+# twice per level, huge widths and separators. Loading and rendering must refuse the last kind
+# with an error, within the fuzzer's time and memory limits.
 CHAT_TEMPLATES = {
     "chatml": "{{ bos_token }}{% for message in messages %}{{ '<|im_start|>' + message['role'] + "
               "'\\n' + message['content'] + '<|im_end|>\\n' }}{% endfor %}{% if add_generation_prompt %}"
@@ -209,6 +210,10 @@ CHAT_TEMPLATES = {
                 "{% set ns.s = ns.s + ns.s %}{% endfor %}{{ ns.s | length }}",
     "recursion": "{% macro r(n) %}{{ r(n + 1) }}{{ r(n + 1) }}{% endmacro %}{{ r(0) }}",
     "repeat": "{{ 'x' * 100000000000 }}{{ [1] * 100000000000 }}",
+    "self_sharing": "{% set ns = namespace(x=[1]) %}{% for i in range(40) %}"
+                    "{% set ns.x = [ns.x, ns.x] %}{% endfor %}{{ ns.x | tojson }}{{ ns.x ~ '' }}",
+    "widths": "{{ 'a\\nb' | indent(100000000000) }}{{ [[1]] | tojson(indent=100000000000) }}"
+              "{{ range(9) | join(range(100000) | join('y')) }}{{ 'ab' | replace('', 'c' * 1) }}",
 }
 CHAT_MESSAGES = [
     {"role": "system", "content": "Be brief."},

@@ -230,12 +230,38 @@ TEST(ChatTemplate, BoundsTheWorkOfARender) {
            "{% endfor %}{{ ns.l | length }}",
            "{% macro r(n) %}{% for i in range(50) %}{{ r(n + 1) if n < 90 }}{% endfor %}"
            "{% endmacro %}{{ r(0) }}",
+           // Widths that would allocate before any value could be charged.
+           "{{ 'a\\nb' | indent(100000000000, true) }}",
+           "{{ [[1]] | tojson(indent=100000000000) }}",
+           "{{ range(1000000) | length }}{{ range(1000000) | length }}",
        }) {
     const auto t = ChatTemplate::FromSource(hostile, SpecialTokens{});
     ASSERT_TRUE(t.ok()) << hostile << ": " << t.status();
     const absl::Status st = t->Render(Json::array(), RenderOptions{}).status();
     EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << hostile;
-    EXPECT_TRUE(absl::StrContains(st.message(), "units of work")) << hostile << ": " << st;
+    EXPECT_TRUE(absl::StrContains(st.message(), "units of work") ||
+                absl::StrContains(st.message(), "MiB of text"))
+        << hostile << ": " << st;
+  }
+  // Cheap to build, enormous to write out: a list that holds itself twice per level (2^40
+  // leaves), a huge separator or replacement.
+  for (const char* hostile : {
+           "{% set ns = namespace(x=[1]) %}{% for i in range(40) %}{% set ns.x = [ns.x, ns.x] %}"
+           "{% endfor %}{{ ns.x }}",
+           "{% set ns = namespace(x=[1]) %}{% for i in range(40) %}{% set ns.x = [ns.x, ns.x] %}"
+           "{% endfor %}{{ ns.x | tojson }}",
+           "{% set ns = namespace(x=[1]) %}{% for i in range(40) %}{% set ns.x = [ns.x, ns.x] %}"
+           "{% endfor %}{{ ns.x ~ '' }}",
+           "{{ range(100000) | join(range(1000) | join('yyyyyyyyyy')) }}",
+           "{{ range(100000) | join('') | replace('', range(1000) | join('zzzzzzzz')) }}",
+       }) {
+    const auto t = ChatTemplate::FromSource(hostile, SpecialTokens{});
+    ASSERT_TRUE(t.ok()) << hostile << ": " << t.status();
+    const absl::Status st = t->Render(Json::array(), RenderOptions{}).status();
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << hostile;
+    EXPECT_TRUE(absl::StrContains(st.message(), "MiB of text") ||
+                absl::StrContains(st.message(), "units of work"))
+        << hostile << ": " << st;
   }
 
   // 20000 turns (the budget grows with the conversation): Llama 2's template renders them all.
