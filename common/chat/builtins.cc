@@ -236,23 +236,8 @@ absl::StatusOr<Value> Replace(const std::string& s, const CallArgs& args) {
   }
   if (remaining == 0) return Value::String(s);
   const bool unlimited = remaining < 0;
-  // The result's size, before building it: an empty pattern with a long replacement would
-  // otherwise ask for the replacement once per code point.
-  int64_t matches = 0;
-  if (from.str().empty()) {
-    matches = 1;
-    for (size_t i = 0; i < s.size(); i += DecodeUtf8(s, i).size) ++matches;
-  } else {
-    for (size_t at = s.find(from.str()); at != std::string::npos;
-         at = s.find(from.str(), at + from.str().size())) {
-      ++matches;
-    }
-  }
-  if (!unlimited) matches = std::min(matches, remaining);
-  SPECD_RETURN_IF_ERROR(CheckTextSize(
-      static_cast<int64_t>(s.size()) + matches * (static_cast<int64_t>(to.str().size()) -
-                                                  static_cast<int64_t>(from.str().size())),
-      "replace()"));
+  // Checked as the result grows: an empty pattern with a long replacement would otherwise ask
+  // for the replacement once per code point.
   std::string out;
   if (from.str().empty()) {
     // An empty pattern matches at every code point boundary, both ends included.
@@ -261,12 +246,14 @@ absl::StatusOr<Value> Replace(const std::string& s, const CallArgs& args) {
       if (unlimited || remaining > 0) {
         out += to.str();
         --remaining;
+        SPECD_RETURN_IF_ERROR(CheckTextSize(static_cast<int64_t>(out.size()), "replace()"));
       }
       if (i >= s.size()) break;
       const size_t n = DecodeUtf8(s, i).size;
       out.append(s, i, n);
       i += n;
     }
+    SPECD_RETURN_IF_ERROR(CheckTextSize(static_cast<int64_t>(out.size()), "replace()"));
     return Value::String(std::move(out));
   }
   size_t pos = 0;
@@ -277,8 +264,10 @@ absl::StatusOr<Value> Replace(const std::string& s, const CallArgs& args) {
     out += to.str();
     pos = hit + from.str().size();
     --remaining;
+    SPECD_RETURN_IF_ERROR(CheckTextSize(static_cast<int64_t>(out.size()), "replace()"));
   }
   out.append(s, pos);
+  SPECD_RETURN_IF_ERROR(CheckTextSize(static_cast<int64_t>(out.size()), "replace()"));
   return Value::String(std::move(out));
 }
 

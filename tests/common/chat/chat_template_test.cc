@@ -234,18 +234,8 @@ TEST(ChatTemplate, BoundsTheWorkOfARender) {
            "{{ 'a\\nb' | indent(100000000000, true) }}",
            "{{ [[1]] | tojson(indent=100000000000) }}",
            "{{ range(1000000) | length }}{{ range(1000000) | length }}",
-       }) {
-    const auto t = ChatTemplate::FromSource(hostile, SpecialTokens{});
-    ASSERT_TRUE(t.ok()) << hostile << ": " << t.status();
-    const absl::Status st = t->Render(Json::array(), RenderOptions{}).status();
-    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << hostile;
-    EXPECT_TRUE(absl::StrContains(st.message(), "units of work") ||
-                absl::StrContains(st.message(), "MiB of text"))
-        << hostile << ": " << st;
-  }
-  // Cheap to build, enormous to write out: a list that holds itself twice per level (2^40
-  // leaves), a huge separator or replacement.
-  for (const char* hostile : {
+           // Cheap to build, enormous to write out: a list that holds itself twice per level
+           // (2^40 leaves), a huge separator or replacement.
            "{% set ns = namespace(x=[1]) %}{% for i in range(40) %}{% set ns.x = [ns.x, ns.x] %}"
            "{% endfor %}{{ ns.x }}",
            "{% set ns = namespace(x=[1]) %}{% for i in range(40) %}{% set ns.x = [ns.x, ns.x] %}"
@@ -259,8 +249,8 @@ TEST(ChatTemplate, BoundsTheWorkOfARender) {
     ASSERT_TRUE(t.ok()) << hostile << ": " << t.status();
     const absl::Status st = t->Render(Json::array(), RenderOptions{}).status();
     EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << hostile;
-    EXPECT_TRUE(absl::StrContains(st.message(), "MiB of text") ||
-                absl::StrContains(st.message(), "units of work"))
+    EXPECT_TRUE(absl::StrContains(st.message(), "units of work") ||
+                absl::StrContains(st.message(), "MiB of text"))
         << hostile << ": " << st;
   }
 
