@@ -722,7 +722,7 @@ absl::StatusOr<Value> RaiseException(const CallArgs& args, Interpreter&, Scope&)
   return status;
 }
 
-absl::StatusOr<Value> Range(const CallArgs& args, Interpreter&, Scope&) {
+absl::StatusOr<Value> Range(const CallArgs& args, Interpreter& interp, Scope&) {
   SPECD_RETURN_IF_ERROR(NoKeywords(args, "range"));
   if (args.positional.empty() || args.positional.size() > 3) {
     return TemplateError("range() takes 1 to 3 arguments");
@@ -738,13 +738,25 @@ absl::StatusOr<Value> Range(const CallArgs& args, Interpreter&, Scope&) {
   }
   const int64_t step = args.positional.size() > 2 ? args.positional[2].int_value() : 1;
   if (step == 0) return TemplateError("range() step must not be zero");
-  constexpr int64_t kMaxItems = 1 << 20;
+  // The length comes first, in unsigned arithmetic (the span of two int64 needs 64 bits), so
+  // that the render pays for the list before it exists and no element overflows on the way.
+  const bool up = step > 0;
+  const uint64_t span = up ? static_cast<uint64_t>(stop) - static_cast<uint64_t>(start)
+                           : static_cast<uint64_t>(start) - static_cast<uint64_t>(stop);
+  const uint64_t stride = up ? static_cast<uint64_t>(step) : 0 - static_cast<uint64_t>(step);
+  const uint64_t count = (up ? start < stop : start > stop) ? (span - 1) / stride + 1 : 0;
+  constexpr uint64_t kMaxItems = 1 << 20;
+  if (count > kMaxItems) {
+    return TemplateError(
+        absl::StrCat("range() of ", count, " items is too long (at most ", kMaxItems, ")"));
+  }
+  SPECD_RETURN_IF_ERROR(interp.Charge(static_cast<int64_t>(count)));
   ValueList out;
-  for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) {
-    if (static_cast<int64_t>(out.size()) >= kMaxItems) {
-      return TemplateError("range() is too long");
-    }
-    out.push_back(Value::Int(i));
+  out.reserve(count);
+  for (uint64_t i = 0; i < count; ++i) {
+    // Modulo 2^64, which is exact here: every element lies between start and stop.
+    out.push_back(Value::Int(
+        static_cast<int64_t>(static_cast<uint64_t>(start) + i * static_cast<uint64_t>(step))));
   }
   return Value::Array(std::move(out));
 }

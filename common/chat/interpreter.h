@@ -61,10 +61,12 @@ class Interpreter {
 
   absl::CivilSecond now() const { return now_; }
   void TrackNamespace(const Value& ns) { namespaces_.push_back(ns); }
+  // Adds `units` of work, failing once the render has done more than its limit. A builtin whose
+  // result's size comes from its arguments (range) charges that size before building it.
+  absl::Status Charge(int64_t units);
 
  private:
   absl::StatusOr<Value> EvaluateExpr(const Expr& expr, Scope& scope);
-  absl::Status Charge(int64_t units);
   absl::StatusOr<Value> Exec(const Stmt& stmt, Scope& scope);
   absl::StatusOr<Value> ExecFor(const Stmt& stmt, Scope& scope);
   absl::StatusOr<Value> ExecSet(const Stmt& stmt, Scope& scope);

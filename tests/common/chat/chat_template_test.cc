@@ -97,6 +97,31 @@ TEST(ChatTemplate, RuntimeFailuresAreClearInvalidArgumentErrors) {
   EXPECT_TRUE(absl::StrContains(prompt.status().message(), "trim")) << prompt.status();
 }
 
+// range() at the ends of the integers, where a loop that steps past `stop` would overflow; the
+// expected lists are Python's.
+TEST(ChatTemplate, RangeReachesTheEndsOfTheIntegers) {
+  const auto t = ChatTemplate::FromSource(
+      "{% set lo = -9223372036854775807 - 1 %}{% set hi = 9223372036854775807 %}"
+      "{{ range(lo, hi, 4611686018427387904) }}|{{ range(hi, lo, -4611686018427387904) }}|"
+      "{{ range(lo, hi, hi) }}",
+      SpecialTokens{});
+  ASSERT_TRUE(t.ok()) << t.status();
+  const auto out = t->Render(Json::array(), RenderOptions{});
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(out->text,
+            "[-9223372036854775808, -4611686018427387904, 0, 4611686018427387904]|"
+            "[9223372036854775807, 4611686018427387903, -1, -4611686018427387905]|"
+            "[-9223372036854775808, -1, 9223372036854775806]");
+
+  const auto huge = ChatTemplate::FromSource(
+      "{{ range(-9223372036854775807, 9223372036854775807) | length }}", SpecialTokens{});
+  ASSERT_TRUE(huge.ok());
+  const absl::Status st = huge->Render(Json::array(), RenderOptions{}).status();
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(st.message(), "range() of 18446744073709551614 items is too long"))
+      << st;
+}
+
 TEST(ChatTemplate, PicksANamedTemplateFromAList) {
   const Json list = Json::array({{{"name", "tool_use"}, {"template", "tools"}},
                                  {{"name", "default"}, {"template", "plain"}}});
