@@ -24,11 +24,12 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "base/log_line.h"
+#include "services/coordinator/coordinator_flags.h"
 #include "tools/specd/command.h"
-#include "tools/specd/health_check.h"
 
 extern char** environ;
 
@@ -42,6 +43,8 @@ constexpr char kSummary[] =
     "coordinator, on loopback. Prints `listening on HOST:PORT` when ready, as each service does.\n"
     "A child that exits unexpectedly is restarted on the same address (backoff 0.5 s doubling\n"
     "to 10 s); stderr gets one line per restart and one `NAME pid N on ADDR` line per start.\n"
+    "Every specd-coordinator flag but its addresses is taken here and passed on: TLS, the\n"
+    "bearer token, request limits, drafting and scheduling defaults.\n"
     "  specd serve --target DIR --draft DIR\n"
     "  specd serve --target DIR --draft-exit-layer 2\n"
     "  specd serve --target DIR --draft-method ngram    (prompt lookup: no draft worker)\n"
@@ -65,7 +68,9 @@ struct Child {
   std::string metrics_address;  // HOST:PORT, once the child has said it
   std::string http_listen;      // the coordinator's HTTP API; "" = off
   pid_t pid = -1;
-  int out_fd = -1;  // its stdout, read until it says where it listens
+  int out_fd = -1;     // its stdout, read until it says where it listens (and, for the
+                       // coordinator, that it serves)
+  std::string unread;  // what was read of it but not yet parsed
   absl::Time started;
   absl::Duration backoff = kFirstBackoff;
   std::optional<absl::Time> restart_at;
@@ -123,6 +128,7 @@ absl::Status Spawn(Child& child) {
         absl::StrCat("cannot start ", child.binary.string(), ": ", std::strerror(rc)));
   }
   child.out_fd = pipefd[0];
+  child.unread.clear();
   child.started = absl::Now();
   return absl::OkStatus();
 }
@@ -143,17 +149,16 @@ bool StopRequested(const sigset_t& stop_signals) {
          (sigismember(&stop_signals, SIGINT) && sigismember(&pending, SIGINT));
 }
 
-// Reads the child's stdout until "listening on ADDR" (after "metrics on HOST:PORT" when metrics
-// are on, and "http on ADDR" when it serves HTTP) and remembers the addresses; the child's stderr
-// (load progress) goes straight to ours. CANCELLED when a stop signal arrives first (it stays
-// pending for the caller).
-absl::Status WaitForAddress(Child& child, const sigset_t& stop_signals) {
-  std::string buffer;
+// Reads the child's stdout up to the first line that starts with `prefix`, remembering the
+// addresses the lines on the way give ("metrics on HOST:PORT" when metrics are on, "http on ADDR"
+// when it serves HTTP, "listening on ADDR"); the child's stderr (load progress) goes straight to
+// ours. CANCELLED when a stop signal arrives first (it stays pending for the caller).
+absl::Status WaitForLine(Child& child, absl::string_view prefix, const sigset_t& stop_signals) {
   while (true) {
     size_t eol;
-    while ((eol = buffer.find('\n')) != std::string::npos) {
-      std::string line = buffer.substr(0, eol);
-      buffer.erase(0, eol + 1);
+    while ((eol = child.unread.find('\n')) != std::string::npos) {
+      std::string line = child.unread.substr(0, eol);
+      child.unread.erase(0, eol + 1);
       if (!line.empty() && line.back() == '\r') line.pop_back();
       if (absl::StartsWith(line, "metrics on ")) {
         child.metrics_address = line.substr(11);
@@ -162,8 +167,8 @@ absl::Status WaitForAddress(Child& child, const sigset_t& stop_signals) {
         child.http_listen = line.substr(8);
       } else if (absl::StartsWith(line, "listening on ")) {
         child.listen = line.substr(13);
-        return absl::OkStatus();
       }
+      if (absl::StartsWith(line, prefix)) return absl::OkStatus();
     }
     pollfd p{child.out_fd, POLLIN, 0};
     if (poll(&p, 1, 200) == 0) {
@@ -176,7 +181,7 @@ absl::Status WaitForAddress(Child& child, const sigset_t& stop_signals) {
     const ssize_t n = read(child.out_fd, chunk, sizeof chunk);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) break;
-    buffer.append(chunk, static_cast<size_t>(n));
+    child.unread.append(chunk, static_cast<size_t>(n));
   }
   int status = 0;
   waitpid(child.pid, &status, 0);
@@ -203,20 +208,21 @@ void WritePidFile(const Child& child, const std::string& pid_dir) {
 
 absl::Status Start(Child& child, const sigset_t& stop_signals, const std::string& pid_dir) {
   if (absl::Status st = Spawn(child); !st.ok()) return st;
-  if (absl::Status st = WaitForAddress(child, stop_signals); !st.ok()) return st;
+  if (absl::Status st = WaitForLine(child, "listening on ", stop_signals); !st.ok()) return st;
   WritePidFile(child, pid_dir);
   LogLine(kProgram) << child.name << " pid " << child.pid << " on " << child.listen;
   return absl::OkStatus();
 }
 
-// SIGTERM to every child (coordinator first), then SIGKILL to any still running after 15 s: a
-// child stuck in start-up must not keep `specd serve` from exiting.
-void StopAll(std::vector<Child>& children) {
+// SIGTERM to every child (coordinator first), then SIGKILL to any still running after `grace`:
+// a child stuck in start-up must not keep `specd serve` from exiting.
+void StopAll(std::vector<Child>& children, absl::Duration grace) {
   for (auto it = children.rbegin(); it != children.rend(); ++it) {
     if (it->pid > 0) kill(it->pid, SIGTERM);
   }
+  const absl::Time deadline = absl::Now() + grace;
   for (auto it = children.rbegin(); it != children.rend(); ++it) {
-    for (int i = 0; it->pid > 0 && i < 150; ++i) {
+    while (it->pid > 0 && absl::Now() < deadline) {
       if (waitpid(it->pid, nullptr, WNOHANG) == it->pid) it->pid = -1;
       if (it->pid > 0) usleep(100 * 1000);
     }
@@ -285,22 +291,11 @@ int WaitForEvent(const std::vector<Child>& children, const sigset_t& signals) {
 }
 
 int RunServe(const std::vector<std::string>& argv) {
-  const std::vector<FlagSpec> flags = {
+  // Serve's own flags, then the coordinator's (passed on as given).
+  std::vector<FlagSpec> flags = {
       {"target", "target model directory", "", false, true},
       {"draft", "draft model directory (same tokenizer as the target)", ""},
       {"draft-exit-layer", "instead of --draft: the target's first L layers as the draft", ""},
-      {"draft-method",
-       "how requests that do not say draft: model (the draft worker) or ngram (prompt lookup by "
-       "the coordinator; then no draft worker is started unless --draft or --draft-exit-layer "
-       "is also given)",
-       "model"},
-      {"ngram-min", "prompt lookup: the shortest suffix matched", "1"},
-      {"ngram-max", "prompt lookup: the longest suffix matched, tried first", "4"},
-      {"egag", "entropy-guided adaptive draft length by default (see specd-coordinator --help)", "",
-       true},
-      {"egag-ema-beta", "EGAG: weight of the past in the per-request entropy average", "0.5"},
-      {"egag-threshold", "EGAG: stop drafting once the normalized entropy exceeds this", "0.6"},
-      {"egag-min-tokens", "EGAG: drafts a round always makes", "1"},
       {"draft-vocab",
        "the draft computes logits for its N most frequent tokens only (FR-Spec); 0 = all", "0"},
       {"draft-vocab-file", "token-frequency file ranking the tokens for --draft-vocab", ""},
@@ -316,31 +311,14 @@ int RunServe(const std::vector<std::string>& argv) {
        "the KV caches by --kv-tokens",
        "0.9"},
       {"prefix-caching", "workers keep and reuse the KV of shared prefixes: on or off", "on"},
-      {"prefix-sharing",
-       "a prompt that shares blocks another is computing waits to take them from the prefix "
-       "cache: on or off (see specd-coordinator --help)",
-       "on"},
       {"max-pass-tokens",
        "tokens of a worker's largest forward pass: its scratch memory is reserved for it and the "
        "coordinator spreads prefill chunks over rounds to stay within it",
        "2048"},
-      {"prefill-chunk",
-       "catch-up tokens a worker feeds per sequence and round beyond its prefix cache (chunked "
-       "prefill); 0 = each prompt in one round",
-       "512"},
-      {"default-k", "num_speculative_tokens when a request does not say", "4"},
-      {"max-running", "sequences in the running batch", "32"},
-      {"max-queued", "requests waiting beyond the running batch (more are refused)", "256"},
       {"http-listen",
        "also serve the OpenAI-compatible HTTP API on this address (port 0: a free one); unset = "
        "off",
        ""},
-      {"served-model-name", "the HTTP API's model name (default: the target directory's name)", ""},
-      {"chat-template", "Jinja chat template file overriding the model's", ""},
-      {"worker-call-timeout-seconds",
-       "deadline of each coordinator call to a worker (a hung worker is detected after it)", "30"},
-      {"worker-unavailable-seconds",
-       "how long requests wait for a crashed or hung worker before failing with UNAVAILABLE", "30"},
       {"metrics", "serve Prometheus /metrics on the coordinator and workers (free ports)", "",
        true},
       {"metrics-port",
@@ -353,6 +331,8 @@ int RunServe(const std::vector<std::string>& argv) {
        ""},
       {"bin-dir", "directory of the specd-* service binaries (default: found next to specd)", ""},
   };
+  const std::vector<FlagSpec> coordinator_flags = CoordinatorServingFlags();
+  flags.insert(flags.end(), coordinator_flags.begin(), coordinator_flags.end());
   int exit_code = 0;
   std::optional<Flags> args = ParseOrExit("serve", kSummary, argv, flags, &exit_code);
   if (!args) return exit_code;
@@ -370,6 +350,10 @@ int RunServe(const std::vector<std::string>& argv) {
     return ReportError("serve", absl::InvalidArgumentError(
                                     absl::StrCat("--pid-dir: ", pid_dir, " is not a directory")));
   }
+  // The children get the drain (see specd-coordinator --help), then 5 s to exit.
+  const absl::StatusOr<int64_t> drain_seconds = args->GetInt("drain-seconds", 0, 3600);
+  if (!drain_seconds.ok()) return ReportError("serve", drain_seconds.status());
+  const absl::Duration stop_grace = absl::Seconds(*drain_seconds + 5);
   // This thread waits for the stop signals and the children's exits; children get an empty
   // mask (see Spawn).
   sigset_t signals;
@@ -393,11 +377,12 @@ int RunServe(const std::vector<std::string>& argv) {
                                            "--threads",         args->Get("threads"),
                                            "--kv-tokens",       args->Get("kv-tokens"),
                                            "--prefix-caching",  args->Get("prefix-caching"),
-                                           "--max-pass-tokens", args->Get("max-pass-tokens")};
+                                           "--max-pass-tokens", args->Get("max-pass-tokens"),
+                                           "--drain-seconds",   args->Get("drain-seconds")};
   std::vector<Child> children;
   children.reserve(3);  // Child references below stay valid
   auto fail = [&](const absl::Status& st) {
-    StopAll(children);
+    StopAll(children, stop_grace);
     if (st.code() == absl::StatusCode::kCancelled) {  // Ctrl-C while starting
       LogLine(kProgram) << "stopping";
       return 0;
@@ -459,39 +444,15 @@ int RunServe(const std::vector<std::string>& argv) {
   coord.name = "coordinator";
   coord.pid_file = "coordinator.pid";
   coord.binary = FindBinary("specd-coordinator", bin_dir);
-  coord.args = {"--target",
-                children.front().listen,
-                "--default-k",
-                args->Get("default-k"),
-                "--max-running",
-                args->Get("max-running"),
-                "--prefill-chunk",
-                args->Get("prefill-chunk"),
-                "--prefix-sharing",
-                args->Get("prefix-sharing"),
-                "--max-queued",
-                args->Get("max-queued"),
-                "--worker-call-timeout-seconds",
-                args->Get("worker-call-timeout-seconds"),
-                "--worker-unavailable-seconds",
-                args->Get("worker-unavailable-seconds"),
-                "--draft-method",
-                args->Get("draft-method"),
-                "--ngram-min",
-                args->Get("ngram-min"),
-                "--ngram-max",
-                args->Get("ngram-max"),
-                "--egag-ema-beta",
-                args->Get("egag-ema-beta"),
-                "--egag-threshold",
-                args->Get("egag-threshold"),
-                "--egag-min-tokens",
-                args->Get("egag-min-tokens")};
-  if (args->GetBool("egag")) coord.args.push_back("--egag");
+  coord.args = {"--target", children.front().listen};
   if (!draft_addr.empty()) coord.args.insert(coord.args.end(), {"--draft", draft_addr});
-  for (const char* flag : {"served-model-name", "chat-template"}) {
-    if (args->Has(flag))
-      coord.args.insert(coord.args.end(), {absl::StrCat("--", flag), args->Get(flag)});
+  for (const FlagSpec& flag : coordinator_flags) {
+    if (!args->Has(flag.name)) continue;
+    if (flag.is_bool) {
+      coord.args.push_back(absl::StrCat("--", flag.name, "=", args->Get(flag.name)));
+    } else {
+      coord.args.insert(coord.args.end(), {absl::StrCat("--", flag.name), args->Get(flag.name)});
+    }
   }
   // Asked for once; a restart reuses the address the coordinator got (see WaitForAddress).
   coord.http_listen = args->Get("http-listen");
@@ -499,26 +460,9 @@ int RunServe(const std::vector<std::string>& argv) {
   coord.metrics_port = metrics_ports[0];
   if (absl::Status st = Start(coord, signals, pid_dir); !st.ok()) return fail(st);
   // The coordinator listens before it has checked its workers; announce the address only once
-  // its health says SERVING, so a client that connects right away is served.
-  bool serving = false;
-  {
-    // Closed once it has answered: an idle channel would hold the coordinator's shutdown until
-    // this process's gRPC noticed the GOAWAY, a second or more.
-    const std::shared_ptr<grpc::Channel> coord_channel =
-        grpc::CreateChannel(coord.listen, grpc::InsecureChannelCredentials());
-    for (int i = 0; i < 1200 && !serving; ++i) {
-      absl::StatusOr<bool> s = IsServing(coord_channel, coord.listen, "", 1.0);
-      serving = s.ok() && *s;
-      if (!serving) usleep(100 * 1000);
-      if (waitpid(coord.pid, nullptr, WNOHANG) == coord.pid) {
-        coord.pid = -1;
-        return fail(absl::UnavailableError("the coordinator exited before serving"));
-      }
-    }
-  }
-  if (!serving) {
-    return fail(absl::DeadlineExceededError("the coordinator did not become SERVING in 120 s"));
-  }
+  // it says it serves (health SERVING), so a client that connects right away is served. Its own
+  // --worker-wait-seconds bounds the wait: it exits when the workers do not answer.
+  if (absl::Status st = WaitForLine(coord, "serving on ", signals); !st.ok()) return fail(st);
   for (const Child& child : children) {
     if (!child.metrics_address.empty()) {
       std::cout << child.name << " metrics on http://" << child.metrics_address << "/metrics\n";
@@ -534,7 +478,7 @@ int RunServe(const std::vector<std::string>& argv) {
     RestartDue(children, signals, pid_dir);
   }
   LogLine(kProgram) << "stopping";
-  StopAll(children);
+  StopAll(children, stop_grace);
   return 0;
 }
 

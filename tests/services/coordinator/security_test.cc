@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <set>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -691,6 +692,92 @@ TEST_F(ApiLimitsTest, StreamsPerConnectionAreCappedAndFreedOnEveryPath) {
     if (used != 0) std::this_thread::sleep_for(std::chrono::milliseconds(25));
   }
   EXPECT_EQ(used, 0);
+}
+
+// ---------------------------------------------------------------------------------------------
+// `specd serve` takes every coordinator flag but the addresses and passes it on: a user who
+// serves with one command gets the same TLS, token and limits.
+
+// The flag names of a `--help` text ("  --name VALUE" lines).
+std::set<std::string> HelpFlags(const std::string& help) {
+  std::set<std::string> names;
+  std::istringstream lines(help);
+  std::string line;
+  while (std::getline(lines, line)) {
+    if (line.rfind("  --", 0) != 0) continue;
+    names.insert(line.substr(4, line.find(' ', 4) - 4));
+  }
+  return names;
+}
+
+TEST(SpecdServeFlagsTest, ServeTakesEveryCoordinatorFlagButItsAddresses) {
+  std::string coordinator_help, serve_help;
+  ASSERT_EQ(
+      Shell(absl::StrCat(testing::BuiltBinary("services/coordinator/specd-coordinator").string(),
+                         " --help"),
+            &coordinator_help),
+      0);
+  ASSERT_EQ(Shell(absl::StrCat(testing::BuiltBinary("tools/specd").string(), " serve --help"),
+                  &serve_help),
+            0);
+  const std::set<std::string> serve = HelpFlags(serve_help);
+  const std::set<std::string> coordinator = HelpFlags(coordinator_help);
+  ASSERT_GT(coordinator.size(), 20u) << coordinator_help;
+  for (const std::string& flag : coordinator) {
+    // The addresses are serve's to choose: the workers' it learns, the metrics port per child.
+    if (flag == "target" || flag == "draft") continue;
+    EXPECT_TRUE(serve.count(flag)) << "specd serve has no --" << flag;
+  }
+}
+
+TEST(SpecdServeFlagsTest, TlsTokenAndLimitsReachTheCoordinator) {
+  unsetenv("SPECD_AUTH_TOKEN");
+  ScopedTempDir tmp;
+  absl::StatusOr<TestPki> pki = MakePki(tmp.path());
+  ASSERT_TRUE(pki.ok()) << pki.status();
+  ASSERT_TRUE(WriteModel(tmp.path() / "model", 512).ok());
+  WriteText(tmp.path() / "token", absl::StrCat(kToken, "\n"));
+  auto serve =
+      ChildProcess::Start(testing::BuiltBinary("tools/specd"), {"serve",
+                                                                "--target",
+                                                                (tmp.path() / "model").string(),
+                                                                "--listen",
+                                                                "127.0.0.1:0",
+                                                                "--threads",
+                                                                "1",
+                                                                "--kv-tokens",
+                                                                "2048",
+                                                                "--tls-cert",
+                                                                pki->cert.string(),
+                                                                "--tls-key",
+                                                                pki->key.string(),
+                                                                "--auth-token-file",
+                                                                (tmp.path() / "token").string(),
+                                                                "--max-new-tokens-limit",
+                                                                "8",
+                                                                "--default-max-new-tokens",
+                                                                "8",
+                                                                "--drain-seconds",
+                                                                "2"});
+  ASSERT_TRUE(serve.ok()) << serve.status();
+  // Serve announces its address once the coordinator serves, which it learns without a probe
+  // that TLS would refuse: the first call is served.
+  auto stub = v1::Generation::NewStub(TlsChannel((*serve)->port(), pki->ca));
+  const Call ok = Generate(*stub, IdsRequest({1, 50, 60}, 8), Bearer(kToken));
+  ASSERT_TRUE(ok.status.ok()) << ok.status.error_message() << (*serve)->StderrText();
+  EXPECT_EQ(ok.tokens.size(), 8u);
+  EXPECT_EQ(Generate(*stub, IdsRequest({1, 50, 60}, 8), "").status.error_code(),
+            grpc::StatusCode::UNAUTHENTICATED);
+  const Call over = Generate(*stub, IdsRequest({1, 50, 60}, 9), Bearer(kToken));
+  EXPECT_EQ(over.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(over.status.error_message(), HasSubstr("max_new_tokens"));
+  // Plaintext is refused: the public address speaks only TLS.
+  auto plain = v1::Generation::NewStub(PlainChannel((*serve)->port()));
+  EXPECT_EQ(Generate(*plain, IdsRequest({1, 50, 60}, 2), Bearer(kToken), 3000).status.error_code(),
+            grpc::StatusCode::UNAVAILABLE);
+  stub.reset();
+  plain.reset();
+  EXPECT_EQ((*serve)->Terminate(), 0) << (*serve)->StderrText();
 }
 
 }  // namespace
