@@ -261,6 +261,20 @@ absl::StatusOr<nlohmann::ordered_json> NormalizeMessages(const nlohmann::ordered
     if (role == m.end() || !role->is_string()) {
       return absl::InvalidArgumentError(absl::StrCat(where, " needs a string \"role\""));
     }
+    if (const auto calls = m.find("tool_calls"); calls != m.end() && calls->is_array()) {
+      // OpenAI sends a call's arguments as JSON text; templates write them with tojson, which
+      // would quote that text a second time. As vLLM does, they reach the template parsed.
+      for (Json& call : *calls) {
+        if (!call.is_object()) continue;
+        const auto function = call.find("function");
+        if (function == call.end() || !function->is_object()) continue;
+        const auto arguments = function->find("arguments");
+        if (arguments == function->end() || !arguments->is_string()) continue;
+        Json parsed = Json::parse(arguments->get<std::string>(), nullptr,
+                                  /*allow_exceptions=*/false);
+        if (parsed.is_object()) *arguments = std::move(parsed);
+      }
+    }
     const auto content = m.find("content");
     if (content == m.end() || content->is_string() || content->is_null()) continue;
     if (!content->is_array()) {

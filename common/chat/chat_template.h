@@ -122,7 +122,9 @@ absl::StatusOr<ChatTemplate> LoadChatTemplate(
 // Checks an OpenAI-style `messages` array (objects with a string `role`) and flattens content
 // given as a list of parts: the texts of {"type": "text", "text": ...} parts joined with "\n"
 // (as vLLM does), since chat templates of text models expect a string. Other part types
-// (images, audio) are INVALID_ARGUMENT. Other fields (tool_calls, name...) are kept.
+// (images, audio) are INVALID_ARGUMENT. Other fields (tool_calls, name...) are kept, except that
+// a tool call's `function.arguments` given as the text of a JSON object (OpenAI's form) becomes
+// that object, which is what templates expect.
 absl::StatusOr<nlohmann::ordered_json> NormalizeMessages(const nlohmann::ordered_json& messages);
 
 }  // namespace specd::chat

@@ -4,6 +4,7 @@
 #include <string_view>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "services/coordinator/request_validation.h"
@@ -68,17 +69,16 @@ absl::Status CheckTemplateKwargs(const nlohmann::ordered_json& kwargs) {
     return FieldError("chat_template_kwargs", "chat_template_kwargs must be an object");
   }
   for (const auto& [key, value] : kwargs.items()) {
-    const bool own_field = key == "messages" || key == "add_generation_prompt";
+    const bool own_field = key == "messages" || key == "add_generation_prompt" || key == "tools";
     const bool model_token = key == "bos_token" || key == "eos_token" || key == "unk_token" ||
                              key == "sep_token" || key == "pad_token" || key == "cls_token" ||
                              key == "mask_token";
-    if (own_field || model_token || key == "tools") {
+    if (own_field || model_token) {
       return FieldError(
           "chat_template_kwargs",
           absl::StrCat("chat_template_kwargs may not set ", key,
-                       own_field     ? ": it is a field of the request"
-                       : model_token ? ": it comes from the model's tokenizer_config.json"
-                                     : ": tools are not supported by this server"));
+                       own_field ? ": it is a field of the request"
+                                 : ": it comes from the model's tokenizer_config.json"));
     }
   }
   return absl::OkStatus();
@@ -94,6 +94,14 @@ absl::StatusOr<std::vector<int32_t>> EncodeRenderedPrompt(const chat::RenderedPr
   return tokenizer.Encode(prompt.text, options);
 }
 
+bool ChatPrompt::takes_tools() const {
+  return tmpl_.has_value() && absl::StrContains(tmpl_->source(), "tools");
+}
+
+ToolCallFormat ChatPrompt::tool_call_format() const {
+  return ToolCallFormatOf(tmpl_.has_value() ? std::string_view(tmpl_->source()) : "");
+}
+
 absl::StatusOr<std::vector<int32_t>> ChatPrompt::Encode(const nlohmann::ordered_json& messages,
                                                         const Tokenizer& tokenizer,
                                                         const ChatPromptOptions& options) const {
@@ -107,8 +115,14 @@ absl::StatusOr<std::vector<int32_t>> ChatPrompt::Encode(const nlohmann::ordered_
   SPECD_ASSIGN_OR_RETURN(const nlohmann::ordered_json normalized,
                          chat::NormalizeMessages(messages));
   if (normalized.empty()) return absl::InvalidArgumentError("messages is empty");
+  if (!options.tools.is_null() && !takes_tools()) {
+    return FieldError("tools",
+                      "the served model's chat template never mentions tools, so the model would "
+                      "not see them (--chat-template can give one that does)");
+  }
   chat::RenderOptions render;
   render.add_generation_prompt = options.add_generation_prompt;
+  render.tools = options.tools;
   render.extra_context = options.template_kwargs;
   SPECD_ASSIGN_OR_RETURN(chat::RenderedPrompt prompt, tmpl_->Render(normalized, render));
   if (options.continue_final_message) {

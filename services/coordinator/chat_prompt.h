@@ -17,6 +17,7 @@
 #include "common/chat/chat_template.h"
 #include "common/tokenizer/tokenizer.h"
 #include "nlohmann/json.hpp"
+#include "services/coordinator/tool_calls.h"
 
 namespace specd {
 
@@ -33,6 +34,9 @@ struct ChatPromptOptions {
   // default today's, so a prompt would change every day). Not the variables that have their own
   // fields or come from the model: messages, add_generation_prompt, tools, the special tokens.
   nlohmann::ordered_json template_kwargs = nlohmann::ordered_json::object();
+  // OpenAI's tool definitions (a JSON array, checked by the API that took them), or null: the
+  // template's `tools` variable.
+  nlohmann::ordered_json tools = nullptr;
 };
 
 class ChatPrompt {
@@ -50,6 +54,11 @@ class ChatPrompt {
   bool available() const { return tmpl_.has_value(); }
   // Why there is no template (OK when there is one).
   const absl::Status& unavailable_reason() const { return unavailable_; }
+  // Whether the template can show the model tools (it mentions them); a request with tools is
+  // refused otherwise, rather than silently answered by a model that never saw them.
+  bool takes_tools() const;
+  // How the model writes its tool calls, as its template asks (see tool_calls.h).
+  ToolCallFormat tool_call_format() const;
 
   // `messages`: an OpenAI-style array of {"role", "content"} objects (content may be a list of
   // text parts). Rendered as `options` ask (by default with the assistant's generation prompt),

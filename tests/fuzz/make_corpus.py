@@ -262,6 +262,28 @@ OPENAI_BODIES = {
     "tokenize_chat": (2, {"messages": [{"role": "user", "content": "hi"}],
                           "add_generation_prompt": True}),
     "detokenize": (3, {"tokens": [1, 5, 9, 300000, -1]}),
+    "chat_tool_call": (1, {"messages": [
+        {"role": "user", "content": "Weather?"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_1", "type": "function",
+             "function": {"name": "get_weather", "arguments": "{\"city\": \"Oslo\"}"}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "-3 C"}],
+        "tools": [{"type": "function", "function": {
+            "name": "get_weather", "description": "d", "strict": True,
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}],
+        "tool_choice": "auto", "parallel_tool_calls": False}),
+    "chat_tool_choice": (1, {"messages": [{"role": "user", "content": "x"}],
+                             "tools": [{"type": "function", "function": {"name": "f"}}],
+                             "tool_choice": {"type": "function", "function": {"name": "f"}}}),
+    "tokenize_tools": (2, {"messages": [{"role": "user", "content": "hi"}],
+                           "tools": [{"type": "function", "function": {"name": "f"}}]}),
+    # Bit 2 of the first byte: a model's reply, parsed for tool calls.
+    "reply_llama3": (4, '{"name": "get_weather", "parameters": {"city": "Oslo"}}'),
+    "reply_llama3_many": (4, '<|python_tag|>{"name": "calculate", "arguments": "{}"}; '
+                             '{"name": "get_weather"}'),
+    "reply_hermes": (4, 'Sure. <tool_call>\n{"name": "calculate", "arguments": {"expr": "{"}}'
+                        '\n</tool_call>\n<tool_call>{"name": "get_weather"}</tool_call>'),
+    "reply_text": (4, 'No tools needed <tool but {braces} and "quotes\\"'),
 }
 
 

@@ -3,15 +3,20 @@
 // for a parsed generation request, what the server does next (openai_api's BuildChoices): each
 // prompt (or the conversation, through a ChatML template) into BuildGenerationRequest against a
 // small model's limits. The first input byte picks the body's endpoint (its low two bits:
-// completions, chat, tokenize, detokenize); the rest is the body. Nothing may crash or throw
+// completions, chat, tokenize, detokenize); the rest is the body. With the byte's bit 2 set, the
+// rest is instead a model's reply, parsed for tool calls (ParseReply). Nothing may crash or throw
 // (nlohmann's exceptions included), and every refusal must be INVALID_ARGUMENT with a message
 // (NOT_FOUND for the model name is the server's, not the parser's).
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -20,6 +25,7 @@
 #include "services/coordinator/chat_prompt.h"
 #include "services/coordinator/http/openai_request.h"
 #include "services/coordinator/request_validation.h"
+#include "services/coordinator/tool_calls.h"
 #include "tests/fuzz/fuzz_util.h"
 
 namespace {
@@ -32,8 +38,9 @@ const specd::ChatPrompt& ChatMl() {
   static const std::unique_ptr<specd::ChatPrompt> prompt = [] {
     absl::StatusOr<specd::ChatPrompt> p = specd::ChatPrompt::Load(
         R"({"bos_token": "<s>", "eos_token": "</s>"})",
-        std::string("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\n' + m['content'] "
-                    "+ '<|im_end|>\n' }}{% endfor %}{% if add_generation_prompt %}"
+        std::string("{% if tools %}{{ '<|im_start|>system\n' + tools | tojson + '<|im_end|>\n' }}"
+                    "{% endif %}{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\n' + "
+                    "m['content'] + '<|im_end|>\n' }}{% endfor %}{% if add_generation_prompt %}"
                     "{{ '<|im_start|>assistant\n' }}{% endif %}"));
     Check(p.ok());
     return std::make_unique<specd::ChatPrompt>(*std::move(p));
@@ -97,6 +104,32 @@ void Build(const specd::http::OpenAiRequest& request) {
   }
 }
 
+// A model's reply to a request with tools, in both formats: a stream never sends
+// more than the content a finished reply has, nor takes back what it sent (ReleasableContent
+// only grows as the reply does).
+void ParseReply(absl::string_view reply, const absl::flat_hash_set<std::string>& tools) {
+  const std::string_view text(reply.data(), std::min<size_t>(reply.size(), 512));
+  for (const specd::ToolCallFormat format :
+       {specd::ToolCallFormat::kLlama3Json, specd::ToolCallFormat::kHermes}) {
+    const std::optional<specd::ParsedReply> parsed = specd::ParseToolCalls(text, format, tools);
+    size_t released = 0;
+    for (size_t n = 0; n < text.size(); ++n) {
+      const size_t r = specd::ReleasableContent(text.substr(0, n), format);
+      Check(r <= n && r >= released);
+      released = r;
+    }
+    if (parsed.has_value()) {
+      Check(!parsed->calls.empty());
+      Check(released <= parsed->content.size());
+      Check(text.substr(0, parsed->content.size()) == parsed->content);
+      for (const specd::ToolCall& call : parsed->calls) {
+        Check(tools.contains(call.name));
+        Check(nlohmann::json::parse(call.arguments, nullptr, false).is_object());
+      }
+    }
+  }
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerInitialize(int* /*argc*/, char*** /*argv*/) {
@@ -107,6 +140,11 @@ extern "C" int LLVMFuzzerInitialize(int* /*argc*/, char*** /*argv*/) {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size == 0) return 0;
   const absl::string_view body(reinterpret_cast<const char*>(data + 1), size - 1);
+  if (data[0] & 4) {
+    static const absl::flat_hash_set<std::string> kTools = {"get_weather", "calculate"};
+    ParseReply(body, kTools);
+    return 0;
+  }
   switch (data[0] & 3) {
     case 0:
     case 1: {

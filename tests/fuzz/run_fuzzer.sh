@@ -69,6 +69,7 @@ case "$target" in
            libpcre2-8 libcrypto protobuf)
     if [[ "$target" == openai_request ]]; then
       sources+=("${chat_sources[@]}" "$src/services/coordinator/chat_prompt.cc"
+                "$src/services/coordinator/tool_calls.cc"
                 "$src/services/coordinator/http/openai_request.cc")
       pkgs+=(absl_time)
     fi

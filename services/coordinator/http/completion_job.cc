@@ -1,5 +1,7 @@
 #include "services/coordinator/http/completion_job.h"
 
+#include <span>
+#include <tuple>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -15,6 +17,11 @@ CompletionJob::CompletionJob(std::shared_ptr<HttpExchange> exchange, const OpenA
       logprobs_(request.logprobs),
       top_logprobs_(request.top_logprobs),
       return_token_ids_(request.return_token_ids),
+      parse_tool_calls_(request.parse_tool_calls && state->chat != nullptr),
+      tool_format_(state->chat != nullptr ? state->chat->tool_call_format()
+                                          : ToolCallFormat::kLlama3Json),
+      tool_names_(request.tool_names),
+      parallel_tool_calls_(request.parallel_tool_calls),
       n_(request.n),
       meta_(std::move(meta)),
       state_(state),
@@ -106,13 +113,14 @@ void CompletionJob::HandleEvent(size_t index, GenerationEvent event) {
     if (stream_) StreamEcho(index);
     return;
   }
-  if (stream_) {
+  if (stream_ && !parse_tool_calls_) {
     StreamChunk(index, event);
   } else {
     c.text += event.text;
   }
   c.tokens.insert(c.tokens.end(), event.tokens.begin(), event.tokens.end());
   c.logprobs.insert(c.logprobs.end(), event.logprobs.begin(), event.logprobs.end());
+  if (stream_ && parse_tool_calls_) StreamToolAware(index, event);
   if (event.finish == FinishReason::kNone) return;
   c.done = true;
   c.finish = event.finish;
@@ -214,6 +222,68 @@ void CompletionJob::StreamChunk(size_t index, const GenerationEvent& event) {
   SendChoiceChunk(std::move(choice));
 }
 
+std::optional<ParsedReply> CompletionJob::ToolCallsOf(const std::string& text) const {
+  std::optional<ParsedReply> reply = ParseToolCalls(text, tool_format_, tool_names_);
+  if (reply.has_value() && !parallel_tool_calls_) reply->calls.resize(1);
+  return reply;
+}
+
+void CompletionJob::StreamToolAware(size_t index, const GenerationEvent& event) {
+  Choice& c = choices_[index];
+  c.held.emplace_back(c.text.size(), c.tokens.size());
+  const bool last = event.finish != FinishReason::kNone;
+  std::optional<ParsedReply> reply;
+  size_t bytes = c.sent_bytes;
+  size_t tokens = c.sent_tokens;
+  if (last) {
+    reply = ToolCallsOf(c.text);
+    bytes = c.text.size();
+    tokens = c.tokens.size();
+    c.held.clear();
+  } else {
+    // Whole events, up to where a call may begin.
+    const size_t releasable = ReleasableContent(c.text, tool_format_);
+    size_t n = 0;
+    while (n < c.held.size() && c.held[n].first <= releasable) {
+      std::tie(bytes, tokens) = c.held[n];
+      ++n;
+    }
+    c.held.erase(c.held.begin(), c.held.begin() + static_cast<std::ptrdiff_t>(n));
+    if (tokens == c.sent_tokens && bytes == c.sent_bytes) return;
+  }
+  Json delta = Json::object();
+  if (!c.started) delta["role"] = "assistant";
+  if (reply.has_value()) {
+    // The content before the calls that is not out yet (ReleasableContent never sends more).
+    if (reply->content.size() > c.sent_bytes) {
+      delta["content"] = reply->content.substr(c.sent_bytes);
+    }
+    delta["tool_calls"] = ToolCallsJson(meta_.id, index, reply->calls, /*stream=*/true);
+  } else {
+    delta["content"] = c.text.substr(c.sent_bytes, bytes - c.sent_bytes);
+  }
+  const std::span<const int32_t> chunk_tokens(c.tokens.data() + c.sent_tokens,
+                                              tokens - c.sent_tokens);
+  const std::span<const TokenLogprobs> chunk_logprobs =
+      c.logprobs.size() >= tokens ? std::span<const TokenLogprobs>(
+                                        c.logprobs.data() + c.sent_tokens, tokens - c.sent_tokens)
+                                  : std::span<const TokenLogprobs>();
+  const int32_t previous = c.sent_tokens > 0   ? c.tokens[c.sent_tokens - 1]
+                           : !c.prompt.empty() ? c.prompt.back()
+                                               : -1;
+  Json choice = {{"index", index}, {"delta", std::move(delta)}};
+  choice["logprobs"] = ChoiceLogprobs(0, chunk_tokens, chunk_logprobs, previous);
+  choice["finish_reason"] = !last               ? Json(nullptr)
+                            : reply.has_value() ? Json("tool_calls")
+                                                : Json(FinishReasonJson(event.finish));
+  if (return_token_ids_) choice["token_ids"] = chunk_tokens;
+  if (last) choice["usage"] = UsageJson(event.usage);
+  c.sent_bytes = bytes;
+  c.sent_tokens = tokens;
+  c.started = true;
+  SendChoiceChunk(std::move(choice));
+}
+
 Json CompletionJob::WholeResponse() const {
   const bool chat = endpoint_ == Endpoint::kChatCompletions;
   Json out = {{"id", meta_.id},
@@ -225,7 +295,14 @@ Json CompletionJob::WholeResponse() const {
   for (size_t i = 0; i < choices_.size(); ++i) {
     const Choice& c = choices_[i];
     Json choice = {{"index", i}};
-    if (chat) {
+    std::optional<ParsedReply> reply;
+    if (chat && parse_tool_calls_) reply = ToolCallsOf(c.text);
+    if (reply.has_value()) {
+      choice["message"] = {
+          {"role", "assistant"},
+          {"content", reply->content.empty() ? Json(nullptr) : Json(reply->content)},
+          {"tool_calls", ToolCallsJson(meta_.id, i, reply->calls, /*stream=*/false)}};
+    } else if (chat) {
       choice["message"] = {{"role", "assistant"}, {"content", c.text}};
     } else {
       choice["text"] = c.echo + c.text;
@@ -239,7 +316,7 @@ Json CompletionJob::WholeResponse() const {
     } else {
       choice["logprobs"] = ChoiceLogprobs(0, c.tokens, c.logprobs, previous);
     }
-    choice["finish_reason"] = FinishReasonJson(c.finish);
+    choice["finish_reason"] = reply.has_value() ? "tool_calls" : FinishReasonJson(c.finish);
     if (return_token_ids_) {
       choice["prompt_token_ids"] = c.prompt;
       choice["token_ids"] = c.tokens;

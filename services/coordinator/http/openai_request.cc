@@ -4,6 +4,9 @@
 #include <limits>
 #include <optional>
 
+#include "absl/algorithm/container.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
@@ -93,7 +96,98 @@ absl::StatusOr<Json> Messages(const Json& body) {
 
 // The fields of a conversation only (vLLM's names).
 constexpr const char* kChatOnlyFields[] = {"add_generation_prompt", "continue_final_message",
-                                           "chat_template_kwargs"};
+                                           "chat_template_kwargs",  "tools",
+                                           "tool_choice",           "parallel_tool_calls"};
+
+// OpenAI's limit on the tools of one request.
+constexpr size_t kMaxTools = 128;
+
+// tools: [{"type": "function", "function": {"name", "description"?, "parameters"?, "strict"?}}],
+// names of 1 to 64 letters, digits, '_' or '-', each once. Null or [] is none.
+absl::Status ParseTools(const Json& body, ChatPromptOptions* options) {
+  const Json& tools = Field(body, "tools");
+  if (tools.is_null() || (tools.is_array() && tools.empty())) return absl::OkStatus();
+  if (!tools.is_array()) return FieldError("tools", "tools must be a list of tool objects");
+  if (tools.size() > kMaxTools) {
+    return FieldError("tools", absl::StrCat("tools has ", tools.size(), " tools; at most ",
+                                            kMaxTools, " per request"));
+  }
+  absl::flat_hash_set<std::string> names;
+  for (size_t i = 0; i < tools.size(); ++i) {
+    const Json& tool = tools[i];
+    const std::string where = absl::StrCat("tools[", i, "]");
+    if (!tool.is_object() || Field(tool, "type") != "function") {
+      return FieldError("tools", absl::StrCat(where,
+                                              " must be {\"type\": \"function\", "
+                                              "\"function\": {...}}"));
+    }
+    const Json& function = Field(tool, "function");
+    if (!function.is_object()) {
+      return FieldError("tools", absl::StrCat(where, ".function must be an object"));
+    }
+    const Json& name = Field(function, "name");
+    const bool name_ok =
+        name.is_string() && !name.get<std::string>().empty() &&
+        name.get<std::string>().size() <= 64 && absl::c_all_of(name.get<std::string>(), [](char c) {
+          return absl::ascii_isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-';
+        });
+    if (!name_ok) {
+      return FieldError("tools", absl::StrCat(where,
+                                              ".function.name must be 1 to 64 letters, digits, "
+                                              "underscores or dashes"));
+    }
+    if (!names.insert(name.get<std::string>()).second) {
+      return FieldError("tools", absl::StrCat(where, ".function.name \"", name.get<std::string>(),
+                                              "\" is already the name of another tool"));
+    }
+    const Json& description = Field(function, "description");
+    if (!description.is_null() && !description.is_string()) {
+      return FieldError("tools", absl::StrCat(where, ".function.description must be a string"));
+    }
+    const Json& parameters = Field(function, "parameters");
+    if (!parameters.is_null() && !parameters.is_object()) {
+      return FieldError("tools",
+                        absl::StrCat(where, ".function.parameters must be a JSON Schema object"));
+    }
+    const Json& strict = Field(function, "strict");
+    if (!strict.is_null() && !strict.is_boolean()) {
+      return FieldError("tools", absl::StrCat(where, ".function.strict must be true or false"));
+    }
+  }
+  options->tools = tools;
+  return absl::OkStatus();
+}
+
+// tool_choice: "auto" (the default with tools: the reply may be calls) or "none" (it is content).
+// "required" and a named function would need decoding constrained to a call's JSON.
+absl::Status ParseToolChoice(const Json& body, OpenAiRequest* out) {
+  const bool has_tools = !out->chat_options.tools.is_null();
+  const Json& choice = Field(body, "tool_choice");
+  if (choice.is_null() || choice == "auto") {
+    if (!choice.is_null() && !has_tools) {
+      return FieldError("tool_choice", "tool_choice \"auto\" needs tools");
+    }
+    out->parse_tool_calls = has_tools;
+  } else if (choice == "none") {
+    out->parse_tool_calls = false;
+  } else if (choice == "required" || choice.is_object()) {
+    return FieldError("tool_choice",
+                      "tool_choice \"required\" and a named function are not supported: they need "
+                      "decoding constrained to a call's JSON, which this server does not do; use "
+                      "\"auto\" (the default with tools) or \"none\"");
+  } else {
+    return FieldError("tool_choice",
+                      "tool_choice must be \"auto\", \"none\", \"required\" or a named function");
+  }
+  SPECD_ASSIGN_OR_RETURN(const std::optional<bool> parallel, Bool(body, "parallel_tool_calls"));
+  out->parallel_tool_calls = parallel.value_or(true);
+  if (out->parse_tool_calls) {
+    for (const Json& tool : out->chat_options.tools) {
+      out->tool_names.insert(tool["function"]["name"].get<std::string>());
+    }
+  }
+  return absl::OkStatus();
+}
 
 // add_generation_prompt, continue_final_message and chat_template_kwargs: the assistant's header
 // by default, none when the last message is continued. Their combination and the variables are
@@ -107,6 +201,7 @@ absl::StatusOr<ChatPromptOptions> ChatOptions(const Json& body) {
   if (const Json& kwargs = Field(body, "chat_template_kwargs"); !kwargs.is_null()) {
     options.template_kwargs = kwargs;
   }
+  SPECD_RETURN_IF_ERROR(ParseTools(body, &options));
   return options;
 }
 
@@ -243,8 +338,8 @@ absl::Status ParseLogitBias(const Json& body, v1::SamplingParameters* s) {
 
 // Fields OpenAI defines that specd does not implement: refused rather than silently ignored.
 absl::Status RefuseUnsupported(const Json& body, Endpoint endpoint) {
-  for (const char* name : {"tools", "tool_choice", "functions", "function_call", "suffix", "audio",
-                           "modalities", "prediction"}) {
+  for (const char* name :
+       {"functions", "function_call", "suffix", "audio", "modalities", "prediction"}) {
     const Json& v = Field(body, name);
     const bool empty =
         v.is_null() || ((v.is_object() || v.is_array() || v.is_string()) && v.empty());
@@ -282,6 +377,7 @@ absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(Endpoint endpoint, absl::string
   if (chat) {
     SPECD_ASSIGN_OR_RETURN(out.messages, Messages(body));
     SPECD_ASSIGN_OR_RETURN(out.chat_options, ChatOptions(body));
+    SPECD_RETURN_IF_ERROR(ParseToolChoice(body, &out));
   } else {
     SPECD_RETURN_IF_ERROR(ParsePrompt(body, &out));
   }

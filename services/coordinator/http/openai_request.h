@@ -1,10 +1,11 @@
 // Parsing and checking the bodies of POST /v1/completions and /v1/chat/completions (OpenAI's
 // names, plus the llama.cpp/vLLM extensions top_k, min_p, repetition_penalty, ignore_eos,
 // stop_token_ids, num_speculative_tokens, and specd's k_policy, draft_method, speculation_tree,
-// egag, logprobs_mode and return_token_ids). Every rejection is INVALID_ARGUMENT naming the field
-// (see FieldOf); limits that depend on the model (vocabulary, max_seq_len, the operator's caps) are
-// checked afterwards by BuildGenerationRequest, the same code the gRPC API uses. Also the bodies
-// of vLLM's POST /tokenize and /detokenize.
+// egag, logprobs_mode and return_token_ids; chat's tools, tool_choice and parallel_tool_calls).
+// Every rejection is INVALID_ARGUMENT naming the field (see FieldOf); limits that depend on the
+// model (vocabulary, max_seq_len, the operator's caps) are checked afterwards by
+// BuildGenerationRequest, the same code the gRPC API uses. Also the bodies of vLLM's POST
+// /tokenize and /detokenize.
 #ifndef SPECD_SERVICES_COORDINATOR_HTTP_OPENAI_REQUEST_H_
 #define SPECD_SERVICES_COORDINATOR_HTTP_OPENAI_REQUEST_H_
 
@@ -12,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -48,6 +50,11 @@ struct OpenAiRequest {
   bool logprobs = false;
   int32_t top_logprobs = 0;
   bool return_token_ids = false;
+  // Chat with tools and tool_choice "auto": each reply is parsed for calls to these tools (see
+  // tool_calls.h); with parallel_tool_calls false, only its first call is returned.
+  bool parse_tool_calls = false;
+  absl::flat_hash_set<std::string> tool_names;
+  bool parallel_tool_calls = true;
   // Sampling, stopping, speculation and logprobs, ready for BuildGenerationRequest; the prompt
   // and the sample number are set per choice.
   v1::GenerateRequest base;

@@ -19,6 +19,7 @@
 #include "nlohmann/json.hpp"
 #include "services/coordinator/http/openai_request.h"
 #include "services/coordinator/scheduler.h"
+#include "services/coordinator/tool_calls.h"
 
 namespace specd::http {
 
@@ -59,6 +60,12 @@ Json ChatLogprobs(std::span<const int32_t> tokens, std::span<const TokenLogprobs
 Json UsageJson(const GenerationUsage& usage);
 // Several choices together: prompt tokens once per distinct prompt, the rest summed.
 Json TotalUsage(std::span<const GenerationUsage> choices, int64_t n);
+
+// OpenAI's tool_calls array of choice `choice` of response `response_id` ("chatcmpl-HEX"): each
+// {"id", "type": "function", "function": {"name", "arguments"}}, and in a stream's delta its
+// "index" too. Ids are "call_HEX_CHOICE_K": unique within a conversation, which sends them back.
+Json ToolCallsJson(absl::string_view response_id, size_t choice, std::span<const ToolCall> calls,
+                   bool stream);
 
 // "stop" (EOS, stop token or stop string) or "length".
 const char* FinishReasonJson(FinishReason reason);

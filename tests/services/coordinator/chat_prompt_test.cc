@@ -187,6 +187,61 @@ TEST(ChatPromptTest, ChatMlTemplateWithoutBosGetsTheTokenizersOne) {
   EXPECT_EQ(Count(*ids, 1), 1);
 }
 
+// Tools reach the template (whose rendering chat_parity_test checks against @huggingface/jinja),
+// a call's arguments in OpenAI's form (JSON text) render as the object they hold, a template that
+// never mentions tools refuses them, and each template names its format of tool calls.
+TEST(ChatPromptTest, ToolsReachTheTemplateInOpenAisForm) {
+  Model m = Lenml("llama3_1");
+  ASSERT_NE(m.tokenizer, nullptr);
+  // Meta's Llama 3.1 template with tools, as Hugging Face publishes it (the package's own is
+  // the older one without).
+  absl::StatusOr<ChatPrompt> chat =
+      ChatPrompt::Load(m.config, PublishedTemplate("library/llama3.1:8b"));
+  ASSERT_TRUE(chat.ok() && chat->available());
+  EXPECT_TRUE(chat->takes_tools());
+  EXPECT_EQ(chat->tool_call_format(), ToolCallFormat::kLlama3Json);
+  ChatPromptOptions options;
+  options.tools = Json::parse(R"([{"type": "function", "function": {"name": "get_weather",
+      "description": "Current weather.", "parameters": {"type": "object",
+      "properties": {"city": {"type": "string"}}}}}])");
+  options.template_kwargs = {{"date_string", "26 Jul 2024"}};
+  auto render = [&](const Json& messages) {
+    absl::StatusOr<std::vector<int32_t>> ids = chat->Encode(messages, *m.tokenizer, options);
+    EXPECT_TRUE(ids.ok()) << ids.status();
+    return ids.ok() ? *ids : std::vector<int32_t>();
+  };
+  const std::vector<int32_t> asked =
+      render(Json::parse(R"([{"role": "user", "content": "Weather in Oslo?"}])"));
+  EXPECT_THAT(*m.tokenizer->Decode(asked), HasSubstr("\"name\": \"get_weather\""));
+
+  const std::string call_as_text = R"([{"role": "user", "content": "Weather in Oslo?"},
+      {"role": "assistant", "content": null, "tool_calls": [{"id": "call_1", "type": "function",
+       "function": {"name": "get_weather", "arguments": "{\"city\": \"Oslo\"}"}}]},
+      {"role": "tool", "tool_call_id": "call_1", "content": "-3 C"}])";
+  const std::string call_as_object = R"([{"role": "user", "content": "Weather in Oslo?"},
+      {"role": "assistant", "content": null, "tool_calls": [{"id": "call_1", "type": "function",
+       "function": {"name": "get_weather", "arguments": {"city": "Oslo"}}}]},
+      {"role": "tool", "tool_call_id": "call_1", "content": "-3 C"}])";
+  const std::vector<int32_t> from_text = render(Json::parse(call_as_text));
+  EXPECT_EQ(from_text, render(Json::parse(call_as_object)));
+  EXPECT_THAT(*m.tokenizer->Decode(from_text),
+              HasSubstr(R"({"name": "get_weather", "parameters": {"city": "Oslo"}})"));
+
+  absl::StatusOr<ChatPrompt> qwen =
+      ChatPrompt::Load(m.config, PublishedTemplate("library/qwen2.5:0.5b"));
+  ASSERT_TRUE(qwen.ok()) << qwen.status();
+  EXPECT_TRUE(qwen->takes_tools());
+  EXPECT_EQ(qwen->tool_call_format(), ToolCallFormat::kHermes);
+
+  absl::StatusOr<ChatPrompt> plain = ChatPrompt::Load(m.config, std::nullopt);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_FALSE(plain->takes_tools());
+  const absl::Status refused = plain->Encode(kConversation, *m.tokenizer, options).status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(FieldOf(refused), "tools");
+  EXPECT_THAT(std::string(refused.message()), HasSubstr("never mentions tools"));
+}
+
 // transformers' continue_final_message rule, applied by tests/services/coordinator/
 // continue_final_reference.mjs to transformers.js's own rendering and encoding.
 // The messages go in single quotes: they must hold none.

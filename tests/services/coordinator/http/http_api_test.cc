@@ -59,8 +59,11 @@ using testing::ServeProcess;
 using testing::StopProcess;
 
 // A ChatML template that writes BOS itself (as Llama 3's does): the prompt must hold one BOS.
+// Given tools, it lists them first and asks for Hermes-style calls, as Qwen2.5's does.
 constexpr char kTemplate[] =
-    "{{ bos_token }}{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + "
+    "{{ bos_token }}{% if tools %}{{ '<|im_start|>system\\nCall tools as <tool_call>{\\\"name\\\": "
+    "..., \\\"arguments\\\": {...}}</tool_call>: ' + tools | tojson + '<|im_end|>\\n' }}{% endif %}"
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + "
     "message['content'] + '<|im_end|>\\n' }}{% endfor %}{% if add_generation_prompt %}"
     "{{ '<|im_start|>assistant\\n' }}{% endif %}";
 
@@ -330,6 +333,43 @@ TEST_F(HttpApiTest, EchoStopStringsAndUsageBehaveAsOpenAis) {
   EXPECT_EQ(u["prompt_tokens"].get<int>() + 20, u["total_tokens"].get<int>());
   EXPECT_GT(u["speculative"]["rounds"].get<int>(), 0);
   EXPECT_TRUE(u["speculative"]["acceptance_rate"].is_number());
+}
+
+// Tools over HTTP: the template shows them to the model (/tokenize counts them as chat feeds
+// them), and a reply that is no call streams as content: what a stream holds back while a call
+// could still begin adds up to the whole response's content, tokens and logprobs.
+TEST_F(HttpApiTest, ToolsReachThePromptAndContentRepliesStreamWhole) {
+  const Json tools = Json::parse(R"([{"type": "function", "function": {"name": "get_weather",
+      "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}])");
+  const Json messages = {{{"role", "user"}, {"content", "Weather in Oslo?"}}};
+  const Json with = Post("/tokenize", {{"messages", messages}, {"tools", tools}});
+  const Json without = Post("/tokenize", {{"messages", messages}});
+  ASSERT_TRUE(with.is_object() && without.is_object());
+  EXPECT_GT(with["count"].get<int64_t>(), without["count"].get<int64_t>());
+  const Json text = Post("/detokenize", {{"tokens", with["tokens"]}});
+  EXPECT_THAT(text["prompt"].get<std::string>(), HasSubstr("\"name\": \"get_weather\""));
+
+  for (const int k : {0, 3}) {
+    Json body = {{"messages", messages}, {"tools", tools},           {"max_tokens", 24},
+                 {"temperature", 0},     {"ignore_eos", true},       {"logprobs", true},
+                 {"top_logprobs", 2},    {"return_token_ids", true}, {"num_speculative_tokens", k}};
+    const std::vector<Choice> whole = ChoicesOf(Post("/v1/chat/completions", body), true);
+    ASSERT_EQ(whole.size(), 1u);
+    EXPECT_EQ(whole[0].prompt_tokens, with["tokens"].get<std::vector<int32_t>>());
+    EXPECT_EQ(whole[0].tokens.size(), 24u);
+    EXPECT_EQ(whole[0].finish_reason, "length");
+    body["stream"] = true;
+    const std::vector<Choice> streamed = ChoicesOf(Stream("/v1/chat/completions", body), true);
+    ASSERT_EQ(streamed.size(), 1u);
+    EXPECT_EQ(streamed[0].text, whole[0].text) << "K = " << k;
+    EXPECT_EQ(streamed[0].tokens, whole[0].tokens);
+    EXPECT_EQ(streamed[0].logprobs, whole[0].logprobs);
+    EXPECT_EQ(streamed[0].finish_reason, "length");
+    // tool_choice "none": the same prompt and reply, never parsed.
+    body["tool_choice"] = "none";
+    body["stream"] = false;
+    EXPECT_EQ(ChoicesOf(Post("/v1/chat/completions", body), true)[0].tokens, whole[0].tokens);
+  }
 }
 
 TEST_F(HttpApiTest, ChatTemplateThatWritesBosGetsNoSecondBos) {

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "services/coordinator/http/openai_request.h"
@@ -109,6 +110,61 @@ INSTANTIATE_TEST_SUITE_P(
                 R"({"messages": [{"role": "user", "content": "hi"}],
                     "tools": [{"type": "function"}]})",
                 "tools"},
+        BadCase{kChat, R"({"messages": [{"role": "user", "content": "hi"}], "tools": {}})",
+                "tools"},
+        BadCase{kChat,
+                R"({"messages": [{"role": "user", "content": "hi"}],
+                    "tools": [{"type": "retrieval", "function": {"name": "f"}}]})",
+                "tools"},
+        BadCase{kChat,
+                R"({"messages": [{"role": "user", "content": "hi"}],
+                    "tools": [{"type": "function", "function": {"name": "no spaces"}}]})",
+                "tools"},
+        BadCase{kChat,
+                R"({"messages": [{"role": "user", "content": "hi"}],
+                    "tools": [{"type": "function", "function": {"name": ""}}]})",
+                "tools"},
+        BadCase{kChat,
+                R"({"messages": [{"role": "user", "content": "hi"}],
+                    "tools": [{"type": "function", "function": {"name": "f"}},
+                              {"type": "function", "function": {"name": "f"}}]})",
+                "tools"},
+        BadCase{kChat,
+                R"({"messages": [{"role": "user", "content": "hi"}],
+                    "tools": [{"type": "function", "function": {"name": "f", "parameters": []}}]})",
+                "tools"},
+        BadCase{kChat,
+                R"({"messages": [{"role": "user", "content": "hi"}],
+                    "tools": [{"type": "function", "function": {"name": "f", "description": 1}}]})",
+                "tools"},
+        BadCase{kChat,
+                R"({"messages": [{"role": "user", "content": "hi"}],
+                    "tools": [{"type": "function", "function": {"name": "f"}}],
+                    "tool_choice": "required"})",
+                "tool_choice"},
+        BadCase{kChat,
+                R"({"messages": [{"role": "user", "content": "hi"}],
+                    "tools": [{"type": "function", "function": {"name": "f"}}],
+                    "tool_choice": {"type": "function", "function": {"name": "f"}}})",
+                "tool_choice"},
+        BadCase{kChat,
+                R"({"messages": [{"role": "user", "content": "hi"}], "tool_choice": "auto"})",
+                "tool_choice"},
+        BadCase{kChat,
+                R"({"messages": [{"role": "user", "content": "hi"}],
+                    "tools": [{"type": "function", "function": {"name": "f"}}],
+                    "tool_choice": "sometimes"})",
+                "tool_choice"},
+        BadCase{kChat,
+                R"({"messages": [{"role": "user", "content": "hi"}],
+                    "tools": [{"type": "function", "function": {"name": "f"}}],
+                    "parallel_tool_calls": "yes"})",
+                "parallel_tool_calls"},
+        BadCase{kC,
+                R"({"prompt": "a", "tools": [{"type": "function", "function": {"name": "f"}}]})",
+                "tools"},
+        BadCase{kChat, R"({"messages": [{"role": "user", "content": "hi"}], "functions": [{}]})",
+                "functions"},
         BadCase{kChat,
                 R"({"messages": [{"role": "user", "content": "hi"}],
                     "response_format": {"type": "json_object"}})",
@@ -275,6 +331,55 @@ TEST(OpenAiRequestTest, DefaultsAreOpenAis) {
   EXPECT_FALSE(r->base.has_speculation());             // the server's default K
   EXPECT_FALSE(r->base.logprobs().enabled());
   EXPECT_EQ(r->n, 1);
+}
+
+TEST(OpenAiRequestTest, ToolsReachTheTemplateAndToolChoiceSaysWhetherRepliesAreParsed) {
+  const std::string tools =
+      R"("tools": [{"type": "function", "function": {"name": "get_weather", "description": "d",
+                    "parameters": {"type": "object"}, "strict": true}},
+                   {"type": "function", "function": {"name": "calc-2"}}])";
+  absl::StatusOr<OpenAiRequest> r = ParseOpenAiRequest(
+      kChat, R"({"messages": [{"role": "user", "content": "hi"}], )" + tools + "}");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->parse_tool_calls);  // "auto" by default
+  EXPECT_TRUE(r->parallel_tool_calls);
+  EXPECT_EQ(r->tool_names, (absl::flat_hash_set<std::string>{"get_weather", "calc-2"}));
+  ASSERT_TRUE(r->chat_options.tools.is_array());
+  EXPECT_EQ(r->chat_options.tools.size(), 2u);
+  EXPECT_EQ(r->chat_options.tools[0]["function"]["description"], "d");
+
+  // "none": the model still sees the tools, but its reply is content.
+  r = ParseOpenAiRequest(kChat, R"({"messages": [{"role": "user", "content": "hi"}], )" + tools +
+                                    R"(, "tool_choice": "none", "parallel_tool_calls": false})");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_FALSE(r->parse_tool_calls);
+  EXPECT_FALSE(r->parallel_tool_calls);
+  EXPECT_EQ(r->chat_options.tools.size(), 2u);
+
+  // No tools, or an empty list: nothing to parse, and "none" is harmless.
+  for (const char* body : {R"({"messages": [{"role": "user", "content": "hi"}], "tools": []})",
+                           R"({"messages": [{"role": "user", "content": "hi"}],
+                               "tool_choice": "none"})"}) {
+    r = ParseOpenAiRequest(kChat, body);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_FALSE(r->parse_tool_calls);
+    EXPECT_TRUE(r->chat_options.tools.is_null());
+  }
+
+  // /tokenize counts a conversation with its tools, as chat renders it.
+  absl::StatusOr<TokenizeRequest> t =
+      ParseTokenizeRequest(R"({"messages": [{"role": "user", "content": "hi"}], )" + tools + "}");
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(t->chat_options.tools.size(), 2u);
+
+  std::string many = R"({"messages": [{"role": "user", "content": "hi"}], "tools": [)";
+  for (int i = 0; i < 129; ++i) {
+    many += absl::StrCat(i == 0 ? "" : ",", R"({"type": "function", "function": {"name": "f)", i,
+                         R"("}})");
+  }
+  r = ParseOpenAiRequest(kChat, many + "]}");
+  ASSERT_FALSE(r.ok());
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("at most 128"));
 }
 
 TEST(OpenAiRequestTest, ChatTakesMaxCompletionTokensAndBooleanLogprobs) {

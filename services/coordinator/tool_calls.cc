@@ -1,0 +1,164 @@
+#include "services/coordinator/tool_calls.h"
+
+#include <utility>
+
+#include "absl/strings/ascii.h"
+#include "nlohmann/json.hpp"
+
+namespace specd {
+namespace {
+
+using Json = nlohmann::ordered_json;
+
+constexpr std::string_view kPythonTag = "<|python_tag|>";
+constexpr std::string_view kOpenTag = "<tool_call>";
+constexpr std::string_view kCloseTag = "</tool_call>";
+
+bool IsSpace(char c) { return absl::ascii_isspace(static_cast<unsigned char>(c)); }
+
+size_t SkipSpace(std::string_view s, size_t pos) {
+  while (pos < s.size() && IsSpace(s[pos])) ++pos;
+  return pos;
+}
+
+// The end of `text` without its trailing whitespace.
+size_t TrimmedEnd(std::string_view text) {
+  size_t end = text.size();
+  while (end > 0 && IsSpace(text[end - 1])) --end;
+  return end;
+}
+
+// Deeper arguments are not a tool call but a model writing braces; the bound also keeps the
+// JSON parser's recursion shallow.
+constexpr int kMaxDepth = 64;
+
+// The end of the JSON object that starts at s[pos] ('{'), past its closing brace; npos when the
+// text ends first or nests deeper than kMaxDepth. Braces inside strings do not count.
+size_t ObjectEnd(std::string_view s, size_t pos) {
+  int depth = 0;
+  bool in_string = false;
+  for (size_t i = pos; i < s.size(); ++i) {
+    const char c = s[i];
+    if (in_string) {
+      if (c == '\\') {
+        ++i;
+      } else if (c == '"') {
+        in_string = false;
+      }
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '{' || c == '[') {
+      if (++depth > kMaxDepth) return std::string_view::npos;
+    } else if ((c == '}' || c == ']') && --depth == 0) {
+      return i + 1;
+    }
+  }
+  return std::string_view::npos;
+}
+
+// One call object at s[*pos]: {"name": a declared tool, "arguments" or "parameters": an object
+// (or a string holding one; absent is no arguments)}. Advances *pos past it.
+std::optional<ToolCall> ParseCall(std::string_view s, size_t* pos,
+                                  const absl::flat_hash_set<std::string>& tools) {
+  if (*pos >= s.size() || s[*pos] != '{') return std::nullopt;
+  const size_t end = ObjectEnd(s, *pos);
+  if (end == std::string_view::npos) return std::nullopt;
+  const Json call = Json::parse(s.substr(*pos, end - *pos), nullptr, /*allow_exceptions=*/false);
+  *pos = end;
+  if (!call.is_object()) return std::nullopt;
+  const auto name = call.find("name");
+  if (name == call.end() || !name->is_string() || !tools.contains(name->get<std::string>())) {
+    return std::nullopt;
+  }
+  auto args = call.find("arguments");
+  if (args == call.end()) args = call.find("parameters");
+  Json arguments = Json::object();
+  if (args != call.end()) {
+    arguments = args->is_string()
+                    ? Json::parse(args->get<std::string>(), nullptr, /*allow_exceptions=*/false)
+                    : *args;
+    if (!arguments.is_object()) return std::nullopt;
+  }
+  return ToolCall{name->get<std::string>(),
+                  arguments.dump(-1, ' ', false, Json::error_handler_t::replace)};
+}
+
+std::optional<ParsedReply> ParseLlama3(std::string_view text,
+                                       const absl::flat_hash_set<std::string>& tools) {
+  size_t pos = SkipSpace(text, 0);
+  if (text.substr(pos).starts_with(kPythonTag)) pos = SkipSpace(text, pos + kPythonTag.size());
+  ParsedReply reply;
+  while (true) {
+    std::optional<ToolCall> call = ParseCall(text, &pos, tools);
+    if (!call.has_value()) return std::nullopt;
+    reply.calls.push_back(*std::move(call));
+    pos = SkipSpace(text, pos);
+    if (pos == text.size()) return reply;
+    if (text[pos] != ';') return std::nullopt;
+    pos = SkipSpace(text, pos + 1);
+  }
+}
+
+std::optional<ParsedReply> ParseHermes(std::string_view text,
+                                       const absl::flat_hash_set<std::string>& tools) {
+  size_t pos = text.find(kOpenTag);
+  if (pos == std::string_view::npos) return std::nullopt;
+  ParsedReply reply;
+  reply.content = std::string(text.substr(0, TrimmedEnd(text.substr(0, pos))));
+  while (pos < text.size()) {
+    if (!text.substr(pos).starts_with(kOpenTag)) return std::nullopt;
+    pos = SkipSpace(text, pos + kOpenTag.size());
+    std::optional<ToolCall> call = ParseCall(text, &pos, tools);
+    if (!call.has_value()) return std::nullopt;
+    reply.calls.push_back(*std::move(call));
+    pos = SkipSpace(text, pos);
+    if (!text.substr(pos).starts_with(kCloseTag)) return std::nullopt;
+    pos = SkipSpace(text, pos + kCloseTag.size());
+  }
+  return reply;
+}
+
+// The first position from which `text` may still become `tag`: where it starts in full, or
+// where a proper prefix of it ends the text; npos when neither.
+size_t TagStart(std::string_view text, std::string_view tag) {
+  const size_t full = text.find(tag);
+  if (full != std::string_view::npos) return full;
+  for (size_t i = text.size() > tag.size() ? text.size() - tag.size() : 0; i < text.size(); ++i) {
+    if (tag.starts_with(text.substr(i))) return i;
+  }
+  return std::string_view::npos;
+}
+
+}  // namespace
+
+ToolCallFormat ToolCallFormatOf(std::string_view template_source) {
+  return template_source.find(kOpenTag) != std::string_view::npos ? ToolCallFormat::kHermes
+                                                                  : ToolCallFormat::kLlama3Json;
+}
+
+const char* ToolCallFormatName(ToolCallFormat format) {
+  return format == ToolCallFormat::kHermes ? "hermes" : "llama3_json";
+}
+
+std::optional<ParsedReply> ParseToolCalls(std::string_view text, ToolCallFormat format,
+                                          const absl::flat_hash_set<std::string>& tools) {
+  return format == ToolCallFormat::kHermes ? ParseHermes(text, tools) : ParseLlama3(text, tools);
+}
+
+size_t ReleasableContent(std::string_view text, ToolCallFormat format) {
+  if (format == ToolCallFormat::kLlama3Json) {
+    // Calls are the whole reply: its first visible character decides.
+    const std::string_view rest = text.substr(SkipSpace(text, 0));
+    if (rest.empty() || rest.front() == '{' || rest.starts_with(kPythonTag) ||
+        kPythonTag.starts_with(rest)) {
+      return 0;
+    }
+    return text.size();
+  }
+  // Content until the first tag, without the whitespace before it (which a reply with calls
+  // drops); trailing whitespace waits, since a tag may follow it.
+  const size_t tag = TagStart(text, kOpenTag);
+  return TrimmedEnd(text.substr(0, tag == std::string_view::npos ? text.size() : tag));
+}
+
+}  // namespace specd

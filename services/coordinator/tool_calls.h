@@ -1,0 +1,52 @@
+// Tool calls in a chat reply (OpenAI's `tools`): the model writes a call as text in its family's
+// format, and the server returns it as `tool_calls` instead of content. Two formats, told apart by
+// the chat template that asked for them:
+//  - Llama 3.1/3.2 JSON: the whole reply is {"name": ..., "parameters": {...}} (or "arguments";
+//    several joined by ";"), optionally after <|python_tag|>, as Meta's templates instruct;
+//  - Hermes (Qwen2.5, Hermes, many fine-tunes): <tool_call>{"name": ..., "arguments": {...}}
+//    </tool_call> blocks at the end of the reply, after optional content.
+// A reply that does not parse as calls to the declared tools, completely, is content: a tool call
+// is never guessed from part of the text.
+#ifndef SPECD_SERVICES_COORDINATOR_TOOL_CALLS_H_
+#define SPECD_SERVICES_COORDINATOR_TOOL_CALLS_H_
+
+#include <cstddef>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/container/flat_hash_set.h"
+
+namespace specd {
+
+enum class ToolCallFormat { kLlama3Json, kHermes };
+
+// Hermes when the template writes <tool_call> tags, else Llama 3 JSON.
+ToolCallFormat ToolCallFormatOf(std::string_view template_source);
+// "llama3_json" or "hermes", vLLM's names.
+const char* ToolCallFormatName(ToolCallFormat format);
+
+struct ToolCall {
+  std::string name;
+  std::string arguments;  // a JSON object's text, as OpenAI sends it
+};
+
+struct ParsedReply {
+  std::string content;  // the text before the calls, trimmed; empty when there is none
+  std::vector<ToolCall> calls;
+};
+
+// The calls `text` makes in `format`, when all of it (but the leading content Hermes allows) is
+// calls to tools named in `tools`; nullopt when it is content.
+std::optional<ParsedReply> ParseToolCalls(std::string_view text, ToolCallFormat format,
+                                          const absl::flat_hash_set<std::string>& tools);
+
+// What a stream may send of a reply while it is written: the bytes of `text` before any point
+// where a tool call may begin (text.size() when none can). The rest is held until more text shows
+// it is content, or the reply ends and ParseToolCalls decides.
+size_t ReleasableContent(std::string_view text, ToolCallFormat format);
+
+}  // namespace specd
+
+#endif  // SPECD_SERVICES_COORDINATOR_TOOL_CALLS_H_
