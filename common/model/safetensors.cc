@@ -10,8 +10,9 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "base/status_macros.h"
 #include "base/absl_string.h"
+#include "base/json_brackets.h"
+#include "base/status_macros.h"
 #include "nlohmann/json.hpp"
 
 namespace specd {
@@ -50,25 +51,11 @@ constexpr int kMaxJsonDepth = 8;
 
 // Deepest bracket nesting outside strings; the JSON parser reports every other syntax error.
 int JsonNestingDepth(std::string_view text) {
-  int depth = 0;
   int max_depth = 0;
-  bool in_string = false;
-  for (size_t i = 0; i < text.size(); ++i) {
-    const char c = text[i];
-    if (in_string) {
-      if (c == '\\') {
-        ++i;
-      } else if (c == '"') {
-        in_string = false;
-      }
-    } else if (c == '"') {
-      in_string = true;
-    } else if (c == '{' || c == '[') {
-      max_depth = std::max(max_depth, ++depth);
-    } else if (c == '}' || c == ']') {
-      --depth;
-    }
-  }
+  WalkJsonBrackets(text, 0, [&](size_t, int depth) {
+    max_depth = std::max(max_depth, depth);
+    return true;
+  });
   return max_depth;
 }
 

@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "absl/strings/ascii.h"
+#include "base/json_brackets.h"
 #include "nlohmann/json.hpp"
 
 namespace specd {
@@ -35,25 +36,12 @@ constexpr int kMaxDepth = 64;
 // The end of the JSON object that starts at s[pos] ('{'), past its closing brace; npos when the
 // text ends first or nests deeper than kMaxDepth. Braces inside strings do not count.
 size_t ObjectEnd(std::string_view s, size_t pos) {
-  int depth = 0;
-  bool in_string = false;
-  for (size_t i = pos; i < s.size(); ++i) {
-    const char c = s[i];
-    if (in_string) {
-      if (c == '\\') {
-        ++i;
-      } else if (c == '"') {
-        in_string = false;
-      }
-    } else if (c == '"') {
-      in_string = true;
-    } else if (c == '{' || c == '[') {
-      if (++depth > kMaxDepth) return std::string_view::npos;
-    } else if ((c == '}' || c == ']') && --depth == 0) {
-      return i + 1;
-    }
-  }
-  return std::string_view::npos;
+  size_t end = std::string_view::npos;
+  WalkJsonBrackets(s, pos, [&](size_t i, int depth) {
+    if (depth == 0) end = i + 1;
+    return depth > 0 && depth <= kMaxDepth;
+  });
+  return end;
 }
 
 // One call object at s[*pos]: {"name": a declared tool, "arguments" or "parameters": an object
