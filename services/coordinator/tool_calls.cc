@@ -1,5 +1,6 @@
 #include "services/coordinator/tool_calls.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/ascii.h"
@@ -133,8 +134,9 @@ std::optional<ParsedReply> ParseToolCalls(std::string_view text, ToolCallFormat 
   return format == ToolCallFormat::kHermes ? ParseHermes(text, tools) : ParseLlama3(text, tools);
 }
 
-size_t ReleasableContent(std::string_view text, ToolCallFormat format) {
+size_t ReleasableContent(std::string_view text, ToolCallFormat format, size_t known) {
   if (format == ToolCallFormat::kLlama3Json) {
+    if (known > 0) return text.size();
     // Calls are the whole reply: its first visible character decides.
     const std::string_view rest = text.substr(SkipSpace(text, 0));
     if (rest.empty() || rest.front() == '{' || rest.starts_with(kPythonTag) ||
@@ -144,9 +146,11 @@ size_t ReleasableContent(std::string_view text, ToolCallFormat format) {
     return text.size();
   }
   // Content until the first tag, without the whitespace before it (which a reply with calls
-  // drops); trailing whitespace waits, since a tag may follow it.
-  const size_t tag = TagStart(text, kOpenTag);
-  return TrimmedEnd(text.substr(0, tag == std::string_view::npos ? text.size() : tag));
+  // drops); trailing whitespace waits, since a tag may follow it. No tag starts before `known`.
+  const size_t from = std::min(known, text.size());
+  const std::string_view rest = text.substr(from);
+  const size_t tag = TagStart(rest, kOpenTag);
+  return from + TrimmedEnd(rest.substr(0, tag == std::string_view::npos ? rest.size() : tag));
 }
 
 }  // namespace specd

@@ -44,8 +44,11 @@ std::optional<ParsedReply> ParseToolCalls(std::string_view text, ToolCallFormat 
 
 // What a stream may send of a reply while it is written: the bytes of `text` before any point
 // where a tool call may begin (text.size() when none can). The rest is held until more text shows
-// it is content, or the reply ends and ParseToolCalls decides.
-size_t ReleasableContent(std::string_view text, ToolCallFormat format);
+// it is content, or the reply ends and ParseToolCalls decides. `known`, this function's answer
+// for a shorter prefix of `text` (or 0), is where the search starts, so that a stream's work is
+// proportional to its new text rather than to all of it every event; the answer never falls
+// below it.
+size_t ReleasableContent(std::string_view text, ToolCallFormat format, size_t known = 0);
 
 }  // namespace specd
 

@@ -106,7 +106,7 @@ void Build(const specd::http::OpenAiRequest& request) {
 
 // A model's reply to a request with tools, in both formats: a stream never sends
 // more than the content a finished reply has, nor takes back what it sent (ReleasableContent
-// only grows as the reply does).
+// only grows as the reply does, and a search from its previous answer finds the same).
 void ParseReply(absl::string_view reply, const absl::flat_hash_set<std::string>& tools) {
   const std::string_view text(reply.data(), std::min<size_t>(reply.size(), 512));
   for (const specd::ToolCallFormat format :
@@ -116,6 +116,8 @@ void ParseReply(absl::string_view reply, const absl::flat_hash_set<std::string>&
     for (size_t n = 0; n < text.size(); ++n) {
       const size_t r = specd::ReleasableContent(text.substr(0, n), format);
       Check(r <= n && r >= released);
+      // What a stream computes, from its previous answer, is the same.
+      Check(specd::ReleasableContent(text.substr(0, n), format, released) == r);
       released = r;
     }
     if (parsed.has_value()) {

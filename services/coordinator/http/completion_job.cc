@@ -242,7 +242,8 @@ void CompletionJob::StreamToolAware(size_t index, const GenerationEvent& event) 
     c.held.clear();
   } else {
     // Whole events, up to where a call may begin.
-    const size_t releasable = ReleasableContent(c.text, tool_format_);
+    c.releasable = ReleasableContent(c.text, tool_format_, c.releasable);
+    const size_t releasable = c.releasable;
     size_t n = 0;
     while (n < c.held.size() && c.held[n].first <= releasable) {
       std::tie(bytes, tokens) = c.held[n];

@@ -68,6 +68,7 @@ class CompletionJob : public std::enable_shared_from_this<CompletionJob> {
     // events held back end (bytes of text, tokens), since chunks are whole events.
     size_t sent_bytes = 0;
     size_t sent_tokens = 0;
+    size_t releasable = 0;  // ReleasableContent of `text` so far
     std::vector<std::pair<size_t, size_t>> held;
   };
 

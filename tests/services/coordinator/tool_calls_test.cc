@@ -152,13 +152,16 @@ TEST(ToolCallsTest, StreamedContentEqualsTheWholeReplyForEverySplit) {
       std::string text;
       std::string sent;
       std::vector<size_t> held;  // event ends not yet sent
+      size_t known = 0;          // ReleasableContent so far, as CompletionJob keeps it
       for (size_t pos = 0; pos < c.text.size();) {
         const size_t n = std::min<size_t>(c.text.size() - pos, 1 + rng() % 5);
         text += c.text.substr(pos, n);
         pos += n;
         if (pos == c.text.size()) break;  // the last event: below
         held.push_back(text.size());
-        const size_t releasable = ReleasableContent(text, c.format);
+        const size_t releasable = ReleasableContent(text, c.format, known);
+        ASSERT_EQ(releasable, ReleasableContent(text, c.format)) << "searching from " << known;
+        known = releasable;
         size_t upto = sent.size();
         while (!held.empty() && held.front() <= releasable) {
           upto = held.front();
