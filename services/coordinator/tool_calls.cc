@@ -45,6 +45,13 @@ size_t ObjectEnd(std::string_view s, size_t pos) {
   return end;
 }
 
+// Whether `text` nests no deeper than kMaxDepth (outside strings).
+bool Shallow(std::string_view text) {
+  bool shallow = true;
+  WalkJsonBrackets(text, 0, [&](size_t, int depth) { return shallow = depth <= kMaxDepth; });
+  return shallow;
+}
+
 // One call object at s[*pos]: {"name": a declared tool, "arguments" or "parameters": an object
 // (or a string holding one; absent is no arguments)}. Advances *pos past it.
 std::optional<ToolCall> ParseCall(std::string_view s, size_t* pos,
@@ -63,6 +70,7 @@ std::optional<ToolCall> ParseCall(std::string_view s, size_t* pos,
   if (args == call.end()) args = call.find("parameters");
   Json arguments = Json::object();
   if (args != call.end()) {
+    if (args->is_string() && !Shallow(args->get<std::string>())) return std::nullopt;
     arguments = args->is_string()
                     ? Json::parse(args->get<std::string>(), nullptr, /*allow_exceptions=*/false)
                     : *args;

@@ -73,6 +73,13 @@ TEST(ToolCallsTest, Llama3JsonThatIsNotACallIsContent) {
   EXPECT_FALSE(Llama3("{\"name\": \"calculate\", \"parameters\": {\"a\": " + std::string(100, '[') +
                       std::string(100, ']') + "}}")
                    .has_value());
+  // The same inside arguments given as text, which the bracket count outside strings misses.
+  EXPECT_FALSE(Llama3("{\"name\": \"calculate\", \"arguments\": \"{\\\"a\\\": " +
+                      std::string(100, '[') + std::string(100, ']') + "}\"}")
+                   .has_value());
+  EXPECT_TRUE(Llama3("{\"name\": \"calculate\", \"arguments\": \"{\\\"a\\\": " +
+                     std::string(10, '[') + std::string(10, ']') + "}\"}")
+                  .has_value());
 }
 
 TEST(ToolCallsTest, HermesCalls) {
