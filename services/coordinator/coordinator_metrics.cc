@@ -115,6 +115,9 @@ CoordinatorMetrics::CoordinatorMetrics(int max_position)
     accepted_tokens_by_guidance_[i] = &accepted_by_guidance.Add(labels);
     if (i > 0) guided_requests_[i] = &guided.Add(labels);
   }
+  tool_call_replies_ = &counter("specd_tool_call_replies_total",
+                                "Chat replies returned as tool calls rather than content");
+  tool_calls_ = &counter("specd_tool_calls_total", "Tool calls in those replies");
   acceptance_rate_ = &histogram("specd_request_acceptance_rate",
                                 "Accepted / drafted tokens of one finished request", RateBuckets());
   accepted_length_ = &histogram("specd_spec_decode_accepted_length",
@@ -277,6 +280,11 @@ void CoordinatorMetrics::OnRequestError(absl::StatusCode code) {
 
 void CoordinatorMetrics::OnGuidedRequest(GuidanceKind kind) {
   if (kind != GuidanceKind::kOff) guided_requests_[static_cast<size_t>(kind)]->Increment();
+}
+
+void CoordinatorMetrics::OnToolCallReply(int64_t calls) {
+  tool_call_replies_->Increment();
+  tool_calls_->Increment(static_cast<double>(calls));
 }
 
 void CoordinatorMetrics::OnFirstToken(absl::Duration since_arrival) {

@@ -74,6 +74,8 @@ class CoordinatorMetrics final {
   void OnRequestError(absl::StatusCode code);
   // A request with classifier-free guidance was queued (kTarget: its draft is unguided).
   void OnGuidedRequest(GuidanceKind kind);
+  // A chat reply came back as `calls` tool calls instead of content (the HTTP API's tools).
+  void OnToolCallReply(int64_t calls);
   void OnFirstToken(absl::Duration since_arrival);
   // `tokens` tokens arrived together `gap` after the previous ones: each counts gap / tokens.
   void OnTokens(int64_t tokens, absl::Duration gap);
@@ -112,6 +114,8 @@ class CoordinatorMetrics final {
   std::array<prometheus::Counter*, kNumGuidanceKinds> draft_tokens_by_guidance_{};
   std::array<prometheus::Counter*, kNumGuidanceKinds> accepted_tokens_by_guidance_{};
   std::array<prometheus::Counter*, kNumGuidanceKinds> guided_requests_{};
+  prometheus::Counter* tool_call_replies_ = nullptr;
+  prometheus::Counter* tool_calls_ = nullptr;
   prometheus::Histogram* acceptance_rate_;
   prometheus::Histogram* accepted_length_;
   prometheus::Histogram* draft_length_;

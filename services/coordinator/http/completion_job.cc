@@ -255,6 +255,9 @@ void CompletionJob::StreamToolAware(size_t index, const GenerationEvent& event) 
   Json delta = Json::object();
   if (!c.started) delta["role"] = "assistant";
   if (reply.has_value()) {
+    if (state_->metrics != nullptr) {
+      state_->metrics->OnToolCallReply(static_cast<int64_t>(reply->calls.size()));
+    }
     // The content before the calls that is not out yet (ReleasableContent never sends more).
     if (reply->content.size() > c.sent_bytes) {
       delta["content"] = reply->content.substr(c.sent_bytes);
@@ -299,6 +302,9 @@ Json CompletionJob::WholeResponse() const {
     std::optional<ParsedReply> reply;
     if (chat && parse_tool_calls_) reply = ToolCallsOf(c.text);
     if (reply.has_value()) {
+      if (state_->metrics != nullptr) {
+        state_->metrics->OnToolCallReply(static_cast<int64_t>(reply->calls.size()));
+      }
       choice["message"] = {
           {"role", "assistant"},
           {"content", reply->content.empty() ? Json(nullptr) : Json(reply->content)},

@@ -25,6 +25,7 @@
 #include "nlohmann/json.hpp"
 #include "services/common/work_queue.h"
 #include "services/coordinator/chat_prompt.h"
+#include "services/coordinator/coordinator_metrics.h"
 #include "services/coordinator/generation_service.h"
 #include "services/coordinator/http/openai_api.h"
 #include "services/coordinator/local_worker.h"
@@ -209,6 +210,7 @@ class ToolCallsApiTest : public ::testing::Test {
     state_.limits.has_draft = false;
     state_.limits.default_num_speculative_tokens = 0;
     state_.info.set_served_model_name("m");
+    state_.metrics = &metrics_;
     api_ = std::make_unique<OpenAiApi>(OpenAiApiOptions{}, queue_);
     api_->SetServing(&state_);
   }
@@ -242,6 +244,7 @@ class ToolCallsApiTest : public ::testing::Test {
   std::unique_ptr<Tokenizer> tokenizer_;
   std::unique_ptr<ChatPrompt> chat_;
   std::unique_ptr<Scheduler> scheduler_;
+  CoordinatorMetrics metrics_;
   ServingState state_;
   WorkQueue queue_{1};
   std::unique_ptr<OpenAiApi> api_;
@@ -291,6 +294,10 @@ TEST_F(ToolCallsApiTest, Llama3JsonReplyIsAToolCall) {
   EXPECT_EQ(Visible(none["message"]["content"]),
             R"({"name": "get_weather", "parameters": {"city": "Oslo"}})");
   EXPECT_FALSE(none["message"].contains("tool_calls"));
+  // Two replies were calls (whole and streamed), one call each; the third was content.
+  const std::string metrics = metrics_.Text();
+  EXPECT_THAT(metrics, HasSubstr("\nspecd_tool_call_replies_total 2\n")) << metrics;
+  EXPECT_THAT(metrics, HasSubstr("\nspecd_tool_calls_total 2\n"));
 }
 
 TEST_F(ToolCallsApiTest, HermesReplyStreamsItsContentThenItsCalls) {
