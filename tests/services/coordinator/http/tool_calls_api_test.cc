@@ -183,14 +183,10 @@ class ToolCallsApiTest : public ::testing::Test {
   static void TearDownTestSuite() { delete dir_; }
 
   void Serve(bool hermes) {
-    EngineOptions options;
-    options.kv_capacity_tokens = 8192;
-    options.kv_block_size = 16;
-    absl::StatusOr<std::unique_ptr<LlamaEngine>> engine =
-        CreateCpuEngine(dir_->path(), 1, options, LoadOptions{});
-    ASSERT_TRUE(engine.ok()) << engine.status();
+    std::unique_ptr<LlamaEngine> engine = testing::MakeEngine(dir_->path(), 1, /*kv_tokens=*/8192);
+    ASSERT_NE(engine, nullptr);
     worker_ = std::make_unique<LocalWorker>(
-        std::make_unique<WorkerRuntime>(*std::move(engine), WorkerRuntimeOptions{}));
+        std::make_unique<WorkerRuntime>(std::move(engine), WorkerRuntimeOptions{}));
     target_ = std::make_unique<ScriptedTarget>(*worker_);
     absl::StatusOr<std::unique_ptr<Tokenizer>> tok = Tokenizer::LoadFromDir(dir_->path());
     ASSERT_TRUE(tok.ok()) << tok.status();
