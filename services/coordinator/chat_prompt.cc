@@ -94,13 +94,10 @@ absl::StatusOr<std::vector<int32_t>> EncodeRenderedPrompt(const chat::RenderedPr
   return tokenizer.Encode(prompt.text, options);
 }
 
-bool ChatPrompt::takes_tools() const {
-  return tmpl_.has_value() && absl::StrContains(tmpl_->source(), "tools");
-}
-
-ToolCallFormat ChatPrompt::tool_call_format() const {
-  return ToolCallFormatOf(tmpl_.has_value() ? std::string_view(tmpl_->source()) : "");
-}
+ChatPrompt::ChatPrompt(chat::ChatTemplate tmpl)
+    : tmpl_(std::move(tmpl)),
+      takes_tools_(absl::StrContains(tmpl_->source(), "tools")),
+      tool_call_format_(ToolCallFormatOf(tmpl_->source())) {}
 
 absl::StatusOr<std::vector<int32_t>> ChatPrompt::Encode(const nlohmann::ordered_json& messages,
                                                         const Tokenizer& tokenizer,

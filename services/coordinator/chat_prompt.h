@@ -56,9 +56,9 @@ class ChatPrompt {
   const absl::Status& unavailable_reason() const { return unavailable_; }
   // Whether the template can show the model tools (it mentions them); a request with tools is
   // refused otherwise, rather than silently answered by a model that never saw them.
-  bool takes_tools() const;
+  bool takes_tools() const { return takes_tools_; }
   // How the model writes its tool calls, as its template asks (see tool_calls.h).
-  ToolCallFormat tool_call_format() const;
+  ToolCallFormat tool_call_format() const { return tool_call_format_; }
 
   // `messages`: an OpenAI-style array of {"role", "content"} objects (content may be a list of
   // text parts). Rendered as `options` ask (by default with the assistant's generation prompt),
@@ -69,10 +69,13 @@ class ChatPrompt {
                                               const ChatPromptOptions& options = {}) const;
 
  private:
-  explicit ChatPrompt(chat::ChatTemplate tmpl) : tmpl_(std::move(tmpl)) {}
+  explicit ChatPrompt(chat::ChatTemplate tmpl);
 
   std::optional<chat::ChatTemplate> tmpl_;
   absl::Status unavailable_;
+  // Read off the template's source once, not per request.
+  bool takes_tools_ = false;
+  ToolCallFormat tool_call_format_ = ToolCallFormat::kLlama3Json;
 };
 
 // Encodes a rendered prompt: special tokens parsed; BOS as the tokenizer declares unless the

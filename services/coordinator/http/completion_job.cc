@@ -17,7 +17,7 @@ CompletionJob::CompletionJob(std::shared_ptr<HttpExchange> exchange, const OpenA
       logprobs_(request.logprobs),
       top_logprobs_(request.top_logprobs),
       return_token_ids_(request.return_token_ids),
-      parse_tool_calls_(request.parse_tool_calls && state->chat != nullptr),
+      parse_tool_calls_(!request.tool_names.empty() && state->chat != nullptr),
       tool_format_(state->chat != nullptr ? state->chat->tool_call_format()
                                           : ToolCallFormat::kLlama3Json),
       tool_names_(request.tool_names),
@@ -243,9 +243,8 @@ void CompletionJob::StreamToolAware(size_t index, const GenerationEvent& event) 
   } else {
     // Whole events, up to where a call may begin.
     c.releasable = ReleasableContent(c.text, tool_format_, c.releasable);
-    const size_t releasable = c.releasable;
     size_t n = 0;
-    while (n < c.held.size() && c.held[n].first <= releasable) {
+    while (n < c.held.size() && c.held[n].first <= c.releasable) {
       std::tie(bytes, tokens) = c.held[n];
       ++n;
     }

@@ -161,30 +161,26 @@ absl::Status ParseTools(const Json& body, ChatPromptOptions* options) {
 // tool_choice: "auto" (the default with tools: the reply may be calls) or "none" (it is content).
 // "required" and a named function would need decoding constrained to a call's JSON.
 absl::Status ParseToolChoice(const Json& body, OpenAiRequest* out) {
-  const bool has_tools = !out->chat_options.tools.is_null();
+  const Json& tools = out->chat_options.tools;
   const Json& choice = Field(body, "tool_choice");
-  if (choice.is_null() || choice == "auto") {
-    if (!choice.is_null() && !has_tools) {
-      return FieldError("tool_choice", "tool_choice \"auto\" needs tools");
-    }
-    out->parse_tool_calls = has_tools;
-  } else if (choice == "none") {
-    out->parse_tool_calls = false;
-  } else if (choice == "required" || choice.is_object()) {
+  if (choice == "required" || choice.is_object()) {
     return FieldError("tool_choice",
                       "tool_choice \"required\" and a named function are not supported: they need "
                       "decoding constrained to a call's JSON, which this server does not do; use "
                       "\"auto\" (the default with tools) or \"none\"");
-  } else {
+  }
+  if (!choice.is_null() && choice != "auto" && choice != "none") {
     return FieldError("tool_choice",
                       "tool_choice must be \"auto\", \"none\", \"required\" or a named function");
   }
+  if (choice == "auto" && tools.is_null()) {
+    return FieldError("tool_choice", "tool_choice \"auto\" needs tools");
+  }
   SPECD_ASSIGN_OR_RETURN(const std::optional<bool> parallel, Bool(body, "parallel_tool_calls"));
   out->parallel_tool_calls = parallel.value_or(true);
-  if (out->parse_tool_calls) {
-    for (const Json& tool : out->chat_options.tools) {
+  if (choice != "none" && tools.is_array()) {
+    for (const Json& tool : tools)
       out->tool_names.insert(tool["function"]["name"].get<std::string>());
-    }
   }
   return absl::OkStatus();
 }

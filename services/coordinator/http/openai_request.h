@@ -51,8 +51,8 @@ struct OpenAiRequest {
   int32_t top_logprobs = 0;
   bool return_token_ids = false;
   // Chat with tools and tool_choice "auto": each reply is parsed for calls to these tools (see
-  // tool_calls.h); with parallel_tool_calls false, only its first call is returned.
-  bool parse_tool_calls = false;
+  // tool_calls.h); empty otherwise. With parallel_tool_calls false, only a reply's first call is
+  // returned.
   absl::flat_hash_set<std::string> tool_names;
   bool parallel_tool_calls = true;
   // Sampling, stopping, speculation and logprobs, ready for BuildGenerationRequest; the prompt

@@ -341,7 +341,7 @@ TEST(OpenAiRequestTest, ToolsReachTheTemplateAndToolChoiceSaysWhetherRepliesAreP
   absl::StatusOr<OpenAiRequest> r = ParseOpenAiRequest(
       kChat, R"({"messages": [{"role": "user", "content": "hi"}], )" + tools + "}");
   ASSERT_TRUE(r.ok()) << r.status();
-  EXPECT_TRUE(r->parse_tool_calls);  // "auto" by default
+  // "auto" by default: replies are parsed for calls to the tools.
   EXPECT_TRUE(r->parallel_tool_calls);
   EXPECT_EQ(r->tool_names, (absl::flat_hash_set<std::string>{"get_weather", "calc-2"}));
   ASSERT_TRUE(r->chat_options.tools.is_array());
@@ -352,7 +352,7 @@ TEST(OpenAiRequestTest, ToolsReachTheTemplateAndToolChoiceSaysWhetherRepliesAreP
   r = ParseOpenAiRequest(kChat, R"({"messages": [{"role": "user", "content": "hi"}], )" + tools +
                                     R"(, "tool_choice": "none", "parallel_tool_calls": false})");
   ASSERT_TRUE(r.ok()) << r.status();
-  EXPECT_FALSE(r->parse_tool_calls);
+  EXPECT_TRUE(r->tool_names.empty());
   EXPECT_FALSE(r->parallel_tool_calls);
   EXPECT_EQ(r->chat_options.tools.size(), 2u);
 
@@ -362,7 +362,7 @@ TEST(OpenAiRequestTest, ToolsReachTheTemplateAndToolChoiceSaysWhetherRepliesAreP
                                "tool_choice": "none"})"}) {
     r = ParseOpenAiRequest(kChat, body);
     ASSERT_TRUE(r.ok()) << r.status();
-    EXPECT_FALSE(r->parse_tool_calls);
+    EXPECT_TRUE(r->tool_names.empty());
     EXPECT_TRUE(r->chat_options.tools.is_null());
   }
 
