@@ -3,9 +3,12 @@
 #include <algorithm>
 #include <utility>
 
+#include "absl/algorithm/container.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
 #include "base/json_brackets.h"
 #include "nlohmann/json.hpp"
+#include "services/coordinator/request_validation.h"
 
 namespace specd {
 namespace {
@@ -126,7 +129,65 @@ size_t TagStart(std::string_view text, std::string_view tag) {
   return std::string_view::npos;
 }
 
+// obj[name], or null when obj is not an object or lacks it.
+const Json& Member(const Json& obj, std::string_view name) {
+  static const Json kNull;
+  if (!obj.is_object()) return kNull;
+  const auto it = obj.find(name);
+  return it == obj.end() ? kNull : *it;
+}
+
+bool IsToolName(const Json& name) {
+  if (!name.is_string()) return false;
+  const std::string& s = name.get_ref<const std::string&>();
+  return !s.empty() && s.size() <= 64 && absl::c_all_of(s, [](char c) {
+    return absl::ascii_isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-';
+  });
+}
+
+absl::Status ToolError(size_t index, absl::string_view what) {
+  return FieldError("tools", absl::StrCat("tools[", index, "]", what));
+}
+
 }  // namespace
+
+absl::StatusOr<absl::flat_hash_set<std::string>> CheckTools(const Json& tools) {
+  if (!tools.is_array()) return FieldError("tools", "tools must be a list of tool objects");
+  if (tools.size() > kMaxTools) {
+    return FieldError("tools", absl::StrCat("tools has ", tools.size(), " tools; at most ",
+                                            kMaxTools, " per request"));
+  }
+  absl::flat_hash_set<std::string> names;
+  for (size_t i = 0; i < tools.size(); ++i) {
+    const Json& tool = tools[i];
+    if (!tool.is_object() || Member(tool, "type") != "function") {
+      return ToolError(i, R"( must be {"type": "function", "function": {...}})");
+    }
+    const Json& function = Member(tool, "function");
+    if (!function.is_object()) return ToolError(i, ".function must be an object");
+    const Json& name = Member(function, "name");
+    if (!IsToolName(name)) {
+      return ToolError(i, ".function.name must be 1 to 64 letters, digits, underscores or dashes");
+    }
+    if (!names.insert(name.get<std::string>()).second) {
+      return ToolError(i, absl::StrCat(".function.name \"", name.get<std::string>(),
+                                       "\" is already the name of another tool"));
+    }
+    const Json& description = Member(function, "description");
+    if (!description.is_null() && !description.is_string()) {
+      return ToolError(i, ".function.description must be a string");
+    }
+    const Json& parameters = Member(function, "parameters");
+    if (!parameters.is_null() && !parameters.is_object()) {
+      return ToolError(i, ".function.parameters must be a JSON Schema object");
+    }
+    const Json& strict = Member(function, "strict");
+    if (!strict.is_null() && !strict.is_boolean()) {
+      return ToolError(i, ".function.strict must be true or false");
+    }
+  }
+  return names;
+}
 
 ToolCallFormat ToolCallFormatOf(std::string_view template_source) {
   return template_source.find(kOpenTag) != std::string_view::npos ? ToolCallFormat::kHermes

@@ -17,6 +17,8 @@
 #include <vector>
 
 #include "absl/container/flat_hash_set.h"
+#include "absl/status/statusor.h"
+#include "nlohmann/json.hpp"
 
 namespace specd {
 
@@ -26,6 +28,15 @@ enum class ToolCallFormat { kLlama3Json, kHermes };
 ToolCallFormat ToolCallFormatOf(std::string_view template_source);
 // "llama3_json" or "hermes", vLLM's names.
 const char* ToolCallFormatName(ToolCallFormat format);
+
+// OpenAI's limit on the tools of one request.
+inline constexpr size_t kMaxTools = 128;
+
+// Checks a request's tools in OpenAI's form, as both APIs take them: a JSON array of
+// {"type": "function", "function": {"name", "description"?, "parameters"?, "strict"?}}, at most
+// kMaxTools, names of 1 to 64 letters, digits, '_' or '-', each once. Returns the names, or
+// INVALID_ARGUMENT naming the field "tools" and the tool at fault.
+absl::StatusOr<absl::flat_hash_set<std::string>> CheckTools(const nlohmann::ordered_json& tools);
 
 struct ToolCall {
   std::string name;

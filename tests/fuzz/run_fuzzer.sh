@@ -61,6 +61,7 @@ case "$target" in
     fi
     sources=("$work/proto/specd/v1/generation.pb.cc"
              "$src/services/coordinator/request_validation.cc"
+             "$src/services/coordinator/tool_calls.cc"
              "$src/common/protocol/draft_tree.cc"
              "$src/base/sampling_params.cc" "${tokenizer_sources[@]}")
     header_dirs=("$src/services" "$src/common" "$src/base" "$src/tests/common/tokenizer"
@@ -69,7 +70,6 @@ case "$target" in
            libpcre2-8 libcrypto protobuf)
     if [[ "$target" == openai_request ]]; then
       sources+=("${chat_sources[@]}" "$src/services/coordinator/chat_prompt.cc"
-                "$src/services/coordinator/tool_calls.cc"
                 "$src/services/coordinator/http/openai_request.cc")
       pkgs+=(absl_time)
     fi

@@ -1,12 +1,23 @@
 #include "services/coordinator/http/completion_job.h"
 
 #include <span>
-#include <tuple>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 
 namespace specd::http {
+namespace {
+
+ToolCallPolicy ToolPolicyOf(const OpenAiRequest& request, const ServingState& state) {
+  ToolCallPolicy policy;
+  if (state.chat == nullptr) return policy;
+  policy.format = state.chat->tool_call_format();
+  policy.tools = request.tool_names;
+  policy.parallel_tool_calls = request.parallel_tool_calls;
+  return policy;
+}
+
+}  // namespace
 
 CompletionJob::CompletionJob(std::shared_ptr<HttpExchange> exchange, const OpenAiRequest& request,
                              Meta meta, const ServingState* state, std::function<void()> on_done)
@@ -17,11 +28,7 @@ CompletionJob::CompletionJob(std::shared_ptr<HttpExchange> exchange, const OpenA
       logprobs_(request.logprobs),
       top_logprobs_(request.top_logprobs),
       return_token_ids_(request.return_token_ids),
-      parse_tool_calls_(!request.tool_names.empty() && state->chat != nullptr),
-      tool_format_(state->chat != nullptr ? state->chat->tool_call_format()
-                                          : ToolCallFormat::kLlama3Json),
-      tool_names_(request.tool_names),
-      parallel_tool_calls_(request.parallel_tool_calls),
+      tool_policy_(ToolPolicyOf(request, *state)),
       n_(request.n),
       meta_(std::move(meta)),
       state_(state),
@@ -113,14 +120,14 @@ void CompletionJob::HandleEvent(size_t index, GenerationEvent event) {
     if (stream_) StreamEcho(index);
     return;
   }
-  if (stream_ && !parse_tool_calls_) {
+  if (stream_ && !tool_policy_.parses()) {
     StreamChunk(index, event);
   } else {
     c.text += event.text;
   }
   c.tokens.insert(c.tokens.end(), event.tokens.begin(), event.tokens.end());
   c.logprobs.insert(c.logprobs.end(), event.logprobs.begin(), event.logprobs.end());
-  if (stream_ && parse_tool_calls_) StreamToolAware(index, event);
+  if (stream_ && tool_policy_.parses()) StreamToolAware(index, event);
   if (event.finish == FinishReason::kNone) return;
   c.done = true;
   c.finish = event.finish;
@@ -222,67 +229,40 @@ void CompletionJob::StreamChunk(size_t index, const GenerationEvent& event) {
   SendChoiceChunk(std::move(choice));
 }
 
-std::optional<ParsedReply> CompletionJob::ToolCallsOf(const std::string& text) const {
-  std::optional<ParsedReply> reply = ParseToolCalls(text, tool_format_, tool_names_);
-  if (reply.has_value() && !parallel_tool_calls_) reply->calls.resize(1);
-  return reply;
-}
-
 void CompletionJob::StreamToolAware(size_t index, const GenerationEvent& event) {
   Choice& c = choices_[index];
-  c.held.emplace_back(c.text.size(), c.tokens.size());
+  if (!c.tool_stream.has_value()) c.tool_stream.emplace(tool_policy_);
   const bool last = event.finish != FinishReason::kNone;
-  std::optional<ParsedReply> reply;
-  size_t bytes = c.sent_bytes;
-  size_t tokens = c.sent_tokens;
-  if (last) {
-    reply = ToolCallsOf(c.text);
-    bytes = c.text.size();
-    tokens = c.tokens.size();
-    c.held.clear();
-  } else {
-    // Whole events, up to where a call may begin.
-    c.releasable = ReleasableContent(c.text, tool_format_, c.releasable);
-    size_t n = 0;
-    while (n < c.held.size() && c.held[n].first <= c.releasable) {
-      std::tie(bytes, tokens) = c.held[n];
-      ++n;
-    }
-    c.held.erase(c.held.begin(), c.held.begin() + static_cast<std::ptrdiff_t>(n));
-    if (tokens == c.sent_tokens && bytes == c.sent_bytes) return;
-  }
+  std::optional<ToolCallStream::Chunk> chunk = c.tool_stream->Next(c.text, c.tokens.size(), last);
+  if (!chunk.has_value()) return;
   Json delta = Json::object();
   if (!c.started) delta["role"] = "assistant";
-  if (reply.has_value()) {
+  if (chunk->calls.has_value()) {
     if (state_->metrics != nullptr) {
-      state_->metrics->OnToolCallReply(static_cast<int64_t>(reply->calls.size()));
+      state_->metrics->OnToolCallReply(static_cast<int64_t>(chunk->calls->size()));
     }
-    // The content before the calls that is not out yet (ReleasableContent never sends more).
-    if (reply->content.size() > c.sent_bytes) {
-      delta["content"] = reply->content.substr(c.sent_bytes);
-    }
-    delta["tool_calls"] = ToolCallsJson(meta_.id, index, reply->calls, /*stream=*/true);
+    if (!chunk->content.empty()) delta["content"] = std::move(chunk->content);
+    delta["tool_calls"] = ToolCallsJson(meta_.id, index, *chunk->calls, /*stream=*/true);
   } else {
-    delta["content"] = c.text.substr(c.sent_bytes, bytes - c.sent_bytes);
+    delta["content"] = std::move(chunk->content);
   }
-  const std::span<const int32_t> chunk_tokens(c.tokens.data() + c.sent_tokens,
-                                              tokens - c.sent_tokens);
+  const size_t begin = chunk->begin_token;
+  const size_t count = chunk->end_token - begin;
+  const std::span<const int32_t> chunk_tokens(c.tokens.data() + begin, count);
   const std::span<const TokenLogprobs> chunk_logprobs =
-      c.logprobs.size() >= tokens ? std::span<const TokenLogprobs>(
-                                        c.logprobs.data() + c.sent_tokens, tokens - c.sent_tokens)
-                                  : std::span<const TokenLogprobs>();
-  const int32_t previous = c.sent_tokens > 0   ? c.tokens[c.sent_tokens - 1]
+      c.logprobs.size() >= chunk->end_token
+          ? std::span<const TokenLogprobs>(c.logprobs.data() + begin, count)
+          : std::span<const TokenLogprobs>();
+  const int32_t previous = begin > 0           ? c.tokens[begin - 1]
                            : !c.prompt.empty() ? c.prompt.back()
                                                : -1;
   Json choice = {{"index", index}, {"delta", std::move(delta)}};
   choice["logprobs"] = ChoiceLogprobs(0, chunk_tokens, chunk_logprobs, previous);
-  choice["finish_reason"] = !last               ? Json(nullptr)
-                            : reply.has_value() ? Json("tool_calls")
-                                                : Json(FinishReasonJson(event.finish));
+  choice["finish_reason"] = !last                      ? Json(nullptr)
+                            : chunk->calls.has_value() ? Json("tool_calls")
+                                                       : Json(FinishReasonJson(event.finish));
   if (return_token_ids_) choice["token_ids"] = chunk_tokens;
   if (last) choice["usage"] = UsageJson(event.usage);
-  c.sent_bytes = bytes;
-  c.sent_tokens = tokens;
   c.started = true;
   SendChoiceChunk(std::move(choice));
 }
@@ -299,7 +279,7 @@ Json CompletionJob::WholeResponse() const {
     const Choice& c = choices_[i];
     Json choice = {{"index", i}};
     std::optional<ParsedReply> reply;
-    if (chat && parse_tool_calls_) reply = ToolCallsOf(c.text);
+    if (chat) reply = tool_policy_.Parse(c.text);
     if (reply.has_value()) {
       if (state_->metrics != nullptr) {
         state_->metrics->OnToolCallReply(static_cast<int64_t>(reply->calls.size()));

@@ -15,7 +15,6 @@
 #include <utility>
 #include <vector>
 
-#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "services/coordinator/generation_service.h"
@@ -23,7 +22,7 @@
 #include "services/coordinator/http/openai_request.h"
 #include "services/coordinator/http/openai_response.h"
 #include "services/coordinator/request_metrics.h"
-#include "services/coordinator/tool_calls.h"
+#include "services/coordinator/tool_call_stream.h"
 
 namespace specd::http {
 
@@ -64,12 +63,8 @@ class CompletionJob : public std::enable_shared_from_this<CompletionJob> {
     int64_t text_offset = 0;                                    // bytes of text streamed so far
     FinishReason finish = FinishReason::kNone;
     GenerationUsage usage;
-    // Streaming a reply that may be tool calls: what of `text` and `tokens` is out, and where the
-    // events held back end (bytes of text, tokens), since chunks are whole events.
-    size_t sent_bytes = 0;
-    size_t sent_tokens = 0;
-    size_t releasable = 0;  // ReleasableContent of `text` so far
-    std::vector<std::pair<size_t, size_t>> held;
+    // Streaming a reply that may be tool calls.
+    std::optional<ToolCallStream> tool_stream;
   };
 
   // The scheduler's sink (its thread): metrics, then the event to the connection's strand.
@@ -85,8 +80,6 @@ class CompletionJob : public std::enable_shared_from_this<CompletionJob> {
   // surely content, and at the end either the rest of the content or the calls.
   void StreamToolAware(size_t index, const GenerationEvent& event)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The reply's tool calls, when it makes any (and only its first without parallel_tool_calls).
-  std::optional<ParsedReply> ToolCallsOf(const std::string& text) const;
 
   // The echo of a prompt whose logprobs were asked: its text and logprobs, in one chunk before
   // the completion's.
@@ -109,10 +102,7 @@ class CompletionJob : public std::enable_shared_from_this<CompletionJob> {
   const bool logprobs_;
   const int32_t top_logprobs_;
   const bool return_token_ids_;
-  const bool parse_tool_calls_;
-  const ToolCallFormat tool_format_;
-  const absl::flat_hash_set<std::string> tool_names_;
-  const bool parallel_tool_calls_;
+  const ToolCallPolicy tool_policy_;
   const int64_t n_;
   const Meta meta_;
   const ServingState* const state_;

@@ -4,13 +4,11 @@
 #include <limits>
 #include <optional>
 
-#include "absl/algorithm/container.h"
-#include "absl/container/flat_hash_set.h"
-#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "base/status_macros.h"
+#include "services/coordinator/tool_calls.h"
 
 namespace specd::http {
 namespace {
@@ -99,61 +97,11 @@ constexpr const char* kChatOnlyFields[] = {"add_generation_prompt", "continue_fi
                                            "chat_template_kwargs",  "tools",
                                            "tool_choice",           "parallel_tool_calls"};
 
-// OpenAI's limit on the tools of one request.
-constexpr size_t kMaxTools = 128;
-
-// tools: [{"type": "function", "function": {"name", "description"?, "parameters"?, "strict"?}}],
-// names of 1 to 64 letters, digits, '_' or '-', each once. Null or [] is none.
+// tools: OpenAI's function tools (see CheckTools). Null or [] is none.
 absl::Status ParseTools(const Json& body, ChatPromptOptions* options) {
   const Json& tools = Field(body, "tools");
   if (tools.is_null() || (tools.is_array() && tools.empty())) return absl::OkStatus();
-  if (!tools.is_array()) return FieldError("tools", "tools must be a list of tool objects");
-  if (tools.size() > kMaxTools) {
-    return FieldError("tools", absl::StrCat("tools has ", tools.size(), " tools; at most ",
-                                            kMaxTools, " per request"));
-  }
-  absl::flat_hash_set<std::string> names;
-  for (size_t i = 0; i < tools.size(); ++i) {
-    const Json& tool = tools[i];
-    const std::string where = absl::StrCat("tools[", i, "]");
-    if (!tool.is_object() || Field(tool, "type") != "function") {
-      return FieldError("tools", absl::StrCat(where,
-                                              " must be {\"type\": \"function\", "
-                                              "\"function\": {...}}"));
-    }
-    const Json& function = Field(tool, "function");
-    if (!function.is_object()) {
-      return FieldError("tools", absl::StrCat(where, ".function must be an object"));
-    }
-    const Json& name = Field(function, "name");
-    const bool name_ok =
-        name.is_string() && !name.get<std::string>().empty() &&
-        name.get<std::string>().size() <= 64 && absl::c_all_of(name.get<std::string>(), [](char c) {
-          return absl::ascii_isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-';
-        });
-    if (!name_ok) {
-      return FieldError("tools", absl::StrCat(where,
-                                              ".function.name must be 1 to 64 letters, digits, "
-                                              "underscores or dashes"));
-    }
-    if (!names.insert(name.get<std::string>()).second) {
-      return FieldError("tools", absl::StrCat(where, ".function.name \"", name.get<std::string>(),
-                                              "\" is already the name of another tool"));
-    }
-    const Json& description = Field(function, "description");
-    if (!description.is_null() && !description.is_string()) {
-      return FieldError("tools", absl::StrCat(where, ".function.description must be a string"));
-    }
-    const Json& parameters = Field(function, "parameters");
-    if (!parameters.is_null() && !parameters.is_object()) {
-      return FieldError("tools",
-                        absl::StrCat(where, ".function.parameters must be a JSON Schema object"));
-    }
-    const Json& strict = Field(function, "strict");
-    if (!strict.is_null() && !strict.is_boolean()) {
-      return FieldError("tools", absl::StrCat(where, ".function.strict must be true or false"));
-    }
-  }
+  SPECD_RETURN_IF_ERROR(CheckTools(tools).status());
   options->tools = tools;
   return absl::OkStatus();
 }

@@ -1,14 +1,20 @@
-// Tool calls in chat replies: the two formats' parsers, and what a stream may send before a reply
-// is known to be content. The expected calls are written from the formats as Meta's Llama 3.1
-// prompt format and Qwen2.5's (Hermes) template describe them.
+// Tool calls in chat replies: the two formats' parsers, what a stream may send before a reply is
+// known to be content, and the check of a request's tools. The expected calls are written from the
+// formats as Meta's Llama 3.1 prompt format and Qwen2.5's (Hermes) template describe them.
 #include "services/coordinator/tool_calls.h"
 
+#include <algorithm>
 #include <optional>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "services/coordinator/request_validation.h"
+#include "services/coordinator/tool_call_stream.h"
 
 namespace specd {
 namespace {
@@ -131,9 +137,10 @@ TEST(ToolCallsTest, ReleasableContentHoldsWhatMayBecomeACall) {
   EXPECT_EQ(ReleasableContent("a <", F::kHermes), 1u);
 }
 
-// What a stream sends, replayed over every split of real replies into events: whole events, up
-// to where ReleasableContent allows, then at the end the calls or the rest. The content a client
-// assembles must be what a whole response holds, and no byte of a call may go out as content.
+// A stream (ToolCallStream) over every split of real replies into events: chunks are whole
+// events, in order, up to where ReleasableContent allows, then at the end the calls or the rest.
+// The content a client assembles must be what a whole response holds, no byte of a call may go
+// out as content, and each chunk's tokens must be those of the events whose text it carries.
 TEST(ToolCallsTest, StreamedContentEqualsTheWholeReplyForEverySplit) {
   struct Case {
     ToolCallFormat format;
@@ -153,38 +160,96 @@ TEST(ToolCallsTest, StreamedContentEqualsTheWholeReplyForEverySplit) {
   };
   std::mt19937 rng(7);
   for (const Case& c : cases) {
+    ToolCallPolicy policy;
+    policy.format = c.format;
+    policy.tools = kTools;
     const std::optional<ParsedReply> whole = ParseToolCalls(c.text, c.format, kTools);
     const std::string expected_content = whole.has_value() ? whole->content : c.text;
     for (int trial = 0; trial < 200; ++trial) {
+      ToolCallStream stream(policy);
       std::string text;
+      std::vector<std::string> events;  // one token per event
       std::string sent;
-      std::vector<size_t> held;  // event ends not yet sent
-      size_t known = 0;          // ReleasableContent so far, as CompletionJob keeps it
+      size_t sent_tokens = 0;
+      std::optional<std::vector<ToolCall>> calls;
       for (size_t pos = 0; pos < c.text.size();) {
         const size_t n = std::min<size_t>(c.text.size() - pos, 1 + rng() % 5);
-        text += c.text.substr(pos, n);
+        events.push_back(c.text.substr(pos, n));
+        text += events.back();
         pos += n;
-        if (pos == c.text.size()) break;  // the last event: below
-        held.push_back(text.size());
-        const size_t releasable = ReleasableContent(text, c.format, known);
-        ASSERT_EQ(releasable, ReleasableContent(text, c.format)) << "searching from " << known;
-        known = releasable;
-        size_t upto = sent.size();
-        while (!held.empty() && held.front() <= releasable) {
-          upto = held.front();
-          held.erase(held.begin());
+        const bool last = pos == c.text.size();
+        std::optional<ToolCallStream::Chunk> chunk = stream.Next(text, events.size(), last);
+        ASSERT_TRUE(chunk.has_value() || !last);
+        if (!chunk.has_value()) continue;
+        ASSERT_EQ(chunk->begin_token, sent_tokens);
+        ASSERT_GT(chunk->end_token, chunk->begin_token);
+        if (!last) {
+          std::string of_events;
+          for (size_t e = chunk->begin_token; e < chunk->end_token; ++e) of_events += events[e];
+          ASSERT_EQ(chunk->content, of_events) << c.text;
+          ASSERT_FALSE(chunk->calls.has_value());
+        } else {
+          ASSERT_EQ(chunk->end_token, events.size());
+          calls = chunk->calls;
         }
-        sent += text.substr(sent.size(), upto - sent.size());
-      }
-      if (whole.has_value()) {
-        ASSERT_LE(sent.size(), whole->content.size()) << c.text;
-        sent += whole->content.substr(sent.size());
-      } else {
-        sent += text.substr(sent.size());
+        sent += chunk->content;
+        sent_tokens = chunk->end_token;
       }
       ASSERT_EQ(sent, expected_content) << c.text;
+      ASSERT_EQ(calls.has_value(), whole.has_value()) << c.text;
+      if (calls.has_value()) {
+        EXPECT_EQ(calls->size(), whole->calls.size());
+      }
     }
   }
+}
+
+TEST(ToolCallsTest, WithoutParallelCallsOnlyTheFirstIsKept) {
+  ToolCallPolicy policy;
+  policy.format = ToolCallFormat::kLlama3Json;
+  policy.tools = kTools;
+  const std::string two =
+      R"({"name": "get_weather", "parameters": {}}; {"name": "calculate", "parameters": {}})";
+  ASSERT_EQ(policy.Parse(two)->calls.size(), 2u);
+  policy.parallel_tool_calls = false;
+  const std::optional<ParsedReply> one = policy.Parse(two);
+  ASSERT_EQ(one->calls.size(), 1u);
+  EXPECT_EQ(one->calls[0].name, "get_weather");
+  policy.tools.clear();  // tool_choice "none": never parsed
+  EXPECT_FALSE(policy.Parse(two).has_value());
+}
+
+TEST(ToolCallsTest, CheckToolsNamesTheToolAtFault) {
+  using Json = nlohmann::ordered_json;
+  const auto tool = [](Json name) {
+    return Json{{"type", "function"}, {"function", {{"name", std::move(name)}}}};
+  };
+  absl::StatusOr<absl::flat_hash_set<std::string>> ok =
+      CheckTools(Json::array({tool("a-b_9"), tool("get_weather")}));
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ(*ok, (absl::flat_hash_set<std::string>{"a-b_9", "get_weather"}));
+  const std::vector<std::pair<Json, std::string>> bad = {
+      {Json::object(), "tools must be a list"},
+      {Json::array({tool("x"), tool("x")}), "tools[1].function.name \"x\" is already"},
+      {Json::array({tool("has space")}), "tools[0].function.name must be 1 to 64"},
+      {Json::array({tool(std::string(65, 'a'))}), "tools[0].function.name must be 1 to 64"},
+      {Json::array({tool("")}), "tools[0].function.name must be 1 to 64"},
+      {Json::array({tool(3)}), "tools[0].function.name must be 1 to 64"},
+      {Json::array({Json{{"type", "retrieval"}}}), "tools[0] must be {\"type\": \"function\""},
+      {Json::array(
+           {Json{{"type", "function"}, {"function", {{"name", "f"}, {"parameters", "{}"}}}}}),
+       "tools[0].function.parameters must be a JSON Schema object"},
+  };
+  for (const auto& [tools, message] : bad) {
+    const absl::Status st = CheckTools(tools).status();
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << tools.dump();
+    EXPECT_THAT(std::string(st.message()), ::testing::HasSubstr(message)) << tools.dump();
+    EXPECT_EQ(FieldOf(st), "tools");
+  }
+  Json many = Json::array();
+  for (size_t i = 0; i <= kMaxTools; ++i) many.push_back(tool("t" + std::to_string(i)));
+  EXPECT_THAT(std::string(CheckTools(many).status().message()),
+              ::testing::HasSubstr("at most 128"));
 }
 
 }  // namespace
