@@ -1,9 +1,12 @@
 #include "services/coordinator/generation_service.h"
 
+#include <optional>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/string_view.h"
 #include "services/common/grpc_status.h"
 #include "services/common/stream_reactor.h"
 #include "services/coordinator/request_metrics.h"
@@ -30,6 +33,16 @@ v1::FinishReason ToProto(FinishReason r) {
       break;
   }
   return v1::FINISH_REASON_UNSPECIFIED;
+}
+
+void ToolCallsToProto(absl::string_view id_stem, const std::vector<ToolCall>& calls,
+                      v1::GenerateResponse* out) {
+  for (size_t k = 0; k < calls.size(); ++k) {
+    v1::ToolCall* call = out->add_tool_calls();
+    call->set_id(absl::StrCat("call_", id_stem, "_", k));
+    call->set_name(calls[k].name);
+    call->set_arguments(calls[k].arguments);
+  }
 }
 
 void LogprobToProto(const TokenLogprobs& lp, v1::TokenLogprob* out) {
@@ -115,6 +128,50 @@ grpc::Status DetokenizeCall(const ServingState& state, const v1::DetokenizeReque
   response->set_text(*std::move(text));
   return grpc::Status::OK;
 }
+
+// A reply to a chat request with tools: its events are held while they may be a call's
+// beginning, then sent together (tool_call_stream.h).
+class HeldToolReply {
+ public:
+  HeldToolReply(ToolCallPolicy policy, std::string id_stem)
+      : policy_(std::move(policy)), stream_(policy_), id_stem_(std::move(id_stem)) {}
+  HeldToolReply(const HeldToolReply&) = delete;
+  HeldToolReply& operator=(const HeldToolReply&) = delete;
+
+  // Adds `event` to the reply; the message to send now, or nullopt while it is held. The last
+  // event's message carries the calls when the reply is calls.
+  std::optional<v1::GenerateResponse> Add(const GenerationEvent& event,
+                                          CoordinatorMetrics* metrics) {
+    text_ += event.text;
+    tokens_.insert(tokens_.end(), event.tokens.begin(), event.tokens.end());
+    logprobs_.insert(logprobs_.end(), event.logprobs.begin(), event.logprobs.end());
+    const bool last = event.finish != FinishReason::kNone;
+    std::optional<ToolCallStream::Chunk> chunk = stream_.Next(text_, tokens_.size(), last);
+    if (!chunk.has_value()) return std::nullopt;
+    v1::GenerateResponse msg;
+    msg.mutable_token_ids()->Add(tokens_.begin() + static_cast<std::ptrdiff_t>(chunk->begin_token),
+                                 tokens_.begin() + static_cast<std::ptrdiff_t>(chunk->end_token));
+    if (logprobs_.size() >= chunk->end_token) {
+      for (size_t i = chunk->begin_token; i < chunk->end_token; ++i) {
+        LogprobToProto(logprobs_[i], msg.add_logprobs());
+      }
+    }
+    msg.set_text(std::move(chunk->content));
+    if (chunk->calls.has_value()) {
+      ToolCallsToProto(id_stem_, *chunk->calls, &msg);
+      if (metrics != nullptr) metrics->OnToolCallReply(static_cast<int64_t>(chunk->calls->size()));
+    }
+    return msg;
+  }
+
+ private:
+  const ToolCallPolicy policy_;
+  ToolCallStream stream_;
+  const std::string id_stem_;
+  std::string text_;
+  std::vector<int32_t> tokens_;
+  std::vector<TokenLogprobs> logprobs_;
+};
 
 }  // namespace
 
@@ -335,8 +392,13 @@ void GenerationService::StartGeneration(const ServingState& state,
   // Sent back with the prompt's logprobs: a text prompt's ids are the server's to tell.
   auto prompt = std::make_shared<const std::vector<int32_t>>(
       req->prompt_logprobs.mode != LogprobsMode::kOff ? req->prompt : std::vector<int32_t>());
-  auto sink = [call, scheduler, first, seed, guidance, request_id, metrics, timing,
-               prompt](GenerationEvent event) {
+  std::shared_ptr<HeldToolReply> tools;
+  if (ToolCallPolicy policy = ToolCallPolicyOf(request, state.chat); policy.parses()) {
+    tools =
+        std::make_shared<HeldToolReply>(std::move(policy), absl::StrFormat("%016x", RandomSeed()));
+  }
+  auto sink = [call, scheduler, first, seed, guidance, request_id, metrics, timing, prompt,
+               tools](GenerationEvent event) {
     const bool last = event.finish != FinishReason::kNone || !event.error.ok();
     if (!last && call->abandoned()) {
       // The client went away, its deadline passed or a drain ended the stream: free the
@@ -351,22 +413,32 @@ void GenerationService::StartGeneration(const ServingState& state,
       return;
     }
     v1::GenerateResponse msg;
-    msg.mutable_token_ids()->Add(event.tokens.begin(), event.tokens.end());
-    for (const TokenLogprobs& lp : event.logprobs) LogprobToProto(lp, msg.add_logprobs());
-    if (event.prompt_logprobs.has_value()) {
-      msg.mutable_prompt_token_ids()->Add(prompt->begin(), prompt->end());
-      for (const TokenLogprobs& lp : *event.prompt_logprobs) {
-        LogprobToProto(lp, msg.add_prompt_logprobs());
+    if (tools != nullptr && !event.prompt_logprobs.has_value()) {
+      std::optional<v1::GenerateResponse> released = tools->Add(event, metrics);
+      if (!released.has_value()) {
+        if (metrics != nullptr) RecordEvent(*metrics, *timing, guidance, event);
+        return;
       }
+      msg = *std::move(released);
+    } else {
+      msg.mutable_token_ids()->Add(event.tokens.begin(), event.tokens.end());
+      for (const TokenLogprobs& lp : event.logprobs) LogprobToProto(lp, msg.add_logprobs());
+      if (event.prompt_logprobs.has_value()) {
+        msg.mutable_prompt_token_ids()->Add(prompt->begin(), prompt->end());
+        for (const TokenLogprobs& lp : *event.prompt_logprobs) {
+          LogprobToProto(lp, msg.add_prompt_logprobs());
+        }
+      }
+      msg.set_text(std::move(event.text));
     }
-    msg.set_text(std::move(event.text));
     msg.set_request_id(request_id);
     if (*first) {
       msg.set_seed(seed);
       *first = false;
     }
     if (last) {
-      msg.set_finish_reason(ToProto(event.finish));
+      msg.set_finish_reason(msg.tool_calls_size() > 0 ? v1::FINISH_REASON_TOOL_CALLS
+                                                      : ToProto(event.finish));
       UsageToProto(event.usage, msg.mutable_usage());
     }
     // A stream the drain already ended gets nothing more, and is not counted twice.

@@ -11,11 +11,31 @@
 #include "base/status_macros.h"
 #include "base/utf8.h"
 #include "google/protobuf/util/json_util.h"
+#include "services/coordinator/tool_calls.h"
 
 namespace specd {
 namespace {
 
 constexpr char kFieldPayload[] = "type.specd/request.field";
+
+// A Struct field as a JSON object, with its keys sorted: a Struct's fields are a map, which
+// protobuf writes out in no fixed order, and the same request must render the same prompt. Its
+// text counts toward `bytes` when given.
+absl::StatusOr<nlohmann::ordered_json> StructJson(const google::protobuf::Struct& value,
+                                                  const std::string& what, absl::string_view field,
+                                                  int64_t* bytes) {
+  std::string json;
+  if (!google::protobuf::util::MessageToJsonString(value, &json).ok()) {
+    return FieldError(field, absl::StrCat(what, " cannot be read as JSON"));
+  }
+  if (bytes != nullptr) *bytes += static_cast<int64_t>(json.size());
+  // nlohmann::json keeps its objects' keys sorted.
+  const nlohmann::json sorted = nlohmann::json::parse(json, nullptr, /*allow_exceptions=*/false);
+  if (!sorted.is_object()) {
+    return FieldError(field, absl::StrCat(what, " cannot be read as a JSON object"));
+  }
+  return nlohmann::ordered_json::parse(sorted.dump());
+}
 
 absl::Status Invalid(absl::string_view field, const std::string& message) {
   return FieldError(field, message);
@@ -124,33 +144,83 @@ absl::StatusOr<std::vector<int32_t>> EncodeChat(const v1::Chat& chat,
     return absl::FailedPreconditionError(
         "the served model has no tokenizer or chat template; send token_ids instead");
   }
-  nlohmann::ordered_json messages = nlohmann::ordered_json::array();
   int64_t bytes = 0;
+  // Counts a string toward the conversation's size; false when it is not UTF-8.
+  auto take = [&bytes](const std::string& s) {
+    bytes += static_cast<int64_t>(s.size());
+    return !FindInvalidUtf8(s).has_value();
+  };
+  nlohmann::ordered_json messages = nlohmann::ordered_json::array();
   for (int i = 0; i < chat.messages_size(); ++i) {
     const v1::ChatMessage& m = chat.messages(i);
-    if (FindInvalidUtf8(m.role()) || FindInvalidUtf8(m.content())) {
-      return Invalid("messages", absl::StrCat("messages[", i, "] is not valid UTF-8"));
+    bool utf8 = take(m.role()) && take(m.content()) && take(m.tool_call_id());
+    // OpenAI's form, which the templates are written for: an assistant's calls have null content
+    // when it wrote none.
+    nlohmann::ordered_json message = {{"role", m.role()}, {"content", m.content()}};
+    if (m.tool_calls_size() > 0) {
+      if (m.content().empty()) message["content"] = nullptr;
+      nlohmann::ordered_json calls = nlohmann::ordered_json::array();
+      for (const v1::ToolCall& call : m.tool_calls()) {
+        utf8 = utf8 && take(call.id()) && take(call.name()) && take(call.arguments());
+        calls.push_back({{"id", call.id()},
+                         {"type", "function"},
+                         {"function", {{"name", call.name()}, {"arguments", call.arguments()}}}});
+      }
+      message["tool_calls"] = std::move(calls);
     }
-    bytes += static_cast<int64_t>(m.content().size() + m.role().size());
-    messages.push_back({{"role", m.role()}, {"content", m.content()}});
+    if (!m.tool_call_id().empty()) message["tool_call_id"] = m.tool_call_id();
+    if (!utf8) return Invalid("messages", absl::StrCat("messages[", i, "] is not valid UTF-8"));
+    messages.push_back(std::move(message));
+  }
+  ChatPromptOptions options;
+  if (chat.tools_size() > 0) {
+    nlohmann::ordered_json tools = nlohmann::ordered_json::array();
+    for (int i = 0; i < chat.tools_size(); ++i) {
+      const v1::Tool& tool = chat.tools(i);
+      if (!take(tool.name()) || !take(tool.description())) {
+        return Invalid("tools", absl::StrCat("tools[", i, "] is not valid UTF-8"));
+      }
+      nlohmann::ordered_json function = {{"name", tool.name()}};
+      if (!tool.description().empty()) function["description"] = tool.description();
+      if (tool.has_parameters()) {
+        SPECD_ASSIGN_OR_RETURN(
+            function["parameters"],
+            StructJson(tool.parameters(), absl::StrCat("tools[", i, "]"), "tools", &bytes));
+      }
+      tools.push_back({{"type", "function"}, {"function", std::move(function)}});
+    }
+    SPECD_RETURN_IF_ERROR(CheckTools(tools).status());
+    options.tools = std::move(tools);
+  } else if (chat.tool_choice() == v1::TOOL_CHOICE_AUTO) {
+    return Invalid("tool_choice", "tool_choice AUTO needs tools");
   }
   if (bytes > limits.max_prompt_bytes) {
     return Invalid("messages", absl::StrCat("the conversation is ", bytes,
                                             " bytes, over the limit of ", limits.max_prompt_bytes));
   }
-  ChatPromptOptions options;
   if (chat.has_chat_template_kwargs()) {
-    std::string json;
-    if (!google::protobuf::util::MessageToJsonString(chat.chat_template_kwargs(), &json).ok()) {
-      return Invalid("chat_template_kwargs", "chat_template_kwargs cannot be read as JSON");
-    }
-    options.template_kwargs = nlohmann::ordered_json::parse(json, nullptr, false);
+    SPECD_ASSIGN_OR_RETURN(options.template_kwargs,
+                           StructJson(chat.chat_template_kwargs(), "chat_template_kwargs",
+                                      "chat_template_kwargs", nullptr));
   }
   options.continue_final_message = chat.continue_final_message();
   options.add_generation_prompt = chat.has_add_generation_prompt()
                                       ? chat.add_generation_prompt()
                                       : !options.continue_final_message;
   return encoders.chat(messages, options);
+}
+
+ToolCallPolicy ToolCallPolicyOf(const v1::GenerateRequest& request, const ChatPrompt* chat) {
+  ToolCallPolicy policy;
+  if (chat == nullptr || !request.has_chat() ||
+      request.chat().tool_choice() == v1::TOOL_CHOICE_NONE) {
+    return policy;
+  }
+  policy.format = chat->tool_call_format();
+  for (const v1::Tool& tool : request.chat().tools()) policy.tools.insert(tool.name());
+  policy.parallel_tool_calls =
+      !request.chat().has_parallel_tool_calls() || request.chat().parallel_tool_calls();
+  return policy;
 }
 
 absl::StatusOr<GenerationRequest> BuildGenerationRequest(const v1::GenerateRequest& request,

@@ -14,6 +14,7 @@
 #include "nlohmann/json.hpp"
 #include "services/coordinator/chat_prompt.h"
 #include "services/coordinator/scheduler.h"
+#include "services/coordinator/tool_call_stream.h"
 #include "specd/v1/generation.pb.h"
 
 namespace specd {
@@ -74,6 +75,10 @@ struct PromptEncoders {
 absl::StatusOr<std::vector<int32_t>> EncodeChat(const v1::Chat& chat,
                                                 const PromptEncoders& encoders,
                                                 const ServerLimits& limits);
+
+// What a Generate request with chat tools asks of its reply (nothing without them, with
+// TOOL_CHOICE_NONE or without a chat template); for a request BuildGenerationRequest took.
+ToolCallPolicy ToolCallPolicyOf(const v1::GenerateRequest& request, const ChatPrompt* chat);
 
 // `random_seed` is used when the request has no seed. Errors are INVALID_ARGUMENT naming their
 // field (FieldOf), or FAILED_PRECONDITION for chat input the server cannot render.

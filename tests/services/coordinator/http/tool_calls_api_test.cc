@@ -3,6 +3,7 @@
 // template with the tools, the reply parsed in both formats, OpenAI's response and stream shapes —
 // and the stream is checked by the official `openai` Node SDK's own accumulator
 // (ChatCompletionStream), which refuses tool calls without an index, id, type, name or arguments.
+#include <chrono>
 #include <deque>
 #include <filesystem>
 #include <memory>
@@ -21,6 +22,8 @@
 #include "common/synth/synth.h"
 #include "common/tokenizer/tokenizer.h"
 #include "gmock/gmock.h"
+#include "google/protobuf/util/json_util.h"
+#include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "services/common/work_queue.h"
@@ -79,9 +82,9 @@ class ScriptedTarget final : public testing::ForwardingWorker {
 // An exchange that records a whole response or a stream's events.
 class RecordingExchange final : public HttpExchange {
  public:
-  explicit RecordingExchange(std::string body) {
+  explicit RecordingExchange(std::string body, std::string path = "/v1/chat/completions") {
     request_.method = "POST";
-    request_.target = request_.path = "/v1/chat/completions";
+    request_.target = request_.path = std::move(path);
     request_.body = std::move(body);
   }
   const HttpRequest& request() const override { return request_; }
@@ -155,12 +158,16 @@ std::string Visible(const Json& text) {
                           : "(not a string: " + text.dump() + ")";
 }
 
-// A template that lists the tools; with `hermes`, it asks for <tool_call> tags.
+// A template that lists the tools, and the calls and answers of earlier turns; with `hermes`, it
+// asks for <tool_call> tags.
 std::string Template(bool hermes) {
   return absl::StrCat(
       "{% if tools %}Tools: {{ tools | tojson }}\n",
       hermes ? "Call one as <tool_call>{\"name\": ..., \"arguments\": ...}</tool_call>\n" : "",
-      "{% endif %}{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}assistant:");
+      "{% endif %}{% for m in messages %}{{ m.role }}: {{ m.content }}",
+      "{% if m.tool_calls %}{% for c in m.tool_calls %}<call {{ c.id }} {{ c.function.name }} ",
+      "{{ c.function.arguments | tojson }}>{% endfor %}{% endif %}",
+      "{% if m.tool_call_id %} (answers {{ m.tool_call_id }}){% endif %}\n{% endfor %}assistant:");
 }
 
 const Json kTools = Json::parse(R"([
@@ -209,9 +216,17 @@ class ToolCallsApiTest : public ::testing::Test {
     state_.metrics = &metrics_;
     api_ = std::make_unique<OpenAiApi>(OpenAiApiOptions{}, queue_);
     api_->SetServing(&state_);
+    service_ = std::make_unique<GenerationService>(PublicApiOptions{}, queue_);
+    service_->SetServing(&state_);
+    grpc::ServerBuilder builder;
+    builder.RegisterService(service_.get());
+    server_ = builder.BuildAndStart();
+    ASSERT_NE(server_, nullptr);
+    stub_ = v1::Generation::NewStub(server_->InProcessChannel(grpc::ChannelArguments()));
   }
 
   void TearDown() override {
+    if (server_ != nullptr) server_->Shutdown();
     queue_.Stop();
     api_.reset();
     scheduler_.reset();
@@ -234,6 +249,31 @@ class ToolCallsApiTest : public ::testing::Test {
     return exchange->Wait();
   }
 
+  // The gRPC API's form of kTools.
+  static void AddTools(v1::Chat* chat) {
+    for (const Json& tool : kTools) {
+      v1::Tool* t = chat->add_tools();
+      t->set_name(tool["function"]["name"].get<std::string>());
+      t->set_description(tool["function"].value("description", ""));
+      ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(tool["function"]["parameters"].dump(),
+                                                              t->mutable_parameters())
+                      .ok());
+    }
+  }
+
+  // A whole Generate stream of a chat request: its messages and status.
+  std::pair<std::vector<v1::GenerateResponse>, grpc::Status> Generate(
+      const v1::GenerateRequest& request) {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+    std::unique_ptr<grpc::ClientReader<v1::GenerateResponse>> reader =
+        stub_->Generate(&context, request);
+    std::vector<v1::GenerateResponse> out;
+    v1::GenerateResponse msg;
+    while (reader->Read(&msg)) out.push_back(msg);
+    return {std::move(out), reader->Finish()};
+  }
+
   static inline ScopedTempDir* dir_ = nullptr;
   std::unique_ptr<LocalWorker> worker_;
   std::unique_ptr<ScriptedTarget> target_;
@@ -244,6 +284,9 @@ class ToolCallsApiTest : public ::testing::Test {
   ServingState state_;
   WorkQueue queue_{1};
   std::unique_ptr<OpenAiApi> api_;
+  std::unique_ptr<GenerationService> service_;
+  std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<v1::Generation::Stub> stub_;
 };
 
 TEST_F(ToolCallsApiTest, Llama3JsonReplyIsAToolCall) {
@@ -353,6 +396,159 @@ TEST_F(ToolCallsApiTest, ACallToAnUndeclaredToolOrBrokenJsonIsContent) {
     for (const Json& e : Events(sse)) streamed += e["choices"][0]["delta"].value("content", "");
     EXPECT_EQ(Visible(streamed), reply);
   }
+}
+
+// The gRPC API: the same calls, in the last message of the stream, after the content.
+TEST_F(ToolCallsApiTest, GrpcReplyStreamsItsContentThenItsCalls) {
+  ASSERT_NO_FATAL_FAILURE(Serve(/*hermes=*/true));
+  const std::string reply =
+      "Let me look. <tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": "
+      "\"Oslo\"}}\n</tool_call>\n<tool_call>\n{\"name\": \"calculate\", \"arguments\": "
+      "{\"expr\": \"6*7\"}}\n</tool_call>";
+  Reply(reply);
+  v1::GenerateRequest g;
+  v1::ChatMessage* m = g.mutable_chat()->add_messages();
+  m->set_role("user");
+  m->set_content("Weather in Oslo?");
+  AddTools(g.mutable_chat());
+  g.mutable_sampling()->set_temperature(0);
+  const auto [messages, status] = Generate(g);
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  ASSERT_GE(messages.size(), 2u) << "the content did not go out before the calls";
+  std::string content;
+  std::vector<int32_t> tokens;
+  for (size_t i = 0; i < messages.size(); ++i) {
+    content += messages[i].text();
+    tokens.insert(tokens.end(), messages[i].token_ids().begin(), messages[i].token_ids().end());
+    if (i + 1 < messages.size()) {
+      EXPECT_EQ(messages[i].tool_calls_size(), 0);
+      EXPECT_EQ(messages[i].finish_reason(), v1::FINISH_REASON_UNSPECIFIED);
+    }
+  }
+  EXPECT_EQ(Visible(Json(content)), "Let me look.");
+  const v1::GenerateResponse& last = messages.back();
+  EXPECT_EQ(last.finish_reason(), v1::FINISH_REASON_TOOL_CALLS);
+  EXPECT_EQ(static_cast<int64_t>(tokens.size()), last.usage().completion_tokens())
+      << "every token is sent, the calls' too";
+  ASSERT_EQ(last.tool_calls_size(), 2);
+  EXPECT_EQ(last.tool_calls(0).name(), "get_weather");
+  EXPECT_EQ(Json::parse(last.tool_calls(0).arguments()), Json::parse(R"({"city": "Oslo"})"));
+  EXPECT_EQ(last.tool_calls(1).name(), "calculate");
+  EXPECT_EQ(Json::parse(last.tool_calls(1).arguments()), Json::parse(R"({"expr": "6*7"})"));
+  EXPECT_TRUE(absl::StartsWith(last.tool_calls(0).id(), "call_")) << last.tool_calls(0).id();
+  EXPECT_NE(last.tool_calls(0).id(), last.tool_calls(1).id());
+
+  // Only the first call without parallel calls; none with TOOL_CHOICE_NONE, where the same reply
+  // is content.
+  g.mutable_chat()->set_parallel_tool_calls(false);
+  const auto [one, one_status] = Generate(g);
+  ASSERT_TRUE(one_status.ok()) << one_status.error_message();
+  EXPECT_EQ(one.back().tool_calls_size(), 1);
+  g.mutable_chat()->set_tool_choice(v1::TOOL_CHOICE_NONE);
+  const auto [none, none_status] = Generate(g);
+  ASSERT_TRUE(none_status.ok()) << none_status.error_message();
+  std::string text;
+  for (const v1::GenerateResponse& r : none) {
+    EXPECT_EQ(r.tool_calls_size(), 0);
+    text += r.text();
+  }
+  EXPECT_EQ(Visible(Json(text)), reply);
+  EXPECT_EQ(none.back().finish_reason(), v1::FINISH_REASON_EOS_TOKEN);
+  const std::string metrics = metrics_.Text();
+  EXPECT_THAT(metrics, HasSubstr("\nspecd_tool_call_replies_total 2\n")) << metrics;
+  EXPECT_THAT(metrics, HasSubstr("\nspecd_tool_calls_total 3\n"));
+}
+
+// kTools with their parameters' keys sorted, as the gRPC API's Structs reach the template.
+Json ToolsWithSortedParameters() {
+  Json tools = kTools;
+  for (Json& tool : tools) {
+    Json& parameters = tool["function"]["parameters"];
+    parameters = Json::parse(nlohmann::json::parse(parameters.dump()).dump());
+  }
+  return tools;
+}
+
+// A conversation that goes on after the calls: the assistant's calls and the tools' answers reach
+// the template as the HTTP API's OpenAI messages do, so both APIs encode it to the same tokens.
+TEST_F(ToolCallsApiTest, GrpcConversationWithCallsEncodesAsTheHttpApisDoes) {
+  ASSERT_NO_FATAL_FAILURE(Serve(/*hermes=*/false));
+  v1::TokenizeRequest t;
+  v1::Chat* chat = t.mutable_chat();
+  AddTools(chat);
+  v1::ChatMessage* user = chat->add_messages();
+  user->set_role("user");
+  user->set_content("Weather in Oslo?");
+  v1::ChatMessage* assistant = chat->add_messages();
+  assistant->set_role("assistant");
+  v1::ToolCall* call = assistant->add_tool_calls();
+  call->set_id("call_1");
+  call->set_name("get_weather");
+  call->set_arguments(R"({"city": "Oslo"})");
+  v1::ChatMessage* answer = chat->add_messages();
+  answer->set_role("tool");
+  answer->set_content("12 C");
+  answer->set_tool_call_id("call_1");
+
+  grpc::ClientContext context;
+  v1::TokenizeResponse ids;
+  const grpc::Status st = stub_->Tokenize(&context, t, &ids);
+  ASSERT_TRUE(st.ok()) << st.error_message();
+  grpc::ClientContext detok_context;
+  v1::DetokenizeRequest d;
+  *d.mutable_token_ids() = ids.token_ids();
+  v1::DetokenizeResponse text;
+  ASSERT_TRUE(stub_->Detokenize(&detok_context, d, &text).ok());
+  EXPECT_THAT(text.text(), HasSubstr(R"(<call call_1 get_weather {"city": "Oslo"}>)"))
+      << "the arguments reach the template parsed, as an object";
+  EXPECT_THAT(text.text(), HasSubstr("tool: 12 C (answers call_1)"));
+  EXPECT_THAT(text.text(), HasSubstr(R"("name": "get_weather")"));
+
+  const Json body = {
+      {"messages",
+       {{{"role", "user"}, {"content", "Weather in Oslo?"}},
+        {{"role", "assistant"},
+         {"content", nullptr},
+         {"tool_calls",
+          {{{"id", "call_1"},
+            {"type", "function"},
+            {"function", {{"name", "get_weather"}, {"arguments", R"({"city": "Oslo"})"}}}}}}},
+        {{"role", "tool"}, {"content", "12 C"}, {"tool_call_id", "call_1"}}}},
+      {"tools", ToolsWithSortedParameters()}};
+  auto exchange = std::make_shared<RecordingExchange>(body.dump(), "/tokenize");
+  api_->Handle(exchange);
+  const auto [http_status, http_body] = exchange->Wait();
+  ASSERT_EQ(http_status, 200) << http_body;
+  EXPECT_EQ(Json::parse(http_body)["tokens"],
+            Json(std::vector<int32_t>(ids.token_ids().begin(), ids.token_ids().end())));
+}
+
+TEST_F(ToolCallsApiTest, GrpcToolsAreCheckedAsTheHttpApiChecksThem) {
+  ASSERT_NO_FATAL_FAILURE(Serve(/*hermes=*/true));
+  v1::GenerateRequest g;
+  v1::ChatMessage* m = g.mutable_chat()->add_messages();
+  m->set_role("user");
+  m->set_content("Hi");
+  const auto expect_invalid = [&](const std::string& why) {
+    const auto [messages, status] = Generate(g);
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << why;
+    EXPECT_THAT(status.error_message(), HasSubstr(why));
+    EXPECT_TRUE(messages.empty());
+  };
+  g.mutable_chat()->set_tool_choice(v1::TOOL_CHOICE_AUTO);
+  expect_invalid("tool_choice AUTO needs tools");
+  g.mutable_chat()->add_tools()->set_name("get_weather");
+  g.mutable_chat()->add_tools()->set_name("get_weather");
+  expect_invalid("tools[1].function.name \"get_weather\" is already the name of another tool");
+  g.mutable_chat()->mutable_tools(1)->set_name("get weather");
+  expect_invalid("tools[1].function.name must be 1 to 64 letters");
+  // The server is unharmed: the same request with good tools is served.
+  g.mutable_chat()->mutable_tools(1)->set_name("get_time");
+  Reply("Hello");
+  const auto [messages, status] = Generate(g);
+  EXPECT_TRUE(status.ok()) << status.error_message();
+  ASSERT_FALSE(messages.empty());
+  EXPECT_EQ(messages.back().finish_reason(), v1::FINISH_REASON_EOS_TOKEN);
 }
 
 }  // namespace
