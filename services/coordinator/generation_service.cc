@@ -1,12 +1,12 @@
 #include "services/coordinator/generation_service.h"
 
 #include <optional>
+#include <string_view>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/strings/string_view.h"
 #include "services/common/grpc_status.h"
 #include "services/common/stream_reactor.h"
 #include "services/coordinator/request_metrics.h"
@@ -35,11 +35,11 @@ v1::FinishReason ToProto(FinishReason r) {
   return v1::FINISH_REASON_UNSPECIFIED;
 }
 
-void ToolCallsToProto(absl::string_view id_stem, const std::vector<ToolCall>& calls,
-                      v1::GenerateResponse* out) {
+void ToolCallsToProto(ToolCallFormat format, std::string_view id_stem,
+                      const std::vector<ToolCall>& calls, v1::GenerateResponse* out) {
   for (size_t k = 0; k < calls.size(); ++k) {
     v1::ToolCall* call = out->add_tool_calls();
-    call->set_id(absl::StrCat("call_", id_stem, "_", k));
+    call->set_id(ToolCallId(format, id_stem, 0, k));
     call->set_name(calls[k].name);
     call->set_arguments(calls[k].arguments);
   }
@@ -158,7 +158,7 @@ class HeldToolReply {
     }
     msg.set_text(std::move(chunk->content));
     if (chunk->calls.has_value()) {
-      ToolCallsToProto(id_stem_, *chunk->calls, &msg);
+      ToolCallsToProto(policy_.format, id_stem_, *chunk->calls, &msg);
       if (metrics != nullptr) metrics->OnToolCallReply(static_cast<int64_t>(chunk->calls->size()));
     }
     return msg;

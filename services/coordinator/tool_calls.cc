@@ -18,6 +18,23 @@ using Json = nlohmann::ordered_json;
 constexpr std::string_view kPythonTag = "<|python_tag|>";
 constexpr std::string_view kOpenTag = "<tool_call>";
 constexpr std::string_view kCloseTag = "</tool_call>";
+constexpr std::string_view kMistralTag = "[TOOL_CALLS]";
+constexpr std::string_view kGraniteTag = "<|tool_call|>";
+
+// The tag that may open a reply of calls, in the formats where calls are the whole reply.
+std::string_view LeadingTag(ToolCallFormat format) {
+  switch (format) {
+    case ToolCallFormat::kLlama3Json:
+      return kPythonTag;
+    case ToolCallFormat::kMistral:
+      return kMistralTag;
+    case ToolCallFormat::kGranite:
+      return kGraniteTag;
+    case ToolCallFormat::kHermes:
+      break;
+  }
+  return {};
+}
 
 bool IsSpace(char c) { return absl::ascii_isspace(static_cast<unsigned char>(c)); }
 
@@ -83,10 +100,17 @@ std::optional<ToolCall> ParseCall(std::string_view s, size_t* pos,
                   arguments.dump(-1, ' ', false, Json::error_handler_t::replace)};
 }
 
+// The position after `text`'s leading whitespace and, when it opens with it, `tag` and the
+// whitespace after that.
+size_t SkipLeadingTag(std::string_view text, std::string_view tag) {
+  size_t pos = SkipSpace(text, 0);
+  if (!tag.empty() && text.substr(pos).starts_with(tag)) pos = SkipSpace(text, pos + tag.size());
+  return pos;
+}
+
 std::optional<ParsedReply> ParseLlama3(std::string_view text,
                                        const absl::flat_hash_set<std::string>& tools) {
-  size_t pos = SkipSpace(text, 0);
-  if (text.substr(pos).starts_with(kPythonTag)) pos = SkipSpace(text, pos + kPythonTag.size());
+  size_t pos = SkipLeadingTag(text, kPythonTag);
   ParsedReply reply;
   while (true) {
     std::optional<ToolCall> call = ParseCall(text, &pos, tools);
@@ -97,6 +121,27 @@ std::optional<ParsedReply> ParseLlama3(std::string_view text,
     if (text[pos] != ';') return std::nullopt;
     pos = SkipSpace(text, pos + 1);
   }
+}
+
+// Mistral's and Granite's: [tag] [call, call, ...], the whole reply.
+std::optional<ParsedReply> ParseTaggedList(std::string_view text, std::string_view tag,
+                                           const absl::flat_hash_set<std::string>& tools) {
+  size_t pos = SkipLeadingTag(text, tag);
+  if (pos == text.size() || text[pos] != '[') return std::nullopt;
+  pos = SkipSpace(text, pos + 1);
+  ParsedReply reply;
+  while (true) {
+    std::optional<ToolCall> call = ParseCall(text, &pos, tools);
+    if (!call.has_value()) return std::nullopt;
+    reply.calls.push_back(*std::move(call));
+    pos = SkipSpace(text, pos);
+    if (pos == text.size()) return std::nullopt;
+    if (text[pos] == ']') break;
+    if (text[pos] != ',') return std::nullopt;
+    pos = SkipSpace(text, pos + 1);
+  }
+  if (SkipSpace(text, pos + 1) != text.size()) return std::nullopt;
+  return reply;
 }
 
 std::optional<ParsedReply> ParseHermes(std::string_view text,
@@ -190,26 +235,65 @@ absl::StatusOr<absl::flat_hash_set<std::string>> CheckTools(const Json& tools) {
 }
 
 ToolCallFormat ToolCallFormatOf(std::string_view template_source) {
-  return template_source.find(kOpenTag) != std::string_view::npos ? ToolCallFormat::kHermes
-                                                                  : ToolCallFormat::kLlama3Json;
+  if (template_source.find(kOpenTag) != std::string_view::npos) return ToolCallFormat::kHermes;
+  if (template_source.find(kMistralTag) != std::string_view::npos) return ToolCallFormat::kMistral;
+  if (template_source.find(kGraniteTag) != std::string_view::npos) return ToolCallFormat::kGranite;
+  return ToolCallFormat::kLlama3Json;
 }
 
 const char* ToolCallFormatName(ToolCallFormat format) {
-  return format == ToolCallFormat::kHermes ? "hermes" : "llama3_json";
+  switch (format) {
+    case ToolCallFormat::kHermes:
+      return "hermes";
+    case ToolCallFormat::kMistral:
+      return "mistral";
+    case ToolCallFormat::kGranite:
+      return "granite";
+    case ToolCallFormat::kLlama3Json:
+      break;
+  }
+  return "llama3_json";
+}
+
+std::string ToolCallId(ToolCallFormat format, std::string_view stem, size_t choice, size_t k) {
+  std::string id =
+      absl::StrCat("call_", absl::string_view(stem.data(), stem.size()), "_", choice, "_", k);
+  if (format != ToolCallFormat::kMistral) return id;
+  // FNV-1a of the long id, written in base 62: 62^9 < 2^64, so the nine digits keep 53 bits.
+  uint64_t h = 14695981039346656037u;
+  for (const char c : id) h = (h ^ static_cast<unsigned char>(c)) * 1099511628211u;
+  constexpr std::string_view kDigits =
+      "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ";
+  std::string out(9, '0');
+  for (char& c : out) {
+    c = kDigits[h % kDigits.size()];
+    h /= kDigits.size();
+  }
+  return out;
 }
 
 std::optional<ParsedReply> ParseToolCalls(std::string_view text, ToolCallFormat format,
                                           const absl::flat_hash_set<std::string>& tools) {
-  return format == ToolCallFormat::kHermes ? ParseHermes(text, tools) : ParseLlama3(text, tools);
+  switch (format) {
+    case ToolCallFormat::kHermes:
+      return ParseHermes(text, tools);
+    case ToolCallFormat::kMistral:
+    case ToolCallFormat::kGranite:
+      return ParseTaggedList(text, LeadingTag(format), tools);
+    case ToolCallFormat::kLlama3Json:
+      break;
+  }
+  return ParseLlama3(text, tools);
 }
 
 size_t ReleasableContent(std::string_view text, ToolCallFormat format, size_t known) {
-  if (format == ToolCallFormat::kLlama3Json) {
+  if (format != ToolCallFormat::kHermes) {
     if (known > 0) return text.size();
     // Calls are the whole reply: its first visible character decides.
     const std::string_view rest = text.substr(SkipSpace(text, 0));
-    if (rest.empty() || rest.front() == '{' || rest.starts_with(kPythonTag) ||
-        kPythonTag.starts_with(rest)) {
+    const std::string_view tag = LeadingTag(format);
+    const char opener = format == ToolCallFormat::kLlama3Json ? '{' : '[';
+    if (rest.empty() || rest.front() == opener || rest.starts_with(tag) || tag.starts_with(rest)) {
       return 0;
     }
     return text.size();

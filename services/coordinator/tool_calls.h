@@ -1,12 +1,15 @@
 // Tool calls in a chat reply (OpenAI's `tools`): the model writes a call as text in its family's
-// format, and the server returns it as `tool_calls` instead of content. Two formats, told apart by
-// the chat template that asked for them:
+// format, and the server returns it as `tool_calls` instead of content. Four formats, told apart
+// by the chat template that asked for them:
 //  - Llama 3.1/3.2 JSON: the whole reply is {"name": ..., "parameters": {...}} (or "arguments";
 //    several joined by ";"), optionally after <|python_tag|>, as Meta's templates instruct;
 //  - Hermes (Qwen2.5, Hermes, many fine-tunes): <tool_call>{"name": ..., "arguments": {...}}
-//    </tool_call> blocks at the end of the reply, after optional content.
-// A reply that does not parse as calls to the declared tools, completely, is content: a tool call
-// is never guessed from part of the text.
+//    </tool_call> blocks at the end of the reply, after optional content;
+//  - Mistral: the whole reply is [TOOL_CALLS] then a JSON list of {"name", "arguments"};
+//  - Granite (IBM Granite 3): the same after <|tool_call|>.
+// The last two tags, and <|python_tag|>, are special tokens, which the reply's text leaves out:
+// the parsers take them as optional. A reply that does not parse as calls to the declared tools,
+// completely, is content: a tool call is never guessed from part of the text.
 #ifndef SPECD_SERVICES_COORDINATOR_TOOL_CALLS_H_
 #define SPECD_SERVICES_COORDINATOR_TOOL_CALLS_H_
 
@@ -22,12 +25,18 @@
 
 namespace specd {
 
-enum class ToolCallFormat { kLlama3Json, kHermes };
+enum class ToolCallFormat { kLlama3Json, kHermes, kMistral, kGranite };
 
-// Hermes when the template writes <tool_call> tags, else Llama 3 JSON.
+// The format whose tag the template writes (<tool_call>, [TOOL_CALLS], <|tool_call|>), else
+// Llama 3 JSON.
 ToolCallFormat ToolCallFormatOf(std::string_view template_source);
-// "llama3_json" or "hermes", vLLM's names.
+// "llama3_json", "hermes", "mistral" or "granite", vLLM's names.
 const char* ToolCallFormatName(ToolCallFormat format);
+
+// The id of a reply's call `k` in choice `choice` of the response whose unique part is `stem`:
+// "call_<stem>_<choice>_<k>", or for Mistral, whose templates refuse any other, 9 letters and
+// digits derived from the same.
+std::string ToolCallId(ToolCallFormat format, std::string_view stem, size_t choice, size_t k);
 
 // OpenAI's limit on the tools of one request.
 inline constexpr size_t kMaxTools = 128;

@@ -242,7 +242,8 @@ void CompletionJob::StreamToolAware(size_t index, const GenerationEvent& event) 
       state_->metrics->OnToolCallReply(static_cast<int64_t>(chunk->calls->size()));
     }
     if (!chunk->content.empty()) delta["content"] = std::move(chunk->content);
-    delta["tool_calls"] = ToolCallsJson(meta_.id, index, *chunk->calls, /*stream=*/true);
+    delta["tool_calls"] =
+        ToolCallsJson(meta_.id, index, *chunk->calls, tool_policy_.format, /*stream=*/true);
   } else {
     delta["content"] = std::move(chunk->content);
   }
@@ -287,7 +288,8 @@ Json CompletionJob::WholeResponse() const {
       choice["message"] = {
           {"role", "assistant"},
           {"content", reply->content.empty() ? Json(nullptr) : Json(reply->content)},
-          {"tool_calls", ToolCallsJson(meta_.id, i, reply->calls, /*stream=*/false)}};
+          {"tool_calls",
+           ToolCallsJson(meta_.id, i, reply->calls, tool_policy_.format, /*stream=*/false)}};
     } else if (chat) {
       choice["message"] = {{"role", "assistant"}, {"content", c.text}};
     } else {

@@ -150,13 +150,13 @@ Json TotalUsage(std::span<const GenerationUsage> choices, int64_t n) {
 }
 
 Json ToolCallsJson(absl::string_view response_id, size_t choice, std::span<const ToolCall> calls,
-                   bool stream) {
+                   ToolCallFormat format, bool stream) {
   const absl::string_view stem = response_id.substr(response_id.find('-') + 1);
   Json out = Json::array();
   for (size_t k = 0; k < calls.size(); ++k) {
     Json call = Json::object();
     if (stream) call["index"] = k;
-    call["id"] = absl::StrCat("call_", stem, "_", choice, "_", k);
+    call["id"] = ToolCallId(format, std::string_view(stem.data(), stem.size()), choice, k);
     call["type"] = "function";
     call["function"] = {{"name", calls[k].name}, {"arguments", calls[k].arguments}};
     out.push_back(std::move(call));

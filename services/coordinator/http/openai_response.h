@@ -63,9 +63,10 @@ Json TotalUsage(std::span<const GenerationUsage> choices, int64_t n);
 
 // OpenAI's tool_calls array of choice `choice` of response `response_id` ("chatcmpl-HEX"): each
 // {"id", "type": "function", "function": {"name", "arguments"}}, and in a stream's delta its
-// "index" too. Ids are "call_HEX_CHOICE_K": unique within a conversation, which sends them back.
+// "index" too. Ids are ToolCallId's for the model's `format` ("call_HEX_CHOICE_K", or nine
+// letters and digits for Mistral): unique within a conversation, which sends them back.
 Json ToolCallsJson(absl::string_view response_id, size_t choice, std::span<const ToolCall> calls,
-                   bool stream);
+                   ToolCallFormat format, bool stream);
 
 // "stop" (EOS, stop token or stop string) or "length".
 const char* FinishReasonJson(FinishReason reason);

@@ -232,6 +232,18 @@ TEST(ChatPromptTest, ToolsReachTheTemplateInOpenAisForm) {
   ASSERT_TRUE(qwen.ok()) << qwen.status();
   EXPECT_TRUE(qwen->takes_tools());
   EXPECT_EQ(qwen->tool_call_format(), ToolCallFormat::kHermes);
+  // IBM Granite 3.1 asks for <|tool_call|> and a JSON list, and shows the model the tools.
+  absl::StatusOr<ChatPrompt> granite =
+      ChatPrompt::Load(m.config, PublishedTemplate("library/granite3.1-moe:1b"));
+  ASSERT_TRUE(granite.ok()) << granite.status();
+  EXPECT_TRUE(granite->takes_tools());
+  EXPECT_EQ(granite->tool_call_format(), ToolCallFormat::kGranite);
+  absl::StatusOr<std::vector<int32_t>> granite_ids = granite->Encode(
+      Json::parse(R"([{"role": "user", "content": "Weather in Oslo?"}])"), *m.tokenizer, options);
+  ASSERT_TRUE(granite_ids.ok()) << granite_ids.status();
+  const std::string granite_text = *m.tokenizer->Decode(*granite_ids);
+  EXPECT_THAT(granite_text, HasSubstr("respond with <|tool_call|> followed by a JSON list"));
+  EXPECT_THAT(granite_text, HasSubstr("\"name\": \"get_weather\""));
 
   absl::StatusOr<ChatPrompt> plain = ChatPrompt::Load(m.config, std::nullopt);
   ASSERT_TRUE(plain.ok()) << plain.status();

@@ -10,6 +10,8 @@
 #include <utility>
 #include <vector>
 
+#include "absl/algorithm/container.h"
+#include "absl/strings/ascii.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -32,8 +34,74 @@ TEST(ToolCallsTest, FormatFollowsTheTemplate) {
   EXPECT_EQ(ToolCallFormatOf("{% for tool in tools %}<tool_call>{{ tool | tojson }}"),
             ToolCallFormat::kHermes);
   EXPECT_EQ(ToolCallFormatOf("{{- '<|python_tag|>' }}{% if tools %}"), ToolCallFormat::kLlama3Json);
+  EXPECT_EQ(ToolCallFormatOf("{{- '[AVAILABLE_TOOLS] ' }}...{{- '[TOOL_CALLS] [' }}"),
+            ToolCallFormat::kMistral);
+  EXPECT_EQ(ToolCallFormatOf("respond with <|tool_call|> followed by a JSON list"),
+            ToolCallFormat::kGranite);
   EXPECT_STREQ(ToolCallFormatName(ToolCallFormat::kHermes), "hermes");
   EXPECT_STREQ(ToolCallFormatName(ToolCallFormat::kLlama3Json), "llama3_json");
+  EXPECT_STREQ(ToolCallFormatName(ToolCallFormat::kMistral), "mistral");
+  EXPECT_STREQ(ToolCallFormatName(ToolCallFormat::kGranite), "granite");
+}
+
+// Mistral's [TOOL_CALLS] and Granite's <|tool_call|> are special tokens, which the reply's text
+// leaves out, so the list parses with its tag or without it.
+TEST(ToolCallsTest, MistralAndGraniteCallLists) {
+  for (const ToolCallFormat format : {ToolCallFormat::kMistral, ToolCallFormat::kGranite}) {
+    const std::string tag = format == ToolCallFormat::kMistral ? "[TOOL_CALLS]" : "<|tool_call|>";
+    SCOPED_TRACE(tag);
+    const std::string list = R"([{"name": "get_weather", "arguments": {"city": "Oslo, \"NO\" ]"}},)"
+                             R"( {"arguments": {}, "name": "calculate"}])";
+    for (const std::string& text : {list, tag + list, " " + tag + " " + list + "\n"}) {
+      std::optional<ParsedReply> r = ParseToolCalls(text, format, kTools);
+      ASSERT_TRUE(r.has_value()) << text;
+      EXPECT_EQ(r->content, "");
+      ASSERT_EQ(r->calls.size(), 2u);
+      EXPECT_EQ(r->calls[0].name, "get_weather");
+      EXPECT_EQ(r->calls[0].arguments, R"({"city":"Oslo, \"NO\" ]"})");
+      EXPECT_EQ(r->calls[1].name, "calculate");
+      EXPECT_EQ(r->calls[1].arguments, "{}");
+    }
+    for (const std::string& text : std::vector<std::string>{
+             "[]",
+             tag,
+             R"([{"name": "get_weather", "arguments": {}})",                 // unclosed list
+             R"([{"name": "get_weather", "arguments": {}}] and then text)",  // more after it
+             R"(Sure: [{"name": "get_weather", "arguments": {}}])",          // text before it
+             R"([{"name": "send_email", "arguments": {}}])",                 // not declared
+             R"([{"name": "get_weather", "arguments": [1]}])",               // not an object
+             R"([{"name": "get_weather"} {"name": "calculate"}])",           // no comma
+             R"({"name": "get_weather", "arguments": {}})",                  // not a list
+             R"([1, 2, 3] are numbers)",
+         }) {
+      EXPECT_FALSE(ParseToolCalls(text, format, kTools).has_value()) << text;
+    }
+    // A stream holds a reply that may be a list of calls, and only that.
+    EXPECT_EQ(ReleasableContent(" [", format), 0u);
+    EXPECT_EQ(ReleasableContent(tag.substr(0, 4), format), 0u);
+    EXPECT_EQ(ReleasableContent(tag + "[{", format), 0u);
+    EXPECT_EQ(ReleasableContent("The answer", format), 10u);
+    EXPECT_EQ(ReleasableContent("{\"name\"", format), 7u) << "a lone object is not this format";
+  }
+}
+
+// Ids are unique per call and choice; Mistral's templates accept only nine letters and digits.
+TEST(ToolCallsTest, CallIdsFitTheModelsTemplate) {
+  EXPECT_EQ(ToolCallId(ToolCallFormat::kHermes, "abc", 1, 2), "call_abc_1_2");
+  EXPECT_EQ(ToolCallId(ToolCallFormat::kLlama3Json, "abc", 0, 0), "call_abc_0_0");
+  absl::flat_hash_set<std::string> ids;
+  for (const std::string stem : {"00000000000000000000000f", "00000000000000000000001f"}) {
+    for (size_t choice = 0; choice < 4; ++choice) {
+      for (size_t k = 0; k < 16; ++k) {
+        const std::string id = ToolCallId(ToolCallFormat::kMistral, stem, choice, k);
+        EXPECT_EQ(id.size(), 9u) << id;
+        EXPECT_TRUE(absl::c_all_of(id, [](char c) { return absl::ascii_isalnum(c); })) << id;
+        EXPECT_EQ(id, ToolCallId(ToolCallFormat::kMistral, stem, choice, k));
+        ids.insert(id);
+      }
+    }
+  }
+  EXPECT_EQ(ids.size(), 2u * 4u * 16u);
 }
 
 TEST(ToolCallsTest, Llama3JsonCalls) {
@@ -157,6 +225,11 @@ TEST(ToolCallsTest, StreamedContentEqualsTheWholeReplyForEverySplit) {
       {ToolCallFormat::kHermes, "a <tool b <tool_call> c </tool_call>\n"},
       {ToolCallFormat::kHermes, "<tool_call>{\"name\": \"calculate\"}</tool_call>"},
       {ToolCallFormat::kHermes, "Text only, ending in spaces  \n"},
+      {ToolCallFormat::kMistral,
+       "[TOOL_CALLS] [{\"name\": \"get_weather\", \"arguments\": {\"c\": \"]\"}}]"},
+      {ToolCallFormat::kMistral, "[1, 2] and text"},
+      {ToolCallFormat::kGranite, "[{\"name\": \"calculate\", \"arguments\": {}}]"},
+      {ToolCallFormat::kGranite, "Plain [text] <|tool_ later."},
   };
   std::mt19937 rng(7);
   for (const Case& c : cases) {

@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/algorithm/container.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
@@ -158,12 +159,17 @@ std::string Visible(const Json& text) {
                           : "(not a string: " + text.dump() + ")";
 }
 
-// A template that lists the tools, and the calls and answers of earlier turns; with `hermes`, it
-// asks for <tool_call> tags.
-std::string Template(bool hermes) {
+// A template that lists the tools, and the calls and answers of earlier turns, and asks for
+// calls in `format` (by its tag; Llama 3's JSON has none).
+std::string Template(ToolCallFormat format) {
+  const char* ask = "";
+  if (format == ToolCallFormat::kHermes) {
+    ask = "Call one as <tool_call>{\"name\": ..., \"arguments\": ...}</tool_call>\n";
+  } else if (format == ToolCallFormat::kMistral) {
+    ask = "Call them as [TOOL_CALLS] [{\"name\": ..., \"arguments\": ...}]\n";
+  }
   return absl::StrCat(
-      "{% if tools %}Tools: {{ tools | tojson }}\n",
-      hermes ? "Call one as <tool_call>{\"name\": ..., \"arguments\": ...}</tool_call>\n" : "",
+      "{% if tools %}Tools: {{ tools | tojson }}\n", ask,
       "{% endif %}{% for m in messages %}{{ m.role }}: {{ m.content }}",
       "{% if m.tool_calls %}{% for c in m.tool_calls %}<call {{ c.id }} {{ c.function.name }} ",
       "{{ c.function.arguments | tojson }}>{% endfor %}{% endif %}",
@@ -189,7 +195,7 @@ class ToolCallsApiTest : public ::testing::Test {
   }
   static void TearDownTestSuite() { delete dir_; }
 
-  void Serve(bool hermes) {
+  void Serve(ToolCallFormat format) {
     std::unique_ptr<LlamaEngine> engine = testing::MakeEngine(dir_->path(), 1, /*kv_tokens=*/8192);
     ASSERT_NE(engine, nullptr);
     worker_ = std::make_unique<LocalWorker>(
@@ -198,7 +204,7 @@ class ToolCallsApiTest : public ::testing::Test {
     absl::StatusOr<std::unique_ptr<Tokenizer>> tok = Tokenizer::LoadFromDir(dir_->path());
     ASSERT_TRUE(tok.ok()) << tok.status();
     tokenizer_ = *std::move(tok);
-    absl::StatusOr<ChatPrompt> chat = ChatPrompt::Load("", Template(hermes));
+    absl::StatusOr<ChatPrompt> chat = ChatPrompt::Load("", Template(format));
     ASSERT_TRUE(chat.ok()) << chat.status();
     chat_ = std::make_unique<ChatPrompt>(*std::move(chat));
     SchedulerOptions o;
@@ -290,7 +296,7 @@ class ToolCallsApiTest : public ::testing::Test {
 };
 
 TEST_F(ToolCallsApiTest, Llama3JsonReplyIsAToolCall) {
-  ASSERT_NO_FATAL_FAILURE(Serve(/*hermes=*/false));
+  ASSERT_NO_FATAL_FAILURE(Serve(ToolCallFormat::kLlama3Json));
   Reply(R"({"name": "get_weather", "parameters": {"city": "Oslo"}})");
   const auto [status, body] = Chat({});
   ASSERT_EQ(status, 200) << body;
@@ -340,7 +346,7 @@ TEST_F(ToolCallsApiTest, Llama3JsonReplyIsAToolCall) {
 }
 
 TEST_F(ToolCallsApiTest, HermesReplyStreamsItsContentThenItsCalls) {
-  ASSERT_NO_FATAL_FAILURE(Serve(/*hermes=*/true));
+  ASSERT_NO_FATAL_FAILURE(Serve(ToolCallFormat::kHermes));
   Reply(
       "Let me look. <tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}"
       "\n</tool_call>\n<tool_call>\n{\"name\": \"calculate\", \"arguments\": {\"expr\": "
@@ -379,7 +385,7 @@ TEST_F(ToolCallsApiTest, HermesReplyStreamsItsContentThenItsCalls) {
 }
 
 TEST_F(ToolCallsApiTest, ACallToAnUndeclaredToolOrBrokenJsonIsContent) {
-  ASSERT_NO_FATAL_FAILURE(Serve(/*hermes=*/true));
+  ASSERT_NO_FATAL_FAILURE(Serve(ToolCallFormat::kHermes));
   for (const std::string& reply : {
            std::string("<tool_call>\n{\"name\": \"send_email\", \"arguments\": {}}\n</tool_call>"),
            std::string("<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": "),
@@ -398,9 +404,37 @@ TEST_F(ToolCallsApiTest, ACallToAnUndeclaredToolOrBrokenJsonIsContent) {
   }
 }
 
+// Mistral's list of calls, whose ids its templates check: nine letters and digits, which the
+// next turn sends back.
+TEST_F(ToolCallsApiTest, MistralReplyIsAListOfCallsWithIdsItsTemplateTakes) {
+  ASSERT_NO_FATAL_FAILURE(Serve(ToolCallFormat::kMistral));
+  Reply(R"([TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": "Oslo"}}, )"
+        R"({"name": "calculate", "arguments": {"expr": "6*7"}}])");
+  const auto [status, body] = Chat({});
+  ASSERT_EQ(status, 200) << body;
+  const Json choice = Json::parse(body)["choices"][0];
+  EXPECT_EQ(choice["finish_reason"], "tool_calls");
+  EXPECT_TRUE(choice["message"]["content"].is_null());
+  ASSERT_EQ(choice["message"]["tool_calls"].size(), 2u);
+  for (const Json& call : choice["message"]["tool_calls"]) {
+    const std::string id = call["id"].get<std::string>();
+    EXPECT_EQ(id.size(), 9u) << id;
+    EXPECT_TRUE(absl::c_all_of(id, [](char c) { return absl::ascii_isalnum(c); })) << id;
+  }
+  EXPECT_EQ(choice["message"]["tool_calls"][1]["function"]["arguments"], R"({"expr":"6*7"})");
+
+  const auto [stream_status, sse] = Chat({{"stream", true}});
+  ASSERT_EQ(stream_status, 200) << sse;
+  const std::vector<Json> events = Events(sse);
+  ASSERT_EQ(events.size(), 1u) << "a reply that opens a list is held whole: " << sse;
+  const Json sdk = SdkAssembled(events, dir_->path());
+  EXPECT_EQ(sdk["choices"][0]["message"]["tool_calls"].size(), 2u);
+  EXPECT_EQ(sdk["choices"][0]["message"]["tool_calls"][0]["function"]["name"], "get_weather");
+}
+
 // The gRPC API: the same calls, in the last message of the stream, after the content.
 TEST_F(ToolCallsApiTest, GrpcReplyStreamsItsContentThenItsCalls) {
-  ASSERT_NO_FATAL_FAILURE(Serve(/*hermes=*/true));
+  ASSERT_NO_FATAL_FAILURE(Serve(ToolCallFormat::kHermes));
   const std::string reply =
       "Let me look. <tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": "
       "\"Oslo\"}}\n</tool_call>\n<tool_call>\n{\"name\": \"calculate\", \"arguments\": "
@@ -472,7 +506,7 @@ Json ToolsWithSortedParameters() {
 // A conversation that goes on after the calls: the assistant's calls and the tools' answers reach
 // the template as the HTTP API's OpenAI messages do, so both APIs encode it to the same tokens.
 TEST_F(ToolCallsApiTest, GrpcConversationWithCallsEncodesAsTheHttpApisDoes) {
-  ASSERT_NO_FATAL_FAILURE(Serve(/*hermes=*/false));
+  ASSERT_NO_FATAL_FAILURE(Serve(ToolCallFormat::kLlama3Json));
   v1::TokenizeRequest t;
   v1::Chat* chat = t.mutable_chat();
   AddTools(chat);
@@ -524,7 +558,7 @@ TEST_F(ToolCallsApiTest, GrpcConversationWithCallsEncodesAsTheHttpApisDoes) {
 }
 
 TEST_F(ToolCallsApiTest, GrpcToolsAreCheckedAsTheHttpApiChecksThem) {
-  ASSERT_NO_FATAL_FAILURE(Serve(/*hermes=*/true));
+  ASSERT_NO_FATAL_FAILURE(Serve(ToolCallFormat::kHermes));
   v1::GenerateRequest g;
   v1::ChatMessage* m = g.mutable_chat()->add_messages();
   m->set_role("user");
