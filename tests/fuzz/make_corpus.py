@@ -154,6 +154,21 @@ def request_seeds():
             ["protoc", "--proto_path=" + proto_dir, "--encode=specd.v1.GenerateRequest",
              "specd/v1/generation.proto"], input=text.encode(), capture_output=True, check=True)
         seeds[name] = b"\x00" + encoded.stdout
+    # Bit 3: a chat template that takes any conversation.
+    chat = ('chat { messages { role: "user" content: "Weather?" } '
+            'messages { role: "assistant" tool_calls { id: "c1" name: "get_weather" '
+            'arguments: "{\\"city\\": \\"Oslo\\"}" } } '
+            'messages { role: "tool" content: "-3 C" tool_call_id: "c1" } '
+            'tools { name: "get_weather" description: "Weather of a city." parameters { '
+            'fields { key: "type" value { string_value: "object" } } '
+            'fields { key: "properties" value { struct_value { fields { key: "city" value { '
+            'struct_value { fields { key: "type" value { string_value: "string" } } } } } } } } } } '
+            'tool_choice: TOOL_CHOICE_AUTO parallel_tool_calls: false '
+            'chat_template_kwargs { fields { key: "date_string" value { string_value: "x" } } } }')
+    encoded = subprocess.run(
+        ["protoc", "--proto_path=" + proto_dir, "--encode=specd.v1.GenerateRequest",
+         "specd/v1/generation.proto"], input=chat.encode(), capture_output=True, check=True)
+    seeds["chat_tools"] = b"\x08" + encoded.stdout
     seeds["structured"] = b"\x01" + bytes(range(256))
     seeds["structured_no_tokenizer"] = b"\x03" + bytes(range(255, -1, -2))
     return seeds
@@ -284,6 +299,9 @@ OPENAI_BODIES = {
     "reply_hermes": (4, 'Sure. <tool_call>\n{"name": "calculate", "arguments": {"expr": "{"}}'
                         '\n</tool_call>\n<tool_call>{"name": "get_weather"}</tool_call>'),
     "reply_text": (4, 'No tools needed <tool but {braces} and "quotes\\"'),
+    "reply_mistral": (4, '[TOOL_CALLS] [{"name": "calculate", "arguments": {"expr": "]"}}, '
+                         '{"name": "get_weather", "arguments": {}}]'),
+    "reply_granite": (4, '<|tool_call|>[{"arguments": {"city": "Oslo"}, "name": "get_weather"}]'),
 }
 
 

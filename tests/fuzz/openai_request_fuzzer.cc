@@ -104,13 +104,14 @@ void Build(const specd::http::OpenAiRequest& request) {
   }
 }
 
-// A model's reply to a request with tools, in both formats: a stream never sends
+// A model's reply to a request with tools, in every format: a stream never sends
 // more than the content a finished reply has, nor takes back what it sent (ReleasableContent
 // only grows as the reply does, and a search from its previous answer finds the same).
 void ParseReply(absl::string_view reply, const absl::flat_hash_set<std::string>& tools) {
   const std::string_view text(reply.data(), std::min<size_t>(reply.size(), 512));
   for (const specd::ToolCallFormat format :
-       {specd::ToolCallFormat::kLlama3Json, specd::ToolCallFormat::kHermes}) {
+       {specd::ToolCallFormat::kLlama3Json, specd::ToolCallFormat::kHermes,
+        specd::ToolCallFormat::kMistral, specd::ToolCallFormat::kGranite}) {
     const std::optional<specd::ParsedReply> parsed = specd::ParseToolCalls(text, format, tools);
     size_t released = 0;
     for (size_t n = 0; n < text.size(); ++n) {

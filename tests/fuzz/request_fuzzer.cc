@@ -1,7 +1,9 @@
 // libFuzzer target for the public request validation, BuildGenerationRequest. The first input
 // byte picks the setup: bit 0 set builds the GenerateRequest field by field from the rest
 // (absurd sizes, NaN/Inf, invalid UTF-8), clear parses the rest as a serialized GenerateRequest;
-// bit 1 serves without a tokenizer; bit 2 serves without a draft worker. Validation must never
+// bit 1 serves without a tokenizer; bit 2 serves without a draft worker; bit 3 serves a chat
+// template that takes any conversation, so that the conversion of a chat (messages, tool calls,
+// tools and their Structs) into the template's JSON is what is fuzzed. Validation must never
 // crash, every rejection must be INVALID_ARGUMENT with a message, and an accepted request must
 // satisfy every documented limit (checked here independently of the validator).
 #include <fuzzer/FuzzedDataProvider.h>
@@ -19,7 +21,9 @@
 #include "absl/status/statusor.h"
 #include "common/tokenizer/tokenizer.h"
 #include "google/protobuf/stubs/logging.h"
+#include "nlohmann/json.hpp"
 #include "services/coordinator/request_validation.h"
+#include "services/coordinator/tool_calls.h"
 #include "specd/v1/generation.pb.h"
 #include "tests/fuzz/fuzz_util.h"
 
@@ -129,15 +133,35 @@ specd::v1::GenerateRequest Structured(FuzzedDataProvider& p) {
 
 bool Finite(float f) { return std::isfinite(f); }
 
+// The chat "template" of bit 3: what EncodeChat hands a template must be OpenAI's form, checked.
+absl::StatusOr<std::vector<int32_t>> AnyConversation(const nlohmann::ordered_json& messages,
+                                                     const specd::ChatPromptOptions& options) {
+  Check(messages.is_array());
+  for (const nlohmann::ordered_json& m : messages) {
+    Check(m.is_object() && m.contains("role") && m["role"].is_string());
+    if (m.contains("tool_calls")) Check(m["tool_calls"].is_array() && !m["tool_calls"].empty());
+  }
+  if (!options.tools.is_null()) Check(specd::CheckTools(options.tools).ok());
+  Check(options.template_kwargs.is_object());
+  return std::vector<int32_t>{1};
+}
+
 // The accepted request against the documented ranges (generation.proto, sampling/params.h).
 void CheckAccepted(const specd::v1::GenerateRequest& r, const specd::GenerationRequest& g,
-                   const specd::ServerLimits& limits, bool has_tokenizer) {
+                   const specd::ServerLimits& limits, bool has_tokenizer, bool has_chat) {
   Check(!g.prompt.empty());
   for (const int32_t id : g.prompt) Check(id >= 0 && id < limits.vocab_size);
   if (r.has_token_ids()) {
     Check(g.prompt == std::vector<int32_t>(r.token_ids().ids().begin(), r.token_ids().ids().end()));
+  } else if (r.has_chat()) {
+    Check(has_chat && has_tokenizer && g.prompt == std::vector<int32_t>{1});
+    int64_t bytes = 0;
+    for (const specd::v1::ChatMessage& m : r.chat().messages()) {
+      bytes += static_cast<int64_t>(m.role().size() + m.content().size());
+    }
+    Check(bytes <= limits.max_prompt_bytes);
+    Check(r.chat().tools_size() <= static_cast<int>(specd::kMaxTools));
   } else {
-    Check(!r.has_chat());  // this server has no chat template
     // Empty text is accepted: the tokenizer's BOS is the prompt.
     Check(has_tokenizer && r.has_text());
     Check(static_cast<int64_t>(r.text().size()) <= limits.max_prompt_bytes);
@@ -199,6 +223,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const uint8_t setup = data[0];
   const bool has_tokenizer = (setup & 2) == 0;
   const specd::ServerLimits limits = Limits((setup & 4) == 0);
+  const bool has_chat = (setup & 8) != 0;
   specd::v1::GenerateRequest request;
   if ((setup & 1) != 0) {
     FuzzedDataProvider provider(data + 1, size - 1);
@@ -206,16 +231,18 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   } else if (!request.ParseFromArray(data + 1, static_cast<int>(size - 1))) {
     return 0;  // the transport rejects what does not parse
   }
-  const absl::StatusOr<specd::GenerationRequest> built = specd::BuildGenerationRequest(
-      request, specd::PromptEncoders{has_tokenizer ? &MiniTokenizer() : nullptr, {}}, limits,
-      /*random_seed=*/12345);
+  specd::PromptEncoders encoders{has_tokenizer ? &MiniTokenizer() : nullptr, {}};
+  if (has_chat && has_tokenizer) encoders.chat = AnyConversation;
+  const absl::StatusOr<specd::GenerationRequest> built =
+      specd::BuildGenerationRequest(request, encoders, limits, /*random_seed=*/12345);
   if (!built.ok()) {
-    // FAILED_PRECONDITION: chat input, which this server (no chat template) cannot render.
+    // FAILED_PRECONDITION: chat input, which a server without a chat template cannot render.
     Check(built.status().code() == absl::StatusCode::kInvalidArgument ||
-          (built.status().code() == absl::StatusCode::kFailedPrecondition && request.has_chat()));
+          (built.status().code() == absl::StatusCode::kFailedPrecondition && request.has_chat() &&
+           !encoders.chat));
     Check(!built.status().message().empty());
     return 0;
   }
-  CheckAccepted(request, *built, limits, has_tokenizer);
+  CheckAccepted(request, *built, limits, has_tokenizer, has_chat);
   return 0;
 }
