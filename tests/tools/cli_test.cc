@@ -39,7 +39,8 @@ RunResult RunSpecd(const std::string& args, bool stdout_only = false) {
 TEST(CliTest, HelpListsEveryCommand) {
   const RunResult r = RunSpecd("--help");
   EXPECT_EQ(r.exit_code, 0);
-  for (const char* cmd : {"convert", "detokenize", "generate", "serve", "synth", "tokenize"}) {
+  for (const char* cmd :
+       {"chat", "convert", "detokenize", "generate", "serve", "synth", "tokenize"}) {
     EXPECT_THAT(r.output, HasSubstr(cmd));
   }
   EXPECT_EQ(RunSpecd("").exit_code, 2);
@@ -61,6 +62,12 @@ TEST(CliTest, BadFlagsAreUsageErrors) {
   r = RunSpecd("generate --model /nonexistent --prompt-ids 1 --max-tokens many");
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_THAT(r.output, HasSubstr("--max-tokens must be an integer"));
+  r = RunSpecd("chat --max-tokens 5");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.output, HasSubstr("--server is required"));
+  r = RunSpecd("chat --server 127.0.0.1:1 --temperature warm");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.output, HasSubstr("--temperature must be a number"));
   r = RunSpecd("synth --shape gigantic --out /tmp/x");
   EXPECT_NE(r.exit_code, 0);
   EXPECT_THAT(r.output, HasSubstr("unknown shape preset 'gigantic'"));

@@ -45,41 +45,9 @@ int RunClient(const Flags& args) {
   } else {
     req.set_text(args.Get("prompt"));
   }
-  absl::StatusOr<int64_t> max_tokens = args.GetInt("max-tokens");
-  absl::StatusOr<int64_t> top_k = args.GetInt("top-k");
-  absl::StatusOr<double> temperature = args.GetDouble("temperature");
-  absl::StatusOr<double> top_p = args.GetDouble("top-p");
-  absl::StatusOr<double> min_p = args.GetDouble("min-p");
+  if (absl::Status st = ApplyRequestFlags(args, &req); !st.ok()) return fail(st);
   absl::StatusOr<double> timeout = args.GetDouble("timeout");
-  for (const absl::Status& st : {max_tokens.status(), top_k.status(), temperature.status(),
-                                 top_p.status(), min_p.status(), timeout.status()}) {
-    if (!st.ok()) return fail(st);
-  }
-  if (*max_tokens < 0 || *top_k < 0) {
-    return fail(absl::InvalidArgumentError("--max-tokens and --top-k must be >= 0"));
-  }
-  req.mutable_stopping()->set_max_new_tokens(static_cast<uint32_t>(*max_tokens));
-  req.mutable_stopping()->set_ignore_eos(args.GetBool("ignore-eos"));
-  if (args.Has("stop")) req.mutable_stopping()->add_stop(args.Get("stop"));
-  v1::SamplingParameters* s = req.mutable_sampling();
-  s->set_temperature(static_cast<float>(*temperature));
-  s->set_top_k(static_cast<int32_t>(*top_k));
-  s->set_top_p(static_cast<float>(*top_p));
-  s->set_min_p(static_cast<float>(*min_p));
-  if (args.Has("seed")) {
-    absl::StatusOr<int64_t> seed = args.GetInt("seed");
-    if (!seed.ok()) return fail(seed.status());
-    s->set_seed(static_cast<uint64_t>(*seed));
-  }
-  if (args.Has("k")) {
-    absl::StatusOr<int64_t> k = args.GetInt("k");
-    if (!k.ok()) return fail(k.status());
-    if (*k < 0) return fail(absl::InvalidArgumentError("--k must be >= 0"));
-    req.mutable_speculation()->set_num_speculative_tokens(static_cast<uint32_t>(*k));
-  }
-  if (args.GetBool("draft-greedy")) {
-    req.mutable_speculation()->set_draft_sampling(v1::DRAFT_SAMPLING_GREEDY);
-  }
+  if (!timeout.ok()) return fail(timeout.status());
   if (args.Has("prompt")) std::cout << args.Get("prompt") << std::flush;
   return RemoteGenerate(args.Get("server"), ClientSecurityFromArgs(args), req, *timeout);
 }

@@ -7,8 +7,10 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "grpcpp/grpcpp.h"
+#include "specd/v1/generation.grpc.pb.h"
 #include "specd/v1/generation.pb.h"
 #include "tools/specd/command.h"
 
@@ -30,6 +32,25 @@ ClientSecurity ClientSecurityFromArgs(const Flags& args);
 // naming --tls-ca when that file is not a readable PEM certificate.
 absl::StatusOr<std::shared_ptr<grpc::Channel>> OpenChannel(const std::string& server,
                                                            const ClientSecurity& security);
+
+// The client-mode request flags both `generate --server` and `chat` take, into `request`:
+// --max-tokens, --temperature, --top-k, --top-p, --min-p, --seed, --k, --draft-greedy, --stop and
+// --ignore-eos. INVALID_ARGUMENT naming the flag when one does not parse or is out of range.
+absl::Status ApplyRequestFlags(const Flags& args, v1::GenerateRequest* request);
+
+// One Generate call whose text was streamed to stdout as it came.
+struct StreamedReply {
+  std::string text;
+  v1::Usage usage;
+  v1::FinishReason finish = v1::FINISH_REASON_UNSPECIFIED;
+  double time_to_first_token_ms = 0;
+  double tokens_per_second = 0;  // after the first token
+};
+// Streams `request`'s text to stdout; the server's error, with its message, when the call fails.
+absl::StatusOr<StreamedReply> StreamToStdout(v1::Generation::Stub& stub,
+                                             const ClientSecurity& security,
+                                             const v1::GenerateRequest& request,
+                                             double timeout_seconds);
 
 // Streams the text to stdout and a summary (acceptance rate, tokens/s) to stderr. Returns the
 // process exit code.

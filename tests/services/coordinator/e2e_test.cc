@@ -4,9 +4,11 @@
 #include <chrono>
 #include <cmath>
 #include <csignal>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <future>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <string>
@@ -17,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/synth/synth.h"
 #include "gmock/gmock.h"
+#include "google/protobuf/util/json_util.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
@@ -31,8 +34,8 @@ namespace specd {
 namespace {
 
 using testing::ChildProcess;
-using testing::MetricValue;
 using ::testing::HasSubstr;
+using testing::MetricValue;
 using ::testing::Not;
 using testing::ScopedTempDir;
 
@@ -897,6 +900,93 @@ TEST(SpecdServeTest, StartsThreeProcessesServesAndStopsOnSigint) {
   }();
   EXPECT_THAT(out, HasSubstr("12 generated, finish FINISH_REASON_LENGTH"));
   EXPECT_THAT(out, HasSubstr("acceptance rate"));
+  (*serve)->Signal(SIGINT);
+  EXPECT_EQ((*serve)->Terminate(), 0);
+}
+
+std::string ReadWholeFile(const std::filesystem::path& path) {
+  std::ifstream in(path);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+// `specd chat`: each line of stdin is a turn, and every turn's prompt is the whole conversation so
+// far (its transcript, replies included) as the server's template renders it: checked against
+// the server's own Tokenize of each prefix of the transcript.
+TEST(SpecdChatTest, EachTurnSendsTheWholeConversation) {
+  ScopedTempDir tmp;
+  SynthSpec spec;
+  spec.config = *ShapePreset("tiny");
+  spec.config.vocab_size = 1000;
+  ASSERT_TRUE(WriteSyntheticModel(spec, tmp.path() / "m").ok());
+  std::ofstream(tmp.path() / "chat.jinja")
+      << "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}assistant:";
+  auto serve =
+      ChildProcess::Start(testing::BuiltBinary("tools/specd"),
+                          {"serve", "--target", (tmp.path() / "m").string(), "--draft-exit-layer",
+                           "2", "--listen", "127.0.0.1:0", "--threads", "1", "--kv-tokens", "4096",
+                           "--chat-template", (tmp.path() / "chat.jinja").string()});
+  ASSERT_TRUE(serve.ok()) << serve.status();
+  const std::string addr = (*serve)->address();
+  const std::filesystem::path transcript = tmp.path() / "transcript.json";
+  // The prompt sizes of a session's turns, and its transcript.
+  auto session = [&](const std::string& lines) {
+    const std::filesystem::path err = tmp.path() / "stderr";
+    FILE* pipe =
+        popen(absl::StrCat("printf '", lines, "' | ", testing::BuiltBinary("tools/specd").string(),
+                           " chat --server ", addr,
+                           " --system 'Be brief.' --max-tokens 6 --k 3 --transcript ",
+                           transcript.string(), " 2> ", err.string())
+                  .c_str(),
+              "r");
+    std::string out;
+    char buf[4096];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof buf, pipe)) > 0) out.append(buf, n);
+    const std::string log = ReadWholeFile(err);
+    EXPECT_EQ(pclose(pipe), 0) << out << log;
+    std::vector<uint32_t> prompt_tokens;
+    for (size_t pos = 0; (pos = log.find("[turn ", pos)) != std::string::npos; ++pos) {
+      prompt_tokens.push_back(
+          static_cast<uint32_t>(std::stoul(log.substr(log.find(": ", pos) + 2))));
+    }
+    v1::Chat chat;
+    EXPECT_TRUE(google::protobuf::util::JsonStringToMessage(ReadWholeFile(transcript), &chat).ok());
+    for (const v1::ChatMessage& m : chat.messages()) {
+      if (m.role() == "assistant") {
+        EXPECT_THAT(out, HasSubstr(m.content()));
+      }
+    }
+    return std::make_pair(prompt_tokens, chat);
+  };
+  auto stub =
+      v1::Generation::NewStub(grpc::CreateChannel(addr, grpc::InsecureChannelCredentials()));
+  auto count = [&](const v1::Chat& chat, int messages) {
+    v1::TokenizeRequest t;
+    t.mutable_chat()->mutable_messages()->CopyFrom(chat.messages());
+    t.mutable_chat()->mutable_messages()->DeleteSubrange(messages, chat.messages_size() - messages);
+    grpc::ClientContext ctx;
+    v1::TokenizeResponse r;
+    EXPECT_TRUE(stub->Tokenize(&ctx, t, &r).ok());
+    return static_cast<uint32_t>(r.token_ids_size());
+  };
+
+  // The empty line is no turn.
+  const auto [turns, chat] = session("Hello there\\n\\nTell me more\\n");
+  ASSERT_EQ(turns.size(), 2u);
+  ASSERT_EQ(chat.messages_size(), 5);
+  EXPECT_EQ(chat.messages(0).role(), "system");
+  EXPECT_EQ(chat.messages(1).content(), "Hello there");
+  EXPECT_EQ(chat.messages(2).role(), "assistant");
+  EXPECT_EQ(chat.messages(3).content(), "Tell me more");
+  EXPECT_EQ(turns[0], count(chat, 2));
+  EXPECT_EQ(turns[1], count(chat, 4)) << "turn 2 holds turn 1 and its reply";
+
+  // /reset starts over from the system message; /exit ends the session.
+  const auto [reset_turns, reset_chat] = session("One\\n/reset\\nTwo\\n/exit\\nThree\\n");
+  ASSERT_EQ(reset_turns.size(), 2u);
+  ASSERT_EQ(reset_chat.messages_size(), 3);
+  EXPECT_EQ(reset_chat.messages(1).content(), "Two");
+  EXPECT_EQ(reset_turns[1], count(reset_chat, 2));
   (*serve)->Signal(SIGINT);
   EXPECT_EQ((*serve)->Terminate(), 0);
 }
