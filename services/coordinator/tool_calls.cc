@@ -108,19 +108,29 @@ size_t SkipLeadingTag(std::string_view text, std::string_view tag) {
   return pos;
 }
 
+// Calls separated by `separator` from s[*pos], into reply->calls; *pos ends past the last one and
+// the whitespace after it. False when one is not a call.
+bool ParseCallSequence(std::string_view s, size_t* pos, char separator,
+                       const absl::flat_hash_set<std::string>& tools, ParsedReply* reply) {
+  while (true) {
+    std::optional<ToolCall> call = ParseCall(s, pos, tools);
+    if (!call.has_value()) return false;
+    reply->calls.push_back(*std::move(call));
+    *pos = SkipSpace(s, *pos);
+    if (*pos == s.size() || s[*pos] != separator) return true;
+    *pos = SkipSpace(s, *pos + 1);
+  }
+}
+
+// Llama 3's: [<|python_tag|>] call; call; ..., the whole reply.
 std::optional<ParsedReply> ParseLlama3(std::string_view text,
                                        const absl::flat_hash_set<std::string>& tools) {
   size_t pos = SkipLeadingTag(text, kPythonTag);
   ParsedReply reply;
-  while (true) {
-    std::optional<ToolCall> call = ParseCall(text, &pos, tools);
-    if (!call.has_value()) return std::nullopt;
-    reply.calls.push_back(*std::move(call));
-    pos = SkipSpace(text, pos);
-    if (pos == text.size()) return reply;
-    if (text[pos] != ';') return std::nullopt;
-    pos = SkipSpace(text, pos + 1);
+  if (!ParseCallSequence(text, &pos, ';', tools, &reply) || pos != text.size()) {
+    return std::nullopt;
   }
+  return reply;
 }
 
 // Mistral's and Granite's: [tag] [call, call, ...], the whole reply.
@@ -130,17 +140,10 @@ std::optional<ParsedReply> ParseTaggedList(std::string_view text, std::string_vi
   if (pos == text.size() || text[pos] != '[') return std::nullopt;
   pos = SkipSpace(text, pos + 1);
   ParsedReply reply;
-  while (true) {
-    std::optional<ToolCall> call = ParseCall(text, &pos, tools);
-    if (!call.has_value()) return std::nullopt;
-    reply.calls.push_back(*std::move(call));
-    pos = SkipSpace(text, pos);
-    if (pos == text.size()) return std::nullopt;
-    if (text[pos] == ']') break;
-    if (text[pos] != ',') return std::nullopt;
-    pos = SkipSpace(text, pos + 1);
+  if (!ParseCallSequence(text, &pos, ',', tools, &reply) || pos == text.size() ||
+      text[pos] != ']' || SkipSpace(text, pos + 1) != text.size()) {
+    return std::nullopt;
   }
-  if (SkipSpace(text, pos + 1) != text.size()) return std::nullopt;
   return reply;
 }
 
