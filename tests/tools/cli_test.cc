@@ -68,6 +68,9 @@ TEST(CliTest, BadFlagsAreUsageErrors) {
   r = RunSpecd("chat --server 127.0.0.1:1 --temperature warm");
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_THAT(r.output, HasSubstr("--temperature must be a number"));
+  r = RunSpecd("chat --server 127.0.0.1:1 --timeout 4 < /dev/null");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_THAT(r.output, HasSubstr("cannot reach 127.0.0.1:1 within 4 s"));
   r = RunSpecd("synth --shape gigantic --out /tmp/x");
   EXPECT_NE(r.exit_code, 0);
   EXPECT_THAT(r.output, HasSubstr("unknown shape preset 'gigantic'"));
