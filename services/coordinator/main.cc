@@ -39,6 +39,7 @@
 #include "services/coordinator/grpc_worker.h"
 #include "services/coordinator/http/http_server.h"
 #include "services/coordinator/http/openai_api.h"
+#include "services/coordinator/tool_calls.h"
 
 namespace specd {
 namespace {
@@ -497,6 +498,10 @@ int Run(int argc, char** argv) {
   if (served_name.empty()) served_name = ti.model_name().empty() ? "model" : ti.model_name();
   state.info.set_served_model_name(served_name);
   state.info.set_has_chat_template(chat != nullptr && chat->available());
+  if (chat != nullptr && chat->available() && chat->takes_tools()) {
+    state.info.set_takes_tools(true);
+    state.info.set_tool_call_format(ToolCallFormatName(chat->tool_call_format()));
+  }
   service.SetServing(&state);
   if (http_api != nullptr) http_api->SetServing(&state);
   health->SetServingStatus(true);

@@ -172,6 +172,10 @@ absl::StatusOr<std::vector<int32_t>> EncodeChat(const v1::Chat& chat,
     if (!utf8) return Invalid("messages", absl::StrCat("messages[", i, "] is not valid UTF-8"));
     messages.push_back(std::move(message));
   }
+  if (!v1::ToolChoice_IsValid(chat.tool_choice())) {
+    return Invalid("tool_choice", absl::StrCat("tool_choice ", chat.tool_choice(),
+                                               " is not a ToolChoice this server knows"));
+  }
   ChatPromptOptions options;
   if (chat.tools_size() > 0) {
     nlohmann::ordered_json tools = nlohmann::ordered_json::array();

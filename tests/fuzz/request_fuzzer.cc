@@ -161,6 +161,7 @@ void CheckAccepted(const specd::v1::GenerateRequest& r, const specd::GenerationR
     }
     Check(bytes <= limits.max_prompt_bytes);
     Check(r.chat().tools_size() <= static_cast<int>(specd::kMaxTools));
+    Check(specd::v1::ToolChoice_IsValid(r.chat().tool_choice()));
   } else {
     // Empty text is accepted: the tokenizer's BOS is the prompt.
     Check(has_tokenizer && r.has_text());

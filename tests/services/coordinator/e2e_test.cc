@@ -960,6 +960,14 @@ TEST(SpecdChatTest, EachTurnSendsTheWholeConversation) {
   };
   auto stub =
       v1::Generation::NewStub(grpc::CreateChannel(addr, grpc::InsecureChannelCredentials()));
+  {
+    grpc::ClientContext ctx;
+    v1::GetServerInfoResponse info;
+    ASSERT_TRUE(stub->GetServerInfo(&ctx, {}, &info).ok());
+    EXPECT_TRUE(info.has_chat_template());
+    EXPECT_FALSE(info.takes_tools()) << "the template never mentions tools";
+    EXPECT_EQ(info.tool_call_format(), "");
+  }
   auto count = [&](const v1::Chat& chat, int messages) {
     v1::TokenizeRequest t;
     t.mutable_chat()->mutable_messages()->CopyFrom(chat.messages());

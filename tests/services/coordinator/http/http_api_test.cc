@@ -231,6 +231,8 @@ TEST_F(HttpApiTest, ModelsAndHealthAnswer) {
   ASSERT_TRUE(serve_->stub().GetServerInfo(&ctx, {}, &info).ok());
   EXPECT_EQ(info.served_model_name(), "tinymodel");
   EXPECT_TRUE(info.has_chat_template());
+  EXPECT_TRUE(info.takes_tools());
+  EXPECT_EQ(info.tool_call_format(), "hermes") << "the template asks for <tool_call> tags";
 }
 
 TEST_F(HttpApiTest, GreedyTextEqualsTheGrpcApiTokenForToken) {

@@ -571,6 +571,9 @@ TEST_F(ToolCallsApiTest, GrpcToolsAreCheckedAsTheHttpApiChecksThem) {
   };
   g.mutable_chat()->set_tool_choice(v1::TOOL_CHOICE_AUTO);
   expect_invalid("tool_choice AUTO needs tools");
+  g.mutable_chat()->set_tool_choice(static_cast<v1::ToolChoice>(7));
+  expect_invalid("tool_choice 7 is not a ToolChoice this server knows");
+  g.mutable_chat()->set_tool_choice(v1::TOOL_CHOICE_AUTO);
   g.mutable_chat()->add_tools()->set_name("get_weather");
   g.mutable_chat()->add_tools()->set_name("get_weather");
   expect_invalid("tools[1].function.name \"get_weather\" is already the name of another tool");
