@@ -118,12 +118,12 @@ int RunChat(const std::vector<std::string>& argv) {
     v1::GenerateRequest request = base;
     *request.mutable_chat() = chat;
     absl::StatusOr<StreamedReply> reply = StreamToStdout(*stub, security, request, *timeout);
-    std::cout << std::endl;
     if (!reply.ok()) {
       std::cerr << "specd chat: " << args->Get("server") << ": " << reply.status().message()
                 << std::endl;
       return 1;
     }
+    std::cout << std::endl;
     v1::ChatMessage* assistant = chat.add_messages();
     assistant->set_role("assistant");
     assistant->set_content(reply->text);
