@@ -34,7 +34,7 @@ absl::StatusOr<nlohmann::ordered_json> StructJson(const google::protobuf::Struct
   if (!sorted.is_object()) {
     return FieldError(field, absl::StrCat(what, " cannot be read as a JSON object"));
   }
-  return nlohmann::ordered_json::parse(sorted.dump());
+  return nlohmann::ordered_json(sorted);
 }
 
 absl::Status Invalid(absl::string_view field, const std::string& message) {
@@ -130,6 +130,14 @@ absl::Status FieldError(absl::string_view field, absl::string_view message, absl
   absl::Status st(code, message);
   st.SetPayload(kFieldPayload, absl::Cord(field));
   return st;
+}
+
+const nlohmann::ordered_json& JsonField(const nlohmann::ordered_json& object,
+                                        absl::string_view name) {
+  static const nlohmann::ordered_json kNull;
+  if (!object.is_object()) return kNull;
+  const auto it = object.find(std::string(name));
+  return it == object.end() ? kNull : *it;
 }
 
 std::string FieldOf(const absl::Status& status) {

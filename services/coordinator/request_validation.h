@@ -59,6 +59,11 @@ absl::Status FieldError(absl::string_view field, absl::string_view message,
 // The field an error names, or "" when it names none.
 std::string FieldOf(const absl::Status& status);
 
+// A JSON request's field: its value, or null when it is absent (OpenAI treats null as not given)
+// or `object` is not an object.
+const nlohmann::ordered_json& JsonField(const nlohmann::ordered_json& object,
+                                        absl::string_view name);
+
 // What turns a request's prompt into tokens. `tokenizer` may be null for token-id-only models
 // (then text prompts are refused); `chat` renders and encodes a conversation (an OpenAI-style
 // messages array; see ChatPrompt::Encode), and may be empty (then chat prompts are refused).

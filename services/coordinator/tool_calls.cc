@@ -177,14 +177,6 @@ size_t TagStart(std::string_view text, std::string_view tag) {
   return std::string_view::npos;
 }
 
-// obj[name], or null when obj is not an object or lacks it.
-const Json& Member(const Json& obj, std::string_view name) {
-  static const Json kNull;
-  if (!obj.is_object()) return kNull;
-  const auto it = obj.find(name);
-  return it == obj.end() ? kNull : *it;
-}
-
 bool IsToolName(const Json& name) {
   if (!name.is_string()) return false;
   const std::string& s = name.get_ref<const std::string&>();
@@ -208,12 +200,12 @@ absl::StatusOr<absl::flat_hash_set<std::string>> CheckTools(const Json& tools) {
   absl::flat_hash_set<std::string> names;
   for (size_t i = 0; i < tools.size(); ++i) {
     const Json& tool = tools[i];
-    if (!tool.is_object() || Member(tool, "type") != "function") {
+    if (!tool.is_object() || JsonField(tool, "type") != "function") {
       return ToolError(i, R"( must be {"type": "function", "function": {...}})");
     }
-    const Json& function = Member(tool, "function");
+    const Json& function = JsonField(tool, "function");
     if (!function.is_object()) return ToolError(i, ".function must be an object");
-    const Json& name = Member(function, "name");
+    const Json& name = JsonField(function, "name");
     if (!IsToolName(name)) {
       return ToolError(i, ".function.name must be 1 to 64 letters, digits, underscores or dashes");
     }
@@ -221,15 +213,15 @@ absl::StatusOr<absl::flat_hash_set<std::string>> CheckTools(const Json& tools) {
       return ToolError(i, absl::StrCat(".function.name \"", name.get<std::string>(),
                                        "\" is already the name of another tool"));
     }
-    const Json& description = Member(function, "description");
+    const Json& description = JsonField(function, "description");
     if (!description.is_null() && !description.is_string()) {
       return ToolError(i, ".function.description must be a string");
     }
-    const Json& parameters = Member(function, "parameters");
+    const Json& parameters = JsonField(function, "parameters");
     if (!parameters.is_null() && !parameters.is_object()) {
       return ToolError(i, ".function.parameters must be a JSON Schema object");
     }
-    const Json& strict = Member(function, "strict");
+    const Json& strict = JsonField(function, "strict");
     if (!strict.is_null() && !strict.is_boolean()) {
       return ToolError(i, ".function.strict must be true or false");
     }

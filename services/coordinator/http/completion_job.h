@@ -55,7 +55,7 @@ class CompletionJob : public std::enable_shared_from_this<CompletionJob> {
     std::string echo;
     bool started = false;  // its first chunk is out (streaming)
     bool done = false;
-    std::string text;  // non-streaming: the whole text
+    std::string text;  // the whole text, unless streamed as it comes (no tools to parse)
     std::vector<int32_t> prompt;
     std::vector<int32_t> tokens;
     std::vector<TokenLogprobs> logprobs;

@@ -15,16 +15,9 @@ namespace {
 
 using Json = nlohmann::ordered_json;
 
-// The field's value, or null when it is absent or null (OpenAI treats null as not given).
-const Json& Field(const Json& body, absl::string_view name) {
-  static const Json kNull;
-  const auto it = body.find(std::string(name));
-  return it == body.end() ? kNull : *it;
-}
-
 absl::StatusOr<std::optional<double>> Number(const Json& body, absl::string_view name, double lo,
                                              double hi, absl::string_view range) {
-  const Json& v = Field(body, name);
+  const Json& v = JsonField(body, name);
   if (v.is_null()) return std::nullopt;
   if (!v.is_number()) return FieldError(name, absl::StrCat(name, " must be a number"));
   const double d = v.get<double>();
@@ -36,7 +29,7 @@ absl::StatusOr<std::optional<double>> Number(const Json& body, absl::string_view
 
 absl::StatusOr<std::optional<int64_t>> Integer(const Json& body, absl::string_view name, int64_t lo,
                                                int64_t hi) {
-  const Json& v = Field(body, name);
+  const Json& v = JsonField(body, name);
   if (v.is_null()) return std::nullopt;
   if (!v.is_number_integer()) return FieldError(name, absl::StrCat(name, " must be an integer"));
   if (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(hi)) {
@@ -50,7 +43,7 @@ absl::StatusOr<std::optional<int64_t>> Integer(const Json& body, absl::string_vi
 }
 
 absl::StatusOr<std::optional<bool>> Bool(const Json& body, absl::string_view name) {
-  const Json& v = Field(body, name);
+  const Json& v = JsonField(body, name);
   if (v.is_null()) return std::nullopt;
   if (!v.is_boolean()) return FieldError(name, absl::StrCat(name, " must be true or false"));
   return v.get<bool>();
@@ -77,14 +70,14 @@ absl::StatusOr<Json> ParseBody(absl::string_view body_text) {
 }
 
 absl::StatusOr<std::string> ModelName(const Json& body) {
-  const Json& model = Field(body, "model");
+  const Json& model = JsonField(body, "model");
   if (!model.is_null() && !model.is_string()) return FieldError("model", "model must be a string");
   return model.is_string() ? model.get<std::string>() : std::string();
 }
 
 // messages: a non-empty list (its messages are checked when the conversation is rendered).
 absl::StatusOr<Json> Messages(const Json& body) {
-  const Json& m = Field(body, "messages");
+  const Json& m = JsonField(body, "messages");
   if (m.is_null()) return FieldError("messages", "messages is required");
   if (!m.is_array() || m.empty()) {
     return FieldError("messages", "messages must be a non-empty list of message objects");
@@ -99,7 +92,7 @@ constexpr const char* kChatOnlyFields[] = {"add_generation_prompt", "continue_fi
 
 // tools: OpenAI's function tools (see CheckTools). Null or [] is none.
 absl::Status ParseTools(const Json& body, ChatPromptOptions* options) {
-  const Json& tools = Field(body, "tools");
+  const Json& tools = JsonField(body, "tools");
   if (tools.is_null() || (tools.is_array() && tools.empty())) return absl::OkStatus();
   SPECD_RETURN_IF_ERROR(CheckTools(tools).status());
   options->tools = tools;
@@ -110,7 +103,7 @@ absl::Status ParseTools(const Json& body, ChatPromptOptions* options) {
 // "required" and a named function would need decoding constrained to a call's JSON.
 absl::Status ParseToolChoice(const Json& body, OpenAiRequest* out) {
   const Json& tools = out->chat_options.tools;
-  const Json& choice = Field(body, "tool_choice");
+  const Json& choice = JsonField(body, "tool_choice");
   if (choice == "required" || choice.is_object()) {
     return FieldError("tool_choice",
                       "tool_choice \"required\" and a named function are not supported: they need "
@@ -142,7 +135,7 @@ absl::StatusOr<ChatPromptOptions> ChatOptions(const Json& body) {
   ChatPromptOptions options;
   options.continue_final_message = cont.value_or(false);
   options.add_generation_prompt = add.value_or(!options.continue_final_message);
-  if (const Json& kwargs = Field(body, "chat_template_kwargs"); !kwargs.is_null()) {
+  if (const Json& kwargs = JsonField(body, "chat_template_kwargs"); !kwargs.is_null()) {
     options.template_kwargs = kwargs;
   }
   SPECD_RETURN_IF_ERROR(ParseTools(body, &options));
@@ -151,7 +144,7 @@ absl::StatusOr<ChatPromptOptions> ChatOptions(const Json& body) {
 
 // prompt: a string, a list of strings, a list of token ids, or a list of token-id lists.
 absl::Status ParsePrompt(const Json& body, OpenAiRequest* out) {
-  const Json& p = Field(body, "prompt");
+  const Json& p = JsonField(body, "prompt");
   const char* kShape =
       "prompt must be a string, a list of strings, a list of token ids or a list of token-id "
       "lists";
@@ -196,7 +189,7 @@ absl::Status ParsePrompt(const Json& body, OpenAiRequest* out) {
 
 // stop: a string or a list of strings.
 absl::Status ParseStop(const Json& body, v1::StoppingCriteria* stopping) {
-  const Json& s = Field(body, "stop");
+  const Json& s = JsonField(body, "stop");
   if (s.is_null()) return absl::OkStatus();
   if (s.is_string()) {
     stopping->add_stop(s.get<std::string>());
@@ -214,7 +207,7 @@ absl::Status ParseStop(const Json& body, v1::StoppingCriteria* stopping) {
 // B}}, classifier-free guidance as in the gRPC API's Guidance (the scale's range and the ids are
 // checked there). The unconditional prompt is tokenized as plain text, for chat too.
 absl::Status ParseGuidance(const Json& body, v1::GenerateRequest* out) {
-  const Json& g = Field(body, "guidance");
+  const Json& g = JsonField(body, "guidance");
   if (g.is_null()) return absl::OkStatus();
   if (!g.is_object()) {
     return FieldError("guidance",
@@ -228,12 +221,12 @@ absl::Status ParseGuidance(const Json& body, v1::GenerateRequest* out) {
     }
   }
   v1::Guidance* guidance = out->mutable_guidance();
-  const Json& scale = Field(g, "scale");
+  const Json& scale = JsonField(g, "scale");
   if (!scale.is_number()) return FieldError("guidance.scale", "guidance.scale must be a number");
   const double s = scale.get<double>();
   // Out of float range counts as out of range, which the request's validation reports.
   guidance->set_scale(std::isfinite(s) && std::fabs(s) < 3e38 ? static_cast<float>(s) : -1.0f);
-  const Json& uncond = Field(g, "unconditional_prompt");
+  const Json& uncond = JsonField(g, "unconditional_prompt");
   constexpr char kShape[] = "guidance.unconditional_prompt must be a string or a list of token ids";
   if (uncond.is_string()) {
     guidance->set_unconditional_text(uncond.get<std::string>());
@@ -251,7 +244,7 @@ absl::Status ParseGuidance(const Json& body, v1::GenerateRequest* out) {
   } else if (!uncond.is_null()) {
     return FieldError("guidance.unconditional_prompt", kShape);
   }
-  const Json& draft = Field(g, "draft");
+  const Json& draft = JsonField(g, "draft");
   if (!draft.is_null() && !draft.is_boolean()) {
     return FieldError("guidance.draft", "guidance.draft must be true or false");
   }
@@ -262,7 +255,7 @@ absl::Status ParseGuidance(const Json& body, v1::GenerateRequest* out) {
 // OpenAI's logit_bias: {"token id": bias}. The ids and ranges are checked where every request
 // is (BuildGenerationRequest), against the model's vocabulary; here only the shape.
 absl::Status ParseLogitBias(const Json& body, v1::SamplingParameters* s) {
-  const Json& bias = Field(body, "logit_bias");
+  const Json& bias = JsonField(body, "logit_bias");
   if (bias.is_null()) return absl::OkStatus();
   constexpr absl::string_view kShape =
       "logit_bias must be an object mapping token ids (as strings) to numbers in [-100, 100]";
@@ -284,23 +277,23 @@ absl::Status ParseLogitBias(const Json& body, v1::SamplingParameters* s) {
 absl::Status RefuseUnsupported(const Json& body, Endpoint endpoint) {
   for (const char* name :
        {"functions", "function_call", "suffix", "audio", "modalities", "prediction"}) {
-    const Json& v = Field(body, name);
+    const Json& v = JsonField(body, name);
     const bool empty =
         v.is_null() || ((v.is_object() || v.is_array() || v.is_string()) && v.empty());
     if (!empty) return FieldError(name, absl::StrCat(name, " is not supported by this server"));
   }
-  const Json& format = Field(body, "response_format");
+  const Json& format = JsonField(body, "response_format");
   if (!format.is_null() && !(format.is_object() && format.value("type", "") == "text")) {
     return FieldError(
         "response_format",
         "response_format is not supported by this server (only {\"type\": \"text\"})");
   }
-  if (endpoint == Endpoint::kChatCompletions && !Field(body, "echo").is_null()) {
+  if (endpoint == Endpoint::kChatCompletions && !JsonField(body, "echo").is_null()) {
     return FieldError("echo", "echo is a field of /v1/completions only");
   }
   if (endpoint == Endpoint::kCompletions) {
     for (const char* name : kChatOnlyFields) {
-      if (!Field(body, name).is_null()) {
+      if (!JsonField(body, name).is_null()) {
         return FieldError(name, absl::StrCat(name, " is a field of /v1/chat/completions only"));
       }
     }
@@ -328,7 +321,7 @@ absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(Endpoint endpoint, absl::string
 
   SPECD_ASSIGN_OR_RETURN(const std::optional<int64_t> n, Integer(body, "n", 1, kMaxN));
   out.n = n.value_or(1);
-  const Json& best_of = Field(body, "best_of");
+  const Json& best_of = JsonField(body, "best_of");
   if (!best_of.is_null() && !(best_of.is_number_integer() && best_of.get<int64_t>() == out.n)) {
     return FieldError("best_of", "best_of is not supported (it may only equal n)");
   }
@@ -338,7 +331,7 @@ absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(Endpoint endpoint, absl::string
   }
   SPECD_ASSIGN_OR_RETURN(const std::optional<bool> stream, Bool(body, "stream"));
   out.stream = stream.value_or(false);
-  const Json& options = Field(body, "stream_options");
+  const Json& options = JsonField(body, "stream_options");
   if (!options.is_null()) {
     if (!options.is_object()) {
       return FieldError("stream_options", "stream_options must be an object");
@@ -388,7 +381,7 @@ absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(Endpoint endpoint, absl::string
                          Number(body, "frequency_penalty", -2.0, 2.0, "in [-2, 2]"));
   s->set_frequency_penalty(static_cast<float>(frequency.value_or(0.0)));
   SPECD_RETURN_IF_ERROR(ParseLogitBias(body, s));
-  const Json& seed = Field(body, "seed");
+  const Json& seed = JsonField(body, "seed");
   if (!seed.is_null()) {
     // Any 64-bit integer; a negative one is taken as its two's complement.
     if (!seed.is_number_integer()) return FieldError("seed", "seed must be an integer");
@@ -409,7 +402,7 @@ absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(Endpoint endpoint, absl::string
     stopping->set_max_new_tokens(static_cast<uint32_t>(*max_tokens));
   }
   SPECD_RETURN_IF_ERROR(ParseStop(body, stopping));
-  const Json& stop_ids = Field(body, "stop_token_ids");
+  const Json& stop_ids = JsonField(body, "stop_token_ids");
   if (!stop_ids.is_null()) {
     if (!stop_ids.is_array()) {
       return FieldError("stop_token_ids", "stop_token_ids must be a list of token ids");
@@ -433,7 +426,7 @@ absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(Endpoint endpoint, absl::string
   }
   // Whether the server may lower K under load (v1::KPolicy); `specd bench --http` asks for
   // "fixed", as its gRPC arms do.
-  const Json& policy = Field(body, "k_policy");
+  const Json& policy = JsonField(body, "k_policy");
   if (!policy.is_null()) {
     if (policy == "fixed") {
       out.base.mutable_speculation()->set_k_policy(v1::K_POLICY_FIXED);
@@ -444,7 +437,7 @@ absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(Endpoint endpoint, absl::string
     }
   }
   // Who drafts (v1::DraftMethod): the draft model, or prompt lookup by the coordinator.
-  const Json& method = Field(body, "draft_method");
+  const Json& method = JsonField(body, "draft_method");
   if (!method.is_null()) {
     if (method == "model") {
       out.base.mutable_speculation()->set_draft_method(v1::DRAFT_METHOD_MODEL);
@@ -455,14 +448,14 @@ absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(Endpoint endpoint, absl::string
     }
   }
   // A draft tree verified in one target pass (v1::TreeShape); its limits are checked with K's.
-  const Json& tree = Field(body, "speculation_tree");
+  const Json& tree = JsonField(body, "speculation_tree");
   if (!tree.is_null()) {
     if (!tree.is_object()) {
       return FieldError("speculation_tree",
                         "speculation_tree must be an object {\"branching\": B, \"depth\": D}");
     }
     for (const char* part : {"branching", "depth"}) {
-      const Json& v = Field(tree, part);
+      const Json& v = JsonField(tree, part);
       if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() > 64) {
         return FieldError("speculation_tree", absl::StrCat("speculation_tree.", part,
                                                            " must be an integer in [0, 64]"));
@@ -490,7 +483,7 @@ absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(Endpoint endpoint, absl::string
     out.logprobs = lp.has_value();
     out.top_logprobs = static_cast<int32_t>(lp.value_or(0));
   }
-  const Json& mode = Field(body, "logprobs_mode");
+  const Json& mode = JsonField(body, "logprobs_mode");
   v1::LogprobsMode logprobs_mode = v1::LOGPROBS_MODE_RAW;
   if (!mode.is_null()) {
     if (mode == "processed_logprobs") {
@@ -518,8 +511,8 @@ absl::StatusOr<TokenizeRequest> ParseTokenizeRequest(absl::string_view body_text
   SPECD_ASSIGN_OR_RETURN(out.model, ModelName(body));
   SPECD_ASSIGN_OR_RETURN(const std::optional<bool> strs, Bool(body, "return_token_strs"));
   out.return_token_strs = strs.value_or(false);
-  const Json& prompt = Field(body, "prompt");
-  out.chat = !Field(body, "messages").is_null();
+  const Json& prompt = JsonField(body, "prompt");
+  out.chat = !JsonField(body, "messages").is_null();
   if (out.chat && !prompt.is_null()) {
     return FieldError("prompt", "give prompt or messages, not both");
   }
@@ -532,7 +525,7 @@ absl::StatusOr<TokenizeRequest> ParseTokenizeRequest(absl::string_view body_text
     out.prompt = prompt.get<std::string>();
     out.add_special_tokens = special.value_or(true);
     for (const char* name : kChatOnlyFields) {
-      if (!Field(body, name).is_null()) {
+      if (!JsonField(body, name).is_null()) {
         return FieldError(name, absl::StrCat(name, " applies to messages, not to a prompt"));
       }
     }
@@ -554,7 +547,7 @@ absl::StatusOr<DetokenizeRequest> ParseDetokenizeRequest(absl::string_view body_
   SPECD_ASSIGN_OR_RETURN(const Json body, ParseBody(body_text));
   DetokenizeRequest out;
   SPECD_ASSIGN_OR_RETURN(out.model, ModelName(body));
-  const Json& tokens = Field(body, "tokens");
+  const Json& tokens = JsonField(body, "tokens");
   if (tokens.is_null()) return FieldError("tokens", "tokens is required");
   if (!tokens.is_array()) return FieldError("tokens", "tokens must be a list of token ids");
   for (size_t i = 0; i < tokens.size(); ++i) {
