@@ -30,6 +30,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -1150,9 +1151,16 @@ TEST_F(HttpErrorsTest, EveryErrorHasItsStatusAndHarmsNothing) {
                     .ok());
     return *std::move(c);
   };
+  // The target worker is stopped while the probes run, so that the running request cannot
+  // finish (and admit the queued one) however slowly this test is scheduled: it survives a
+  // stopped worker for a call deadline plus --worker-unavailable-seconds, 3 s.
+  const pid_t target = serve_->Pid("target-worker");
+  ASSERT_GT(target, 0);
   std::unique_ptr<HttpConnection> running = connect_stream(480);
   ASSERT_EQ((*running->ReadHead()).status, 200);
   ASSERT_TRUE(running->NextEvent().ok());
+  ASSERT_EQ(StopProcess(target), absl::OkStatus());
+  absl::Cleanup thaw_running = [target] { kill(target, SIGCONT); };
   std::unique_ptr<HttpConnection> queued = connect_stream(4);
   // Only once the coordinator holds it in its queue is a third request sure to find the queue
   // full (before that, the probe itself would be queued, and wait out the running request).
@@ -1166,6 +1174,7 @@ TEST_F(HttpErrorsTest, EveryErrorHasItsStatusAndHarmsNothing) {
   ASSERT_TRUE(waiting) << "the second stream never reached the queue";
   // The queued request is admitted once the running one goes; until then the queue is full.
   const HttpReply refused = Call("POST", "/v1/completions", ok_body);
+  std::move(thaw_running).Invoke();
   ExpectError(refused, 429);
   EXPECT_THAT(refused.body, HasSubstr("queue is full"));
   running->Close();  // cancelled, which admits the queued one
@@ -1180,8 +1189,6 @@ TEST_F(HttpErrorsTest, EveryErrorHasItsStatusAndHarmsNothing) {
   ExpectServing();
 
   // 503 while a worker is unavailable (stopped), for longer than --worker-unavailable-seconds.
-  const pid_t target = serve_->Pid("target-worker");
-  ASSERT_GT(target, 0);
   ASSERT_EQ(StopProcess(target), absl::OkStatus());
   const HttpReply unavailable = Call("POST", "/v1/completions", ok_body);
   ASSERT_EQ(kill(target, SIGCONT), 0);
@@ -1194,9 +1201,13 @@ TEST_F(HttpErrorsTest, EveryErrorHasItsStatusAndHarmsNothing) {
   ExpectServing();
 
   // 503 while the coordinator drains: an open stream still finishes, new requests are refused.
+  // The drain lasts as long as the open stream, which is held as the running one above was:
+  // otherwise it may end, and the coordinator with it, before the probe connects.
   std::unique_ptr<HttpConnection> draining = connect_stream(480);
   ASSERT_EQ((*draining->ReadHead()).status, 200);
   ASSERT_TRUE(draining->NextEvent().ok());
+  ASSERT_EQ(StopProcess(target), absl::OkStatus());
+  absl::Cleanup thaw_draining = [target] { kill(target, SIGCONT); };
   const pid_t coordinator = serve_->Pid("coordinator");
   ASSERT_EQ(kill(coordinator, SIGTERM), 0);
   HttpReply refused_drain;
@@ -1205,6 +1216,7 @@ TEST_F(HttpErrorsTest, EveryErrorHasItsStatusAndHarmsNothing) {
     if (refused_drain.status == 503) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
+  std::move(thaw_draining).Invoke();
   ExpectError(refused_drain, 503);
   EXPECT_THAT(refused_drain.body, HasSubstr("shutting down"));
   int events = 0;
