@@ -87,6 +87,13 @@ class QueuedWriteReactor : public grpc::ServerWriteReactor<Response> {
 
   void OnCancel() override { cancelled_.store(true, std::memory_order_relaxed); }
 
+ protected:
+  // Runs once, just before the status is sent: bookkeeping a client must find done once it has
+  // the status (a slot freed for its next call on the connection) belongs here, not in the
+  // destructor, which gRPC runs a moment after the client has it.
+  virtual void OnFinishing() {}
+
+ private:
   void OnDone() override { delete this; }
 
   // Must be the last thing a caller does with `this`: OnDone may run at once.
@@ -98,6 +105,7 @@ class QueuedWriteReactor : public grpc::ServerWriteReactor<Response> {
                    ? grpc::Status(grpc::StatusCode::CANCELLED, "the call was cancelled")
                    : status_;
     }
+    OnFinishing();
     this->Finish(std::move(status));
   }
 

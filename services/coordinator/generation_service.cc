@@ -187,21 +187,23 @@ PromptEncoders ServingState::Encoders() const {
   return e;
 }
 
-// A counted Generate stream: its bookkeeping is undone when gRPC deletes it (OnDone), the one
-// point every stream passes however it ended (finished, failed, cancelled or ended by a drain).
+// A counted Generate stream: its bookkeeping is undone as it finishes, the one point every
+// stream passes however it ended (finished, failed, cancelled or ended by a drain), and before
+// the client has the status: a client that starts its next call then finds its slot free.
 class GenerationService::GenerateReactor final : public QueuedWriteReactor<v1::GenerateResponse> {
  public:
   GenerateReactor(GenerationService* service, std::string peer)
       : service_(service), peer_(std::move(peer)) {}
-  ~GenerateReactor() override {
-    if (id_ != 0) service_->CloseStream(id_, peer_);
-  }
   // Set when the stream is counted, under the lock that also makes it visible to the drain, so
   // nothing can finish the reactor before.
   void set_id(uint64_t id) { id_ = id; }
   const std::string& peer() const { return peer_; }
 
  private:
+  void OnFinishing() override {
+    if (id_ != 0) service_->CloseStream(id_, peer_);
+  }
+
   GenerationService* const service_;
   const std::string peer_;
   uint64_t id_ = 0;
