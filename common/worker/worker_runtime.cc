@@ -756,6 +756,15 @@ absl::Status WorkerRuntime::Release(SeqId seq) {
   return absl::OkStatus();
 }
 
+int64_t WorkerRuntime::ReleaseAll() {
+  std::vector<SeqId> owners;
+  for (const auto& [seq, s] : seqs_) {
+    if (!s.owner.has_value()) owners.push_back(seq);
+  }
+  for (const SeqId seq : owners) (void)Release(seq);  // each one known and no companion
+  return static_cast<int64_t>(owners.size());
+}
+
 absl::StatusOr<int64_t> WorkerRuntime::CachedLength(SeqId seq) const {
   const auto it = seqs_.find(seq);
   if (it == seqs_.end()) return absl::NotFoundError(absl::StrCat("unknown sequence ", seq));

@@ -103,6 +103,9 @@ class WorkerRuntime {
   // Forgets a sequence, and a guided one's companion with it. A companion is never released on
   // its own (INVALID_ARGUMENT).
   absl::Status Release(SeqId seq);
+  // Forgets every sequence: what a coordinator that exited or crashed left here, claimed by the
+  // one that starts next. Returns how many sequences were released (companions not counted).
+  int64_t ReleaseAll();
 
   // Runs one throwaway call of the kind this worker serves (a Draft of 4 tokens, or a Verify of 4
   // drafts with candidates, after a short prompt) and releases its sequence, so that the first

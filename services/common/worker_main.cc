@@ -357,7 +357,7 @@ int WorkerMain(int argc, char** argv, const WorkerMainSpec& spec) {
     warmed.set_value(r.WarmUp(draft));
   });
   if (const absl::Status st = warmed.get_future().get(); !st.ok()) return Fail(spec, st);
-  WorkerRpcs rpcs(&engine_thread, *std::move(info));
+  WorkerRpcs rpcs(&engine_thread, *std::move(info), spec.program);
   const std::unique_ptr<grpc::Service> service = spec.make_service(&rpcs);
 
   const std::string& host = config->listen.metrics_host;

@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "base/log_line.h"
 #include "services/common/grpc_status.h"
 #include "services/common/worker_codec.h"
 
@@ -95,6 +96,26 @@ grpc::ServerUnaryReactor* WorkerRpcs::Release(grpc::CallbackServerContext* conte
       codec::Encode(0, runtime.kv_free(), response->mutable_cache());
     }
     reactor->Finish(ToGrpcStatus(status));
+  });
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* WorkerRpcs::ReleaseAll(grpc::CallbackServerContext* context,
+                                                 const worker::v1::ReleaseAllRequest* /*request*/,
+                                                 worker::v1::ReleaseAllResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  engine_->Post([this, reactor, response](WorkerRuntime& runtime) {
+    const int64_t free_before = runtime.kv_free().blocks;
+    const int64_t released = runtime.ReleaseAll();
+    const int64_t free_blocks = runtime.kv_free().blocks;
+    if (released > 0) {
+      LogLine(program_) << "a coordinator claimed this worker: released " << released
+                        << " sequence(s) another left, " << free_blocks - free_before
+                        << " KV block(s) freed";
+    }
+    response->set_released_sequences(released);
+    response->set_free_kv_blocks(free_blocks);
+    reactor->Finish(grpc::Status::OK);
   });
   return reactor;
 }

@@ -1,11 +1,12 @@
-// The unary RPCs both workers share (Info, Truncate, ReadRows, Release), and the target's
-// QueryLogprobs: each hands its work to the engine thread and returns at once; the job finishes
-// the call. WorkerServiceBase serves the shared ones for either worker's gRPC service, which adds
-// only its own calls (Draft, or Verify and QueryLogprobs).
+// The unary RPCs both workers share (Info, Truncate, ReadRows, Release, ReleaseAll), and the
+// target's QueryLogprobs: each hands its work to the engine thread and returns at once; the job
+// finishes the call. WorkerServiceBase serves the shared ones for either worker's gRPC service,
+// which adds only its own calls (Draft, or Verify and QueryLogprobs).
 #ifndef SPECD_SERVICES_COMMON_WORKER_RPCS_H_
 #define SPECD_SERVICES_COMMON_WORKER_RPCS_H_
 
 #include <cstdint>
+#include <string>
 #include <utility>
 
 #include "absl/status/status.h"
@@ -19,8 +20,12 @@ namespace specd {
 class WorkerRpcs {
  public:
   // `info` holds everything Info reports that never changes; the KV counts are filled per call.
-  WorkerRpcs(EngineThread* engine, worker::v1::InfoResponse info)
-      : engine_(engine), info_(std::move(info)), info_without_files_(WithoutFiles(info_)) {}
+  // `program` names the worker in its log lines.
+  WorkerRpcs(EngineThread* engine, worker::v1::InfoResponse info, std::string program)
+      : engine_(engine),
+        info_(std::move(info)),
+        info_without_files_(WithoutFiles(info_)),
+        program_(std::move(program)) {}
 
   grpc::ServerUnaryReactor* Info(grpc::CallbackServerContext* context,
                                  const worker::v1::InfoRequest* request,
@@ -37,6 +42,9 @@ class WorkerRpcs {
   grpc::ServerUnaryReactor* Release(grpc::CallbackServerContext* context,
                                     const worker::v1::ReleaseRequest* request,
                                     worker::v1::ReleaseResponse* response);
+  grpc::ServerUnaryReactor* ReleaseAll(grpc::CallbackServerContext* context,
+                                       const worker::v1::ReleaseAllRequest* request,
+                                       worker::v1::ReleaseAllResponse* response);
 
   EngineThread& engine() { return *engine_; }
   // OK unless the caller expects another process: `expected` is a request's expected_epoch, and
@@ -52,6 +60,7 @@ class WorkerRpcs {
   EngineThread* engine_;  // not owned
   const worker::v1::InfoResponse info_;
   const worker::v1::InfoResponse info_without_files_;  // for InfoRequest.omit_tokenizer_files
+  const std::string program_;
 };
 
 // `Service` is worker::v1::DraftWorker or worker::v1::TargetWorker.
@@ -79,6 +88,11 @@ class WorkerServiceBase : public Service::CallbackService {
                                     const worker::v1::ReleaseRequest* request,
                                     worker::v1::ReleaseResponse* response) override {
     return rpcs_->Release(context, request, response);
+  }
+  grpc::ServerUnaryReactor* ReleaseAll(grpc::CallbackServerContext* context,
+                                       const worker::v1::ReleaseAllRequest* request,
+                                       worker::v1::ReleaseAllResponse* response) override {
+    return rpcs_->ReleaseAll(context, request, response);
   }
 
  protected:

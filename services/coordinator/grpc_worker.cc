@@ -6,6 +6,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 #include "services/common/grpc_status.h"
 #include "services/common/worker_codec.h"
 #include "services/coordinator/worker_identity.h"
@@ -78,7 +79,19 @@ absl::StatusOr<std::unique_ptr<GrpcWorker>> GrpcWorker::Connect(Role role,
     return absl::FailedPreconditionError(
         absl::StrCat(w->name_, " reports role ", pb::WorkerRole_Name(w->info_.role())));
   }
+  SPECD_RETURN_IF_ERROR(w->ReleaseAll());
   return w;
+}
+
+absl::Status GrpcWorker::ReleaseAll() {
+  pb::ReleaseAllResponse resp;
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx);  // a call the last coordinator left may still be running there
+  ctx.set_wait_for_ready(true);
+  const grpc::Status st = draft_stub_ ? draft_stub_->ReleaseAll(&ctx, {}, &resp)
+                                      : target_stub_->ReleaseAll(&ctx, {}, &resp);
+  if (st.ok()) free_kv_tokens_ = resp.free_kv_blocks() * info_.kv_block_size();
+  return Check(st, "ReleaseAll");
 }
 
 absl::StatusOr<WorkerProbe> GrpcWorker::Probe(absl::Duration timeout) {

@@ -24,7 +24,9 @@ class GrpcWorker final : public WorkerApi {
  public:
   enum class Role { kDraft, kTarget };
 
-  // Connects and reads Info, retrying until `wait` has passed (workers may still be loading).
+  // Connects and reads Info, retrying until `wait` has passed (workers may still be loading),
+  // then claims the worker: it serves one coordinator, so the sequences it holds were left by
+  // one that exited or crashed, and are released (ReleaseAll).
   // FAILED_PRECONDITION if the process at `address` has the other role. `call_timeout` bounds
   // every later call, so it must exceed the longest one: a full-length prompt's prefill.
   static absl::StatusOr<std::unique_ptr<GrpcWorker>> Connect(Role role, const std::string& address,
@@ -60,6 +62,7 @@ class GrpcWorker final : public WorkerApi {
              absl::Duration call_timeout);
   grpc::Status CallInfo(grpc::ClientContext* context, bool with_tokenizer_files,
                         worker::v1::InfoResponse* response) const;
+  absl::Status ReleaseAll();
   // Fails with UNAVAILABLE (transport) or the worker's own status, naming the worker.
   absl::Status Check(const grpc::Status& status, const char* rpc) const;
   void SetDeadline(grpc::ClientContext* context) const;

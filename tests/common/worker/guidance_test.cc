@@ -307,6 +307,29 @@ TEST_F(GuidanceTest, LogprobsAreThoseOfTheGuidedDistribution) {
   std::printf("worst |logprob - reference| = %.3g\n", worst);
 }
 
+// What a coordinator claiming the worker frees: plain sequences and guided pairs alike.
+TEST_F(GuidanceTest, ReleaseAllFreesEverySequenceAndEveryCompanion) {
+  Observer observer;
+  auto rt = Runtime(4096, &observer, /*prefix_caching=*/false);
+  EXPECT_EQ(rt->ReleaseAll(), 0);
+  std::vector<VerifySequenceResult> r = rt->Verify(
+      std::vector{VerifyReq(1, Prompt(20, 1), 0, {5, 6}, 20, Companion(101, 2.0f, Prompt(40, 2))),
+                  VerifyReq(2, Prompt(30, 3), 0, {7}, 30, std::nullopt)});
+  for (const VerifySequenceResult& v : r) ASSERT_TRUE(v.status.ok()) << v.status;
+  ASSERT_EQ(rt->num_sequences(), 3);
+  ASSERT_GT(rt->engine().kv().used_blocks(), 0);
+
+  EXPECT_EQ(rt->ReleaseAll(), 2);
+  EXPECT_EQ(rt->num_sequences(), 0);
+  EXPECT_EQ(rt->engine().kv().used_blocks(), 0);
+  for (const SeqId seq : {1, 2, 101}) {
+    EXPECT_EQ(rt->CachedLength(seq).status().code(), absl::StatusCode::kNotFound) << seq;
+  }
+  // The ids are free again: a new coordinator starts its own from 1.
+  r = rt->Verify(std::vector{VerifyReq(1, Prompt(20, 1), 0, {5}, 20, std::nullopt)});
+  EXPECT_TRUE(r[0].status.ok()) << r[0].status;
+}
+
 TEST_F(GuidanceTest, ThePairIsFedInOnePassAndTruncatedDroppedAndReleasedAsOne) {
   Observer observer;
   auto rt = Runtime(4096, &observer, /*prefix_caching=*/false);

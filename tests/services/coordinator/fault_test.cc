@@ -820,6 +820,35 @@ TEST_F(ServeFaultTest, KilledCoordinatorIsRestartedOnTheSameAddress) {
                                              ") was killed by signal 9"));
 }
 
+// A coordinator that dies mid-stream cannot release its sequences; the workers serve one
+// coordinator, and the one that starts next claims them and frees what its predecessor left.
+TEST_F(ServeFaultTest, ACoordinatorKilledMidStreamLeavesNoKvBlocksBehind) {
+  auto serve = StartServe(model_, pids_, 30);
+  ASSERT_NE(serve, nullptr);
+  const pid_t pid = serve->Pid("coordinator");
+  ASSERT_GT(pid, 0);
+  const std::vector<Stream> killed =
+      serve->Generate(SixteenStreams(200), 4, [&](int) { kill(pid, SIGKILL); });
+  int cut = 0;
+  for (const Stream& s : killed) {
+    if (s.status.ok()) continue;
+    EXPECT_EQ(s.status.error_code(), grpc::StatusCode::UNAVAILABLE) << s.status.error_message();
+    ++cut;
+  }
+  ASSERT_GT(cut, 0) << "no stream was open when the coordinator died";
+  const v1::GenerateRequest req = SixteenStreams(8)[1];
+  std::vector<Stream> after;
+  for (int i = 0; i < 100; ++i) {
+    serve->Reconnect();
+    after = serve->Generate({req});
+    if (after[0].status.ok()) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  ASSERT_TRUE(after[0].status.ok()) << after[0].status.error_message() << serve->StderrText();
+  serve->ExpectNoBlocksUsed();
+  EXPECT_THAT(serve->StderrText(), HasSubstr("a coordinator claimed this worker: released"));
+}
+
 TEST_F(ServeFaultTest, KvPoolForThreeSequencesServesTwelveStreamsUnchanged) {
   // Each stream grows to about 5 blocks of 16 tokens; 240 tokens hold 15 blocks, three streams.
   auto serve = StartServe(model_, pids_, 30, /*kv_tokens=*/240);
