@@ -3,7 +3,6 @@
 // and the reply streams to stdout, then joins the conversation as the assistant's turn.
 #include <unistd.h>
 
-#include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -83,18 +82,8 @@ int RunChat(const std::vector<std::string>& argv) {
   absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =
       OpenChannel(args->Get("server"), security);
   if (!channel.ok()) return fail(channel.status());
-  // A person at the keyboard should hear why nothing happens: the server may be loading its
-  // model, or the address may be wrong.
-  const auto now = std::chrono::system_clock::now();
-  if (!(*channel)->WaitForConnected(now + std::chrono::seconds(3))) {
-    std::cerr << "specd chat: waiting for " << args->Get("server") << " to accept connections"
-              << std::endl;
-    const auto deadline = now + std::chrono::milliseconds(static_cast<int64_t>(*timeout * 1000));
-    if (!(*channel)->WaitForConnected(deadline)) {
-      return fail(absl::UnavailableError(
-          absl::StrCat("cannot reach ", args->Get("server"), " within ", *timeout,
-                       " s (--timeout): is `specd serve` listening there?")));
-    }
+  if (absl::Status st = AwaitServer(**channel, args->Get("server"), "chat", *timeout); !st.ok()) {
+    return fail(st);
   }
   const std::unique_ptr<v1::Generation::Stub> stub = v1::Generation::NewStub(*channel);
 

@@ -1,10 +1,12 @@
 #include "tools/specd/remote_generate.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
 
+#include "absl/strings/str_cat.h"
 #include "services/common/grpc_status.h"
 #include "services/common/tls.h"
 #include "specd/v1/generation.grpc.pb.h"
@@ -80,6 +82,23 @@ absl::Status ApplyRequestFlags(const Flags& args, v1::GenerateRequest* request) 
   return absl::OkStatus();
 }
 
+absl::Status AwaitServer(grpc::Channel& channel, const std::string& server,
+                         const std::string& program, double timeout_seconds) {
+  const auto start = std::chrono::system_clock::now();
+  const auto deadline =
+      start + std::chrono::milliseconds(static_cast<int64_t>(timeout_seconds * 1000));
+  if (channel.WaitForConnected(std::min(deadline, start + std::chrono::seconds(3)))) {
+    return absl::OkStatus();
+  }
+  if (std::chrono::system_clock::now() < deadline) {
+    std::cerr << "specd " << program << ": waiting for " << server << " to accept connections"
+              << std::endl;
+    if (channel.WaitForConnected(deadline)) return absl::OkStatus();
+  }
+  return absl::UnavailableError(absl::StrCat("cannot reach ", server, " within ", timeout_seconds,
+                                             " s (--timeout): is `specd serve` listening there?"));
+}
+
 absl::StatusOr<StreamedReply> StreamToStdout(v1::Generation::Stub& stub,
                                              const ClientSecurity& security,
                                              const v1::GenerateRequest& request,
@@ -114,6 +133,9 @@ int RemoteGenerate(const std::string& server, const ClientSecurity& security,
                    const v1::GenerateRequest& request, double timeout_seconds) {
   absl::StatusOr<std::shared_ptr<grpc::Channel>> channel = OpenChannel(server, security);
   if (!channel.ok()) return ReportError("generate", channel.status());
+  if (absl::Status st = AwaitServer(**channel, server, "generate", timeout_seconds); !st.ok()) {
+    return ReportError("generate", st);
+  }
   auto stub = v1::Generation::NewStub(*channel);
   absl::StatusOr<StreamedReply> reply = StreamToStdout(*stub, security, request, timeout_seconds);
   std::cout << std::endl;

@@ -33,6 +33,13 @@ ClientSecurity ClientSecurityFromArgs(const Flags& args);
 absl::StatusOr<std::shared_ptr<grpc::Channel>> OpenChannel(const std::string& server,
                                                            const ClientSecurity& security);
 
+// Waits for `channel` to `server` to connect. A person at the keyboard should hear why nothing
+// happens (the server may be loading its model, or the address may be wrong): after 3 s this says
+// so on stderr as `program`. UNAVAILABLE naming the address and the flag when it has not
+// connected within `timeout_seconds`.
+absl::Status AwaitServer(grpc::Channel& channel, const std::string& server,
+                         const std::string& program, double timeout_seconds);
+
 // The client-mode request flags both `generate --server` and `chat` take, into `request`:
 // --max-tokens, --temperature, --top-k, --top-p, --min-p, --seed, --k, --draft-greedy, --stop and
 // --ignore-eos. INVALID_ARGUMENT naming the flag when one does not parse or is out of range.
