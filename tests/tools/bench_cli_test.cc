@@ -281,11 +281,13 @@ TEST_F(BenchCliTest, ScenariosWriteConsistentJson) {
        2 * 2,
        2 * 2 * 4,
        {"output_tokens_per_s", "ttft_p50", "ttft_p99"}},
+      // Streams long enough that a long prompt is sent while they decode, however late its
+      // sender thread runs on a loaded machine (otherwise there is no long-prompt TTFT).
       {"long-prompts",
-       "--decode-streams 2 --stream-tokens 24 --long-prompt-tokens 64 --answer-tokens 2 "
+       "--decode-streams 2 --stream-tokens 200 --long-prompt-tokens 64 --answer-tokens 2 "
        "--long-prompt-gap 0 --long-prompt-concurrency 3",
        2,
-       2 * 24,
+       2 * 200,
        {"itl_p99", "itl_p50", "long_prompt_ttft_mean"}},
   };
   for (const Case& c : cases) {
