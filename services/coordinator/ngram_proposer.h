@@ -28,6 +28,18 @@ absl::Status ValidateNgramOptions(const NgramOptions& options);
 std::vector<int32_t> ProposeNgram(std::span<const int32_t> text, int32_t k,
                                   const NgramOptions& options);
 
+// Up to `k` tokens continuing `output` (the tokens generated so far) from `prediction`, the
+// output the client expects (OpenAI's predicted outputs). Before anything is generated, the
+// prediction's first tokens. Then, for the longest n in [min_n, max_n] whose last-n-token suffix
+// of `output` occurs in the prediction with a token after it, the tokens after the occurrence
+// that ends nearest to where `output` ends (the earliest of equals): an edit shifts the rest of
+// the prediction by a few tokens, and a repeated line must not send the lookup back to its first
+// copy. Empty when nothing matches or k <= 0. A deterministic function of the committed tokens,
+// so its q is one-hot, as ProposeNgram's.
+std::vector<int32_t> ProposeFromPrediction(std::span<const int32_t> output,
+                                           std::span<const int32_t> prediction, int32_t k,
+                                           const NgramOptions& options);
+
 }  // namespace specd
 
 #endif  // SPECD_SERVICES_COORDINATOR_NGRAM_PROPOSER_H_

@@ -10,6 +10,7 @@
 #include "base/sampling_params.h"
 #include "base/status_macros.h"
 #include "base/utf8.h"
+#include "common/tokenizer/tokenizer.h"
 #include "google/protobuf/util/json_util.h"
 #include "services/coordinator/tool_calls.h"
 
@@ -122,6 +123,56 @@ absl::StatusOr<std::optional<Guidance>> BuildGuidance(const v1::GenerateRequest&
   }
   if (out.scale == 1.0f) return std::nullopt;
   return out;
+}
+
+// The tokens of speculation.prediction: text as a continuation (no BOS), or ids; at most
+// max_seq_len of them, as no output can use more.
+absl::StatusOr<std::vector<int32_t>> PredictionTokens(const v1::Prediction& prediction,
+                                                      const Tokenizer* tokenizer,
+                                                      const ServerLimits& limits,
+                                                      absl::string_view field) {
+  std::vector<int32_t> ids;
+  switch (prediction.content_case()) {
+    case v1::Prediction::kText: {
+      const std::string& text = prediction.text();
+      if (static_cast<int64_t>(text.size()) > limits.max_prompt_bytes) {
+        return Invalid(field, absl::StrCat(field, " is ", text.size(), " bytes, over the limit of ",
+                                           limits.max_prompt_bytes));
+      }
+      if (text.empty()) break;
+      if (tokenizer == nullptr) {
+        return Invalid(field, absl::StrCat("the served model has no tokenizer; send ", field,
+                                           " as token ids instead of text"));
+      }
+      if (FindInvalidUtf8(text)) return Invalid(field, absl::StrCat(field, " is not valid UTF-8"));
+      EncodeOptions options;
+      options.add_bos = false;
+      absl::StatusOr<std::vector<int32_t>> encoded = tokenizer->Encode(text, options);
+      if (!encoded.ok()) {
+        return Invalid(field, absl::StrCat(field, ": ", encoded.status().message()));
+      }
+      ids = *std::move(encoded);
+      break;
+    }
+    case v1::Prediction::kTokenIds:
+      ids.assign(prediction.token_ids().ids().begin(), prediction.token_ids().ids().end());
+      for (size_t i = 0; i < ids.size(); ++i) {
+        if (ids[i] < 0 || ids[i] >= limits.vocab_size) {
+          return Invalid(field,
+                         absl::StrCat(field, " token id ", ids[i], " at index ", i,
+                                      " is outside the vocabulary [0, ", limits.vocab_size, ")"));
+        }
+      }
+      break;
+    case v1::Prediction::CONTENT_NOT_SET:
+      break;
+  }
+  if (limits.max_seq_len > 0 && static_cast<int64_t>(ids.size()) > limits.max_seq_len) {
+    return Invalid(field,
+                   absl::StrCat(field, " has ", ids.size(),
+                                " tokens, more than the model's context of ", limits.max_seq_len));
+  }
+  return ids;
 }
 
 }  // namespace
@@ -437,7 +488,17 @@ absl::StatusOr<GenerationRequest> BuildGenerationRequest(const v1::GenerateReque
     return Invalid(names.draft_method, absl::StrCat(names.draft_method, " ", spec.draft_method(),
                                                     " is not a DraftMethod"));
   }
-  switch (spec.draft_method()) {
+  if (spec.has_prediction()) {
+    SPECD_ASSIGN_OR_RETURN(
+        out.prediction, PredictionTokens(spec.prediction(), tokenizer, limits, names.prediction));
+  }
+  if (!out.prediction.empty() && spec.draft_method() == v1::DRAFT_METHOD_MODEL) {
+    return Invalid(names.prediction,
+                   absl::StrCat(names.prediction, " is drafted from by lookup (ngram), and ",
+                                names.draft_method, " asks for the draft model: leave ",
+                                names.draft_method, " unset or make it ngram"));
+  }
+  switch (out.prediction.empty() ? spec.draft_method() : v1::DRAFT_METHOD_NGRAM) {
     case v1::DRAFT_METHOD_MODEL:
       if (!limits.has_draft) {
         return Invalid(names.draft_method,

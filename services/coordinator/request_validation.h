@@ -49,6 +49,7 @@ struct FieldNames {
   absl::string_view draft_method = "speculation.draft_method";
   absl::string_view tree = "speculation.tree";
   absl::string_view egag = "speculation.egag";
+  absl::string_view prediction = "speculation.prediction";
   absl::string_view guidance_text = "guidance.unconditional_text";
   absl::string_view guidance_ids = "guidance.unconditional_token_ids";
 };

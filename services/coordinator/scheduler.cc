@@ -205,6 +205,7 @@ void Scheduler::StartSequence(Active& a) {
   a.seq.draft_sampling = a.request.draft_sampling;
   a.seq.draft_method = a.request.draft_method;
   a.seq.ngram = options_.ngram;
+  a.seq.prediction = a.request.prediction;
   a.seq.tree = a.request.tree;
   a.seq.egag.enabled = a.request.egag;
   a.seq.egag.options = options_.egag;
@@ -215,6 +216,7 @@ void Scheduler::StartSequence(Active& a) {
   a.seq.guidance = a.request.guidance;
   if (a.seq.guidance.has_value()) a.seq.guidance->companion = a.seq.id | kCompanionIdBit;
   a.usage.prompt_tokens = a.seq.prompt_len;
+  a.usage.predicted = !a.request.prediction.empty();
 }
 
 bool Scheduler::Adapts(const Active& a) {

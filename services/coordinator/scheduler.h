@@ -56,6 +56,8 @@ struct GenerationRequest {
   DraftMethod draft_method = DraftMethod::kModel;
   TreeShape tree;     // kModel: branching 0 drafts one chain
   bool egag = false;  // kModel chains: entropy-guided draft length (SchedulerOptions::egag)
+  // The output the client expects (speculation.prediction); kNgram drafts are looked up in it.
+  std::vector<int32_t> prediction;
   // The completion number: requests with one seed and different numbers are independent (the
   // `sample` of every Philox counter); n completions of one prompt are numbered 0..n-1.
   uint32_t sample = 0;
@@ -80,6 +82,9 @@ struct GenerationUsage {
   int64_t draft_tokens = 0;
   int64_t accepted_tokens = 0;
   std::vector<int64_t> accepted_per_position;  // [k]: rounds that accepted draft k+1
+  // The request had a prediction: every draft came from it (OpenAI's accepted and rejected
+  // prediction tokens are then accepted_tokens and draft_tokens - accepted_tokens).
+  bool predicted = false;
   // Over the decode rounds (all but the first, which prefills): see v1::RoundTimings.
   int64_t timed_rounds = 0;
   int64_t timed_draft_steps = 0;

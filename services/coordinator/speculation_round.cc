@@ -361,7 +361,12 @@ std::vector<Proposal> Propose(WorkerApi& draft, std::span<SpeculativeSequence* c
         prop = Proposal();  // the target only prefills
         continue;
       }
-      prop.tokens = ProposeNgram(s.tokens, prop.k, s.ngram);
+      prop.tokens =
+          s.prediction.empty()
+              ? ProposeNgram(s.tokens, prop.k, s.ngram)
+              : ProposeFromPrediction(
+                    std::span<const int32_t>(s.tokens).subspan(static_cast<size_t>(s.prompt_len)),
+                    s.prediction, prop.k, s.ngram);
       prop.k = static_cast<int32_t>(prop.tokens.size());
       if (prop.k == 0) prop.judge = Judge::kNone;  // no match: this round is plain decoding
       continue;

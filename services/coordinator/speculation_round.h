@@ -69,6 +69,8 @@ struct SpeculativeSequence {
   DraftSampling draft_sampling = DraftSampling::kProbabilistic;
   DraftMethod draft_method = DraftMethod::kModel;
   NgramOptions ngram;
+  // kNgram: drafts are looked up in this expected output instead of in x (ProposeFromPrediction).
+  std::vector<int32_t> prediction;
   TreeShape tree;              // kModel only: branching 0 drafts one chain
   EgagState egag;              // kModel chains only
   int32_t num_candidates = 4;  // M

@@ -146,6 +146,10 @@ def request_seeds():
                    'stopping { max_new_tokens: 4294967295 }',
         "bad_utf8": 'text: "ab\\xc3\\x28" stopping { stop: "\\xff" stop: "" }',
         "bad_k": 'text: "x" speculation { num_speculative_tokens: 4294967295 }',
+        "prediction": 'text: "Once" speculation { num_speculative_tokens: 4 '
+                      'prediction { text: "upon a time" } }',
+        "prediction_bad": 'token_ids { ids: [1] } speculation { draft_method: DRAFT_METHOD_MODEL '
+                          'prediction { token_ids { ids: [5, 6, -1] } } }',
     }
     proto_dir = os.path.join(HERE, "..", "..", "proto")
     seeds = {}
@@ -248,6 +252,10 @@ def chat_template_seeds():
 # HTTP bodies of each endpoint (byte 0: completions, 1: chat, 2: /tokenize, 3: /detokenize),
 # valid ones using most fields and invalid ones of each kind.
 OPENAI_BODIES = {
+    "completion_prediction": (0, {"prompt": "x", "max_tokens": 4, "num_speculative_tokens": 3,
+                                  "prediction": {"type": "content", "content": [
+                                      {"type": "text", "text": "a b"}, {"type": "text",
+                                                                        "text": "c"}]}}),
     "completion_text": (0, {"model": "m", "prompt": "hello", "max_tokens": 8, "temperature": 0.7,
                             "top_p": 0.9, "top_k": 20, "min_p": 0.05, "n": 2, "seed": 7,
                             "stop": ["\n", "."], "logprobs": 3, "echo": True,

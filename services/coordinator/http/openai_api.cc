@@ -270,6 +270,7 @@ absl::StatusOr<std::vector<CompletionJob::ChoiceInput>> OpenAiApi::BuildChoices(
   names.draft_method = "draft_method";
   names.tree = "speculation_tree";
   names.egag = "egag";
+  names.prediction = "prediction";
   names.guidance_text = "guidance.unconditional_prompt";
   names.guidance_ids = "guidance.unconditional_prompt";
   // One seed for every choice when the client gives none: the choices differ by their sample

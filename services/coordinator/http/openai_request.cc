@@ -275,8 +275,7 @@ absl::Status ParseLogitBias(const Json& body, v1::SamplingParameters* s) {
 
 // Fields OpenAI defines that specd does not implement: refused rather than silently ignored.
 absl::Status RefuseUnsupported(const Json& body, Endpoint endpoint) {
-  for (const char* name :
-       {"functions", "function_call", "suffix", "audio", "modalities", "prediction"}) {
+  for (const char* name : {"functions", "function_call", "suffix", "audio", "modalities"}) {
     const Json& v = JsonField(body, name);
     const bool empty =
         v.is_null() || ((v.is_object() || v.is_array() || v.is_string()) && v.empty());
@@ -446,6 +445,33 @@ absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(Endpoint endpoint, absl::string
     } else {
       return FieldError("draft_method", "draft_method must be \"model\" or \"ngram\"");
     }
+  }
+  // OpenAI's predicted outputs: {"type": "content", "content": text or [{"type": "text",
+  // "text": ...}, ...]}, drafted from by lookup (v1::Prediction).
+  const Json& prediction = JsonField(body, "prediction");
+  if (!prediction.is_null()) {
+    constexpr char kShape[] =
+        "prediction must be {\"type\": \"content\", \"content\": a string or an array of "
+        "{\"type\": \"text\", \"text\": ...} parts}";
+    if (!prediction.is_object() || JsonField(prediction, "type") != "content") {
+      return FieldError("prediction", kShape);
+    }
+    const Json& content = JsonField(prediction, "content");
+    std::string text;
+    if (content.is_string()) {
+      text = content.get<std::string>();
+    } else if (content.is_array()) {
+      for (const Json& part : content) {
+        if (!part.is_object() || JsonField(part, "type") != "text" ||
+            !JsonField(part, "text").is_string()) {
+          return FieldError("prediction", kShape);
+        }
+        text += JsonField(part, "text").get<std::string>();
+      }
+    } else {
+      return FieldError("prediction", kShape);
+    }
+    out.base.mutable_speculation()->mutable_prediction()->set_text(std::move(text));
   }
   // A draft tree verified in one target pass (v1::TreeShape); its limits are checked with K's.
   const Json& tree = JsonField(body, "speculation_tree");

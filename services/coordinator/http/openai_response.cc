@@ -116,16 +116,23 @@ Json UsageJson(const GenerationUsage& u) {
   const double rate = u.draft_tokens > 0 ? static_cast<double>(u.accepted_tokens) /
                                                static_cast<double>(u.draft_tokens)
                                          : 0.0;
-  return {{"prompt_tokens", u.prompt_tokens},
-          {"completion_tokens", u.completion_tokens},
-          {"total_tokens", u.prompt_tokens + u.completion_tokens},
-          {"speculative",
-           {{"rounds", u.rounds},
-            {"drafting_rounds", u.drafting_rounds},
-            {"drafted_tokens", u.draft_tokens},
-            {"accepted_tokens", u.accepted_tokens},
-            {"acceptance_rate", rate},
-            {"accepted_per_position", u.accepted_per_position}}}};
+  Json out = {{"prompt_tokens", u.prompt_tokens},
+              {"completion_tokens", u.completion_tokens},
+              {"total_tokens", u.prompt_tokens + u.completion_tokens},
+              {"speculative",
+               {{"rounds", u.rounds},
+                {"drafting_rounds", u.drafting_rounds},
+                {"drafted_tokens", u.draft_tokens},
+                {"accepted_tokens", u.accepted_tokens},
+                {"acceptance_rate", rate},
+                {"accepted_per_position", u.accepted_per_position}}}};
+  if (u.predicted) {
+    // Every draft came from the prediction; OpenAI bills the rejected ones as output.
+    out["completion_tokens_details"] = {
+        {"accepted_prediction_tokens", u.accepted_tokens},
+        {"rejected_prediction_tokens", u.draft_tokens - u.accepted_tokens}};
+  }
+  return out;
 }
 
 Json TotalUsage(std::span<const GenerationUsage> choices, int64_t n) {
@@ -139,6 +146,7 @@ Json TotalUsage(std::span<const GenerationUsage> choices, int64_t n) {
     total.drafting_rounds += u.drafting_rounds;
     total.draft_tokens += u.draft_tokens;
     total.accepted_tokens += u.accepted_tokens;
+    total.predicted = total.predicted || u.predicted;
     if (total.accepted_per_position.size() < u.accepted_per_position.size()) {
       total.accepted_per_position.resize(u.accepted_per_position.size(), 0);
     }

@@ -160,7 +160,8 @@ struct Setting {
   Broken broken = Broken::kResidual;
   int samples = kSamples;
   EgagOptions egag_options = {0.5, 0.96, 1};
-  std::vector<TokenBias> bias = {};  // the requests' logit_bias
+  std::vector<TokenBias> bias = {};      // the requests' logit_bias
+  std::vector<int32_t> prediction = {};  // kNgram: drafts looked up in it
 };
 void PrintTo(const Setting& s, std::ostream* os) { *os << s.name; }
 
@@ -249,6 +250,7 @@ class DistributionTest : public ::testing::TestWithParam<Setting> {
         q.num_candidates = 2;
         q.draft_method = s.method;
         q.ngram = {1, 2};
+        q.prediction = s.prediction;
         q.tree = s.tree;
         q.egag.enabled = s.egag;
         q.egag.options = s.egag_options;
@@ -352,6 +354,15 @@ Setting Biased(std::string name, float temperature, int32_t top_k, int32_t k, bo
   Setting s{std::move(name), temperature, top_k, 1.0f, k};
   s.reduced_head = reduced_head;
   s.bias = std::move(bias);
+  return s;
+}
+
+// Drafts looked up in a prediction (OpenAI's predicted outputs), with a broken target.
+Setting Predicted(std::string name, float temperature, int32_t top_k, float top_p, int32_t k,
+                  std::vector<int32_t> prediction) {
+  Setting s{std::move(name), temperature, top_k, top_p, k, DraftMethod::kNgram};
+  s.broken = Broken::kDoubleP;
+  s.prediction = std::move(prediction);
   return s;
 }
 
@@ -460,7 +471,10 @@ INSTANTIATE_TEST_SUITE_P(
                       Biased("bias_temperature1_k3", 1.0f, 0, 3, false,
                              {{2, -100.0f}, {5, 1.5f}, {9, -1.0f}, {12, 2.0f}}),
                       Biased("bias_frspec_topk6_k2", 1.0f, 6, 2, true,
-                             {{1, 2.0f}, {4, -100.0f}, {8, 1.0f}, {13, 3.0f}})),
+                             {{1, 2.0f}, {4, -100.0f}, {8, 1.0f}, {13, 3.0f}}),
+                      Predicted("prediction_temperature1_k3", 1.0f, 0, 1.0f, 3, {7, 3, 5, 7, 3}),
+                      Predicted("prediction_topk6_topp09_k2", 1.0f, 6, 0.9f, 2,
+                                {7, 3, 5, 7, 3, 5})),
     [](const auto& info) { return info.param.name; });
 
 }  // namespace

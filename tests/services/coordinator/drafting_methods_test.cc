@@ -44,6 +44,37 @@ TEST(NgramProposerTest, NothingMatchesNothingProposed) {
   EXPECT_TRUE(ValidateNgramOptions({2, 2}).ok());
 }
 
+TEST(PredictionProposerTest, FollowsThePredictionFromItsStartAndAcrossAnEdit) {
+  const std::vector<int32_t> prediction = {10, 11, 12, 13, 14, 15, 16, 17};
+  // Nothing generated yet: the prediction's first tokens.
+  EXPECT_THAT(ProposeFromPrediction({}, prediction, 3, {1, 3}), ElementsAre(10, 11, 12));
+  // On track: the tokens after the matching suffix.
+  EXPECT_THAT(ProposeFromPrediction(std::vector<int32_t>{10, 11, 12}, prediction, 2, {1, 3}),
+              ElementsAre(13, 14));
+  // The output replaced 12 by 99 and went on: the suffix "13" still finds its place.
+  EXPECT_THAT(ProposeFromPrediction(std::vector<int32_t>{10, 11, 99, 13}, prediction, 8, {1, 3}),
+              ElementsAre(14, 15, 16, 17));
+  // Nothing after the prediction's end, and nothing for an unknown suffix or k = 0.
+  EXPECT_THAT(ProposeFromPrediction(std::vector<int32_t>{16, 17}, prediction, 3, {1, 3}),
+              IsEmpty());
+  EXPECT_THAT(ProposeFromPrediction(std::vector<int32_t>{42}, prediction, 3, {1, 3}), IsEmpty());
+  EXPECT_THAT(ProposeFromPrediction({}, prediction, 0, {1, 3}), IsEmpty());
+  EXPECT_THAT(ProposeFromPrediction(std::vector<int32_t>{10}, {}, 3, {1, 3}), IsEmpty());
+}
+
+TEST(PredictionProposerTest, ARepeatedLineContinuesFromTheCopyNearestTheOutputsEnd) {
+  // "5 6 7" three times, each copy followed by its own token: the output has reached the second
+  // copy, so the lookup continues there, not at the first (or the last).
+  const std::vector<int32_t> prediction = {5, 6, 7, 1, 5, 6, 7, 2, 5, 6, 7, 3};
+  EXPECT_THAT(
+      ProposeFromPrediction(std::vector<int32_t>{5, 6, 7, 1, 5, 6, 7}, prediction, 2, {1, 3}),
+      ElementsAre(2, 5));
+  // Longer suffixes win over nearer short ones: "1 5 6 7" occurs once.
+  EXPECT_THAT(ProposeFromPrediction(std::vector<int32_t>{9, 9, 9, 9, 9, 9, 9, 9, 9, 1, 5, 6, 7},
+                                    prediction, 1, {1, 4}),
+              ElementsAre(2));
+}
+
 // One node with three deterministic children holding most of p's mass: over many seeds the walk
 // must accept child c with probability p(c) and reject them all with 1 - sum p. A walk that
 // forgets to renormalise (accepts x_c with p(x_c) instead of p'(x_c)) must fail the same test.

@@ -307,6 +307,61 @@ INSTANTIATE_TEST_SUITE_P(PrefillChunk, DraftingMethodsSchedulerTest,
                                                info.param.pass_tokens);
                          });
 
+// A prediction (OpenAI's predicted outputs) only changes what is drafted: the output is plain
+// decoding's whatever it predicts, a perfect one has every draft accepted, and an edited one is
+// followed again after the edit.
+TEST_F(SchedulerTest, PredictionsDraftButNeverChangeTheOutput) {
+  MakeWorkers(8192);
+  SchedulerOptions o;
+  o.ngram = {1, 3};
+  auto scheduler = MakeScheduler(8, 256, o);
+  const std::vector<int32_t> prompt = {1, 40, 77, 12, 200};
+  constexpr int64_t kTokens = 48;
+  const std::vector<int32_t> plain = Solo(prompt, kTokens);
+  std::vector<int32_t> edited = plain;
+  edited[10] = (edited[10] + 1) % 300;                     // a replaced token
+  edited.insert(edited.begin() + 30, {250, 251});          // an insertion
+  edited.erase(edited.begin() + 40, edited.begin() + 42);  // a deletion
+  std::vector<int32_t> unrelated;
+  for (int i = 0; i < kTokens; ++i) unrelated.push_back(3 + (i * 37) % 290);
+  std::vector<int32_t> twice = plain;
+  twice.insert(twice.end(), plain.begin(), plain.end());
+  struct Case {
+    const char* name;
+    std::vector<int32_t> prediction;
+  };
+  for (const Case& c : {Case{"perfect", plain}, Case{"edited", edited},
+                        Case{"unrelated", unrelated}, Case{"twice", twice}}) {
+    SCOPED_TRACE(c.name);
+    for (const int32_t k : {2, 5}) {
+      GenerationRequest r = Greedy(prompt, kTokens, k);
+      r.draft_method = DraftMethod::kNgram;
+      r.prediction = c.prediction;
+      Collector out;
+      ASSERT_TRUE(scheduler->Submit(r, out.Sink()).ok());
+      ASSERT_TRUE(out.WaitFor(std::chrono::seconds(60)));
+      const GenerationEvent last = out.last();
+      ASSERT_TRUE(last.error.ok()) << last.error;
+      EXPECT_EQ(out.tokens(), plain) << "K = " << k;
+      EXPECT_TRUE(last.usage.predicted);
+      const std::string what = c.name;
+      if (what == "perfect" || what == "twice") {
+        EXPECT_EQ(last.usage.accepted_tokens, last.usage.draft_tokens) << "K = " << k;
+        // Each round commits K + 1 tokens; the first one also prefills.
+        EXPECT_LE(last.usage.rounds, 1 + (kTokens + k) / (k + 1)) << "K = " << k;
+      } else if (what == "edited") {
+        // Three edits cost a few rounds (a dozen tokens at most); after each, the lookup finds
+        // its place again and the rest is accepted as from a perfect prediction.
+        std::printf("edited prediction, K = %d: %lld of %lld drafts accepted\n", k,
+                    static_cast<long long>(last.usage.accepted_tokens),
+                    static_cast<long long>(last.usage.draft_tokens));
+        EXPECT_GE(last.usage.accepted_tokens, (kTokens - 12) * k / (k + 1)) << "K = " << k;
+      }
+    }
+  }
+  ExpectNoBlocksUsed();
+}
+
 TEST_F(SchedulerTest, StopStringEndsExactlyAtTheStringAndTrimsIt) {
   MakeWorkers(4096);
   auto scheduler = MakeScheduler();

@@ -648,6 +648,100 @@ TEST_F(HttpApiTest, EveryDraftingMethodEqualsPlainDecodingWithItsLogprobs) {
   EXPECT_EQ(refused->Json()["error"]["param"], "speculation_tree") << refused->body;
 }
 
+// OpenAI's predicted outputs: the prediction, as text or as text parts, on both endpoints, drafts
+// without changing the greedy tokens, and usage says how much of it was accepted.
+TEST_F(HttpApiTest, PredictedOutputsDraftAndChangeNothingElse) {
+  for (const bool chat : {false, true}) {
+    SCOPED_TRACE(chat ? "chat" : "completions");
+    const std::string path = chat ? "/v1/chat/completions" : "/v1/completions";
+    Json plain_body = {{"max_tokens", 32},
+                       {"temperature", 0},
+                       {"ignore_eos", true},
+                       {"return_token_ids", true},
+                       {"num_speculative_tokens", 0}};
+    if (chat) {
+      plain_body["messages"] = {{{"role", "user"}, {"content", "Tell me about the dog."}}};
+    } else {
+      plain_body["prompt"] = "Once upon a time, the dog";
+    }
+    const Json plain_reply = Post(path, plain_body);
+    const std::vector<Choice> plain = ChoicesOf(plain_reply, chat);
+    ASSERT_EQ(plain.size(), 1u);
+    EXPECT_FALSE(plain_reply["usage"].contains("completion_tokens_details"));
+    const std::string text = plain[0].text;
+    ASSERT_GT(text.size(), 8u);
+    const Json parts = {{{"type", "text"}, {"text", text.substr(0, text.size() / 2)}},
+                        {{"type", "text"}, {"text", text.substr(text.size() / 2)}}};
+    for (const Json& content : {Json(text), parts, Json("something else entirely")}) {
+      Json body = plain_body;
+      body["num_speculative_tokens"] = 4;
+      body["k_policy"] = "fixed";
+      body["prediction"] = {{"type", "content"}, {"content", content}};
+      const Json reply = Post(path, body);
+      const std::vector<Choice> got = ChoicesOf(reply, chat);
+      ASSERT_EQ(got.size(), 1u);
+      EXPECT_EQ(got[0].tokens, plain[0].tokens) << content;
+      const Json& usage = reply["usage"];
+      ASSERT_TRUE(usage.contains("completion_tokens_details")) << usage;
+      const int64_t accepted =
+          usage["completion_tokens_details"]["accepted_prediction_tokens"].get<int64_t>();
+      const int64_t rejected =
+          usage["completion_tokens_details"]["rejected_prediction_tokens"].get<int64_t>();
+      EXPECT_EQ(accepted + rejected, usage["speculative"]["drafted_tokens"].get<int64_t>());
+      if (!content.is_string() || content.get<std::string>() == text) {
+        // The output's own text. A random model's tokens are seldom the ones its text encodes to
+        // again, so only some drafts match (the gRPC case below predicts the very tokens).
+        EXPECT_GT(accepted, 0) << usage;
+      }
+      body["stream"] = true;
+      const std::vector<Choice> streamed = ChoicesOf(Stream(path, body), chat);
+      ASSERT_EQ(streamed.size(), 1u);
+      EXPECT_EQ(streamed[0].tokens, plain[0].tokens) << content;
+    }
+  }
+  // Over gRPC a prediction may be token ids: the output's own tokens have every draft accepted.
+  v1::GenerateRequest r = GrpcRequest(32, 4);
+  r.set_text("Once upon a time, the dog");
+  r.mutable_speculation()->set_k_policy(v1::K_POLICY_FIXED);
+  const ServeProcess::Stream plain_grpc = Grpc(r);
+  ASSERT_EQ(plain_grpc.tokens.size(), 32u);
+  r.mutable_speculation()->mutable_prediction()->mutable_token_ids()->mutable_ids()->Add(
+      plain_grpc.tokens.begin(), plain_grpc.tokens.end());
+  const ServeProcess::Stream predicted = Grpc(r);
+  EXPECT_EQ(predicted.tokens, plain_grpc.tokens);
+  ASSERT_FALSE(predicted.messages.empty());
+  const v1::Usage& usage = predicted.messages.back().usage();
+  EXPECT_EQ(usage.accepted_tokens(), usage.draft_tokens());
+  EXPECT_GE(usage.accepted_tokens(), 24u);
+  EXPECT_LE(usage.rounds(), 1u + (32u + 4u) / 5u);
+  r.mutable_speculation()->mutable_prediction()->mutable_token_ids()->add_ids(1 << 20);
+  const std::vector<ServeProcess::Stream> bad_ids = serve_->Generate({r});
+  EXPECT_EQ(bad_ids[0].status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(bad_ids[0].status.error_message(),
+              HasSubstr("speculation.prediction token id 1048576 at index 32"));
+
+  // Shapes OpenAI does not define, and a prediction with the draft model, are refused.
+  for (const Json& prediction :
+       {Json("text"), Json({{"type", "content"}, {"content", 5}}),
+        Json({{"type", "text"}, {"content", "x"}}),
+        Json({{"type", "content"}, {"content", {{{"type", "image_url"}}}}})}) {
+    const Json body = {{"prompt", "a"}, {"prediction", prediction}};
+    absl::StatusOr<HttpReply> refused = HttpCall(port(), "POST", "/v1/completions", body.dump());
+    ASSERT_TRUE(refused.ok());
+    EXPECT_EQ(refused->status, 400) << prediction;
+    EXPECT_EQ(refused->Json()["error"]["param"], "prediction") << refused->body;
+  }
+  const Json with_model = {{"prompt", "a"},
+                           {"draft_method", "model"},
+                           {"prediction", {{"type", "content"}, {"content", "b"}}}};
+  absl::StatusOr<HttpReply> refused =
+      HttpCall(port(), "POST", "/v1/completions", with_model.dump());
+  ASSERT_TRUE(refused.ok());
+  EXPECT_EQ(refused->status, 400);
+  EXPECT_EQ(refused->Json()["error"]["param"], "prediction") << refused->body;
+  EXPECT_THAT(refused->body, HasSubstr("leave draft_method unset or make it ngram"));
+}
+
 // specd's guidance extension on both endpoints: the same tokens and logprobs as the gRPC API's
 // guidance, for K = 0 and K = 4 with a guided draft, and not those of the unguided request.
 TEST_F(HttpApiTest, GuidanceEqualsTheGrpcApisOnBothEndpoints) {
