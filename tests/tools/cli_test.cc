@@ -13,6 +13,7 @@ namespace specd {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 using testing::ScopedTempDir;
 
 struct RunResult {
@@ -71,10 +72,11 @@ TEST(CliTest, BadFlagsAreUsageErrors) {
   r = RunSpecd("chat --server 127.0.0.1:1 --timeout 4 < /dev/null");
   EXPECT_NE(r.exit_code, 0);
   EXPECT_THAT(r.output, HasSubstr("cannot reach 127.0.0.1:1 within 4 s"));
-  r = RunSpecd("generate --server 127.0.0.1:1 --timeout 4 --prompt hi");
+  r = RunSpecd("generate --server 127.0.0.1:1 --timeout 4 --prompt zqxv");
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_THAT(r.output, HasSubstr("waiting for 127.0.0.1:1 to accept connections"));
   EXPECT_THAT(r.output, HasSubstr("cannot reach 127.0.0.1:1 within 4 s"));
+  EXPECT_THAT(r.output, Not(HasSubstr("zqxv"))) << "the prompt is echoed only once connected";
   r = RunSpecd("synth --shape gigantic --out /tmp/x");
   EXPECT_NE(r.exit_code, 0);
   EXPECT_THAT(r.output, HasSubstr("unknown shape preset 'gigantic'"));

@@ -48,8 +48,8 @@ int RunClient(const Flags& args) {
   if (absl::Status st = ApplyRequestFlags(args, &req); !st.ok()) return fail(st);
   absl::StatusOr<double> timeout = args.GetDouble("timeout");
   if (!timeout.ok()) return fail(timeout.status());
-  if (args.Has("prompt")) std::cout << args.Get("prompt") << std::flush;
-  return RemoteGenerate(args.Get("server"), ClientSecurityFromArgs(args), req, *timeout);
+  return RemoteGenerate(args.Get("server"), ClientSecurityFromArgs(args), req, *timeout,
+                        args.Has("prompt") ? args.Get("prompt") : "");
 }
 
 int RunGenerate(const std::vector<std::string>& argv) {

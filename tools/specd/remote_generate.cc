@@ -130,12 +130,14 @@ absl::StatusOr<StreamedReply> StreamToStdout(v1::Generation::Stub& stub,
 }
 
 int RemoteGenerate(const std::string& server, const ClientSecurity& security,
-                   const v1::GenerateRequest& request, double timeout_seconds) {
+                   const v1::GenerateRequest& request, double timeout_seconds,
+                   const std::string& echo) {
   absl::StatusOr<std::shared_ptr<grpc::Channel>> channel = OpenChannel(server, security);
   if (!channel.ok()) return ReportError("generate", channel.status());
   if (absl::Status st = AwaitServer(**channel, server, "generate", timeout_seconds); !st.ok()) {
     return ReportError("generate", st);
   }
+  std::cout << echo << std::flush;
   auto stub = v1::Generation::NewStub(*channel);
   absl::StatusOr<StreamedReply> reply = StreamToStdout(*stub, security, request, timeout_seconds);
   std::cout << std::endl;

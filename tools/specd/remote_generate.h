@@ -59,10 +59,11 @@ absl::StatusOr<StreamedReply> StreamToStdout(v1::Generation::Stub& stub,
                                              const v1::GenerateRequest& request,
                                              double timeout_seconds);
 
-// Streams the text to stdout and a summary (acceptance rate, tokens/s) to stderr. Returns the
-// process exit code.
+// Streams the text to stdout, after `echo` (the prompt, as the CLI prints it) once the server
+// is reached, and a summary (acceptance rate, tokens/s) to stderr. Returns the process exit code.
 int RemoteGenerate(const std::string& server, const ClientSecurity& security,
-                   const v1::GenerateRequest& request, double timeout_seconds);
+                   const v1::GenerateRequest& request, double timeout_seconds,
+                   const std::string& echo);
 
 }  // namespace specd::cli
 
