@@ -5,12 +5,12 @@
 
 namespace specd::tokenizer {
 
-std::string Normalizer::Apply(std::string_view text) const {
+std::string Normalizer::Apply(std::string_view text, bool prepend) const {
   std::string s(text);
   for (const NormalizerStep& step : steps_) {
     switch (step.kind) {
       case NormalizerStep::Kind::kPrepend:
-        if (!s.empty()) s.insert(0, step.prepend);
+        if (prepend && !s.empty()) s.insert(0, step.prepend);
         break;
       case NormalizerStep::Kind::kReplace:
         s = ReplaceAll(s, step.pattern, step.content);

@@ -23,7 +23,8 @@ class Normalizer {
   explicit Normalizer(std::vector<NormalizerStep> steps) : steps_(std::move(steps)) {}
 
   bool empty() const { return steps_.empty(); }
-  std::string Apply(std::string_view text) const;
+  // `prepend` false skips the Prepend steps (a continuation's start).
+  std::string Apply(std::string_view text, bool prepend = true) const;
   // A canonical description for the tokenizer fingerprint.
   std::string Describe() const;
 

@@ -22,7 +22,8 @@ absl::Status SplitIsolated(const Regex& regex, std::vector<Piece>* pieces) {
     bool first = true;
     const auto emit = [&](size_t begin, size_t end) {
       if (begin == end) return;
-      out.push_back({piece.text.substr(begin, end - begin), piece.at_start && first});
+      out.push_back({piece.text.substr(begin, end - begin), piece.at_start && first,
+                     piece.continues && first});
       first = false;
     };
     for (const auto& [begin, end] : matches) {
@@ -49,13 +50,16 @@ void SplitMergedWithNext(std::string_view delimiter, std::vector<Piece>* pieces)
       const size_t hit = text.find(delimiter, search);
       if (hit == std::string_view::npos) break;
       if (hit > start) {
-        out.push_back({text.substr(start, hit - start), piece.at_start && first});
+        out.push_back(
+            {text.substr(start, hit - start), piece.at_start && first, piece.continues && first});
         first = false;
       }
       start = hit;
       search = hit + delimiter.size();
     }
-    if (start < text.size()) out.push_back({text.substr(start), piece.at_start && first});
+    if (start < text.size()) {
+      out.push_back({text.substr(start), piece.at_start && first, piece.continues && first});
+    }
   }
   *pieces = std::move(out);
 }
@@ -90,7 +94,7 @@ absl::Status PreTokenizer::Apply(std::vector<Piece>* pieces, PieceArena* arena,
       case PreTokenizerStep::Kind::kMetaspace: {
         for (Piece& piece : *pieces) {
           std::string s = ReplaceAll(piece.text, " ", step.replacement);
-          const bool prepend = !s.empty() && !s.starts_with(step.replacement) &&
+          const bool prepend = !s.empty() && !s.starts_with(step.replacement) && !piece.continues &&
                                (step.prepend_scheme == PrependScheme::kAlways ||
                                 (step.prepend_scheme == PrependScheme::kFirst && piece.at_start));
           if (prepend) s.insert(0, step.replacement);

@@ -20,6 +20,8 @@ struct Piece {
   std::string_view text;
   // Whether the piece starts at offset 0 of the original input (Metaspace's "first" scheme).
   bool at_start = false;
+  // Whether it starts a continuation (EncodeOptions::continuation): Metaspace prepends nothing.
+  bool continues = false;
 };
 
 // Owns strings that pre-tokenizers rewrite; references stay valid as it grows.

@@ -64,8 +64,8 @@ class HfTokenizer final : public Tokenizer {
   absl::Status ResolveSpecialTokens(const tokenizer::SpecialTokenConfig& config);
   void ComputeFingerprint();
   // Normalizes, pre-tokenizes and runs the model on one text segment between added tokens.
-  absl::Status EncodeSegment(std::string_view text, bool at_start, bool parse_special,
-                             std::vector<int32_t>* ids) const;
+  absl::Status EncodeSegment(std::string_view text, bool at_start, bool continuation,
+                             bool parse_special, std::vector<int32_t>* ids) const;
 
   TokenizerDefinition def_;
   AddedTokenMatcher raw_matcher_;         // added tokens with normalized == false
@@ -176,11 +176,13 @@ void HfTokenizer::ComputeFingerprint() {
   fingerprint_ = hash.HexDigest();
 }
 
-absl::Status HfTokenizer::EncodeSegment(std::string_view text, bool at_start, bool parse_special,
-                                        std::vector<int32_t>* ids) const {
+absl::Status HfTokenizer::EncodeSegment(std::string_view text, bool at_start, bool continuation,
+                                        bool parse_special, std::vector<int32_t>* ids) const {
   PieceArena arena;
+  // A continuation's start takes no dummy prefix; the rest of it is as any text.
+  const bool continues = continuation && at_start;
   const std::string_view normalized =
-      def_.normalizer.empty() ? text : arena.Store(def_.normalizer.Apply(text));
+      def_.normalizer.empty() ? text : arena.Store(def_.normalizer.Apply(text, !continues));
   std::vector<Piece> pieces;
   // Pre-tokenizes the pending pieces and runs the model on them.
   const auto flush = [&]() -> absl::Status {
@@ -196,7 +198,8 @@ absl::Status HfTokenizer::EncodeSegment(std::string_view text, bool at_start, bo
       SPECD_RETURN_IF_ERROR(flush());
       ids->push_back(s.token_id);
     } else {
-      pieces.push_back({normalized.substr(s.begin, s.end - s.begin), at_start && s.begin == 0});
+      pieces.push_back({normalized.substr(s.begin, s.end - s.begin),
+                        at_start && !continues && s.begin == 0, continues && s.begin == 0});
     }
   }
   return flush();
@@ -221,7 +224,7 @@ absl::StatusOr<std::vector<int32_t>> HfTokenizer::Encode(std::string_view text,
       continue;
     }
     SPECD_RETURN_IF_ERROR(EncodeSegment(text.substr(s.begin, s.end - s.begin), s.begin == 0,
-                                        options.parse_special, &ids));
+                                        options.continuation, options.parse_special, &ids));
   }
   return ids;
 }

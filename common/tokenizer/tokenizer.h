@@ -25,6 +25,10 @@ struct EncodeOptions {
   // user text cannot inject control tokens. Added tokens that are not special are always
   // recognised, as Hugging Face does.
   bool parse_special = false;
+  // The text continues text before it (the predicted rest of an output, say): no dummy prefix
+  // (a Prepend normalizer's or Metaspace's "▁") goes at its start, so it encodes as it would
+  // inside the longer text. add_bos is usually false with it.
+  bool continuation = false;
 };
 
 // Encode and Decode may be called from several threads at once.

@@ -147,6 +147,7 @@ absl::StatusOr<std::vector<int32_t>> PredictionTokens(const v1::Prediction& pred
       if (FindInvalidUtf8(text)) return Invalid(field, absl::StrCat(field, " is not valid UTF-8"));
       EncodeOptions options;
       options.add_bos = false;
+      options.continuation = true;
       absl::StatusOr<std::vector<int32_t>> encoded = tokenizer->Encode(text, options);
       if (!encoded.ok()) {
         return Invalid(field, absl::StrCat(field, ": ", encoded.status().message()));

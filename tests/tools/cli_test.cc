@@ -2,6 +2,7 @@
 #include <array>
 #include <cstdio>
 #include <fstream>
+#include <sstream>
 #include <string>
 
 #include "gmock/gmock.h"
@@ -154,6 +155,24 @@ TEST(CliTest, ConvertedStories260KTellsTheGoldenStory) {
     const std::string text = r.output.substr(0, r.output.size() - 1);  // the final newline
     ASSERT_GT(text.size(), prompt.size() + 100) << text;
     EXPECT_EQ(expected.substr(0, text.size()), text) << "prompt '" << prompt << "'";
+    if (prompt.empty()) continue;
+    // The generation's text, tokenized as a continuation (a predicted output's encoding), is
+    // run.c's generated ids exactly: no dummy-prefix piece at its start.
+    r = RunSpecd("tokenize --model " + out + " --text '" + prompt + "'", /*stdout_only=*/true);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    std::istringstream prompt_line(r.output);
+    size_t prompt_ids = 0;
+    for (int32_t id; prompt_line >> id;) ++prompt_ids;
+    const std::filesystem::path rest = tmp.path() / "rest.txt";
+    std::ofstream(rest, std::ios::binary) << expected.substr(prompt.size());
+    r = RunSpecd("tokenize --model " + out + " --continuation --format json < " + rest.string(),
+                 /*stdout_only=*/true);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    const std::vector<int32_t> ids = c["token_ids"].get<std::vector<int32_t>>();
+    EXPECT_EQ(
+        nlohmann::json::parse(r.output).get<std::vector<int32_t>>(),
+        std::vector<int32_t>(ids.begin() + static_cast<std::ptrdiff_t>(prompt_ids), ids.end()))
+        << "prompt '" << prompt << "'";
   }
 }
 

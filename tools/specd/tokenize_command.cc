@@ -33,6 +33,10 @@ int RunTokenize(const std::vector<std::string>& argv) {
       {"parse-special", "recognise special tokens such as <|eot_id|> written in the text", "",
        true},
       {"add-bos", "true or false; default: what tokenizer_config.json says", ""},
+      {"continuation",
+       "the text continues earlier text, as a predicted output does: no dummy prefix at its start "
+       "(and no BOS unless --add-bos true)",
+       "", true},
       {"format", "ids (one line), json (array of ids) or pieces (id and piece per line)", "ids"},
   };
   int exit_code = 0;
@@ -52,6 +56,8 @@ int RunTokenize(const std::vector<std::string>& argv) {
   }
   EncodeOptions options;
   options.parse_special = args->GetBool("parse-special");
+  options.continuation = args->GetBool("continuation");
+  if (options.continuation) options.add_bos = false;
   if (args->Has("add-bos")) {
     const std::string v = args->Get("add-bos");
     if (v != "true" && v != "false") {

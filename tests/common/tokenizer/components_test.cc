@@ -45,7 +45,8 @@ TEST(NormalizerTest, PrependsToNonEmptyTextAndReplacesEveryOccurrence) {
       {{NormalizerStep::Kind::kPrepend, S, "", ""}, {NormalizerStep::Kind::kReplace, "", " ", S}});
   EXPECT_EQ(n.Apply("Hello  world"), S + "Hello" + S + S + "world");
   EXPECT_EQ(n.Apply(" x"), S + S + "x");
-  EXPECT_EQ(n.Apply(""), "");  // Prepend leaves empty text alone
+  EXPECT_EQ(n.Apply(""), "");                                   // Prepend leaves empty text alone
+  EXPECT_EQ(n.Apply("x y", /*prepend=*/false), "x" + S + "y");  // a continuation's start
   const Normalizer replace({{NormalizerStep::Kind::kReplace, "", "aa", "b"}});
   EXPECT_EQ(replace.Apply("aaa"), "ba");  // non-overlapping, left to right
 }
@@ -91,6 +92,9 @@ TEST(PreTokenizerTest, MetaspaceReplacesPrependsAndSplits) {
   EXPECT_THAT(PreTokenize(PreTokenizer({ms}), {{"a b", false}}), ElementsAre(S + "a" + S + "b"));
   // A piece that already starts with the replacement gets no second one.
   EXPECT_THAT(PreTokenize(PreTokenizer({ms}), {{" a", true}}), ElementsAre(S + "a"));
+  // A continuation's first piece gets none either, even under "always".
+  EXPECT_THAT(PreTokenize(PreTokenizer({ms}), {{"a", false, true}, {"b", false, false}}),
+              ElementsAre("a", S + "b"));
   ms.prepend_scheme = PrependScheme::kFirst;
   EXPECT_THAT(PreTokenize(PreTokenizer({ms}), {{"a", true}, {"b", false}}),
               ElementsAre(S + "a", "b"));

@@ -57,5 +57,49 @@ TEST(Tok512GoldenTest, EncodesPromptsAndDecodesGenerationsLikeLlama2c) {
   }
 }
 
+// A generation's text encoded as a continuation (EncodeOptions::continuation) is the tokens the
+// prompt and text encode to together, after the prompt's: what a predicted output needs. Encoded
+// plainly, SentencePiece's dummy prefix puts a "▁" first that the longer text does not have.
+TEST(Tok512GoldenTest, ContinuationEncodesAsInsideTheLongerText) {
+  SPECD_REQUIRE_SHARED_DIR(shared);
+  const std::filesystem::path dir = shared / "models" / "stories260K";
+  absl::StatusOr<HfTokenizerFiles> files = ConvertLlama2cTokenizer(dir / "tok512.bin", 512);
+  ASSERT_TRUE(files.ok()) << files.status();
+  absl::StatusOr<std::unique_ptr<Tokenizer>> tok = Tokenizer::FromJson(
+      files->tokenizer_json, files->tokenizer_config_json, files->generation_config_json);
+  ASSERT_TRUE(tok.ok()) << tok.status();
+  std::ifstream in(dir / "golden-greedy.json");
+  ASSERT_TRUE(in) << "cannot open golden-greedy.json";
+  const nlohmann::json golden = nlohmann::json::parse(in, nullptr, false);
+  ASSERT_FALSE(golden.is_discarded());
+  EncodeOptions continuation;
+  continuation.add_bos = false;
+  continuation.continuation = true;
+  EncodeOptions plain;
+  plain.add_bos = false;
+  int checked = 0;
+  for (const nlohmann::json& c : golden["cases"]) {
+    const std::string prompt = c["prompt"].get<std::string>();
+    if (prompt.empty()) continue;
+    std::string text = c["text"].get<std::string>();
+    text.pop_back();  // run.c's own final newline
+    // `text` repeats the prompt; the generation is the rest, cut at a word boundary.
+    ASSERT_TRUE(text.starts_with(prompt));
+    const std::string rest = text.substr(prompt.size());
+    SCOPED_TRACE("prompt: '" + prompt + "'");
+    absl::StatusOr<std::vector<int32_t>> whole = (*tok)->Encode(text);
+    absl::StatusOr<std::vector<int32_t>> head = (*tok)->Encode(prompt);
+    absl::StatusOr<std::vector<int32_t>> tail = (*tok)->Encode(rest, continuation);
+    absl::StatusOr<std::vector<int32_t>> tail_plain = (*tok)->Encode(rest, plain);
+    ASSERT_TRUE(whole.ok() && head.ok() && tail.ok() && tail_plain.ok());
+    ASSERT_LE(head->size(), whole->size());
+    if (!std::equal(head->begin(), head->end(), whole->begin())) continue;  // merged across
+    EXPECT_EQ(*tail, std::vector<int32_t>(whole->begin() + head->size(), whole->end()));
+    EXPECT_NE(*tail_plain, *tail);
+    ++checked;
+  }
+  EXPECT_GE(checked, 2) << "no golden case splits at its prompt";
+}
+
 }  // namespace
 }  // namespace specd
