@@ -15,13 +15,18 @@
 namespace specd {
 namespace {
 
+// llama2.c's tokenizer.bin in `dir`, converted as `specd convert` does.
+absl::StatusOr<std::unique_ptr<Tokenizer>> LoadTok512(const std::filesystem::path& dir) {
+  absl::StatusOr<HfTokenizerFiles> files = ConvertLlama2cTokenizer(dir / "tok512.bin", 512);
+  if (!files.ok()) return files.status();
+  return Tokenizer::FromJson(files->tokenizer_json, files->tokenizer_config_json,
+                             files->generation_config_json);
+}
+
 TEST(Tok512GoldenTest, EncodesPromptsAndDecodesGenerationsLikeLlama2c) {
   SPECD_REQUIRE_SHARED_DIR(shared);
   const std::filesystem::path dir = shared / "models" / "stories260K";
-  absl::StatusOr<HfTokenizerFiles> files = ConvertLlama2cTokenizer(dir / "tok512.bin", 512);
-  ASSERT_TRUE(files.ok()) << files.status();
-  absl::StatusOr<std::unique_ptr<Tokenizer>> tok = Tokenizer::FromJson(
-      files->tokenizer_json, files->tokenizer_config_json, files->generation_config_json);
+  absl::StatusOr<std::unique_ptr<Tokenizer>> tok = LoadTok512(dir);
   ASSERT_TRUE(tok.ok()) << tok.status();
   EXPECT_EQ((*tok)->vocab_size(), 512);
   EXPECT_EQ((*tok)->bos_id(), 1);
@@ -63,10 +68,7 @@ TEST(Tok512GoldenTest, EncodesPromptsAndDecodesGenerationsLikeLlama2c) {
 TEST(Tok512GoldenTest, ContinuationEncodesAsInsideTheLongerText) {
   SPECD_REQUIRE_SHARED_DIR(shared);
   const std::filesystem::path dir = shared / "models" / "stories260K";
-  absl::StatusOr<HfTokenizerFiles> files = ConvertLlama2cTokenizer(dir / "tok512.bin", 512);
-  ASSERT_TRUE(files.ok()) << files.status();
-  absl::StatusOr<std::unique_ptr<Tokenizer>> tok = Tokenizer::FromJson(
-      files->tokenizer_json, files->tokenizer_config_json, files->generation_config_json);
+  absl::StatusOr<std::unique_ptr<Tokenizer>> tok = LoadTok512(dir);
   ASSERT_TRUE(tok.ok()) << tok.status();
   std::ifstream in(dir / "golden-greedy.json");
   ASSERT_TRUE(in) << "cannot open golden-greedy.json";
