@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -42,6 +43,39 @@ absl::Status Invalid(absl::string_view field, const std::string& message) {
   return FieldError(field, message);
 }
 
+// The text of request field `field` in tokens: within --max-prompt-bytes, valid UTF-8, and only
+// when the model has a tokenizer (otherwise the error points to `ids_field`, which takes ids).
+absl::StatusOr<std::vector<int32_t>> EncodeFieldText(
+    const std::string& text, const Tokenizer* tokenizer, const ServerLimits& limits,
+    absl::string_view field, absl::string_view ids_field, const EncodeOptions& options) {
+  if (static_cast<int64_t>(text.size()) > limits.max_prompt_bytes) {
+    return Invalid(field, absl::StrCat(field, " is ", text.size(), " bytes, over the limit of ",
+                                       limits.max_prompt_bytes));
+  }
+  if (tokenizer == nullptr) {
+    return Invalid(field, absl::StrCat("the served model has no tokenizer; send ", ids_field,
+                                       " as token ids instead of text"));
+  }
+  if (FindInvalidUtf8(text)) return Invalid(field, absl::StrCat(field, " is not valid UTF-8"));
+  absl::StatusOr<std::vector<int32_t>> ids = tokenizer->Encode(text, options);
+  if (!ids.ok()) return Invalid(field, absl::StrCat(field, ": ", ids.status().message()));
+  return ids;
+}
+
+// INVALID_ARGUMENT naming `field` for the first id outside the vocabulary; `what` starts the
+// message ("prompt ").
+absl::Status CheckVocabulary(std::span<const int32_t> ids, const ServerLimits& limits,
+                             absl::string_view field, absl::string_view what) {
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (ids[i] < 0 || ids[i] >= limits.vocab_size) {
+      return Invalid(field,
+                     absl::StrCat(what, "token id ", ids[i], " at index ", i,
+                                  " is outside the vocabulary [0, ", limits.vocab_size, ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 // Guidance scales up to this amplify the difference of two logit rows tenfold: beyond it the
 // guided distribution is a near point mass whatever the model says.
 constexpr float kMaxGuidanceScale = 10.0f;
@@ -66,25 +100,9 @@ absl::StatusOr<std::optional<Guidance>> BuildGuidance(const v1::GenerateRequest&
   switch (g.unconditional_case()) {
     case v1::Guidance::kUnconditionalText:
       if (!g.unconditional_text().empty()) {
-        const std::string& text = g.unconditional_text();
-        if (static_cast<int64_t>(text.size()) > limits.max_prompt_bytes) {
-          return Invalid(text_field,
-                         absl::StrCat(text_field, " is ", text.size(), " bytes, over the limit of ",
-                                      limits.max_prompt_bytes));
-        }
-        if (tokenizer == nullptr) {
-          return Invalid(text_field,
-                         absl::StrCat("the served model has no tokenizer; send ",
-                                      names.guidance_ids, " as token ids instead of text"));
-        }
-        if (FindInvalidUtf8(text)) {
-          return Invalid(text_field, absl::StrCat(text_field, " is not valid UTF-8"));
-        }
-        absl::StatusOr<std::vector<int32_t>> ids = tokenizer->Encode(text);
-        if (!ids.ok()) {
-          return Invalid(text_field, absl::StrCat(text_field, ": ", ids.status().message()));
-        }
-        out.uncond_prompt = *std::move(ids);
+        SPECD_ASSIGN_OR_RETURN(out.uncond_prompt,
+                               EncodeFieldText(g.unconditional_text(), tokenizer, limits,
+                                               text_field, names.guidance_ids, EncodeOptions()));
       }
       break;
     case v1::Guidance::kUnconditionalTokenIds:
@@ -113,14 +131,8 @@ absl::StatusOr<std::optional<Guidance>> BuildGuidance(const v1::GenerateRequest&
         absl::StrCat("the guidance's unconditional prompt has ", out.uncond_prompt.size(),
                      " tokens; this server accepts at most ", limits.max_prompt_tokens));
   }
-  for (size_t i = 0; i < out.uncond_prompt.size(); ++i) {
-    const int32_t id = out.uncond_prompt[i];
-    if (id < 0 || id >= limits.vocab_size) {
-      return Invalid(names.guidance_ids,
-                     absl::StrCat(names.guidance_ids, ": token id ", id, " at index ", i,
-                                  " is outside the vocabulary [0, ", limits.vocab_size, ")"));
-    }
-  }
+  SPECD_RETURN_IF_ERROR(CheckVocabulary(out.uncond_prompt, limits, names.guidance_ids,
+                                        absl::StrCat(names.guidance_ids, ": ")));
   if (out.scale == 1.0f) return std::nullopt;
   return out;
 }
@@ -133,37 +145,18 @@ absl::StatusOr<std::vector<int32_t>> PredictionTokens(const v1::Prediction& pred
                                                       absl::string_view field) {
   std::vector<int32_t> ids;
   switch (prediction.content_case()) {
-    case v1::Prediction::kText: {
-      const std::string& text = prediction.text();
-      if (static_cast<int64_t>(text.size()) > limits.max_prompt_bytes) {
-        return Invalid(field, absl::StrCat(field, " is ", text.size(), " bytes, over the limit of ",
-                                           limits.max_prompt_bytes));
+    case v1::Prediction::kText:
+      if (!prediction.text().empty()) {
+        EncodeOptions options;
+        options.add_bos = false;
+        options.continuation = true;
+        SPECD_ASSIGN_OR_RETURN(
+            ids, EncodeFieldText(prediction.text(), tokenizer, limits, field, field, options));
       }
-      if (text.empty()) break;
-      if (tokenizer == nullptr) {
-        return Invalid(field, absl::StrCat("the served model has no tokenizer; send ", field,
-                                           " as token ids instead of text"));
-      }
-      if (FindInvalidUtf8(text)) return Invalid(field, absl::StrCat(field, " is not valid UTF-8"));
-      EncodeOptions options;
-      options.add_bos = false;
-      options.continuation = true;
-      absl::StatusOr<std::vector<int32_t>> encoded = tokenizer->Encode(text, options);
-      if (!encoded.ok()) {
-        return Invalid(field, absl::StrCat(field, ": ", encoded.status().message()));
-      }
-      ids = *std::move(encoded);
       break;
-    }
     case v1::Prediction::kTokenIds:
       ids.assign(prediction.token_ids().ids().begin(), prediction.token_ids().ids().end());
-      for (size_t i = 0; i < ids.size(); ++i) {
-        if (ids[i] < 0 || ids[i] >= limits.vocab_size) {
-          return Invalid(field,
-                         absl::StrCat(field, " token id ", ids[i], " at index ", i,
-                                      " is outside the vocabulary [0, ", limits.vocab_size, ")"));
-        }
-      }
+      SPECD_RETURN_IF_ERROR(CheckVocabulary(ids, limits, field, absl::StrCat(field, " ")));
       break;
     case v1::Prediction::CONTENT_NOT_SET:
       break;
@@ -341,13 +334,7 @@ absl::StatusOr<GenerationRequest> BuildGenerationRequest(const v1::GenerateReque
                    absl::StrCat("the prompt has ", out.prompt.size(),
                                 " tokens; this server accepts at most ", limits.max_prompt_tokens));
   }
-  for (size_t i = 0; i < out.prompt.size(); ++i) {
-    if (out.prompt[i] < 0 || out.prompt[i] >= limits.vocab_size) {
-      return Invalid(names.prompt,
-                     absl::StrCat("prompt token id ", out.prompt[i], " at index ", i,
-                                  " is outside the vocabulary [0, ", limits.vocab_size, ")"));
-    }
-  }
+  SPECD_RETURN_IF_ERROR(CheckVocabulary(out.prompt, limits, names.prompt, "prompt "));
 
   absl::StatusOr<std::optional<Guidance>> guidance =
       BuildGuidance(request, tokenizer, limits, names);
