@@ -68,7 +68,9 @@ struct DraftShape {
   std::vector<bool> row_has_child;
   bool tree = false;
 
-  DraftShape(const VerifySequenceRequest& req) : tree(!req.tree_parents.empty()) {
+  DraftShape() = default;
+  // `req` must have passed CheckVerifyRequest: its parents are not checked here.
+  explicit DraftShape(const VerifySequenceRequest& req) : tree(!req.tree_parents.empty()) {
     const size_t n = req.drafts.size();
     parents = req.tree_parents;
     if (!tree) {
@@ -148,9 +150,9 @@ std::vector<VerifySequenceResult> WorkerRuntime::Verify(
   std::vector<std::vector<int32_t>> feeds(batch.size());
   std::vector<std::vector<int32_t>> companion_feeds(batch.size());
   std::vector<std::vector<int32_t>> positions(batch.size());
-  std::vector<DraftShape> shapes;
-  shapes.reserve(batch.size());
-  for (size_t i = 0; i < batch.size(); ++i) shapes.emplace_back(batch[i]);
+  // Verifying sequences only: a refused request's tree may be malformed.
+  std::vector<DraftShape> shapes(batch.size());
+  for (const size_t i : active) shapes[i] = DraftShape(batch[i]);
   std::vector<SequenceInput> inputs;
   for (const size_t i : active) {
     const VerifySequenceRequest& req = batch[i];

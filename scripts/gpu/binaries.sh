@@ -4,6 +4,7 @@
 GPU_ENGINE_TESTS=(tests/common/engine/engine_batch_invariance_test
                   tests/common/engine/engine_tree_and_kv_dtype_test
                   tests/common/engine/engine_prefix_cache_test
+                  tests/common/worker/worker_adversarial_test
                   tests/services/coordinator/speculation_round_test
                   tests/services/coordinator/distribution_test)
 # Engine-only (SPECD_ENGINE_ONLY=ON): they need no gRPC, so the device can also build them.

@@ -22,8 +22,9 @@
 #                  to 8192: what it adds per token next to streaming the weights once
 #   engine_tests   engine-level tests that compare an engine with itself, on CUDA
 #                  (SPECD_TEST_BACKEND=cuda): batch invariance, draft trees and KV dtypes, prefix
-#                  caching (cached KV and copy on write against recomputing), greedy
-#                  speculative == plain for every K, and the chi-square distribution tests
+#                  caching (cached KV and copy on write against recomputing), a worker under
+#                  malformed requests against a twin, greedy speculative == plain for every
+#                  K, and the chi-square distribution tests
 #   speedup        speculative speed-up in process, 3B target with an early-exit draft, K = 2, 4, 6
 #   serve_speedup  the same over gRPC: `specd serve --backend cuda` and `specd bench --compare`
 #                  (speed-up, efficiency, coordinator overhead per round), then where a worker
