@@ -25,20 +25,15 @@
 namespace specd {
 namespace {
 
+using testing::WorkerPrompt;
 using Tokens = std::vector<int32_t>;
 
-constexpr int32_t kVocab = 300;
+constexpr int32_t kVocab = testing::kWorkerTestVocab;
 constexpr int64_t kBlock = 16;
 constexpr int64_t kMaxSeqLen = 256;
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 // Ids of sequences that only ever get malformed requests; the valid ones count up from 1.
 constexpr SeqId kFirstMalformedId = 1'000'000;
-
-Tokens Prompt(int n, int salt) {
-  Tokens t;
-  for (int i = 0; i < n; ++i) t.push_back(static_cast<int32_t>((i * 37 + salt * 101 + 5) % kVocab));
-  return t;
-}
 
 // A malformed request must be refused with a status a person can act on.
 void ExpectClearError(const absl::Status& st, const std::string& what) {
@@ -175,7 +170,7 @@ class Traffic {
         }
         break;
       case 10:
-        r.catch_up = Prompt(static_cast<int>(kMaxSeqLen) + 8, 9);
+        r.catch_up = WorkerPrompt(static_cast<int>(kMaxSeqLen) + 8, 9);
         what = "a sequence over max_seq_len";
         break;
       case 11:
@@ -333,7 +328,7 @@ TEST_P(WorkerAdversarialTest, MalformedRequestsHarmNoSequenceAndLeakNoBlock) {
     SCOPED_TRACE("round " + std::to_string(round));
     if (live.size() < 5 && traffic.OneIn(2)) {
       Seq& s = live[next_valid++];
-      s.x = Prompt(traffic.Rand(1, 40), traffic.Rand(0, 99));
+      s.x = WorkerPrompt(traffic.Rand(1, 40), traffic.Rand(0, 99));
       s.prompt_len = static_cast<int64_t>(s.x.size());
     }
     std::vector<DraftSequenceRequest> drafts;
@@ -377,7 +372,7 @@ TEST_P(WorkerAdversarialTest, MalformedRequestsHarmNoSequenceAndLeakNoBlock) {
                           s.prompt_len);
         on_live = true;
       } else {
-        traffic.FillValid(base, next_malformed++, Prompt(traffic.Rand(1, 30), 3), 0, 1);
+        traffic.FillValid(base, next_malformed++, WorkerPrompt(traffic.Rand(1, 30), 3), 0, 1);
       }
       named.insert(base.seq);
       std::string& w = what[base.seq];

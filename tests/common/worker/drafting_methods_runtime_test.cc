@@ -23,8 +23,9 @@ namespace {
 using ::testing::HasSubstr;
 using testing::RowOracle;
 using testing::SameBits;
+using testing::WorkerPrompt;
 
-constexpr int64_t kVocab = 300;
+constexpr int64_t kVocab = testing::kWorkerTestVocab;
 
 class DraftingRuntimeTest : public ::testing::Test {
  protected:
@@ -68,12 +69,6 @@ class DraftingRuntimeTest : public ::testing::Test {
   RowOracle oracle_{Engine()};
 };
 
-std::vector<int32_t> Prompt(int n, int salt) {
-  std::vector<int32_t> t;
-  for (int i = 0; i < n; ++i) t.push_back(static_cast<int32_t>((i * 37 + salt * 101 + 5) % kVocab));
-  return t;
-}
-
 SamplingParams PenaltyParams() {
   SamplingParams p;
   p.temperature = 0.8f;
@@ -100,7 +95,7 @@ TEST_F(DraftingRuntimeTest, TreeChildrenAreTheTopBOfEachPathAndTheTargetScoresEv
   for (const SamplingParams& params : {SamplingParams{.temperature = 0.0f}, PenaltyParams()}) {
     auto draft = Runtime();
     auto target = Runtime();
-    const std::vector<int32_t> x = Prompt(19, params.greedy() ? 1 : 2);
+    const std::vector<int32_t> x = WorkerPrompt(19, params.greedy() ? 1 : 2);
     DraftSequenceRequest d;
     d.seq = 5;
     d.catch_up = x;
@@ -182,7 +177,7 @@ TEST_F(DraftingRuntimeTest, TreeChildrenAreTheTopBOfEachPathAndTheTargetScoresEv
 // holds only x + branch (its blocks included).
 TEST_F(DraftingRuntimeTest, CompactionKeepsOnlyTheAcceptedBranch) {
   auto target = Runtime();
-  const std::vector<int32_t> x = Prompt(30, 7);
+  const std::vector<int32_t> x = WorkerPrompt(30, 7);
   const std::vector<int32_t> nodes = {10, 11, 12, 13, 14, 15, 16, 17, 18, 19};
   const std::vector<int32_t> parents = TreeParents({2, 2}, 3);  // 2 + 4 + 4 nodes
   const SamplingParams greedy{.temperature = 0.0f};
@@ -237,7 +232,7 @@ TEST_F(DraftingRuntimeTest, CompactionKeepsOnlyTheAcceptedBranch) {
 // and the draft stops after the first step k >= min_tokens whose entropy exceeds the threshold.
 TEST_F(DraftingRuntimeTest, EntropyIsReportedAndStopsTheDraft) {
   auto draft = Runtime();
-  const std::vector<int32_t> x = Prompt(12, 3);
+  const std::vector<int32_t> x = WorkerPrompt(12, 3);
   SamplingParams params;
   params.temperature = 0.0f;  // the entropy is the raw logits' whatever the sampling
   DraftSequenceRequest d;
@@ -299,7 +294,7 @@ TEST_F(DraftingRuntimeTest, ReducedHeadDraftsOverItsTokensOnly) {
   kept.resize(40);
   auto draft = Runtime(kept);
   EXPECT_EQ(draft->output_vocab().width(), 40);
-  const std::vector<int32_t> x = Prompt(15, 9);
+  const std::vector<int32_t> x = WorkerPrompt(15, 9);
   const SamplingParams params = PenaltyParams();
   DraftSequenceRequest d;
   d.seq = 3;

@@ -30,16 +30,11 @@ namespace {
 using ::testing::HasSubstr;
 using testing::SameBits;
 using testing::Trunc;
+using testing::WorkerPrompt;
 using Tokens = std::vector<int32_t>;
 
-constexpr int64_t kVocab = 300;
+constexpr int64_t kVocab = testing::kWorkerTestVocab;
 constexpr int64_t kBlock = 16;
-
-Tokens Prompt(int n, int salt) {
-  Tokens t;
-  for (int i = 0; i < n; ++i) t.push_back(static_cast<int32_t>((i * 37 + salt * 101 + 5) % kVocab));
-  return t;
-}
 
 // Temperature and every penalty: the penalties must read the conditional text only.
 SamplingParams Penalized() {
@@ -128,9 +123,9 @@ testing::ScopedTempDir* GuidanceTest::dir_ = nullptr;
 // The bound for fp32 guided logits against the float64 reference: per row,
 // |a - b| <= 1e-4 * max|b| + 1e-5 (scales up to 10 amplify rounding, hence the absolute term).
 TEST_F(GuidanceTest, GuidedLogitsMatchTheNumpyReference) {
-  const Tokens cond = Prompt(23, 1);
-  const Tokens uncond = Prompt(9, 2);
-  const Tokens other = Prompt(12, 3);
+  const Tokens cond = WorkerPrompt(23, 1);
+  const Tokens uncond = WorkerPrompt(9, 2);
+  const Tokens other = WorkerPrompt(12, 3);
   const Tokens gen = {5, 77, 123, 9};
   for (const float scale : {0.25f, 1.5f, 3.0f, 10.0f}) {
     SCOPED_TRACE(absl::StrCat("scale ", scale));
@@ -186,12 +181,12 @@ TEST_F(GuidanceTest, GuidedLogitsMatchTheNumpyReference) {
 // error of 1e-3 moves a probability by about 1e-3 / temperature relative) plus 1e-6 absolute.
 TEST_F(GuidanceTest, KeptRowsAreTheProcessedGuidedDistribution) {
   auto rt = Runtime();
-  const Tokens cond = Prompt(21, 4);
-  const Tokens uncond_a = Prompt(6, 5);
+  const Tokens cond = WorkerPrompt(21, 4);
+  const Tokens uncond_a = WorkerPrompt(6, 5);
   const Tokens drafts = {cond[3], 17, cond[3]};  // repeats, so the penalties bite
   std::vector<VerifySequenceRequest> batch = {
       VerifyReq(1, cond, 0, drafts, 21, Companion(1001, 3.0f, uncond_a)),
-      VerifyReq(2, Prompt(15, 6), 0, {8, 9}, 15, std::nullopt),
+      VerifyReq(2, WorkerPrompt(15, 6), 0, {8, 9}, 15, std::nullopt),
       VerifyReq(3, cond, 0, drafts, 21, Companion(1003, 0.5f, {1})),
   };
   std::vector<VerifySequenceResult> results = rt->Verify(batch);
@@ -269,8 +264,8 @@ TEST_F(GuidanceTest, KeptRowsAreTheProcessedGuidedDistribution) {
 // logit bound above would allow twice 1e-4 max|b| + 1e-5, and unguided logprobs miss by O(1)).
 TEST_F(GuidanceTest, LogprobsAreThoseOfTheGuidedDistribution) {
   auto rt = Runtime();
-  const Tokens cond = Prompt(19, 9);
-  const Tokens uncond = Prompt(7, 10);
+  const Tokens cond = WorkerPrompt(19, 9);
+  const Tokens uncond = WorkerPrompt(7, 10);
   const Tokens drafts = {cond[2], 41};
   VerifySequenceRequest req = VerifyReq(1, cond, 0, drafts, 19, Companion(101, 2.5f, uncond));
   req.num_candidates = 2;
@@ -312,9 +307,9 @@ TEST_F(GuidanceTest, ReleaseAllFreesEverySequenceAndEveryCompanion) {
   Observer observer;
   auto rt = Runtime(4096, &observer, /*prefix_caching=*/false);
   EXPECT_EQ(rt->ReleaseAll(), 0);
-  std::vector<VerifySequenceResult> r = rt->Verify(
-      std::vector{VerifyReq(1, Prompt(20, 1), 0, {5, 6}, 20, Companion(101, 2.0f, Prompt(40, 2))),
-                  VerifyReq(2, Prompt(30, 3), 0, {7}, 30, std::nullopt)});
+  std::vector<VerifySequenceResult> r = rt->Verify(std::vector{
+      VerifyReq(1, WorkerPrompt(20, 1), 0, {5, 6}, 20, Companion(101, 2.0f, WorkerPrompt(40, 2))),
+      VerifyReq(2, WorkerPrompt(30, 3), 0, {7}, 30, std::nullopt)});
   for (const VerifySequenceResult& v : r) ASSERT_TRUE(v.status.ok()) << v.status;
   ASSERT_EQ(rt->num_sequences(), 3);
   ASSERT_GT(rt->engine().kv().used_blocks(), 0);
@@ -326,15 +321,15 @@ TEST_F(GuidanceTest, ReleaseAllFreesEverySequenceAndEveryCompanion) {
     EXPECT_EQ(rt->CachedLength(seq).status().code(), absl::StatusCode::kNotFound) << seq;
   }
   // The ids are free again: a new coordinator starts its own from 1.
-  r = rt->Verify(std::vector{VerifyReq(1, Prompt(20, 1), 0, {5}, 20, std::nullopt)});
+  r = rt->Verify(std::vector{VerifyReq(1, WorkerPrompt(20, 1), 0, {5}, 20, std::nullopt)});
   EXPECT_TRUE(r[0].status.ok()) << r[0].status;
 }
 
 TEST_F(GuidanceTest, ThePairIsFedInOnePassAndTruncatedDroppedAndReleasedAsOne) {
   Observer observer;
   auto rt = Runtime(4096, &observer, /*prefix_caching=*/false);
-  const Tokens cond = Prompt(20, 1);
-  const Tokens uncond = Prompt(40, 2);
+  const Tokens cond = WorkerPrompt(20, 1);
+  const Tokens uncond = WorkerPrompt(40, 2);
   // 22 tokens (2 blocks) and 42 (3 blocks), in one verify pass of two sequences.
   std::vector<VerifySequenceResult> r =
       rt->Verify(std::vector{VerifyReq(1, cond, 0, {5, 6}, 20, Companion(101, 2.0f, uncond))});
@@ -421,9 +416,9 @@ TEST_F(GuidanceTest, ThePairIsFedInOnePassAndTruncatedDroppedAndReleasedAsOne) {
 TEST_F(GuidanceTest, AdmissionCountsTheCompanionAndAFailedPairLeavesNothing) {
   // 4 blocks: the sequence alone (2) fits, with its 3-block companion it does not.
   auto rt = Runtime(4 * kBlock);
-  const Tokens cond = Prompt(20, 1);
+  const Tokens cond = WorkerPrompt(20, 1);
   const std::vector<VerifySequenceResult> r = rt->Verify(
-      std::vector{VerifyReq(1, cond, 0, {5, 6}, 20, Companion(101, 2.0f, Prompt(40, 2)))});
+      std::vector{VerifyReq(1, cond, 0, {5, 6}, 20, Companion(101, 2.0f, WorkerPrompt(40, 2)))});
   EXPECT_EQ(r[0].status.code(), absl::StatusCode::kResourceExhausted) << r[0].status;
   EXPECT_THAT(std::string(r[0].status.message()), HasSubstr("with its companion"));
   EXPECT_EQ(rt->CachedLength(1).status().code(), absl::StatusCode::kNotFound);
@@ -436,8 +431,8 @@ TEST_F(GuidanceTest, AdmissionCountsTheCompanionAndAFailedPairLeavesNothing) {
 // A long unconditional prompt is chunked with its sequence: the pair reports prefilling until
 // both halves have their whole catch-up, and then verifies to the same bits as unchunked.
 TEST_F(GuidanceTest, ChunkedPrefillFeedsBothHalvesAndChangesNoBit) {
-  const Tokens cond = Prompt(30, 7);
-  const Tokens uncond = Prompt(75, 8);
+  const Tokens cond = WorkerPrompt(30, 7);
+  const Tokens uncond = WorkerPrompt(75, 8);
   const Tokens drafts = {4, 40, 140};
   auto whole = Runtime();
   ASSERT_TRUE(
@@ -477,8 +472,8 @@ TEST_F(GuidanceTest, AGuidedSequenceDraftsAndVerifiesChainsOnlyAndSharesPassesWi
     EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
     EXPECT_THAT(std::string(st.message()), HasSubstr(says));
   };
-  const Tokens cond = Prompt(18, 3);
-  const Tokens uncond = Prompt(7, 4);
+  const Tokens cond = WorkerPrompt(18, 3);
+  const Tokens uncond = WorkerPrompt(7, 4);
   const auto draft_req = [&](SeqId seq, std::optional<CompanionRequest> companion) {
     DraftSequenceRequest d;
     d.seq = seq;
@@ -523,12 +518,12 @@ TEST_F(GuidanceTest, AGuidedSequenceDraftsAndVerifiesChainsOnlyAndSharesPassesWi
     std::vector<VerifySequenceRequest> verify_batch;
     if (run == 1) {
       DraftSequenceRequest tree = draft_req(5, std::nullopt);
-      tree.catch_up = Prompt(12, 6);
+      tree.catch_up = WorkerPrompt(12, 6);
       tree.prompt_len = 12;
       tree.tree = {3, 2};
       draft_batch.push_back(tree);
       VerifySequenceRequest v =
-          VerifyReq(6, Prompt(11, 7), 0, {4, 8, 12, 40, 41, 42}, 11, std::nullopt);
+          VerifyReq(6, WorkerPrompt(11, 7), 0, {4, 8, 12, 40, 41, 42}, 11, std::nullopt);
       v.tree_parents = {-1, -1, 0, 0, 1, 1};
       verify_batch.push_back(v);
     }

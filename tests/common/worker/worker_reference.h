@@ -30,6 +30,16 @@ inline bool SameBits(std::span<const float> a, std::span<const float> b) {
 }
 inline bool SameBits(float a, float b) { return std::memcmp(&a, &b, sizeof(float)) == 0; }
 
+// The vocabulary of testing::WorkerTestSpec's model, which the worker tests share.
+inline constexpr int32_t kWorkerTestVocab = 300;
+
+// A prompt of `n` tokens of that vocabulary, a different one for each `salt`.
+inline std::vector<int32_t> WorkerPrompt(int n, int salt) {
+  std::vector<int32_t> t;
+  for (int i = 0; i < n; ++i) t.push_back((i * 37 + salt * 101 + 5) % kWorkerTestVocab);
+  return t;
+}
+
 // A Truncate of an unguided sequence: keep `new_len` tokens, asking q (or p) of `query_tokens` in
 // the kept row of `query_step` (0 asks nothing).
 inline TruncateSequenceRequest Trunc(SeqId seq, int64_t new_len, int32_t query_step = 0,

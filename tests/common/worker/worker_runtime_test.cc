@@ -27,18 +27,13 @@ using ::testing::HasSubstr;
 using testing::RowOracle;
 using testing::SameBits;
 using testing::Trunc;
+using testing::WorkerPrompt;
 
 using Drafts = std::vector<DraftSequenceRequest>;
 using Verifies = std::vector<VerifySequenceRequest>;
 
-constexpr int64_t kVocab = 300;
+constexpr int64_t kVocab = testing::kWorkerTestVocab;
 constexpr int64_t kBlock = 16;
-
-std::vector<int32_t> Prompt(int n, int salt) {
-  std::vector<int32_t> t;
-  for (int i = 0; i < n; ++i) t.push_back(static_cast<int32_t>((i * 37 + salt * 101 + 5) % kVocab));
-  return t;
-}
 
 SamplingParams Sampled(float temperature = 0.9f) {
   SamplingParams p;
@@ -176,7 +171,7 @@ TEST_F(WorkerRuntimeTest, DraftFollowsTheDraftSampleStreamOverTwoRounds) {
   auto rt = Runtime();
   for (const SamplingParams& params : {Sampled(), Filtered()}) {
     const SeqId seq = params.top_k == 0 ? 1 : 2;
-    const std::vector<int32_t> prompt = Prompt(21, static_cast<int>(seq));
+    const std::vector<int32_t> prompt = WorkerPrompt(21, static_cast<int>(seq));
     const uint64_t seed = 0x1234'5678'9abc'def0ULL + seq;
     constexpr int32_t K = 5;
     DraftLog log;
@@ -215,7 +210,7 @@ TEST_F(WorkerRuntimeTest, DraftFollowsTheDraftSampleStreamOverTwoRounds) {
 
 TEST_F(WorkerRuntimeTest, GreedyDraftsArePointMasses) {
   auto rt = Runtime();
-  const std::vector<int32_t> prompt = Prompt(9, 3);
+  const std::vector<int32_t> prompt = WorkerPrompt(9, 3);
   // Temperature 0, and DRAFT_SAMPLING_GREEDY over a filtered row.
   DraftSequenceRequest a = DraftReq(1, prompt, 0, 4, Greedy(), 5, 9);
   DraftSequenceRequest b = DraftReq(2, prompt, 0, 4, Filtered(), 5, 9);
@@ -238,7 +233,7 @@ TEST_F(WorkerRuntimeTest, GreedyDraftsArePointMasses) {
 
 TEST_F(WorkerRuntimeTest, VerifyMatchesTheTargetRowsAndStreams) {
   auto rt = Runtime();
-  const std::vector<int32_t> prompt = Prompt(17, 4);
+  const std::vector<int32_t> prompt = WorkerPrompt(17, 4);
   const std::vector<int32_t> drafts = {11, 250, 3, 3};
   for (const SamplingParams& params : {Sampled(1.0f), Filtered(), Greedy()}) {
     const uint64_t seed = 99;
@@ -273,7 +268,7 @@ TEST_F(WorkerRuntimeTest, PlainDecodingEqualsDecodePlain) {
   // K = 0 rounds, one token at a time, are the in-process baseline exactly.
   for (const SamplingParams& params : {Filtered(), Greedy()}) {
     auto rt = Runtime();
-    const std::vector<int32_t> prompt = Prompt(12, 8);
+    const std::vector<int32_t> prompt = WorkerPrompt(12, 8);
     DecodeRequest req;
     req.prompt = prompt;
     req.sampling = params;
@@ -335,12 +330,12 @@ TEST_F(WorkerRuntimeTest, WarmUpLeavesNoTraceAndChangesNoResult) {
     EXPECT_EQ(seen.queried_tokens, 0);
     EXPECT_EQ(seen.last_used_blocks, -1);
 
-    const DraftSequenceRequest d = DraftReq(7, Prompt(20, 3), 0, 3, Filtered(), 41, 15);
+    const DraftSequenceRequest d = DraftReq(7, WorkerPrompt(20, 3), 0, 3, Filtered(), 41, 15);
     DraftLog log;
     rt->Draft(Drafts{d}, log.Callback());
     ExpectDraftEquals(log.tokens[7], testing::ReferenceDraft(oracle_, d.catch_up, d.prompt_len,
                                                              d.sampling, d.seed, 3));
-    const std::vector<int32_t> prompt = Prompt(17, 4);
+    const std::vector<int32_t> prompt = WorkerPrompt(17, 4);
     const std::vector<int32_t> drafts = {11, 250, 3, 3};
     const auto out = rt->Verify(Verifies{VerifyReq(8, prompt, 0, drafts, Sampled(), 99, 17, 6)});
     ASSERT_EQ(out.size(), 1u);
@@ -362,8 +357,8 @@ TEST_F(WorkerRuntimeTest, ChunkedCatchUpEqualsUnchunked) {
   auto chunked = Runtime(4096, 0, &chunked_obs, /*prefix_caching=*/false);
   CountingObserver whole_obs;
   auto whole = Runtime(4096, 0, &whole_obs, /*prefix_caching=*/false);
-  const std::vector<int32_t> long_prompt = Prompt(60, 1);
-  const std::vector<int32_t> short_prompt = Prompt(5, 2);
+  const std::vector<int32_t> long_prompt = WorkerPrompt(60, 1);
+  const std::vector<int32_t> short_prompt = WorkerPrompt(5, 2);
   std::vector<VerifySequenceRequest> verify = {
       VerifyReq(1, long_prompt, 0, {4, 5, 6}, Filtered(), 1, 60, 3),
       VerifyReq(2, short_prompt, 0, {9}, Sampled(), 2, 5, 2)};
@@ -442,7 +437,7 @@ TEST_F(WorkerRuntimeTest, ChunkedCatchUpEqualsUnchunked) {
 // drafts nothing, and the next call drafts exactly what one call would have.
 TEST_F(WorkerRuntimeTest, APrefillOnlyDraftFeedsAllButTheLastTokenAndDraftsNothing) {
   auto runtime = Runtime();
-  const std::vector<int32_t> prompt = Prompt(20, 3);
+  const std::vector<int32_t> prompt = WorkerPrompt(20, 3);
   DraftSequenceRequest d = DraftReq(5, prompt, 0, 3, Filtered(), 8, 20);
   d.prefill_only = true;
   DraftLog log;
@@ -464,7 +459,8 @@ TEST_F(WorkerRuntimeTest, BatchedSequencesEqualEachAlone) {
   std::vector<DraftSequenceRequest> drafts;
   for (int i = 0; i < 8; ++i) {
     SamplingParams p = i % 3 == 0 ? Filtered() : i % 3 == 1 ? Sampled(0.5f + 0.1f * i) : Greedy();
-    drafts.push_back(DraftReq(100 + i, Prompt(3 + 5 * i, i), 0, 1 + i % 4, p, 1000 + i, 2 + i));
+    drafts.push_back(
+        DraftReq(100 + i, WorkerPrompt(3 + 5 * i, i), 0, 1 + i % 4, p, 1000 + i, 2 + i));
   }
   auto batched = Runtime();
   DraftLog together;
@@ -488,29 +484,30 @@ TEST_F(WorkerRuntimeTest, BatchedSequencesEqualEachAlone) {
 TEST_F(WorkerRuntimeTest, PerSequenceErrorsAreIsolated) {
   // 6 blocks of 16 tokens and a max length of 48.
   auto rt = Runtime(6 * kBlock, 48);
-  ASSERT_TRUE(
-      rt->Verify(Verifies{VerifyReq(5, Prompt(10, 5), 0, {}, Greedy(), 0, 10, 0)})[0].status.ok());
+  ASSERT_TRUE(rt->Verify(Verifies{VerifyReq(5, WorkerPrompt(10, 5), 0, {}, Greedy(), 0, 10, 0)})[0]
+                  .status.ok());
   SamplingParams bad_params = Sampled();
   bad_params.top_p = 1.5f;
   const std::vector<VerifySequenceRequest> batch = {
-      VerifyReq(1, Prompt(8, 1), 0, {1, 2}, Filtered(), 3, 8, 2),  // fine
-      VerifyReq(2, {1}, 4, {}, Sampled(), 0, 0, 0),                // unknown sequence
-      VerifyReq(5, {1}, 3, {}, Sampled(), 0, 0, 0),                // holds 10, not 3
-      VerifyReq(3, {1, 300}, 0, {}, Sampled(), 0, 0, 0),           // token out of range
-      VerifyReq(4, Prompt(40, 2), 0, {1, 2, 3, 4, 5, 6, 7, 8, 9}, Sampled(), 0, 0, 0),  // > 48
-      VerifyReq(6, Prompt(40, 3), 0, {}, Sampled(), 0, 0, 0),  // needs 3 blocks, 4 left
-      VerifyReq(7, Prompt(40, 4), 0, {}, Sampled(), 0, 0, 0),  // ... then only 1 is left
-      VerifyReq(1, {1}, 0, {}, Sampled(), 0, 0, 0),            // duplicate id
-      VerifyReq(8, {1}, 0, {}, bad_params, 0, 0, 0),           // bad sampling params
-      VerifyReq(9, {1}, 0, {1}, Sampled(), 0, 0, 65),          // M too large
-      VerifyReq(10, {}, 0, {}, Sampled(), 0, 0, 0),            // no catch-up
-      VerifyReq(11, {1}, 0, {-1}, Sampled(), 0, 0, 0),         // draft out of range
+      VerifyReq(1, WorkerPrompt(8, 1), 0, {1, 2}, Filtered(), 3, 8, 2),  // fine
+      VerifyReq(2, {1}, 4, {}, Sampled(), 0, 0, 0),                      // unknown sequence
+      VerifyReq(5, {1}, 3, {}, Sampled(), 0, 0, 0),                      // holds 10, not 3
+      VerifyReq(3, {1, 300}, 0, {}, Sampled(), 0, 0, 0),                 // token out of range
+      VerifyReq(4, WorkerPrompt(40, 2), 0, {1, 2, 3, 4, 5, 6, 7, 8, 9}, Sampled(), 0, 0,
+                0),                                                  // > 48
+      VerifyReq(6, WorkerPrompt(40, 3), 0, {}, Sampled(), 0, 0, 0),  // needs 3 blocks, 4 left
+      VerifyReq(7, WorkerPrompt(40, 4), 0, {}, Sampled(), 0, 0, 0),  // ... then only 1 is left
+      VerifyReq(1, {1}, 0, {}, Sampled(), 0, 0, 0),                  // duplicate id
+      VerifyReq(8, {1}, 0, {}, bad_params, 0, 0, 0),                 // bad sampling params
+      VerifyReq(9, {1}, 0, {1}, Sampled(), 0, 0, 65),                // M too large
+      VerifyReq(10, {}, 0, {}, Sampled(), 0, 0, 0),                  // no catch-up
+      VerifyReq(11, {1}, 0, {-1}, Sampled(), 0, 0, 0),               // draft out of range
   };
   std::vector<SeqId> order;
   const auto out =
       rt->Verify(batch, [&](const VerifySequenceResult& r) { order.push_back(r.seq); });
-  ExpectVerifyEquals(out[0],
-                     testing::ReferenceVerify(oracle_, Prompt(8, 1), 8, {1, 2}, Filtered(), 3, 2));
+  ExpectVerifyEquals(
+      out[0], testing::ReferenceVerify(oracle_, WorkerPrompt(8, 1), 8, {1, 2}, Filtered(), 3, 2));
   EXPECT_TRUE(out[5].status.ok()) << out[5].status;
   const std::vector<std::pair<absl::StatusCode, std::string>> want = {
       {absl::StatusCode::kOk, ""},
@@ -572,7 +569,7 @@ TEST_F(WorkerRuntimeTest, TruncateAndReadRowErrors) {
   EXPECT_EQ(rt->Release(1).code(), absl::StatusCode::kNotFound);
   DraftLog log;
   ASSERT_TRUE(
-      rt->Draft(Drafts{DraftReq(1, Prompt(20, 1), 0, 3, Sampled(), 1, 20)}, log.Callback())[0]
+      rt->Draft(Drafts{DraftReq(1, WorkerPrompt(20, 1), 0, 3, Sampled(), 1, 20)}, log.Callback())[0]
           .status.ok());
   absl::StatusOr<TruncateResult> bad_step = rt->Truncate(Trunc(1, 20, 4, {1}));
   EXPECT_EQ(bad_step.status().code(), absl::StatusCode::kFailedPrecondition);
@@ -597,7 +594,7 @@ TEST_F(WorkerRuntimeTest, TruncateAndReadRowErrors) {
 // drop_tail folds the previous round's Truncate into the next Verify: the result is that of a
 // worker that never saw the rejected drafts, and only a surplus is ever dropped.
 TEST_F(WorkerRuntimeTest, DropTailIsATruncateFoldedIntoTheNextCall) {
-  const std::vector<int32_t> prompt = Prompt(14, 3);
+  const std::vector<int32_t> prompt = WorkerPrompt(14, 3);
   auto rt = Runtime();
   ASSERT_TRUE(
       rt->Verify(Verifies{VerifyReq(1, prompt, 0, {4, 5, 6}, Greedy(), 0, 14, 0)})[0].status.ok());
@@ -643,7 +640,7 @@ TEST_F(WorkerRuntimeTest, RandomizedSessionReturnsEveryBlock) {
   SeqId next = 1;
   auto rand = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
   for (int round = 0; round < 60; ++round) {
-    if (live.size() < 6 && rand(0, 2) == 0) live[next++].x = Prompt(rand(1, 40), rand(0, 99));
+    if (live.size() < 6 && rand(0, 2) == 0) live[next++].x = WorkerPrompt(rand(1, 40), rand(0, 99));
     std::vector<DraftSequenceRequest> drafts;
     std::vector<VerifySequenceRequest> verifies;
     for (auto& [id, s] : live) {
