@@ -40,6 +40,19 @@ inline std::vector<int32_t> WorkerPrompt(int n, int salt) {
   return t;
 }
 
+// Temperature, top-k, top-p, min-p and every penalty at once.
+inline SamplingParams EveryFilter() {
+  SamplingParams p;
+  p.temperature = 0.7f;
+  p.top_k = 40;
+  p.top_p = 0.9f;
+  p.min_p = 0.02f;
+  p.repetition_penalty = 1.2f;
+  p.presence_penalty = 0.3f;
+  p.frequency_penalty = 0.2f;
+  return p;
+}
+
 // A Truncate of an unguided sequence: keep `new_len` tokens, asking q (or p) of `query_tokens` in
 // the kept row of `query_step` (0 asks nothing).
 inline TruncateSequenceRequest Trunc(SeqId seq, int64_t new_len, int32_t query_step = 0,

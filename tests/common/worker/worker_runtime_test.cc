@@ -21,6 +21,7 @@
 namespace specd {
 namespace {
 
+using testing::EveryFilter;
 using testing::ExpectedDraft;
 using testing::ExpectedVerify;
 using ::testing::HasSubstr;
@@ -38,18 +39,6 @@ constexpr int64_t kBlock = 16;
 SamplingParams Sampled(float temperature = 0.9f) {
   SamplingParams p;
   p.temperature = temperature;
-  return p;
-}
-
-SamplingParams Filtered() {
-  SamplingParams p;
-  p.temperature = 0.7f;
-  p.top_k = 40;
-  p.top_p = 0.9f;
-  p.min_p = 0.02f;
-  p.repetition_penalty = 1.2f;
-  p.presence_penalty = 0.3f;
-  p.frequency_penalty = 0.2f;
   return p;
 }
 
@@ -169,7 +158,7 @@ std::vector<float> Densify(const ProbRow& kept, int64_t vocab) {
 
 TEST_F(WorkerRuntimeTest, DraftFollowsTheDraftSampleStreamOverTwoRounds) {
   auto rt = Runtime();
-  for (const SamplingParams& params : {Sampled(), Filtered()}) {
+  for (const SamplingParams& params : {Sampled(), EveryFilter()}) {
     const SeqId seq = params.top_k == 0 ? 1 : 2;
     const std::vector<int32_t> prompt = WorkerPrompt(21, static_cast<int>(seq));
     const uint64_t seed = 0x1234'5678'9abc'def0ULL + seq;
@@ -213,14 +202,14 @@ TEST_F(WorkerRuntimeTest, GreedyDraftsArePointMasses) {
   const std::vector<int32_t> prompt = WorkerPrompt(9, 3);
   // Temperature 0, and DRAFT_SAMPLING_GREEDY over a filtered row.
   DraftSequenceRequest a = DraftReq(1, prompt, 0, 4, Greedy(), 5, 9);
-  DraftSequenceRequest b = DraftReq(2, prompt, 0, 4, Filtered(), 5, 9);
+  DraftSequenceRequest b = DraftReq(2, prompt, 0, 4, EveryFilter(), 5, 9);
   b.draft_sampling = DraftSampling::kGreedy;
   DraftLog log;
   const auto out = rt->Draft(std::vector<DraftSequenceRequest>{a, b}, log.Callback());
   ASSERT_TRUE(out[0].status.ok() && out[1].status.ok());
   ExpectDraftEquals(log.tokens[1], testing::ReferenceDraft(oracle_, prompt, 9, Greedy(), 5, 4));
   ExpectDraftEquals(log.tokens[2],
-                    testing::ReferenceDraft(oracle_, prompt, 9, Filtered(), 5, 4, true));
+                    testing::ReferenceDraft(oracle_, prompt, 9, EveryFilter(), 5, 4, true));
   for (SeqId seq : {1, 2}) {
     for (const DraftToken& t : log.tokens[seq]) EXPECT_EQ(t.q_prob, 1.0f);
     absl::StatusOr<ProbRow> kept = rt->ReadRow(seq, 2);
@@ -235,7 +224,7 @@ TEST_F(WorkerRuntimeTest, VerifyMatchesTheTargetRowsAndStreams) {
   auto rt = Runtime();
   const std::vector<int32_t> prompt = WorkerPrompt(17, 4);
   const std::vector<int32_t> drafts = {11, 250, 3, 3};
-  for (const SamplingParams& params : {Sampled(1.0f), Filtered(), Greedy()}) {
+  for (const SamplingParams& params : {Sampled(1.0f), EveryFilter(), Greedy()}) {
     const uint64_t seed = 99;
     std::vector<VerifySequenceResult> streamed;
     const auto out = rt->Verify(Verifies{VerifyReq(1, prompt, 0, drafts, params, seed, 17, 6)},
@@ -266,7 +255,7 @@ TEST_F(WorkerRuntimeTest, VerifyMatchesTheTargetRowsAndStreams) {
 
 TEST_F(WorkerRuntimeTest, PlainDecodingEqualsDecodePlain) {
   // K = 0 rounds, one token at a time, are the in-process baseline exactly.
-  for (const SamplingParams& params : {Filtered(), Greedy()}) {
+  for (const SamplingParams& params : {EveryFilter(), Greedy()}) {
     auto rt = Runtime();
     const std::vector<int32_t> prompt = WorkerPrompt(12, 8);
     DecodeRequest req;
@@ -330,7 +319,7 @@ TEST_F(WorkerRuntimeTest, WarmUpLeavesNoTraceAndChangesNoResult) {
     EXPECT_EQ(seen.queried_tokens, 0);
     EXPECT_EQ(seen.last_used_blocks, -1);
 
-    const DraftSequenceRequest d = DraftReq(7, WorkerPrompt(20, 3), 0, 3, Filtered(), 41, 15);
+    const DraftSequenceRequest d = DraftReq(7, WorkerPrompt(20, 3), 0, 3, EveryFilter(), 41, 15);
     DraftLog log;
     rt->Draft(Drafts{d}, log.Callback());
     ExpectDraftEquals(log.tokens[7], testing::ReferenceDraft(oracle_, d.catch_up, d.prompt_len,
@@ -360,7 +349,7 @@ TEST_F(WorkerRuntimeTest, ChunkedCatchUpEqualsUnchunked) {
   const std::vector<int32_t> long_prompt = WorkerPrompt(60, 1);
   const std::vector<int32_t> short_prompt = WorkerPrompt(5, 2);
   std::vector<VerifySequenceRequest> verify = {
-      VerifyReq(1, long_prompt, 0, {4, 5, 6}, Filtered(), 1, 60, 3),
+      VerifyReq(1, long_prompt, 0, {4, 5, 6}, EveryFilter(), 1, 60, 3),
       VerifyReq(2, short_prompt, 0, {9}, Sampled(), 2, 5, 2)};
   const auto b = whole->Verify(verify);
   // At most 7 catch-up tokens per call: 60 = 7 * 8 + 4, so eight calls leave the long prompt
@@ -403,8 +392,8 @@ TEST_F(WorkerRuntimeTest, ChunkedCatchUpEqualsUnchunked) {
   // Draft: the same, with a prefill_only call (the coordinator's round whose draft is behind)
   // that never feeds the last token.
   DraftLog la, lb;
-  DraftSequenceRequest d = DraftReq(3, long_prompt, 0, 3, Filtered(), 8, 60);
-  VerifySequenceRequest only = VerifyReq(4, long_prompt, 0, {}, Filtered(), 8, 60, 0);
+  DraftSequenceRequest d = DraftReq(3, long_prompt, 0, 3, EveryFilter(), 8, 60);
+  VerifySequenceRequest only = VerifyReq(4, long_prompt, 0, {}, EveryFilter(), 8, 60, 0);
   only.prefill_only = true;
   const auto held = chunked->Verify(Verifies{only});
   EXPECT_TRUE(held[0].prefilling);
@@ -420,8 +409,8 @@ TEST_F(WorkerRuntimeTest, ChunkedCatchUpEqualsUnchunked) {
   d.expected_cached_len = 32;
   const std::vector<SequenceOutcome> rest = chunked->Draft(Drafts{d}, la.Callback());
   EXPECT_FALSE(rest[0].prefilling);
-  whole->Draft(Drafts{DraftReq(3, long_prompt, 0, 3, Filtered(), 8, 60)}, lb.Callback());
-  const ExpectedDraft want = testing::ReferenceDraft(oracle_, long_prompt, 60, Filtered(), 8, 3);
+  whole->Draft(Drafts{DraftReq(3, long_prompt, 0, 3, EveryFilter(), 8, 60)}, lb.Callback());
+  const ExpectedDraft want = testing::ReferenceDraft(oracle_, long_prompt, 60, EveryFilter(), 8, 3);
   ExpectDraftEquals(la.tokens[3], want);
   ExpectDraftEquals(lb.tokens[3], want);
   EXPECT_EQ(chunked_obs.calls[ForwardKind::kDraftStep], 3);
@@ -438,7 +427,7 @@ TEST_F(WorkerRuntimeTest, ChunkedCatchUpEqualsUnchunked) {
 TEST_F(WorkerRuntimeTest, APrefillOnlyDraftFeedsAllButTheLastTokenAndDraftsNothing) {
   auto runtime = Runtime();
   const std::vector<int32_t> prompt = WorkerPrompt(20, 3);
-  DraftSequenceRequest d = DraftReq(5, prompt, 0, 3, Filtered(), 8, 20);
+  DraftSequenceRequest d = DraftReq(5, prompt, 0, 3, EveryFilter(), 8, 20);
   d.prefill_only = true;
   DraftLog log;
   const std::vector<SequenceOutcome> held = runtime->Draft(Drafts{d}, log.Callback());
@@ -452,13 +441,16 @@ TEST_F(WorkerRuntimeTest, APrefillOnlyDraftFeedsAllButTheLastTokenAndDraftsNothi
   const std::vector<SequenceOutcome> drafted = runtime->Draft(Drafts{d}, log.Callback());
   ASSERT_TRUE(drafted[0].status.ok()) << drafted[0].status;
   EXPECT_FALSE(drafted[0].prefilling);
-  ExpectDraftEquals(log.tokens[5], testing::ReferenceDraft(oracle_, prompt, 20, Filtered(), 8, 3));
+  ExpectDraftEquals(log.tokens[5],
+                    testing::ReferenceDraft(oracle_, prompt, 20, EveryFilter(), 8, 3));
 }
 
 TEST_F(WorkerRuntimeTest, BatchedSequencesEqualEachAlone) {
   std::vector<DraftSequenceRequest> drafts;
   for (int i = 0; i < 8; ++i) {
-    SamplingParams p = i % 3 == 0 ? Filtered() : i % 3 == 1 ? Sampled(0.5f + 0.1f * i) : Greedy();
+    SamplingParams p = i % 3 == 0   ? EveryFilter()
+                       : i % 3 == 1 ? Sampled(0.5f + 0.1f * i)
+                                    : Greedy();
     drafts.push_back(
         DraftReq(100 + i, WorkerPrompt(3 + 5 * i, i), 0, 1 + i % 4, p, 1000 + i, 2 + i));
   }
@@ -489,10 +481,10 @@ TEST_F(WorkerRuntimeTest, PerSequenceErrorsAreIsolated) {
   SamplingParams bad_params = Sampled();
   bad_params.top_p = 1.5f;
   const std::vector<VerifySequenceRequest> batch = {
-      VerifyReq(1, WorkerPrompt(8, 1), 0, {1, 2}, Filtered(), 3, 8, 2),  // fine
-      VerifyReq(2, {1}, 4, {}, Sampled(), 0, 0, 0),                      // unknown sequence
-      VerifyReq(5, {1}, 3, {}, Sampled(), 0, 0, 0),                      // holds 10, not 3
-      VerifyReq(3, {1, 300}, 0, {}, Sampled(), 0, 0, 0),                 // token out of range
+      VerifyReq(1, WorkerPrompt(8, 1), 0, {1, 2}, EveryFilter(), 3, 8, 2),  // fine
+      VerifyReq(2, {1}, 4, {}, Sampled(), 0, 0, 0),                         // unknown sequence
+      VerifyReq(5, {1}, 3, {}, Sampled(), 0, 0, 0),                         // holds 10, not 3
+      VerifyReq(3, {1, 300}, 0, {}, Sampled(), 0, 0, 0),                    // token out of range
       VerifyReq(4, WorkerPrompt(40, 2), 0, {1, 2, 3, 4, 5, 6, 7, 8, 9}, Sampled(), 0, 0,
                 0),                                                  // > 48
       VerifyReq(6, WorkerPrompt(40, 3), 0, {}, Sampled(), 0, 0, 0),  // needs 3 blocks, 4 left
@@ -506,8 +498,8 @@ TEST_F(WorkerRuntimeTest, PerSequenceErrorsAreIsolated) {
   std::vector<SeqId> order;
   const auto out =
       rt->Verify(batch, [&](const VerifySequenceResult& r) { order.push_back(r.seq); });
-  ExpectVerifyEquals(
-      out[0], testing::ReferenceVerify(oracle_, WorkerPrompt(8, 1), 8, {1, 2}, Filtered(), 3, 2));
+  ExpectVerifyEquals(out[0], testing::ReferenceVerify(oracle_, WorkerPrompt(8, 1), 8, {1, 2},
+                                                      EveryFilter(), 3, 2));
   EXPECT_TRUE(out[5].status.ok()) << out[5].status;
   const std::vector<std::pair<absl::StatusCode, std::string>> want = {
       {absl::StatusCode::kOk, ""},
@@ -649,7 +641,7 @@ TEST_F(WorkerRuntimeTest, RandomizedSessionReturnsEveryBlock) {
       // Sometimes a chunked prefill: at most that many catch-up tokens per call.
       const int64_t chunk = rand(0, 1) == 0 ? 0 : rand(1, 20);
       if (rand(0, 1) == 0) {
-        drafts.push_back(DraftReq(id, catch_up, s.cached, rand(1, 5), Filtered(), id, 1));
+        drafts.push_back(DraftReq(id, catch_up, s.cached, rand(1, 5), EveryFilter(), id, 1));
         drafts.back().max_prefill_tokens = chunk;
       } else {
         std::vector<int32_t> d(static_cast<size_t>(rand(0, 4)), static_cast<int32_t>(rand(0, 299)));
