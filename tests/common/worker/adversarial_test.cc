@@ -10,6 +10,7 @@
 #include <limits>
 #include <map>
 #include <memory>
+#include <optional>
 #include <random>
 #include <set>
 #include <string>
@@ -34,6 +35,8 @@ constexpr int64_t kMaxSeqLen = 256;
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 // Ids of sequences that only ever get malformed requests; the valid ones count up from 1.
 constexpr SeqId kFirstMalformedId = 1'000'000;
+// A guided sequence's companion id is its own plus this.
+constexpr SeqId kCompanionIdOffset = 100'000;
 
 // A malformed request must be refused with a status a person can act on.
 void ExpectClearError(const absl::Status& st, const std::string& what) {
@@ -42,6 +45,29 @@ void ExpectClearError(const absl::Status& st, const std::string& what) {
   EXPECT_NE(st.code(), absl::StatusCode::kUnknown) << what << ": " << st;
   EXPECT_FALSE(st.message().empty()) << what;
 }
+
+// A valid sequence, as a coordinator tracks it.
+struct Seq {
+  Tokens x;            // committed tokens
+  int64_t cached = 0;  // what both workers hold
+  int64_t committed_before = 0;
+  int64_t prompt_len = 0;
+  bool created = false;  // the workers hold it once its first call succeeded
+  // A guided sequence's companion: its id, unconditional prompt and cached length. Its text is
+  // the unconditional prompt followed by the tokens generated so far.
+  std::optional<SeqId> companion;
+  Tokens uncond;
+  int64_t companion_cached = 0;
+
+  Tokens Catchup() const { return Tokens(x.begin() + cached, x.end()); }
+  std::optional<CompanionRequest> Companion() const {
+    if (!companion.has_value()) return std::nullopt;
+    Tokens u = uncond;
+    u.insert(u.end(), x.begin() + prompt_len, x.end());
+    return CompanionRequest{*companion, 1.5f, Tokens(u.begin() + companion_cached, u.end()),
+                            companion_cached};
+  }
+};
 
 // One worker's view of a round: what each sequence got back.
 struct RoundLog {
@@ -92,15 +118,15 @@ class Traffic {
     return p;
   }
 
-  // The fields every valid request of a sequence shares.
-  void FillValid(SequenceRequest& r, SeqId seq, Tokens catch_up, int64_t cached,
-                 int64_t prompt_len) {
+  // The fields every valid request of sequence `seq` shares.
+  void FillValid(SequenceRequest& r, SeqId seq, const Seq& s) {
     r.seq = seq;
-    r.catch_up = std::move(catch_up);
-    r.expected_cached_len = cached;
+    r.catch_up = s.Catchup();
+    r.expected_cached_len = s.cached;
+    r.companion = s.Companion();
     r.sampling = Sampling();
     r.seed = seq * 7 + 1;
-    r.prompt_len = prompt_len;
+    r.prompt_len = s.prompt_len;
     if (OneIn(3)) r.logit_bias = {{3, 2.5f}, {17, -100.0f}, {250, 1.0f}};
     if (OneIn(3)) r.max_prefill_tokens = Rand(1, 20);
   }
@@ -108,6 +134,16 @@ class Traffic {
   // One defect of those every per-sequence request can carry; `live` says whether r.seq names a
   // sequence the worker holds (with r.expected_cached_len its true length).
   void BreakSequenceRequest(SequenceRequest& r, bool live, std::string& what) {
+    if (r.companion.has_value() && OneIn(3)) {
+      if (OneIn(2)) {
+        r.companion.reset();
+        what = "a guided sequence without its companion";
+      } else {
+        r.companion->expected_cached_len += OneIn(2) ? 1 : -1;
+        what = "a wrong companion expected_cached_len";
+      }
+      return;
+    }
     switch (Rand(0, 12)) {
       case 0:
         r.catch_up.push_back(OneIn(2) ? kVocab : -1);
@@ -174,7 +210,8 @@ class Traffic {
     DraftSequenceRequest r;
     static_cast<SequenceRequest&>(r) = std::move(base);
     r.num_speculative_tokens = Rand(1, 4);
-    switch (Rand(0, 3)) {
+    // Half of them carry a defect any sequence request can have.
+    switch (Rand(0, 5)) {
       case 0:
         r.num_speculative_tokens = OneIn(2) ? 0 : kMaxSpeculativeTokens + 1;
         what = "num_speculative_tokens outside [1, 64]";
@@ -199,7 +236,7 @@ class Traffic {
     VerifySequenceRequest r;
     static_cast<SequenceRequest&>(r) = std::move(base);
     r.drafts = {4, 5};
-    switch (Rand(0, 5)) {
+    switch (Rand(0, 9)) {
       case 0:
         r.drafts.push_back(OneIn(2) ? kVocab : -7);
         what = "a draft token outside the vocabulary";
@@ -227,8 +264,10 @@ class Traffic {
     return r;
   }
 
-  TruncateSequenceRequest MalformedTruncate(SeqId seq, int64_t cached, std::string& what) {
+  TruncateSequenceRequest MalformedTruncate(SeqId seq, const Seq& s, std::string& what) {
+    const int64_t cached = s.cached;
     TruncateSequenceRequest r = testing::Trunc(seq, cached);
+    if (s.companion.has_value()) r.companion_new_len = s.companion_cached;
     switch (Rand(0, 4)) {
       case 0:
         r.new_len = -1;
@@ -245,8 +284,13 @@ class Traffic {
         what = "Truncate: a query token outside the vocabulary";
         break;
       case 3:
-        r.companion_new_len = cached;
-        what = "Truncate: a companion length for a sequence without one";
+        if (s.companion.has_value()) {
+          r.companion_new_len.reset();
+          what = "Truncate: a guided sequence without its companion's length";
+        } else {
+          r.companion_new_len = cached;
+          what = "Truncate: a companion length for a sequence without one";
+        }
         break;
       default:
         r.seq = seq + 2 * kFirstMalformedId;
@@ -298,24 +342,22 @@ TEST_P(WorkerAdversarialTest, MalformedRequestsHarmNoSequenceAndLeakNoBlock) {
   std::unique_ptr<WorkerRuntime> rt = Runtime(prefix_caching);
   std::unique_ptr<WorkerRuntime> twin = Runtime(prefix_caching);
   Traffic traffic(prefix_caching ? 11 : 12);
-  struct Seq {
-    Tokens x;            // committed tokens
-    int64_t cached = 0;  // what both workers hold
-    int64_t committed_before = 0;
-    int64_t prompt_len = 0;
-    bool created = false;  // a worker holds it once its first call succeeded
-  };
   std::map<SeqId, Seq> live;
   SeqId next_valid = 1;
   SeqId next_malformed = kFirstMalformedId;
   int malformed = 0;
   size_t compared = 0;  // valid sequences' results checked against the twin's
-  for (int round = 0; round < 80; ++round) {
+  for (int round = 0; round < 120; ++round) {
     SCOPED_TRACE("round " + std::to_string(round));
     if (live.size() < 5 && traffic.OneIn(2)) {
-      Seq& s = live[next_valid++];
+      const SeqId id = next_valid++;
+      Seq& s = live[id];
       s.x = WorkerPrompt(traffic.Rand(1, 40), traffic.Rand(0, 99));
       s.prompt_len = static_cast<int64_t>(s.x.size());
+      if (traffic.OneIn(3)) {
+        s.companion = id + kCompanionIdOffset;
+        s.uncond = WorkerPrompt(traffic.Rand(1, 10), 77);
+      }
     }
     std::vector<DraftSequenceRequest> drafts;
     std::vector<VerifySequenceRequest> verifies;
@@ -326,15 +368,14 @@ TEST_P(WorkerAdversarialTest, MalformedRequestsHarmNoSequenceAndLeakNoBlock) {
         idle.push_back(id);
         continue;
       }
-      const Tokens catch_up(s.x.begin() + s.cached, s.x.end());
       if (traffic.OneIn(2)) {
         DraftSequenceRequest r;
-        traffic.FillValid(r, id, catch_up, s.cached, s.prompt_len);
+        traffic.FillValid(r, id, s);
         r.num_speculative_tokens = traffic.Rand(1, 5);
         drafts.push_back(std::move(r));
       } else {
         VerifySequenceRequest r;
-        traffic.FillValid(r, id, catch_up, s.cached, s.prompt_len);
+        traffic.FillValid(r, id, s);
         r.drafts = Tokens(static_cast<size_t>(traffic.Rand(0, 4)), traffic.Rand(0, kVocab - 1));
         r.num_candidates = traffic.Rand(0, 3);
         if (traffic.OneIn(3)) r.logprobs = LogprobsRequest{LogprobsMode::kRaw, 3};
@@ -352,15 +393,24 @@ TEST_P(WorkerAdversarialTest, MalformedRequestsHarmNoSequenceAndLeakNoBlock) {
       if (!idle.empty() && traffic.OneIn(2)) {
         const SeqId id =
             idle[static_cast<size_t>(traffic.Rand(0, static_cast<int>(idle.size()) - 1))];
-        if (named.contains(id)) continue;
         const Seq& s = live[id];
-        traffic.FillValid(base, id, Tokens(s.x.begin() + s.cached, s.x.end()), s.cached,
-                          s.prompt_len);
-        on_live = true;
+        if (s.companion.has_value() && traffic.OneIn(4)) {
+          // The companion named as a sequence of its own.
+          Seq as_own;
+          as_own.x = WorkerPrompt(static_cast<int>(s.companion_cached) + 1, 5);
+          as_own.cached = s.companion_cached;
+          traffic.FillValid(base, *s.companion, as_own);
+        } else {
+          traffic.FillValid(base, id, s);
+          on_live = true;
+        }
       } else {
-        traffic.FillValid(base, next_malformed++, WorkerPrompt(traffic.Rand(1, 30), 3), 0, 1);
+        Seq fresh;
+        fresh.x = WorkerPrompt(traffic.Rand(1, 30), 3);
+        fresh.prompt_len = 1;
+        traffic.FillValid(base, next_malformed++, fresh);
       }
-      named.insert(base.seq);
+      if (!named.insert(base.seq).second) continue;  // one request per id
       std::string& w = what[base.seq];
       if (traffic.OneIn(2)) {
         bad_drafts.push_back(traffic.MalformedDraft(std::move(base), on_live, w));
@@ -403,24 +453,39 @@ TEST_P(WorkerAdversarialTest, MalformedRequestsHarmNoSequenceAndLeakNoBlock) {
     for (const auto& [id, o] : want.draft_outcomes) {
       ASSERT_TRUE(o.status.ok()) << "sequence " << id << ": " << o.status;
       live[id].cached = o.cached_len;
+      live[id].companion_cached = o.companion_cached_len;
       live[id].created = true;
       if (!o.prefilling) live[id].x.push_back(traffic.Rand(0, kVocab - 1));
     }
     for (const auto& [id, r] : want.verify_results) {
       ASSERT_TRUE(r.status.ok()) << "sequence " << id << ": " << r.status;
       live[id].cached = r.cached_len;
+      live[id].companion_cached = r.companion_cached_len;
       live[id].created = true;
       if (!r.prefilling) live[id].x.push_back(r.bonus_token);
     }
     for (auto it = live.begin(); it != live.end();) {
       Seq& s = it->second;
       const int64_t agreed = std::min(s.cached, s.committed_before);
-      const TruncateSequenceRequest keep =
-          testing::Trunc(it->first, traffic.Rand(0, static_cast<int>(agreed)));
+      TruncateSequenceRequest keep;
+      if (!s.companion.has_value()) {
+        keep = testing::Trunc(it->first, traffic.Rand(0, static_cast<int>(agreed)));
+      } else if (agreed < s.prompt_len) {
+        // Still reading its prompt: nothing to take back.
+        keep = testing::Trunc(it->first, agreed);
+        keep.companion_new_len = s.companion_cached;
+      } else {
+        // A guided sequence is never cut into its prompt; its companion keeps the same
+        // generated tokens after the unconditional prompt.
+        keep = testing::Trunc(
+            it->first, traffic.Rand(static_cast<int>(s.prompt_len), static_cast<int>(agreed)));
+        keep.companion_new_len =
+            static_cast<int64_t>(s.uncond.size()) + keep.new_len - s.prompt_len;
+      }
       if (traffic.OneIn(3)) {
         std::string w;
         const absl::StatusOr<TruncateResult> bad =
-            rt->Truncate(traffic.MalformedTruncate(it->first, s.cached, w));
+            rt->Truncate(traffic.MalformedTruncate(it->first, s, w));
         ExpectClearError(bad.status(), w);
         ++malformed;
       }
@@ -438,6 +503,11 @@ TEST_P(WorkerAdversarialTest, MalformedRequestsHarmNoSequenceAndLeakNoBlock) {
       ASSERT_TRUE(a.ok() && b.ok()) << a.status() << " / " << b.status();
       EXPECT_EQ(*a, *b);
       s.cached = b->cached_len;
+      s.companion_cached = b->companion_cached_len;
+      if (s.companion.has_value() && traffic.OneIn(4)) {
+        ExpectClearError(rt->Release(*s.companion), "Release of a companion on its own");
+        ++malformed;
+      }
       if (s.x.size() > 150 || traffic.OneIn(10)) {
         ASSERT_TRUE(rt->Release(it->first).ok());
         ASSERT_TRUE(twin->Release(it->first).ok());
@@ -450,13 +520,18 @@ TEST_P(WorkerAdversarialTest, MalformedRequestsHarmNoSequenceAndLeakNoBlock) {
     ExpectClearError(rt->ReadRow(next_malformed + 3, 1).status(), "ReadRow of an unknown sequence");
 
     ASSERT_EQ(rt->num_sequences(), twin->num_sequences());
-    for (const auto& [id, s] : live) ASSERT_EQ(*rt->CachedLength(id), s.cached) << id;
+    for (const auto& [id, s] : live) {
+      ASSERT_EQ(*rt->CachedLength(id), s.cached) << id;
+      if (s.companion.has_value() && s.created) {
+        ASSERT_EQ(*rt->CachedLength(*s.companion), s.companion_cached) << id;
+      }
+    }
     ASSERT_EQ(rt->engine().kv().used_blocks(), twin->engine().kv().used_blocks());
     ASSERT_EQ(rt->engine().kv().cached_blocks(), twin->engine().kv().cached_blocks());
     if (::testing::Test::HasFailure()) return;
   }
-  EXPECT_GT(malformed, 150) << "the traffic should carry many malformed requests";
-  EXPECT_GT(compared, 150u) << "and many valid ones";
+  EXPECT_GT(malformed, 250) << "the traffic should carry many malformed requests";
+  EXPECT_GT(compared, 250u) << "and many valid ones";
   EXPECT_EQ(rt->ReleaseAll(), static_cast<int64_t>(live.size()));
   EXPECT_EQ(rt->engine().kv().used_blocks(), 0);
   EXPECT_EQ(rt->num_sequences(), 0);
