@@ -18,6 +18,12 @@
 
 namespace specd {
 
+// The version of this protocol, which a worker reports in Info and a coordinator requires of
+// its workers. Raise it with every change to what a message carries or means, so that a
+// coordinator and workers of different releases (a half-finished rolling upgrade) refuse each
+// other at connection instead of misreading each other's messages.
+inline constexpr uint32_t kWorkerProtocolVersion = 1;
+
 // A sequence's id, chosen by the coordinator and unique among the sequences a worker holds.
 using SeqId = uint64_t;
 

@@ -171,6 +171,7 @@ absl::StatusOr<pb::InfoResponse> StaticInfo(const WorkerMainSpec& spec, const Wo
                                             LlamaEngine& engine) {
   pb::InfoResponse info;
   info.set_role(spec.role);
+  info.set_protocol_version(kWorkerProtocolVersion);
   const std::filesystem::path dir = std::filesystem::weakly_canonical(config.model);
   info.set_model_name(dir.filename().string());
   info.set_model_config_json(ModelConfigToJson(engine.config()));

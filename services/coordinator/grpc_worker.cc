@@ -79,6 +79,9 @@ absl::StatusOr<std::unique_ptr<GrpcWorker>> GrpcWorker::Connect(Role role,
     return absl::FailedPreconditionError(
         absl::StrCat(w->name_, " reports role ", pb::WorkerRole_Name(w->info_.role())));
   }
+  if (absl::Status v = CheckProtocolVersion(w->info_); !v.ok()) {
+    return absl::Status(v.code(), absl::StrCat(w->name_, ": ", v.message()));
+  }
   SPECD_RETURN_IF_ERROR(w->ReleaseAll());
   return w;
 }
@@ -104,7 +107,11 @@ absl::StatusOr<WorkerProbe> GrpcWorker::Probe(absl::Duration timeout) {
   const grpc::Status st = CallInfo(&ctx, /*with_tokenizer_files=*/false, &info);
   RecordRpc(start, 0, info.ByteSizeLong());
   if (absl::Status s = Check(st, "Info"); !s.ok()) return s;
-  // A restarted process may run other flags or files than the one the coordinator started with.
+  // A restarted process may be of another release, or run other flags or files than the one
+  // the coordinator started with.
+  if (absl::Status v = CheckProtocolVersion(info); !v.ok()) {
+    return absl::Status(v.code(), absl::StrCat(name_, ": ", v.message()));
+  }
   if (absl::Status same = CheckSameComputation(info_, info); !same.ok()) {
     return absl::Status(same.code(), absl::StrCat(name_, ": ", same.message()));
   }

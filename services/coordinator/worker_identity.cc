@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
+#include "common/protocol/worker_protocol.h"
 
 namespace specd {
 namespace {
@@ -30,6 +31,17 @@ absl::Status ChangedOpaque(absl::string_view what) {
 }
 
 }  // namespace
+
+absl::Status CheckProtocolVersion(const pb::InfoResponse& info) {
+  if (info.protocol_version() == kWorkerProtocolVersion) return absl::OkStatus();
+  const std::string speaks =
+      info.protocol_version() == 0
+          ? std::string("no worker protocol version (a release older than version 1)")
+          : absl::StrCat("worker protocol ", info.protocol_version());
+  return absl::FailedPreconditionError(
+      absl::StrCat("it speaks ", speaks, " and this coordinator version ", kWorkerProtocolVersion,
+                   "; run the coordinator and both workers from one specd release"));
+}
 
 absl::Status CheckSameComputation(const pb::InfoResponse& before, const pb::InfoResponse& now) {
   if (now.role() != before.role()) {

@@ -16,6 +16,11 @@ namespace specd {
 // otherwise FAILED_PRECONDITION naming what changed, e.g. "it came back with kv_dtype bf16
 // (was f32)". Capacity (KV blocks, --max-pass-tokens, threads) may change; so may a larger
 // max_seq_len, as the coordinator keeps the limits it started with.
+// OK when a worker speaks this coordinator's worker protocol (kWorkerProtocolVersion);
+// otherwise FAILED_PRECONDITION saying which version each side speaks and that they must come
+// from one release.
+absl::Status CheckProtocolVersion(const worker::v1::InfoResponse& info);
+
 absl::Status CheckSameComputation(const worker::v1::InfoResponse& before,
                                   const worker::v1::InfoResponse& now);
 

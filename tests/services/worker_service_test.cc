@@ -14,6 +14,7 @@
 
 #include "common/engine/llama_engine.h"
 #include "common/model/checkpoint.h"
+#include "common/protocol/worker_protocol.h"
 #include "common/tokenizer/tokenizer.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -226,6 +227,7 @@ TEST_P(WorkerServiceTest, InfoDescribesModelKvAndTokenizer) {
   absl::StatusOr<std::unique_ptr<Checkpoint>> checkpoint = Checkpoint::Open(w_->model);
   ASSERT_TRUE(checkpoint.ok()) << checkpoint.status();
   for (const pb::InfoResponse* info : {&draft, &target}) {
+    EXPECT_EQ(info->protocol_version(), kWorkerProtocolVersion);
     EXPECT_EQ(info->vocab_size(), w_->vocab);
     EXPECT_EQ(info->weights_fingerprint(), WeightsFingerprint(**checkpoint));
     EXPECT_EQ(info->model_name(), "model");

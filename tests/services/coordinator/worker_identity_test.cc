@@ -1,10 +1,12 @@
-// Which changes a restarted worker may bring back (worker_identity.h): capacity may change, the
-// computation of a target may not, and a draft may change anything but its vocabulary and its
-// max_seq_len (not shorter).
+// Which workers a coordinator uses (worker_identity.h): only those of its own worker protocol,
+// and after a restart, those whose capacity changed, but not the computation of a target; a
+// draft may change anything but its vocabulary and its max_seq_len (not shorter).
 #include "services/coordinator/worker_identity.h"
 
 #include <string>
 
+#include "absl/strings/str_cat.h"
+#include "common/protocol/worker_protocol.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -32,6 +34,24 @@ pb::InfoResponse Target() {
   info.set_num_threads(1);
   info.set_epoch(1);
   return info;
+}
+
+TEST(WorkerIdentityTest, OnlyWorkersOfThisProtocolVersionAreUsed) {
+  pb::InfoResponse info = Target();
+  info.set_protocol_version(kWorkerProtocolVersion);
+  EXPECT_TRUE(CheckProtocolVersion(info).ok());
+  info.set_protocol_version(kWorkerProtocolVersion + 1);
+  absl::Status newer = CheckProtocolVersion(info);
+  EXPECT_EQ(newer.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(newer.message()),
+              HasSubstr(absl::StrCat("speaks worker protocol ", kWorkerProtocolVersion + 1,
+                                     " and this coordinator version ", kWorkerProtocolVersion,
+                                     "; run the coordinator and both workers from one specd "
+                                     "release")));
+  info.clear_protocol_version();  // a worker from before the field
+  absl::Status older = CheckProtocolVersion(info);
+  EXPECT_EQ(older.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(older.message()), HasSubstr("speaks no worker protocol version"));
 }
 
 TEST(WorkerIdentityTest, CapacityMayChange) {
