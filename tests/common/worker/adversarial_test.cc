@@ -20,6 +20,7 @@
 #include "common/worker/worker_runtime.h"
 #include "gtest/gtest.h"
 #include "tests/common/engine/engine_test_util.h"
+#include "tests/common/worker/worker_model_suite.h"
 #include "tests/common/worker/worker_reference.h"
 #include "tests/test_util.h"
 
@@ -77,31 +78,18 @@ struct RoundLog {
   std::map<SeqId, VerifySequenceResult> verify_results;
 };
 
-class WorkerAdversarialTest : public ::testing::TestWithParam<bool> {
+class WorkerAdversarialTest : public testing::WorkerModelSuite<::testing::TestWithParam<bool>> {
  protected:
-  static void SetUpTestSuite() {
-    dir_ = new testing::ScopedTempDir();
-    testing::WriteSynth(testing::WorkerTestSpec(), dir_->path());
-  }
-  static void TearDownTestSuite() {
-    delete dir_;
-    dir_ = nullptr;
-  }
-
   static std::unique_ptr<WorkerRuntime> Runtime(bool prefix_caching) {
     EngineOptions options;
     options.kv_block_size = kBlock;
     options.kv_capacity_tokens = 8192;
     options.max_seq_len = kMaxSeqLen;
     options.prefix_caching = prefix_caching;
-    return std::make_unique<WorkerRuntime>(testing::MakeTestEngine(dir_->path(), 1, options),
+    return std::make_unique<WorkerRuntime>(testing::MakeTestEngine(model_dir(), 1, options),
                                            WorkerRuntimeOptions());
   }
-
-  static testing::ScopedTempDir* dir_;
 };
-
-testing::ScopedTempDir* WorkerAdversarialTest::dir_ = nullptr;
 
 // Random requests, valid and malformed, drawn from one generator so that a failure reproduces.
 class Traffic {

@@ -14,6 +14,7 @@
 #include "gtest/gtest.h"
 #include "kernels/cpu/processed.h"
 #include "tests/common/engine/engine_test_util.h"
+#include "tests/common/worker/worker_model_suite.h"
 #include "tests/common/worker/worker_reference.h"
 #include "tests/test_util.h"
 
@@ -27,21 +28,15 @@ using testing::WorkerPrompt;
 
 constexpr int64_t kVocab = testing::kWorkerTestVocab;
 
-class DraftingRuntimeTest : public ::testing::Test {
+class DraftingRuntimeTest : public testing::WorkerModelSuite<> {
  protected:
-  static void SetUpTestSuite() {
-    dir_ = new testing::ScopedTempDir();
-    testing::WriteSynth(testing::WorkerTestSpec(), dir_->path());
-  }
-  static void TearDownTestSuite() { delete dir_; }
-
   static std::unique_ptr<LlamaEngine> Engine(std::vector<int32_t> output_vocab = {}) {
     EngineOptions options;
     options.kv_capacity_tokens = 4096;
     LoadOptions load;
     load.output_vocab = std::move(output_vocab);
     absl::StatusOr<std::unique_ptr<LlamaEngine>> engine =
-        CreateCpuEngine(dir_->path(), 1, options, load);
+        CreateCpuEngine(model_dir(), 1, options, load);
     EXPECT_TRUE(engine.ok()) << engine.status();
     return engine.ok() ? *std::move(engine) : nullptr;
   }
@@ -65,7 +60,6 @@ class DraftingRuntimeTest : public ::testing::Test {
     return out;
   }
 
-  static inline testing::ScopedTempDir* dir_ = nullptr;
   RowOracle oracle_{Engine()};
 };
 

@@ -21,6 +21,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/common/engine/engine_test_util.h"
+#include "tests/common/worker/worker_model_suite.h"
 #include "tests/common/worker/worker_reference.h"
 #include "tests/test_util.h"
 
@@ -78,23 +79,14 @@ class Observer final : public RuntimeObserver {
   int64_t companion_blocks = -1;
 };
 
-class GuidanceTest : public ::testing::Test {
+class GuidanceTest : public testing::WorkerModelSuite<> {
  protected:
-  static void SetUpTestSuite() {
-    dir_ = new testing::ScopedTempDir();
-    testing::WriteSynth(testing::WorkerTestSpec(), dir_->path());
-  }
-  static void TearDownTestSuite() {
-    delete dir_;
-    dir_ = nullptr;
-  }
-
   static std::unique_ptr<LlamaEngine> Engine(int64_t kv_tokens = 4096, bool prefix_caching = true) {
     EngineOptions options;
     options.kv_block_size = kBlock;
     options.kv_capacity_tokens = kv_tokens;
     options.prefix_caching = prefix_caching;
-    absl::StatusOr<std::unique_ptr<LlamaEngine>> engine = CreateCpuEngine(dir_->path(), 1, options);
+    absl::StatusOr<std::unique_ptr<LlamaEngine>> engine = CreateCpuEngine(model_dir(), 1, options);
     EXPECT_TRUE(engine.ok()) << engine.status();
     return engine.ok() ? *std::move(engine) : nullptr;
   }
@@ -109,16 +101,12 @@ class GuidanceTest : public ::testing::Test {
   // Runs a reference script with `args` and reads its float64 output.
   static std::vector<double> Reference(const std::string& script, const std::string& args,
                                        size_t count) {
-    return testing::RunF64Reference(script, dir_->path(), dir_->path() / "reference.f64", args,
+    return testing::RunF64Reference(script, model_dir(), model_dir() / "reference.f64", args,
                                     count);
   }
 
   static std::string Ids(const Tokens& t) { return t.empty() ? "\"\"" : absl::StrJoin(t, ","); }
-
-  static testing::ScopedTempDir* dir_;
 };
-
-testing::ScopedTempDir* GuidanceTest::dir_ = nullptr;
 
 // The bound for fp32 guided logits against the float64 reference: per row,
 // |a - b| <= 1e-4 * max|b| + 1e-5 (scales up to 10 amplify rounding, hence the absolute term).

@@ -15,6 +15,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/common/engine/engine_test_util.h"
+#include "tests/common/worker/worker_model_suite.h"
 #include "tests/common/worker/worker_reference.h"
 #include "tests/test_util.h"
 
@@ -44,17 +45,8 @@ SamplingParams Sampled(float temperature = 0.9f) {
 
 SamplingParams Greedy() { return Sampled(0.0f); }
 
-class WorkerRuntimeTest : public ::testing::Test {
+class WorkerRuntimeTest : public testing::WorkerModelSuite<> {
  protected:
-  static void SetUpTestSuite() {
-    dir_ = new testing::ScopedTempDir();
-    testing::WriteSynth(testing::WorkerTestSpec(), dir_->path());
-  }
-  static void TearDownTestSuite() {
-    delete dir_;
-    dir_ = nullptr;
-  }
-
   static std::unique_ptr<LlamaEngine> Engine(int64_t kv_tokens = 4096, int64_t max_seq_len = 0,
                                              bool prefix_caching = true) {
     EngineOptions options;
@@ -62,7 +54,7 @@ class WorkerRuntimeTest : public ::testing::Test {
     options.kv_capacity_tokens = kv_tokens;
     options.max_seq_len = max_seq_len;
     options.prefix_caching = prefix_caching;
-    absl::StatusOr<std::unique_ptr<LlamaEngine>> engine = CreateCpuEngine(dir_->path(), 1, options);
+    absl::StatusOr<std::unique_ptr<LlamaEngine>> engine = CreateCpuEngine(model_dir(), 1, options);
     EXPECT_TRUE(engine.ok()) << engine.status();
     return engine.ok() ? *std::move(engine) : nullptr;
   }
@@ -75,11 +67,8 @@ class WorkerRuntimeTest : public ::testing::Test {
     return std::make_unique<WorkerRuntime>(Engine(kv_tokens, max_seq_len, prefix_caching), options);
   }
 
-  static testing::ScopedTempDir* dir_;
   RowOracle oracle_{Engine()};
 };
-
-testing::ScopedTempDir* WorkerRuntimeTest::dir_ = nullptr;
 
 DraftSequenceRequest DraftReq(SeqId seq, std::vector<int32_t> catch_up, int64_t cached, int32_t K,
                               const SamplingParams& p, uint64_t seed, int64_t prompt_len) {
