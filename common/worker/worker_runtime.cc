@@ -158,7 +158,25 @@ absl::StatusOr<WorkerRuntime::Feed> WorkerRuntime::Admit(const SequenceRequest& 
   const CompanionRequest* comp = req.companion.has_value() ? &*req.companion : nullptr;
 
   const auto it = seqs_.find(req.seq);
-  if (it != seqs_.end() && !req.compact.empty()) {
+  const bool known = it != seqs_.end();
+  if (!known && req.expected_cached_len != 0) {
+    return absl::NotFoundError(
+        absl::StrCat("unknown sequence ", req.seq, " (expected ", req.expected_cached_len,
+                     " cached tokens; the worker may have restarted: replay from position 0)"));
+  }
+  if (!known && comp != nullptr && comp->expected_cached_len != 0) {
+    // A new sequence's companion is new too; a known one's is known (they come and go together).
+    return absl::NotFoundError(absl::StrCat("unknown companion ", comp->seq, " of sequence ",
+                                            req.seq, " (expected ", comp->expected_cached_len,
+                                            " cached tokens; replay the pair from position 0)"));
+  }
+  // What the sequence and its companion hold once the tail this call drops is gone: everything is
+  // checked on that before anything changes, so that a refused request leaves them as they were.
+  const bool compact = known && !req.compact.empty();
+  const bool drop = known && !compact && req.drop_tail;
+  int64_t held = known ? static_cast<int64_t>(it->second.tokens.size()) : 0;
+  int64_t comp_held = known && comp != nullptr ? LengthOrZero(comp->seq) : 0;
+  if (compact) {
     if (req.compact.tree_start + static_cast<int64_t>(req.compact.kept_nodes.size()) !=
         req.expected_cached_len) {
       return absl::InvalidArgumentError(
@@ -166,51 +184,23 @@ absl::StatusOr<WorkerRuntime::Feed> WorkerRuntime::Admit(const SequenceRequest& 
                        " tree nodes from slot ", req.compact.tree_start,
                        " does not leave the expected ", req.expected_cached_len, " cached tokens"));
     }
-    // A guided sequence never holds a tree (CheckCompanion), so its companion has no tail here.
     SPECD_RETURN_IF_ERROR(
-        CompactAndTruncate(req.seq, it->second, req.compact, req.expected_cached_len));
-  } else if (it != seqs_.end() && req.drop_tail) {
+        engine_->kv().CheckCompaction(req.seq, req.compact.tree_start, req.compact.kept_nodes));
+    held = req.expected_cached_len;
+  } else if (drop) {
     // The pair drops its tails together: the companion was fed the same drafts.
-    bool dropped = false;
-    if (static_cast<int64_t>(it->second.tokens.size()) > req.expected_cached_len) {
-      SPECD_RETURN_IF_ERROR(engine_->Truncate(req.seq, req.expected_cached_len));
-      it->second.tokens.resize(static_cast<size_t>(req.expected_cached_len));
-      dropped = true;
-    }
-    if (comp != nullptr) {
-      Sequence& c = seqs_[comp->seq];
-      if (static_cast<int64_t>(c.tokens.size()) > comp->expected_cached_len) {
-        SPECD_RETURN_IF_ERROR(engine_->Truncate(comp->seq, comp->expected_cached_len));
-        c.tokens.resize(static_cast<size_t>(comp->expected_cached_len));
-        dropped = true;
-      }
-    }
-    if (dropped) ReportKv();
+    held = std::min(held, req.expected_cached_len);
+    if (comp != nullptr) comp_held = std::min(comp_held, comp->expected_cached_len);
   }
-  if (it == seqs_.end() && req.expected_cached_len != 0) {
-    return absl::NotFoundError(
-        absl::StrCat("unknown sequence ", req.seq, " (expected ", req.expected_cached_len,
-                     " cached tokens; the worker may have restarted: replay from position 0)"));
-  }
-  if (it != seqs_.end() &&
-      static_cast<int64_t>(it->second.tokens.size()) != req.expected_cached_len) {
+  if (known && held != req.expected_cached_len) {
     return absl::FailedPreconditionError(
         absl::StrCat("sequence ", req.seq, ": coordinator expects ", req.expected_cached_len,
-                     " cached tokens, worker holds ", it->second.tokens.size()));
+                     " cached tokens, worker holds ", held));
   }
-  if (comp != nullptr) {
-    // A new sequence's companion is new too; a known one's is known (they come and go together).
-    const int64_t held = it == seqs_.end() ? 0 : LengthOrZero(comp->seq);
-    if (it == seqs_.end() && comp->expected_cached_len != 0) {
-      return absl::NotFoundError(absl::StrCat("unknown companion ", comp->seq, " of sequence ",
-                                              req.seq, " (expected ", comp->expected_cached_len,
-                                              " cached tokens; replay the pair from position 0)"));
-    }
-    if (held != comp->expected_cached_len) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "sequence ", req.seq, ": coordinator expects its companion ", comp->seq, " to hold ",
-          comp->expected_cached_len, " cached tokens, worker holds ", held));
-    }
+  if (comp != nullptr && comp_held != comp->expected_cached_len) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "sequence ", req.seq, ": coordinator expects its companion ", comp->seq, " to hold ",
+        comp->expected_cached_len, " cached tokens, worker holds ", comp_held));
   }
   const int64_t grown_by_drafts = req.prefill_only ? 0 : draft_tokens;
   const int64_t max_len = engine_->max_seq_len();
@@ -228,6 +218,27 @@ absl::StatusOr<WorkerRuntime::Feed> WorkerRuntime::Admit(const SequenceRequest& 
                                                 ": its companion would reach ", comp_reach,
                                                 " tokens, over max_seq_len ", max_len));
     }
+  }
+  if (compact) {
+    // A guided sequence never holds a tree (CheckCompanion), so its companion has no tail here.
+    SPECD_RETURN_IF_ERROR(
+        CompactAndTruncate(req.seq, it->second, req.compact, req.expected_cached_len));
+  } else if (drop) {
+    bool dropped = false;
+    if (static_cast<int64_t>(it->second.tokens.size()) > req.expected_cached_len) {
+      SPECD_RETURN_IF_ERROR(engine_->Truncate(req.seq, req.expected_cached_len));
+      it->second.tokens.resize(static_cast<size_t>(req.expected_cached_len));
+      dropped = true;
+    }
+    if (comp != nullptr) {
+      Sequence& c = seqs_[comp->seq];
+      if (static_cast<int64_t>(c.tokens.size()) > comp->expected_cached_len) {
+        SPECD_RETURN_IF_ERROR(engine_->Truncate(comp->seq, comp->expected_cached_len));
+        c.tokens.resize(static_cast<size_t>(comp->expected_cached_len));
+        dropped = true;
+      }
+    }
+    if (dropped) ReportKv();
   }
   const bool created = it == seqs_.end();
   if (created) {

@@ -127,7 +127,8 @@ class Traffic {
         r.companion.reset();
         what = "a guided sequence without its companion";
       } else {
-        r.companion->expected_cached_len += OneIn(2) ? 1 : -1;
+        // Past what it holds, or (without a drop) short of it.
+        r.companion->expected_cached_len += r.drop_tail || OneIn(2) ? 1 : -1;
         what = "a wrong companion expected_cached_len";
       }
       return;
@@ -172,7 +173,8 @@ class Traffic {
         break;
       case 9:
         if (live) {
-          r.expected_cached_len += OneIn(2) ? 1 : -1;
+          // Past what the worker holds, or (without a drop) short of it.
+          r.expected_cached_len += r.drop_tail ? 2 : OneIn(2) ? 1 : -1;
           what = "a wrong expected_cached_len";
         } else {
           r.expected_cached_len = 5;
@@ -329,7 +331,8 @@ TEST_P(WorkerAdversarialTest, MalformedRequestsHarmNoSequenceAndLeakNoBlock) {
   const bool prefix_caching = GetParam();
   std::unique_ptr<WorkerRuntime> rt = Runtime(prefix_caching);
   std::unique_ptr<WorkerRuntime> twin = Runtime(prefix_caching);
-  Traffic traffic(prefix_caching ? 11 : 12);
+  // Seeds whose traffic caught a refused request that still dropped a tail (see worker_runtime.cc).
+  Traffic traffic(prefix_caching ? 7 : 6);
   std::map<SeqId, Seq> live;
   SeqId next_valid = 1;
   SeqId next_malformed = kFirstMalformedId;
@@ -388,6 +391,13 @@ TEST_P(WorkerAdversarialTest, MalformedRequestsHarmNoSequenceAndLeakNoBlock) {
           as_own.x = WorkerPrompt(static_cast<int>(s.companion_cached) + 1, 5);
           as_own.cached = s.companion_cached;
           traffic.FillValid(base, *s.companion, as_own);
+        } else if (s.cached >= 2 && traffic.OneIn(3)) {
+          // A drop of the last cached token folded into the call: the defect must keep it too.
+          Seq shorter = s;
+          --shorter.cached;
+          traffic.FillValid(base, id, shorter);
+          base.drop_tail = true;
+          on_live = true;
         } else {
           traffic.FillValid(base, id, s);
           on_live = true;
@@ -519,7 +529,7 @@ TEST_P(WorkerAdversarialTest, MalformedRequestsHarmNoSequenceAndLeakNoBlock) {
     if (::testing::Test::HasFailure()) return;
   }
   EXPECT_GT(malformed, 250) << "the traffic should carry many malformed requests";
-  EXPECT_GT(compared, 250u) << "and many valid ones";
+  EXPECT_GT(compared, 200u) << "and many valid ones";
   EXPECT_EQ(rt->ReleaseAll(), static_cast<int64_t>(live.size()));
   EXPECT_EQ(rt->engine().kv().used_blocks(), 0);
   EXPECT_EQ(rt->num_sequences(), 0);
