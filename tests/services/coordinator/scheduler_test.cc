@@ -1173,8 +1173,9 @@ TEST_F(SchedulerTest, StreamsThatOutgrowThePassBudgetTakeTurns) {
 // between rounds) must not change what the other streams get, nor leave KV blocks behind. Thirty
 // greedy requests of every kind the scheduler batches together (model chains with fixed and
 // adaptive K, prompt lookup, trees, guidance, prompts sharing a prefix, chunked prefill) run with
-// a third of them cancelled after random delays, on a scheduler that admits 6 at a time; every
-// other one must stream exactly what it streams when run with the survivors alone.
+// a third of them cancelled, in the queue or at a random event of their own, on a scheduler that
+// admits 6 at a time; every other one must stream exactly what it streams when run with the
+// survivors alone.
 TEST_F(SchedulerTest, CancellationsAtRandomMomentsChangeNoOtherStreamAndLeakNoBlock) {
   MakeWorkers(8192);
   std::mt19937 rng(21);
