@@ -32,6 +32,7 @@
 #include "grpcpp/health_check_service_interface.h"
 #include "services/common/engine_thread.h"
 #include "services/common/listen_address.h"
+#include "services/common/local_socket_server.h"
 #include "services/common/service_process.h"
 #include "services/common/weights_fingerprint.h"
 #include "services/common/worker_metrics.h"
@@ -85,6 +86,10 @@ std::vector<FlagSpec> WorkerFlags() {
        "on"},
       {"threads", "CPU threads for the forward pass; 0 = one per core", "0"},
       {"metrics-port", "port of the Prometheus /metrics endpoint; 0 = a free one, -1 = off", "0"},
+      {"local-socket",
+       "also serve a round's calls on this Unix socket, for a coordinator on the same host "
+       "(bypasses gRPC's per-call cost; Info names it); empty = off",
+       ""},
       {"drain-seconds",
        "on SIGTERM, how long to serve on while sequences are held or calls are in flight; a "
        "second SIGTERM stops at once",
@@ -101,6 +106,7 @@ struct WorkerConfig {
   kernels::BackendOptions backend;
   int64_t metrics_port = 0;
   int64_t drain_seconds = 10;
+  std::string local_socket;  // absolute; empty = none
   EngineOptions engine;
   WorkerRuntimeOptions runtime;
 };
@@ -154,6 +160,9 @@ absl::StatusOr<WorkerConfig> ReadConfig(const Flags& flags) {
   c.backend.num_threads = static_cast<int>(threads);
   SPECD_ASSIGN_OR_RETURN(c.metrics_port, flags.GetInt("metrics-port", -1, 65535));
   SPECD_ASSIGN_OR_RETURN(c.drain_seconds, flags.GetInt("drain-seconds", 0, 3600));
+  if (const std::string path = flags.Get("local-socket"); !path.empty()) {
+    c.local_socket = std::filesystem::absolute(path).string();
+  }
   return c;
 }
 
@@ -189,6 +198,7 @@ absl::StatusOr<pb::InfoResponse> StaticInfo(const WorkerMainSpec& spec, const Wo
   info.set_max_pass_tokens(engine.max_pass_tokens());
   std::random_device random;
   info.set_epoch((uint64_t{random()} << 32) | random());
+  info.set_local_socket(config.local_socket);
   info.set_num_threads(engine.backend().num_threads());
   info.set_backend(std::string(engine.backend().name()));
   info.set_prefix_caching(engine.kv().prefix_caching());
@@ -368,6 +378,14 @@ int WorkerMain(int argc, char** argv, const WorkerMainSpec& spec) {
     std::cout << "metrics on " << host << ":" << *port << std::endl;
   }
 
+  // Before gRPC: a coordinator that reads Info finds the socket Info names already listening.
+  std::unique_ptr<LocalSocketServer> local_server;
+  if (!config->local_socket.empty()) {
+    absl::StatusOr<std::unique_ptr<LocalSocketServer>> started =
+        LocalSocketServer::Start(config->local_socket, &rpcs, spec.program);
+    if (!started.ok()) return Fail(spec, started.status());
+    local_server = *std::move(started);
+  }
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
@@ -399,6 +417,7 @@ int WorkerMain(int argc, char** argv, const WorkerMainSpec& spec) {
   // New calls are refused from here; in-flight ones finish (their jobs still run on the engine
   // thread) or are cancelled at the deadline, at once after a second signal. Shutdown returns
   // once every reactor is done.
+  if (local_server != nullptr) local_server->Stop();  // its calls in flight reply first
   const auto left = wait == DrainWait::kSecondSignal
                         ? std::chrono::steady_clock::duration::zero()
                         : std::max(deadline - std::chrono::steady_clock::now(),

@@ -1,25 +1,24 @@
 #include "services/common/worker_rpcs.h"
 
+#include <algorithm>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "base/log_line.h"
-#include "services/common/grpc_status.h"
 #include "services/common/worker_codec.h"
 
 namespace specd {
 
-grpc::ServerUnaryReactor* WorkerRpcs::Info(grpc::CallbackServerContext* context,
-                                           const worker::v1::InfoRequest* request,
-                                           worker::v1::InfoResponse* response) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+namespace pb = ::specd::worker::v1;
+
+void WorkerRpcs::Info(const pb::InfoRequest& request, pb::InfoResponse* response, Done done) {
   // The copy (megabytes with the tokenizer files) is made here, not on the engine thread.
-  *response = request->omit_tokenizer_files() ? info_without_files_ : info_;
-  engine_->Post([reactor, response](WorkerRuntime& runtime) {
+  *response = request.omit_tokenizer_files() ? info_without_files_ : info_;
+  engine_->Post([response, done = std::move(done)](WorkerRuntime& runtime) mutable {
     response->set_kv_free_blocks(runtime.kv_free().blocks);
-    reactor->Finish(grpc::Status::OK);
+    std::move(done)(absl::OkStatus());
   });
-  return reactor;
 }
 
 absl::Status WorkerRpcs::CheckEpoch(uint64_t expected) const {
@@ -30,81 +29,119 @@ absl::Status WorkerRpcs::CheckEpoch(uint64_t expected) const {
                    "): read Info again before sending sequences here"));
 }
 
-grpc::ServerUnaryReactor* WorkerRpcs::Truncate(grpc::CallbackServerContext* context,
-                                               const worker::v1::TruncateRequest* request,
-                                               worker::v1::TruncateResponse* response) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  if (const absl::Status st = codec::Validate(*request); !st.ok()) {
-    reactor->Finish(ToGrpcStatus(st));
-    return reactor;
+void WorkerRpcs::Draft(const pb::DraftRequest& request, pb::DraftResponse* response,
+                       Cancelled cancelled, Done done) {
+  if (absl::Status st = codec::Validate(request);
+      !st.ok() || !(st = CheckEpoch(request.expected_epoch())).ok()) {
+    std::move(done)(st);
+    return;
   }
-  engine_->Post([reactor, request, response](WorkerRuntime& runtime) {
-    for (const TruncateSequenceRequest& r : codec::Decode(*request)) {
+  std::vector<DraftSequenceRequest> batch;
+  batch.reserve(static_cast<size_t>(request.sequences_size()));
+  for (const pb::DraftSequence& s : request.sequences()) batch.push_back(codec::Decode(s));
+  engine_->Post([response, cancelled = std::move(cancelled), done = std::move(done),
+                 batch = std::move(batch)](WorkerRuntime& runtime) mutable {
+    // A call cancelled while queued costs nothing; one cancelled mid-way runs to the end, so
+    // the cache and kept rows stay consistent with what the runtime reports next time.
+    if (cancelled()) {
+      std::move(done)(absl::CancelledError("the call was cancelled"));
+      return;
+    }
+    runtime.Draft(batch,
+                  [&](const DraftStep& step) { codec::Encode(step, runtime.kv_free(), response); });
+    std::move(done)(absl::OkStatus());
+  });
+}
+
+void WorkerRpcs::Verify(const pb::VerifyRequest& request, pb::VerifyResponse* response,
+                        Cancelled cancelled, Done done) {
+  if (absl::Status st = codec::Validate(request);
+      !st.ok() || !(st = CheckEpoch(request.expected_epoch())).ok()) {
+    std::move(done)(st);
+    return;
+  }
+  std::vector<VerifySequenceRequest> batch;
+  batch.reserve(static_cast<size_t>(request.sequences_size()));
+  for (const pb::VerifySequence& s : request.sequences()) batch.push_back(codec::Decode(s));
+  engine_->Post([response, cancelled = std::move(cancelled), done = std::move(done),
+                 batch = std::move(batch)](WorkerRuntime& runtime) mutable {
+    // As in Draft: a call cancelled while queued costs nothing, one cancelled mid-way runs to
+    // the end.
+    if (cancelled()) {
+      std::move(done)(absl::CancelledError("the call was cancelled"));
+      return;
+    }
+    int64_t forward_ns = 0;
+    for (const VerifySequenceResult& result : runtime.Verify(batch)) {
+      forward_ns = std::max(forward_ns, result.forward_ns);
+      codec::Encode(result, runtime.kv_free(), response->add_results());
+    }
+    response->set_forward_ns(forward_ns);
+    std::move(done)(absl::OkStatus());
+  });
+}
+
+void WorkerRpcs::Truncate(const pb::TruncateRequest& request, pb::TruncateResponse* response,
+                          Done done) {
+  if (const absl::Status st = codec::Validate(request); !st.ok()) {
+    std::move(done)(st);
+    return;
+  }
+  engine_->Post([&request, response, done = std::move(done)](WorkerRuntime& runtime) mutable {
+    for (const TruncateSequenceRequest& r : codec::Decode(request)) {
       const SequenceAnswer<TruncateResult> answer{r.seq, runtime.Truncate(r)};
       codec::Encode(answer, runtime.kv_free(), response->add_results());
     }
-    reactor->Finish(grpc::Status::OK);
+    std::move(done)(absl::OkStatus());
   });
-  return reactor;
 }
 
-grpc::ServerUnaryReactor* WorkerRpcs::ReadRows(grpc::CallbackServerContext* context,
-                                               const worker::v1::ReadRowsRequest* request,
-                                               worker::v1::ReadRowsResponse* response) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  if (const absl::Status st = codec::Validate(*request); !st.ok()) {
-    reactor->Finish(ToGrpcStatus(st));
-    return reactor;
+void WorkerRpcs::ReadRows(const pb::ReadRowsRequest& request, pb::ReadRowsResponse* response,
+                          Done done) {
+  if (const absl::Status st = codec::Validate(request); !st.ok()) {
+    std::move(done)(st);
+    return;
   }
-  engine_->Post([reactor, request, response](WorkerRuntime& runtime) {
-    for (const RowQuery& q : codec::Decode(*request)) {
+  engine_->Post([&request, response, done = std::move(done)](WorkerRuntime& runtime) mutable {
+    for (const RowQuery& q : codec::Decode(request)) {
       const SequenceAnswer<ProbRow> answer{q.seq, runtime.ReadRow(q.seq, q.step)};
       const absl::StatusOr<int64_t> cached = runtime.CachedLength(q.seq);
       codec::Encode(answer, cached.value_or(0), runtime.kv_free(), response->add_rows());
     }
-    reactor->Finish(grpc::Status::OK);
+    std::move(done)(absl::OkStatus());
   });
-  return reactor;
 }
 
-grpc::ServerUnaryReactor* WorkerRpcs::QueryLogprobs(grpc::CallbackServerContext* context,
-                                                    const worker::v1::QueryLogprobsRequest* request,
-                                                    worker::v1::QueryLogprobsResponse* response) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  if (const absl::Status st = codec::Validate(*request); !st.ok()) {
-    reactor->Finish(ToGrpcStatus(st));
-    return reactor;
+void WorkerRpcs::QueryLogprobs(const pb::QueryLogprobsRequest& request,
+                               pb::QueryLogprobsResponse* response, Done done) {
+  if (const absl::Status st = codec::Validate(request); !st.ok()) {
+    std::move(done)(st);
+    return;
   }
-  engine_->Post([reactor, request, response](WorkerRuntime& runtime) {
-    for (const LogprobQuery& q : codec::Decode(*request)) {
+  engine_->Post([&request, response, done = std::move(done)](WorkerRuntime& runtime) mutable {
+    for (const LogprobQuery& q : codec::Decode(request)) {
       codec::Encode({q.seq, runtime.QueryLogprobs(q.seq, q.step, q.tokens)},
                     response->add_answers());
     }
-    reactor->Finish(grpc::Status::OK);
+    std::move(done)(absl::OkStatus());
   });
-  return reactor;
 }
 
-grpc::ServerUnaryReactor* WorkerRpcs::Release(grpc::CallbackServerContext* context,
-                                              const worker::v1::ReleaseRequest* request,
-                                              worker::v1::ReleaseResponse* response) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  engine_->Post([reactor, request, response](WorkerRuntime& runtime) {
-    const absl::Status status = runtime.Release(request->seq_id());
-    if (status.ok()) {
-      response->set_free_kv_blocks(runtime.kv_free().blocks);
-      codec::Encode(0, runtime.kv_free(), response->mutable_cache());
-    }
-    reactor->Finish(ToGrpcStatus(status));
-  });
-  return reactor;
+void WorkerRpcs::Release(const pb::ReleaseRequest& request, pb::ReleaseResponse* response,
+                         Done done) {
+  engine_->Post(
+      [seq = request.seq_id(), response, done = std::move(done)](WorkerRuntime& runtime) mutable {
+        const absl::Status status = runtime.Release(seq);
+        if (status.ok()) {
+          response->set_free_kv_blocks(runtime.kv_free().blocks);
+          codec::Encode(0, runtime.kv_free(), response->mutable_cache());
+        }
+        std::move(done)(status);
+      });
 }
 
-grpc::ServerUnaryReactor* WorkerRpcs::ReleaseAll(grpc::CallbackServerContext* context,
-                                                 const worker::v1::ReleaseAllRequest* /*request*/,
-                                                 worker::v1::ReleaseAllResponse* response) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  engine_->Post([this, reactor, response](WorkerRuntime& runtime) {
+void WorkerRpcs::ReleaseAll(pb::ReleaseAllResponse* response, Done done) {
+  engine_->Post([this, response, done = std::move(done)](WorkerRuntime& runtime) mutable {
     const int64_t free_before = runtime.kv_free().blocks;
     const int64_t released = runtime.ReleaseAll();
     const int64_t free_blocks = runtime.kv_free().blocks;
@@ -115,9 +152,8 @@ grpc::ServerUnaryReactor* WorkerRpcs::ReleaseAll(grpc::CallbackServerContext* co
     }
     response->set_released_sequences(released);
     response->set_free_kv_blocks(free_blocks);
-    reactor->Finish(grpc::Status::OK);
+    std::move(done)(absl::OkStatus());
   });
-  return reactor;
 }
 
 }  // namespace specd

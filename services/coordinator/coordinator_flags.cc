@@ -38,6 +38,10 @@ std::vector<FlagSpec> CoordinatorServingFlags() {
        "deadline of each call to a worker, after which it counts as hung; must exceed the "
        "longest call, a prefill chunk on the target (a whole prompt with --prefill-chunk 0)",
        "30"},
+      {"worker-local-sockets",
+       "on: make each round's calls over the Unix socket a worker's --local-socket names, when "
+       "that worker is on this host (gRPC costs more per call); off: gRPC only",
+       "on"},
       {"worker-unavailable-seconds",
        "how long a request waits for an unavailable (crashed, restarting or hung) worker before "
        "it fails with UNAVAILABLE",

@@ -19,12 +19,13 @@ namespace pb = worker::v1;
 }  // namespace
 
 GrpcWorker::GrpcWorker(Role role, std::string address, std::shared_ptr<grpc::Channel> channel,
-                       absl::Duration call_timeout)
+                       absl::Duration call_timeout, bool use_local_socket)
     : role_(role),
       address_(std::move(address)),
       name_(absl::StrCat(role == Role::kDraft ? "draft" : "target", " worker at ", address_)),
       channel_(std::move(channel)),
-      call_timeout_(call_timeout) {
+      call_timeout_(call_timeout),
+      use_local_socket_(use_local_socket) {
   if (role_ == Role::kDraft) {
     draft_stub_ = pb::DraftWorker::NewStub(channel_);
   } else {
@@ -43,7 +44,8 @@ grpc::Status GrpcWorker::CallInfo(grpc::ClientContext* context, bool with_tokeni
 absl::StatusOr<std::unique_ptr<GrpcWorker>> GrpcWorker::Connect(Role role,
                                                                 const std::string& address,
                                                                 absl::Duration wait,
-                                                                absl::Duration call_timeout) {
+                                                                absl::Duration call_timeout,
+                                                                bool use_local_socket) {
   grpc::ChannelArguments args;
   // Info carries the tokenizer files (Llama 3's tokenizer.json is ~9 MB).
   args.SetMaxReceiveMessageSize(256 << 20);
@@ -53,7 +55,8 @@ absl::StatusOr<std::unique_ptr<GrpcWorker>> GrpcWorker::Connect(Role role,
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   auto channel = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
-  std::unique_ptr<GrpcWorker> w(new GrpcWorker(role, address, channel, call_timeout));
+  std::unique_ptr<GrpcWorker> w(
+      new GrpcWorker(role, address, channel, call_timeout, use_local_socket));
   const absl::Time give_up = absl::Now() + wait;
   grpc::Status last;
   while (true) {
@@ -83,7 +86,32 @@ absl::StatusOr<std::unique_ptr<GrpcWorker>> GrpcWorker::Connect(Role role,
     return absl::Status(v.code(), absl::StrCat(w->name_, ": ", v.message()));
   }
   SPECD_RETURN_IF_ERROR(w->ReleaseAll());
+  w->OpenLocalSocket(w->info_);
   return w;
+}
+
+void GrpcWorker::OpenLocalSocket(const pb::InfoResponse& info) {
+  {
+    absl::MutexLock lock(&local_mu_);
+    if (local_ != nullptr && local_->path() == info.local_socket() &&
+        local_->epoch() == info.epoch()) {
+      return;  // still the same process's
+    }
+  }
+  std::shared_ptr<LocalChannel> opened;
+  if (use_local_socket_ && !info.local_socket().empty()) {
+    // Refused or unreachable: this worker is then served over gRPC, as one on another host.
+    absl::StatusOr<std::unique_ptr<LocalChannel>> channel = LocalChannel::Open(
+        info.local_socket(), info.epoch(), std::min(call_timeout_, absl::Seconds(5)));
+    if (channel.ok()) opened = *std::move(channel);
+  }
+  absl::MutexLock lock(&local_mu_);
+  local_ = std::move(opened);
+}
+
+bool GrpcWorker::UsesLocalSocket() const {
+  absl::MutexLock lock(&local_mu_);
+  return local_ != nullptr;
 }
 
 absl::Status GrpcWorker::ReleaseAll() {
@@ -98,14 +126,26 @@ absl::Status GrpcWorker::ReleaseAll() {
 }
 
 absl::StatusOr<WorkerProbe> GrpcWorker::Probe(absl::Duration timeout) {
-  grpc::ClientContext ctx;
-  ctx.set_deadline(absl::ToChronoTime(absl::Now() + std::min(timeout, call_timeout_)));
-  // Waits out a reconnect in progress instead of failing at once.
-  ctx.set_wait_for_ready(true);
+  const absl::Time deadline = absl::Now() + std::min(timeout, call_timeout_);
   pb::InfoResponse info;
-  const absl::Time start = absl::Now();
-  const grpc::Status st = CallInfo(&ctx, /*with_tokenizer_files=*/false, &info);
-  RecordRpc(start, 0, info.ByteSizeLong());
+  grpc::Status st;
+  while (true) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(deadline));
+    // Waits out a reconnect in progress instead of failing at once.
+    ctx.set_wait_for_ready(true);
+    const absl::Time start = absl::Now();
+    st = CallInfo(&ctx, /*with_tokenizer_files=*/false, &info);
+    RecordRpc(start, 0, info.ByteSizeLong());
+    // A call sent on a connection to a process that has just gone fails at once: when the round's
+    // calls took the local socket, this probe may be the first gRPC call to see it. The channel
+    // then reconnects, which wait_for_ready waits for.
+    if (st.error_code() != grpc::StatusCode::UNAVAILABLE ||
+        absl::Now() + absl::Milliseconds(20) >= deadline) {
+      break;
+    }
+    absl::SleepFor(absl::Milliseconds(20));
+  }
   if (absl::Status s = Check(st, "Info"); !s.ok()) return s;
   // A restarted process may be of another release, or run other flags or files than the one
   // the coordinator started with.
@@ -117,6 +157,7 @@ absl::StatusOr<WorkerProbe> GrpcWorker::Probe(absl::Duration timeout) {
   }
   free_kv_tokens_ = info.kv_free_blocks() * info.kv_block_size();
   epoch_ = info.epoch();
+  OpenLocalSocket(info);
   return WorkerProbe{
       info.epoch(), info.max_pass_tokens(),
       PrefixCacheShape{info.prefix_caching() ? info.kv_block_size() : 0, info.kv_total_blocks()}};
@@ -127,8 +168,11 @@ bool GrpcWorker::Connected() const {
 }
 
 absl::Status GrpcWorker::Check(const grpc::Status& status, const char* rpc) const {
-  if (status.ok()) return absl::OkStatus();
-  const absl::Status st = FromGrpcStatus(status);
+  return Check(FromGrpcStatus(status), rpc);
+}
+
+absl::Status GrpcWorker::Check(const absl::Status& st, const char* rpc) const {
+  if (st.ok()) return absl::OkStatus();
   switch (st.code()) {
     case absl::StatusCode::kDeadlineExceeded:
       return absl::UnavailableError(absl::StrCat(
@@ -157,6 +201,27 @@ void GrpcWorker::RecordRpc(absl::Time start, size_t request_bytes, size_t respon
                   absl::Now() - start);
 }
 
+absl::Status GrpcWorker::Call(local::Method method, const google::protobuf::Message& request,
+                              google::protobuf::Message* response,
+                              const std::function<grpc::Status(grpc::ClientContext*)>& grpc_call) {
+  std::shared_ptr<LocalChannel> same_host;
+  {
+    absl::MutexLock lock(&local_mu_);
+    same_host = local_;
+  }
+  const absl::Time start = absl::Now();
+  absl::Status status;
+  if (same_host != nullptr) {
+    status = same_host->Call(method, request, response, start + call_timeout_);
+  } else {
+    grpc::ClientContext context;
+    SetDeadline(&context);
+    status = FromGrpcStatus(grpc_call(&context));
+  }
+  RecordRpc(start, request.ByteSizeLong(), response->ByteSizeLong());
+  return Check(status, local::MethodName(method));
+}
+
 absl::StatusOr<std::vector<SequenceOutcome>> GrpcWorker::Draft(
     std::span<const DraftSequenceRequest> batch,
     const std::function<void(const DraftStep&)>& on_step) {
@@ -167,12 +232,9 @@ absl::StatusOr<std::vector<SequenceOutcome>> GrpcWorker::Draft(
     codec::Encode(r, req.add_sequences());
   }
   pb::DraftResponse resp;
-  grpc::ClientContext ctx;
-  SetDeadline(&ctx);
-  const absl::Time start = absl::Now();
-  const grpc::Status st = draft_stub_->Draft(&ctx, req, &resp);
-  RecordRpc(start, req.ByteSizeLong(), resp.ByteSizeLong());
-  if (absl::Status s = Check(st, "Draft"); !s.ok()) return s;
+  SPECD_RETURN_IF_ERROR(Call(local::Method::kDraft, req, &resp, [&](grpc::ClientContext* ctx) {
+    return draft_stub_->Draft(ctx, req, &resp);
+  }));
   absl::flat_hash_map<uint64_t, SequenceOutcome> outcomes;
   for (const DraftSequenceRequest& r : batch) outcomes[r.seq].seq = r.seq;
   for (const codec::DecodedDraftStep& decoded : codec::Decode(resp)) {
@@ -206,12 +268,9 @@ absl::StatusOr<std::vector<VerifySequenceResult>> GrpcWorker::Verify(
     codec::Encode(r, req.add_sequences());
   }
   pb::VerifyResponse resp;
-  grpc::ClientContext ctx;
-  SetDeadline(&ctx);
-  const absl::Time start = absl::Now();
-  const grpc::Status st = target_stub_->Verify(&ctx, req, &resp);
-  RecordRpc(start, req.ByteSizeLong(), resp.ByteSizeLong());
-  if (absl::Status s = Check(st, "Verify"); !s.ok()) return s;
+  SPECD_RETURN_IF_ERROR(Call(local::Method::kVerify, req, &resp, [&](grpc::ClientContext* ctx) {
+    return target_stub_->Verify(ctx, req, &resp);
+  }));
   absl::flat_hash_map<uint64_t, VerifySequenceResult> results;
   for (const pb::VerifyResult& v : resp.results()) {
     results[v.seq_id()] = codec::Decode(v, resp.forward_ns());
@@ -234,13 +293,10 @@ absl::StatusOr<std::vector<SequenceAnswer<TruncateResult>>> GrpcWorker::Truncate
   pb::TruncateRequest req;
   codec::Encode(batch, &req);
   pb::TruncateResponse resp;
-  grpc::ClientContext ctx;
-  SetDeadline(&ctx);
-  const absl::Time start = absl::Now();
-  const grpc::Status st = draft_stub_ ? draft_stub_->Truncate(&ctx, req, &resp)
-                                      : target_stub_->Truncate(&ctx, req, &resp);
-  RecordRpc(start, req.ByteSizeLong(), resp.ByteSizeLong());
-  if (absl::Status s = Check(st, "Truncate"); !s.ok()) return s;
+  SPECD_RETURN_IF_ERROR(Call(local::Method::kTruncate, req, &resp, [&](grpc::ClientContext* ctx) {
+    return draft_stub_ ? draft_stub_->Truncate(ctx, req, &resp)
+                       : target_stub_->Truncate(ctx, req, &resp);
+  }));
   if (resp.results_size() != static_cast<int>(batch.size())) {
     return absl::UnavailableError(absl::StrCat(name_, ": Truncate answered ", resp.results_size(),
                                                " of ", batch.size(), " sequences"));
@@ -258,13 +314,10 @@ absl::StatusOr<std::vector<SequenceAnswer<ProbRow>>> GrpcWorker::ReadRows(
   pb::ReadRowsRequest req;
   codec::Encode(batch, &req);
   pb::ReadRowsResponse resp;
-  grpc::ClientContext ctx;
-  SetDeadline(&ctx);
-  const absl::Time start = absl::Now();
-  const grpc::Status st = draft_stub_ ? draft_stub_->ReadRows(&ctx, req, &resp)
-                                      : target_stub_->ReadRows(&ctx, req, &resp);
-  RecordRpc(start, req.ByteSizeLong(), resp.ByteSizeLong());
-  if (absl::Status s = Check(st, "ReadRows"); !s.ok()) return s;
+  SPECD_RETURN_IF_ERROR(Call(local::Method::kReadRows, req, &resp, [&](grpc::ClientContext* ctx) {
+    return draft_stub_ ? draft_stub_->ReadRows(ctx, req, &resp)
+                       : target_stub_->ReadRows(ctx, req, &resp);
+  }));
   if (resp.rows_size() != static_cast<int>(batch.size())) {
     return absl::UnavailableError(absl::StrCat(name_, ": ReadRows answered ", resp.rows_size(),
                                                " of ", batch.size(), " rows"));
@@ -282,12 +335,9 @@ absl::StatusOr<std::vector<SequenceAnswer<std::vector<float>>>> GrpcWorker::Quer
   pb::QueryLogprobsRequest req;
   codec::Encode(batch, &req);
   pb::QueryLogprobsResponse resp;
-  grpc::ClientContext ctx;
-  SetDeadline(&ctx);
-  const absl::Time start = absl::Now();
-  const grpc::Status st = target_stub_->QueryLogprobs(&ctx, req, &resp);
-  RecordRpc(start, req.ByteSizeLong(), resp.ByteSizeLong());
-  if (absl::Status s = Check(st, "QueryLogprobs"); !s.ok()) return s;
+  SPECD_RETURN_IF_ERROR(
+      Call(local::Method::kQueryLogprobs, req, &resp,
+           [&](grpc::ClientContext* ctx) { return target_stub_->QueryLogprobs(ctx, req, &resp); }));
   if (resp.answers_size() != static_cast<int>(batch.size())) {
     return absl::UnavailableError(absl::StrCat(
         name_, ": QueryLogprobs answered ", resp.answers_size(), " of ", batch.size(), " queries"));
@@ -301,14 +351,12 @@ absl::Status GrpcWorker::Release(SeqId seq) {
   pb::ReleaseRequest req;
   req.set_seq_id(seq);
   pb::ReleaseResponse resp;
-  grpc::ClientContext ctx;
-  SetDeadline(&ctx);
-  const absl::Time start = absl::Now();
-  const grpc::Status st = draft_stub_ ? draft_stub_->Release(&ctx, req, &resp)
-                                      : target_stub_->Release(&ctx, req, &resp);
-  RecordRpc(start, req.ByteSizeLong(), resp.ByteSizeLong());
+  const absl::Status st = Call(local::Method::kRelease, req, &resp, [&](grpc::ClientContext* ctx) {
+    return draft_stub_ ? draft_stub_->Release(ctx, req, &resp)
+                       : target_stub_->Release(ctx, req, &resp);
+  });
   if (st.ok()) free_kv_tokens_ = resp.cache().free_kv_tokens();
-  return Check(st, "Release");
+  return st;
 }
 
 }  // namespace specd

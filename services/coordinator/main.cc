@@ -352,13 +352,15 @@ int Run(int argc, char** argv) {
     }
   }
   const absl::Duration call_timeout = absl::Seconds(static_cast<double>(*call_timeout_s));
-  absl::StatusOr<std::unique_ptr<GrpcWorker>> target =
-      GrpcWorker::Connect(GrpcWorker::Role::kTarget, flags->Get("target"), wait, call_timeout);
+  const absl::StatusOr<bool> local_sockets = flags->GetOnOff("worker-local-sockets");
+  if (!local_sockets.ok()) return FlagError(local_sockets.status());
+  absl::StatusOr<std::unique_ptr<GrpcWorker>> target = GrpcWorker::Connect(
+      GrpcWorker::Role::kTarget, flags->Get("target"), wait, call_timeout, *local_sockets);
   if (!target.ok()) return Fail(target.status());
   std::unique_ptr<GrpcWorker> draft;
   if (!flags->Get("draft").empty()) {
-    absl::StatusOr<std::unique_ptr<GrpcWorker>> d =
-        GrpcWorker::Connect(GrpcWorker::Role::kDraft, flags->Get("draft"), wait, call_timeout);
+    absl::StatusOr<std::unique_ptr<GrpcWorker>> d = GrpcWorker::Connect(
+        GrpcWorker::Role::kDraft, flags->Get("draft"), wait, call_timeout, *local_sockets);
     if (!d.ok()) return Fail(d.status());
     draft = *std::move(d);
   }
@@ -507,8 +509,13 @@ int Run(int argc, char** argv) {
   health->SetServingStatus(true);
   // What `specd serve` waits for before it announces the address.
   std::cout << "serving on " << listen->Bound(port) << std::endl;
+  // Which transport each worker's round calls take: the same-host socket, or gRPC.
+  const auto via = [](const GrpcWorker& w) {
+    return w.UsesLocalSocket() ? absl::StrCat(" via ", w.info().local_socket()) : std::string();
+  };
   LogLine(kProgram) << "serving on " << listen->Bound(port) << " (target " << flags->Get("target")
-                    << (draft ? absl::StrCat(", draft ", flags->Get("draft"))
+                    << via(**target)
+                    << (draft ? absl::StrCat(", draft ", flags->Get("draft"), via(*draft))
                               : std::string(", no draft"))
                     << ", drafting by " << draft_method << "; " << (api->tls ? "TLS" : "plaintext")
                     << ", " << (api->options.auth.enabled() ? "bearer token required" : "no token")

@@ -5,6 +5,8 @@
 #ifndef SPECD_SERVICES_TARGET_WORKER_TARGET_SERVICE_H_
 #define SPECD_SERVICES_TARGET_WORKER_TARGET_SERVICE_H_
 
+#include <utility>
+
 #include "grpcpp/grpcpp.h"
 #include "services/common/worker_rpcs.h"
 #include "specd/worker/v1/worker.grpc.pb.h"
@@ -21,7 +23,9 @@ class TargetWorkerService final : public WorkerServiceBase<worker::v1::TargetWor
   grpc::ServerUnaryReactor* QueryLogprobs(grpc::CallbackServerContext* context,
                                           const worker::v1::QueryLogprobsRequest* request,
                                           worker::v1::QueryLogprobsResponse* response) override {
-    return rpcs().QueryLogprobs(context, request, response);
+    return ServeUnary(context, [&](WorkerRpcs::Done done) {
+      rpcs().QueryLogprobs(*request, response, std::move(done));
+    });
   }
 };
 

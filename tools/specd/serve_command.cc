@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <array>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -22,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
@@ -290,6 +292,20 @@ int WaitForEvent(const std::vector<Child>& children, const sigset_t& signals) {
   return sig > 0 ? sig : 0;
 }
 
+// A fresh directory, mode 0700, under $TMPDIR (or /tmp when that would make a socket path too
+// long for a Unix socket's 108 bytes).
+absl::StatusOr<std::string> MakeSocketDir() {
+  const char* tmpdir = std::getenv("TMPDIR");
+  std::string base = tmpdir != nullptr && *tmpdir != '\0' ? tmpdir : "/tmp";
+  if (base.size() > 64) base = "/tmp";
+  std::string dir = base + "/specd-serve-XXXXXX";
+  if (mkdtemp(dir.data()) == nullptr) {
+    return absl::UnavailableError(absl::StrCat(
+        "cannot create a directory for the workers' sockets in ", base, ": ", strerror(errno)));
+  }
+  return dir;
+}
+
 int RunServe(const std::vector<std::string>& argv) {
   // Serve's own flags, then the coordinator's (passed on as given).
   std::vector<FlagSpec> flags = {
@@ -379,6 +395,14 @@ int RunServe(const std::vector<std::string>& argv) {
                                            "--prefix-caching",  args->Get("prefix-caching"),
                                            "--max-pass-tokens", args->Get("max-pass-tokens"),
                                            "--drain-seconds",   args->Get("drain-seconds")};
+  // The workers' same-host sockets (--local-socket): the coordinator makes each round's calls
+  // there instead of over gRPC. In a directory only this user can enter, gone when serve stops.
+  absl::StatusOr<std::string> socket_dir = MakeSocketDir();
+  if (!socket_dir.ok()) return ReportError("serve", socket_dir.status());
+  const absl::Cleanup remove_socket_dir = [&] {
+    std::error_code ignored;
+    std::filesystem::remove_all(*socket_dir, ignored);
+  };
   std::vector<Child> children;
   children.reserve(3);  // Child references below stay valid
   auto fail = [&](const absl::Status& st) {
@@ -411,6 +435,7 @@ int RunServe(const std::vector<std::string>& argv) {
                                              "--gpu-memory-peer-exit-layer", draft_exit});
     }
   }
+  target.args.insert(target.args.end(), {"--local-socket", *socket_dir + "/target-worker.sock"});
   target.listen = "127.0.0.1:0";
   target.metrics_port = metrics_ports[1];
   if (absl::Status st = Start(target, signals, pid_dir); !st.ok()) return fail(st);
@@ -434,6 +459,7 @@ int RunServe(const std::vector<std::string>& argv) {
       draft.args.insert(draft.args.end(), {"--gpu-memory-fraction", utilization,
                                            "--gpu-memory-peer", args->Get("target")});
     }
+    draft.args.insert(draft.args.end(), {"--local-socket", *socket_dir + "/draft-worker.sock"});
     draft.listen = "127.0.0.1:0";
     draft.metrics_port = metrics_ports[2];
     if (absl::Status st = Start(draft, signals, pid_dir); !st.ok()) return fail(st);

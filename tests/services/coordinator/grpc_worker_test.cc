@@ -1,7 +1,8 @@
 // The coordinator's gRPC client of a worker against a real worker process that an operator
 // restarts behind its back: the next Verify is refused before it creates anything (it names the
 // process it was meant for), the probe then learns the new process, and calls go on; a probe of a
-// process that computes something else fails naming the change.
+// process that computes something else fails naming the change. The same over the worker's
+// same-host socket (--local-socket), which the client then uses for the round's calls.
 #include "services/coordinator/grpc_worker.h"
 
 #include <chrono>
@@ -24,15 +25,18 @@ namespace {
 using testing::ChildProcess;
 using ::testing::HasSubstr;
 
-class GrpcWorkerTest : public ::testing::Test {
+// The parameter: whether the worker serves a local socket and the client uses it.
+class GrpcWorkerTest : public ::testing::TestWithParam<bool> {
  protected:
   void SetUp() override {
     ASSERT_TRUE(testing::PrepareModel(testing::ModelKind::kSynthetic, model()).ok());
   }
   std::filesystem::path model() const { return tmp_.path() / "model"; }
   std::string socket() const { return "unix:" + (tmp_.path() / "target.sock").string(); }
+  std::string local_socket() const { return (tmp_.path() / "target.local").string(); }
   std::unique_ptr<ChildProcess> StartTarget(const std::vector<std::string>& extra = {}) {
     std::vector<std::string> args = {"--listen", socket(), "--threads", "1"};
+    if (GetParam()) args.insert(args.end(), {"--local-socket", local_socket()});
     args.insert(args.end(), extra.begin(), extra.end());
     absl::StatusOr<std::unique_ptr<ChildProcess>> p =
         ChildProcess::Start(testing::TargetWorkerBinary(), testing::WorkerArgs(model(), args));
@@ -52,12 +56,13 @@ VerifySequenceRequest NewSequence(SeqId id) {
   return r;
 }
 
-TEST_F(GrpcWorkerTest, ARestartBetweenCallsIsRefusedUntilTheWorkerIsProbedAgain) {
+TEST_P(GrpcWorkerTest, ARestartBetweenCallsIsRefusedUntilTheWorkerIsProbedAgain) {
   std::unique_ptr<ChildProcess> target = StartTarget();
   ASSERT_NE(target, nullptr);
-  absl::StatusOr<std::unique_ptr<GrpcWorker>> worker =
-      GrpcWorker::Connect(GrpcWorker::Role::kTarget, socket(), absl::Seconds(10), absl::Seconds(5));
+  absl::StatusOr<std::unique_ptr<GrpcWorker>> worker = GrpcWorker::Connect(
+      GrpcWorker::Role::kTarget, socket(), absl::Seconds(10), absl::Seconds(5), GetParam());
   ASSERT_TRUE(worker.ok()) << worker.status();
+  EXPECT_EQ((*worker)->UsesLocalSocket(), GetParam());
   const VerifySequenceRequest first = NewSequence(1);
   ASSERT_TRUE((*worker)->Verify({&first, 1}).ok());
 
@@ -80,7 +85,8 @@ TEST_F(GrpcWorkerTest, ARestartBetweenCallsIsRefusedUntilTheWorkerIsProbedAgain)
               HasSubstr("started after the caller last read its Info"));
   absl::StatusOr<WorkerProbe> probe = (*worker)->Probe(absl::Seconds(5));
   ASSERT_TRUE(probe.ok()) << probe.status();
-  EXPECT_NE(probe->epoch, (*worker)->info().epoch());  // the new process
+  EXPECT_NE(probe->epoch, (*worker)->info().epoch());   // the new process
+  EXPECT_EQ((*worker)->UsesLocalSocket(), GetParam());  // the new process's socket
   EXPECT_EQ(probe->max_pass_tokens, (*worker)->info().max_pass_tokens());
   absl::StatusOr<std::vector<VerifySequenceResult>> served = (*worker)->Verify({&second, 1});
   ASSERT_TRUE(served.ok()) << served.status();
@@ -97,6 +103,11 @@ TEST_F(GrpcWorkerTest, ARestartBetweenCallsIsRefusedUntilTheWorkerIsProbedAgain)
   EXPECT_THAT(changed.status().message(), HasSubstr("target worker at " + socket() +
                                                     ": it came back with kv_dtype bf16 (was f32)"));
 }
+
+INSTANTIATE_TEST_SUITE_P(Transport, GrpcWorkerTest, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& info) {
+                           return info.param ? "LocalSocket" : "Grpc";
+                         });
 
 }  // namespace
 }  // namespace specd
