@@ -12,7 +12,8 @@ stories15M-shaped target and its 2-layer early-exit draft), made here:
     on 127.0.0.1, in
     the compose file and in `docker port`; the workers publish nothing and sit only on the
     internal network;
- 3. Prometheus scrapes all three processes;
+ 3. the coordinator reaches both workers over their Unix sockets in the shared volume
+    (--local-socket), and Prometheus scrapes all three processes;
  4. a stream from tests/clients/python_client.py through the published port gives the greedy
     tokens `specd serve` gives on the host, and so does an OpenAI completion through the published
     HTTP port;
@@ -401,6 +402,12 @@ def scenario(source_dir, build_dir, workdir, stack):
 
     check_publishing(stack, containers)
     check_users_and_tools(containers)
+    serving = [line for line in run([DOCKER, "logs", containers["coordinator"]]).stderr.splitlines()
+               if "serving on" in line]
+    for sock in ("/run/specd/target-worker.sock", "/run/specd/draft-worker.sock"):
+        check(any(f"via {sock}" in line for line in serving),
+              f"the coordinator does not reach a worker over {sock}: {serving}")
+    log("the coordinator makes its round calls over both workers' sockets in the shared volume")
 
     prometheus = Prometheus(host_port(containers["prometheus"], "9090/tcp"))
     instances = {"coordinator:9400", "draft-worker:9400", "target-worker:9400"}
