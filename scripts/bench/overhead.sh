@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# Coordinator overhead per round, side by side for one or more builds: for each build in turn
-# (repeated ROUNDS times, alternating, so that machine drift hits every build alike) it serves
-# the model with `specd serve` and runs `specd bench --compare --k $K --streams 1`, then prints
-# each run's round time, overhead per round and overhead fraction, and efficiency.
+# Coordinator overhead per round, side by side for one or more builds or serve settings: for each
+# arm in turn (repeated ROUNDS times, alternating, so that machine drift hits every arm alike) it
+# serves the model with `specd serve` and runs `specd bench --compare --k $K --streams 1`, then
+# prints each run's round time, overhead per round and overhead fraction, and efficiency.
 #
-# usage: scripts/bench/overhead.sh MODEL_DIR BUILD_DIR [BUILD_DIR ...]
+# usage: scripts/bench/overhead.sh MODEL_DIR ARM [ARM ...]
 #   MODEL_DIR   a target checkpoint; its first $DRAFT_LAYERS layers are the draft
-#   BUILD_DIR   a build tree holding tools/specd and the three service binaries
+#   ARM         BUILD_DIR, a build tree holding tools/specd and the three service binaries,
+#               optionally followed by `:` and `specd serve` flags for that arm, e.g.
+#               build:--worker-local-sockets=off  (the coordinator on gRPC only)
 # environment: K (4), DRAFT_LAYERS (2), THREADS (2 per worker), MAX_TOKENS (128), REPEATS (3),
 #   ROUNDS (2), OUT (bench-out/overhead)
 set -euo pipefail
@@ -24,22 +26,26 @@ mkdir -p "$OUT"
 BENCH_NAME=overhead
 source scripts/bench/lib.sh
 
-run_one() {  # BUILD_DIR JSON_OUT
+run_one() {  # BUILD_DIR JSON_OUT [SERVE_FLAG ...]
   local build=$1 json=$2
+  shift 2
   serve_with "$build/tools/specd" --target "$model" --draft-exit-layer "$DRAFT_LAYERS" \
-    --threads "$THREADS" --backend cpu
+    --threads "$THREADS" --backend cpu "$@"
   "$build/tools/specd" bench --server "$address" --compare --k "$K" --streams 1 \
     --max-tokens "$MAX_TOKENS" --repeats "$REPEATS" --json "$json" >/dev/null
   stop_servers
 }
 
 for round in $(seq "$ROUNDS"); do
-  for build in "$@"; do
-    name=$(basename "$(cd "$build/.." && pwd)")
+  for arm in "$@"; do
+    build=${arm%%:*}
+    flags=()
+    [[ $arm == *:* ]] && read -r -a flags <<<"${arm#*:}"
+    name=$(basename "$(cd "$build/.." && pwd)")$(printf '%s' "${flags[*]}" | tr -c 'a-z0-9' '_')
     json="$OUT/${name}-r${round}.json"
-    echo "[overhead] round $round: $build" >&2
-    run_one "$build" "$json"
-    /usr/bin/python3 - "$json" "$build" <<'PY'
+    echo "[overhead] round $round: $arm" >&2
+    run_one "$build" "$json" "${flags[@]}"
+    /usr/bin/python3 - "$json" "$arm" <<'PY'
 import json, sys
 report = json.load(open(sys.argv[1]))
 efficiency = {c["k"]: c["efficiency"] for c in report["compare"]}

@@ -10,8 +10,10 @@
 // The last line is what `specd bench` reports as a K = 0 round's overhead, less the coordinator's
 // own work. Beside them, interleaved too, the machine's own floor for any same-host call: a
 // 32-byte ping-pong with a child process over a Unix socketpair (two wake-ups, no gRPC), which
-// bounds what a path around gRPC could save. Speed is never asserted: these are figures to read
-// side by side.
+// bounds what a path around gRPC could save. Where the worker serves a --local-socket (as under
+// `specd serve`), the engine-thread call and the Verify are timed over it as well, interleaved:
+// the path the coordinator takes there. Speed is never asserted: these are figures to read side
+// by side.
 //
 // usage: worker_rpc_bench --target ADDR [--calls N] [--prompt-len P] [--steps S] [--json FILE]
 #include <sys/socket.h>
@@ -24,8 +26,11 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <memory>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -35,7 +40,9 @@
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
 #include "nlohmann/json.hpp"
+#include "services/common/local_frame.h"
 #include "services/common/worker_codec.h"
+#include "services/coordinator/local_channel.h"
 #include "specd/worker/v1/worker.grpc.pb.h"
 
 namespace specd {
@@ -46,6 +53,7 @@ using Clock = std::chrono::steady_clock;
 
 constexpr SeqId kAbsentSeq = 0x7fffffff00000001;  // never one the bench itself creates
 constexpr SeqId kFirstSeq = 0x5eed0000;
+constexpr SeqId kFirstLocalSeq = 0x5eed0000'0000;
 
 double MicrosSince(Clock::time_point start) {
   return std::chrono::duration<double, std::micro>(Clock::now() - start).count();
@@ -111,12 +119,61 @@ absl::Status Check(const grpc::Status& st, const std::string& what) {
   return absl::UnavailableError(absl::StrCat(what, " failed: ", st.error_message()));
 }
 
+// A worker's Verify and Release, over gRPC or over its local socket.
+struct Transport {
+  std::function<absl::Status(const pb::VerifyRequest&, pb::VerifyResponse*)> verify;
+  std::function<absl::Status(const pb::ReleaseRequest&, pb::ReleaseResponse*)> release;
+};
+
+Transport GrpcTransport(pb::TargetWorker::Stub* stub) {
+  return {[stub](const pb::VerifyRequest& req, pb::VerifyResponse* resp) {
+            grpc::ClientContext ctx;
+            return Check(stub->Verify(&ctx, req, resp), "Verify");
+          },
+          [stub](const pb::ReleaseRequest& req, pb::ReleaseResponse* resp) {
+            grpc::ClientContext ctx;
+            const grpc::Status st = stub->Release(&ctx, req, resp);
+            return st.error_code() == grpc::StatusCode::NOT_FOUND
+                       ? absl::NotFoundError(st.error_message())
+                       : Check(st, "Release");
+          }};
+}
+
+Transport LocalTransport(LocalChannel* channel) {
+  const auto deadline = [] { return absl::Now() + absl::Seconds(30); };
+  return {[channel, deadline](const pb::VerifyRequest& req, pb::VerifyResponse* resp) {
+            return channel->Call(local::Method::kVerify, req, resp, deadline());
+          },
+          [channel, deadline](const pb::ReleaseRequest& req, pb::ReleaseResponse* resp) {
+            return channel->Call(local::Method::kRelease, req, resp, deadline());
+          }};
+}
+
+// Release of a sequence the worker does not hold: the engine-thread round trip, in microseconds.
+absl::StatusOr<double> ReleaseAbsent(const Transport& transport) {
+  pb::ReleaseRequest req;
+  req.set_seq_id(kAbsentSeq);
+  pb::ReleaseResponse resp;
+  const Clock::time_point start = Clock::now();
+  const absl::Status st = transport.release(req, &resp);
+  const double us = MicrosSince(start);
+  if (!absl::IsNotFound(st)) {
+    return absl::InternalError(
+        absl::StrCat("Release of an unknown sequence should be NOT_FOUND; got ", st.ToString()));
+  }
+  return us;
+}
+
 // One greedy sequence decoded one token per K = 0 Verify, restarted (Release, new id) every
 // `steps` tokens so that it never nears the context limit.
 class Decoder {
  public:
-  Decoder(pb::TargetWorker::Stub* stub, int64_t prompt_len, int64_t steps, int32_t vocab)
-      : stub_(stub), prompt_len_(prompt_len), steps_(steps), vocab_(vocab) {}
+  Decoder(Transport transport, SeqId first_seq, int64_t prompt_len, int64_t steps, int32_t vocab)
+      : transport_(std::move(transport)),
+        seq_(first_seq),
+        prompt_len_(prompt_len),
+        steps_(steps),
+        vocab_(vocab) {}
   // A run that stopped on an error still gives the worker its blocks back.
   ~Decoder() {
     if (holds_) (void)Restart();
@@ -140,11 +197,9 @@ class Decoder {
     pb::VerifyRequest req;
     codec::Encode(r, req.add_sequences());
     pb::VerifyResponse resp;
-    grpc::ClientContext ctx;
     holds_ = true;  // the worker may hold the sequence from here on, whatever the reply
     const Clock::time_point start = Clock::now();
-    const grpc::Status st = stub_->Verify(&ctx, req, &resp);
-    if (!st.ok()) return Check(st, "Verify");
+    if (absl::Status st = transport_.verify(req, &resp); !st.ok()) return st;
     if (resp.results_size() != 1) return absl::InternalError("Verify answered no sequence");
     const VerifySequenceResult result = codec::Decode(resp.results(0), resp.forward_ns());
     *micros = MicrosSince(start);
@@ -160,8 +215,7 @@ class Decoder {
     pb::ReleaseRequest req;
     req.set_seq_id(seq_);
     pb::ReleaseResponse resp;
-    grpc::ClientContext ctx;
-    absl::Status st = Check(stub_->Release(&ctx, req, &resp), "Release");
+    absl::Status st = transport_.release(req, &resp);
     ++seq_;
     holds_ = false;
     cached_ = 0;
@@ -170,10 +224,10 @@ class Decoder {
   }
 
  private:
-  pb::TargetWorker::Stub* stub_;
+  const Transport transport_;
+  SeqId seq_;
   const int64_t prompt_len_, steps_;
   const int32_t vocab_;
-  SeqId seq_ = kFirstSeq;
   bool holds_ = false;
   int64_t cached_ = 0, produced_ = 0;
   int32_t last_ = 0;
@@ -207,11 +261,28 @@ absl::Status Run(const Flags& flags) {
     }
     if (absl::Status s = Check(st, "Info"); !s.ok()) return s;
   }
-  Decoder decoder(target.get(), *prompt_len, *steps, static_cast<int32_t>(info.vocab_size()));
+  const int32_t vocab = static_cast<int32_t>(info.vocab_size());
+  const Transport grpc_transport = GrpcTransport(target.get());
+  Decoder decoder(grpc_transport, kFirstSeq, *prompt_len, *steps, vocab);
+  // The same calls over the worker's local socket, where it has one on this host.
+  std::unique_ptr<LocalChannel> same_host;
+  if (!info.local_socket().empty()) {
+    absl::StatusOr<std::unique_ptr<LocalChannel>> opened =
+        LocalChannel::Open(info.local_socket(), info.epoch(), absl::Seconds(5));
+    if (!opened.ok()) return opened.status();
+    same_host = *std::move(opened);
+  }
+  std::optional<Transport> local_transport;
+  std::optional<Decoder> local_decoder;
+  if (same_host != nullptr) {
+    local_transport = LocalTransport(same_host.get());
+    local_decoder.emplace(*local_transport, kFirstLocalSeq, *prompt_len, *steps, vocab);
+  }
 
   absl::StatusOr<std::unique_ptr<EchoChild>> echo = EchoChild::Start();
   if (!echo.ok()) return echo.status();
   std::vector<double> os_us, floor_us, handoff_us, verify_us, forward_us, beyond_us;
+  std::vector<double> local_handoff_us, local_beyond_us;
   // The first calls warm the connection and the worker's buffers; they are not counted.
   const int64_t warmup = std::min<int64_t>(*calls / 10, 50);
   for (int64_t i = 0; i < warmup + *calls; ++i) {
@@ -228,21 +299,9 @@ absl::Status Run(const Flags& flags) {
       if (absl::Status s = Check(st, "Health/Check"); !s.ok()) return s;
       if (keep) floor_us.push_back(us);
     }
-    {
-      grpc::ClientContext ctx;
-      pb::ReleaseRequest req;
-      req.set_seq_id(kAbsentSeq);
-      pb::ReleaseResponse resp;
-      const Clock::time_point start = Clock::now();
-      const grpc::Status st = target->Release(&ctx, req, &resp);
-      const double us = MicrosSince(start);
-      if (st.error_code() != grpc::StatusCode::NOT_FOUND) {
-        return absl::InternalError(
-            absl::StrCat("Release of an unknown sequence should be NOT_FOUND; got ",
-                         st.error_code(), " ", st.error_message()));
-      }
-      if (keep) handoff_us.push_back(us);
-    }
+    absl::StatusOr<double> handoff = ReleaseAbsent(grpc_transport);
+    if (!handoff.ok()) return handoff.status();
+    if (keep) handoff_us.push_back(*handoff);
     double us = 0, fwd = 0;
     if (absl::Status st = decoder.Step(&us, &fwd); !st.ok()) return st;
     if (keep) {
@@ -250,8 +309,20 @@ absl::Status Run(const Flags& flags) {
       forward_us.push_back(fwd);
       beyond_us.push_back(us - fwd);
     }
+    if (local_decoder.has_value()) {
+      handoff = ReleaseAbsent(*local_transport);
+      if (!handoff.ok()) return handoff.status();
+      if (absl::Status st = local_decoder->Step(&us, &fwd); !st.ok()) return st;
+      if (keep) {
+        local_handoff_us.push_back(*handoff);
+        local_beyond_us.push_back(us - fwd);
+      }
+    }
   }
   if (absl::Status st = decoder.Restart(); !st.ok()) return st;
+  if (local_decoder.has_value()) {
+    if (absl::Status st = local_decoder->Restart(); !st.ok()) return st;
+  }
 
   const Summary os = Summarize(os_us), floor = Summarize(floor_us), handoff = Summarize(handoff_us),
                 verify = Summarize(verify_us), forward = Summarize(forward_us),
@@ -271,20 +342,33 @@ absl::Status Run(const Flags& flags) {
       "  differences of medians: hand-off %.1f us, codec and runtime bookkeeping %.1f us; gRPC "
       "%.1f us\n",
       handoff.median - floor.median, beyond.median - handoff.median, floor.median);
+  std::optional<Summary> local_handoff, local_beyond;
+  if (local_decoder.has_value()) {
+    local_handoff = Summarize(local_handoff_us);
+    local_beyond = Summarize(local_beyond_us);
+    std::printf("  over the worker's local socket (%s), no gRPC:\n", info.local_socket().c_str());
+    line("  engine-thread call (Release of an unknown sequence)", *local_handoff);
+    line("  K = 0 Verify beyond the forward pass", *local_beyond);
+  }
 
   if (const std::string path = flags.Get("json"); !path.empty()) {
     const auto j = [](const Summary& s) {
       return nlohmann::json{{"median_us", s.median}, {"p10_us", s.p10}, {"p90_us", s.p90}};
     };
-    const nlohmann::json report = {{"target", address},
-                                   {"backend", info.backend()},
-                                   {"calls", *calls},
-                                   {"socketpair_ping_pong", j(os)},
-                                   {"grpc_floor", j(floor)},
-                                   {"engine_thread_call", j(handoff)},
-                                   {"verify_k0", j(verify)},
-                                   {"verify_k0_forward", j(forward)},
-                                   {"verify_k0_beyond_forward", j(beyond)}};
+    nlohmann::json report = {{"target", address},
+                             {"backend", info.backend()},
+                             {"calls", *calls},
+                             {"socketpair_ping_pong", j(os)},
+                             {"grpc_floor", j(floor)},
+                             {"engine_thread_call", j(handoff)},
+                             {"verify_k0", j(verify)},
+                             {"verify_k0_forward", j(forward)},
+                             {"verify_k0_beyond_forward", j(beyond)}};
+    if (local_handoff.has_value()) {
+      report["local_socket"] = {{"path", info.local_socket()},
+                                {"engine_thread_call", j(*local_handoff)},
+                                {"verify_k0_beyond_forward", j(*local_beyond)}};
+    }
     std::ofstream(path) << report.dump(2) << "\n";
   }
   return absl::OkStatus();
