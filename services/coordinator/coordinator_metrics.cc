@@ -205,6 +205,13 @@ CoordinatorMetrics::CoordinatorMetrics(int max_position)
                                "1 while the coordinator can use the worker, 0 while it waits for "
                                "it (crashed, hung, or back computing something else)")
                            .Register(*registry_);
+  worker_local_socket_family_ =
+      &prometheus::BuildGauge()
+           .Name("specd_worker_local_socket")
+           .Help(
+               "1 while the coordinator makes a round's calls to the worker over its same-host "
+               "socket (--local-socket), 0 while over gRPC")
+           .Register(*registry_);
   auto& restarts = prometheus::BuildCounter()
                        .Name("specd_worker_restarts_total")
                        .Help(
@@ -319,6 +326,11 @@ void CoordinatorMetrics::OnPrefixWait(int64_t sequences) {
 void CoordinatorMetrics::SetWorkerUp(Worker worker, bool up) {
   worker_up_family_->Add({{"worker", kWorkerNames[static_cast<size_t>(worker)]}})
       .Set(up ? 1.0 : 0.0);
+}
+
+void CoordinatorMetrics::SetWorkerLocalSocket(Worker worker, bool local) {
+  worker_local_socket_family_->Add({{"worker", kWorkerNames[static_cast<size_t>(worker)]}})
+      .Set(local ? 1.0 : 0.0);
 }
 
 void CoordinatorMetrics::OnWorkerRestart(Worker worker) {

@@ -94,6 +94,8 @@ class CoordinatorMetrics final {
   // Whether the coordinator can use `worker` now (1) or waits for it (0): crashed, hung, or back
   // computing something else. A worker the coordinator runs without has no series.
   void SetWorkerUp(Worker worker, bool up);
+  // Whether a round's calls to `worker` go over its same-host socket (1) or gRPC (0).
+  void SetWorkerLocalSocket(Worker worker, bool local);
   // `worker` came back as a new process, whose sequences the coordinator replays.
   void OnWorkerRestart(Worker worker);
 
@@ -123,6 +125,7 @@ class CoordinatorMetrics final {
   prometheus::Counter* deferred_;
   prometheus::Counter* prefix_waits_;
   prometheus::Family<prometheus::Gauge>* worker_up_family_;
+  prometheus::Family<prometheus::Gauge>* worker_local_socket_family_;
   std::array<prometheus::Counter*, 2> worker_restarts_{};
   prometheus::Family<prometheus::Counter>* finished_family_;
   prometheus::Family<prometheus::Counter>* errors_family_;

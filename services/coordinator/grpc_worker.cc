@@ -105,8 +105,23 @@ void GrpcWorker::OpenLocalSocket(const pb::InfoResponse& info) {
         info.local_socket(), info.epoch(), std::min(call_timeout_, absl::Seconds(5)));
     if (channel.ok()) opened = *std::move(channel);
   }
-  absl::MutexLock lock(&local_mu_);
-  local_ = std::move(opened);
+  {
+    absl::MutexLock lock(&local_mu_);
+    local_ = std::move(opened);
+  }
+  PublishTransport();
+}
+
+void GrpcWorker::SetMetrics(CoordinatorMetrics* metrics) {
+  metrics_ = metrics;
+  PublishTransport();
+}
+
+void GrpcWorker::PublishTransport() const {
+  if (metrics_ == nullptr) return;
+  metrics_->SetWorkerLocalSocket(role_ == Role::kDraft ? CoordinatorMetrics::Worker::kDraft
+                                                       : CoordinatorMetrics::Worker::kTarget,
+                                 UsesLocalSocket());
 }
 
 bool GrpcWorker::UsesLocalSocket() const {

@@ -67,7 +67,8 @@ class GrpcWorker final : public WorkerApi {
   bool UsesLocalSocket() const;
   // Records each later RPC's bytes and duration under this worker's role; null turns it off.
   // `metrics` must outlive this worker.
-  void SetMetrics(CoordinatorMetrics* metrics) { metrics_ = metrics; }
+  // Also publishes which transport a round's calls take (specd_worker_local_socket).
+  void SetMetrics(CoordinatorMetrics* metrics);
 
  private:
   GrpcWorker(Role role, std::string address, std::shared_ptr<grpc::Channel> channel,
@@ -86,6 +87,7 @@ class GrpcWorker final : public WorkerApi {
   // (Re)opens the local socket `info` names for its epoch, or drops it: it is another process's,
   // or none listens there (a worker on another host).
   void OpenLocalSocket(const worker::v1::InfoResponse& info);
+  void PublishTransport() const;
   void SetDeadline(grpc::ClientContext* context) const;
   void RecordRpc(absl::Time start, size_t request_bytes, size_t response_bytes) const;
 

@@ -104,6 +104,27 @@ TEST_P(GrpcWorkerTest, ARestartBetweenCallsIsRefusedUntilTheWorkerIsProbedAgain)
                                                     ": it came back with kv_dtype bf16 (was f32)"));
 }
 
+// A socket the client cannot reach (a worker on another host, or in a container whose sockets
+// are not shared): Info names it, and the calls stay on gRPC.
+TEST_P(GrpcWorkerTest, AnUnreachableSocketLeavesTheCallsOnGrpc) {
+  const std::string elsewhere = (tmp_.path() / "elsewhere.sock").string();
+  std::unique_ptr<ChildProcess> target =
+      StartTarget(GetParam() ? std::vector<std::string>{}
+                             : std::vector<std::string>{"--local-socket", elsewhere});
+  ASSERT_NE(target, nullptr);
+  const std::string named = GetParam() ? local_socket() : elsewhere;
+  ASSERT_EQ(std::filesystem::remove(named), true);
+  absl::StatusOr<std::unique_ptr<GrpcWorker>> worker = GrpcWorker::Connect(
+      GrpcWorker::Role::kTarget, socket(), absl::Seconds(10), absl::Seconds(5), true);
+  ASSERT_TRUE(worker.ok()) << worker.status();
+  EXPECT_EQ((*worker)->info().local_socket(), named);
+  EXPECT_FALSE((*worker)->UsesLocalSocket());
+  const VerifySequenceRequest first = NewSequence(1);
+  const absl::StatusOr<std::vector<VerifySequenceResult>> served = (*worker)->Verify({&first, 1});
+  ASSERT_TRUE(served.ok()) << served.status();
+  EXPECT_TRUE((*served)[0].status.ok()) << (*served)[0].status;
+}
+
 INSTANTIATE_TEST_SUITE_P(Transport, GrpcWorkerTest, ::testing::Bool(),
                          [](const ::testing::TestParamInfo<bool>& info) {
                            return info.param ? "LocalSocket" : "Grpc";

@@ -155,7 +155,10 @@ TEST(PrometheusTest, PromqlAcceptanceRateMatchesUsageAndDashboardQueriesRun) {
   ScopedTempDir tmp;
   const std::filesystem::path model = tmp.path() / "stories260K";
   ASSERT_TRUE(testing::PrepareModel(testing::ModelKind::kStories260K, model).ok());
-  auto target = ChildProcess::Start(testing::TargetWorkerBinary(), testing::WorkerArgs(model));
+  // The target on this host's socket path, the draft on gRPC only.
+  auto target = ChildProcess::Start(
+      testing::TargetWorkerBinary(),
+      testing::WorkerArgs(model, {"--local-socket", (tmp.path() / "target.sock").string()}));
   ASSERT_TRUE(target.ok()) << target.status();
   auto draft = ChildProcess::Start(
       testing::DraftWorkerBinary(),
@@ -273,6 +276,9 @@ TEST(PrometheusTest, PromqlAcceptanceRateMatchesUsageAndDashboardQueriesRun) {
   // Both workers up throughout, never restarted.
   EXPECT_EQ(Scalar(prometheus.Query("min(specd_worker_up)")), 1);
   EXPECT_EQ(Scalar(prometheus.Query("count(specd_worker_up)")), 2);
+  // The target's round calls take its socket; the draft, which serves none, is on gRPC.
+  EXPECT_EQ(Scalar(prometheus.Query("specd_worker_local_socket{worker=\"target\"}")), 1);
+  EXPECT_EQ(Scalar(prometheus.Query("specd_worker_local_socket{worker=\"draft\"}")), 0);
   EXPECT_EQ(Scalar(prometheus.Query("sum(specd_worker_restarts_total)")), 0);
 
   // `specd health`, as the compose health checks run it, sees the coordinator SERVING.
