@@ -29,17 +29,17 @@ absl::Status WorkerRpcs::CheckEpoch(uint64_t expected) const {
                    "): read Info again before sending sequences here"));
 }
 
-void WorkerRpcs::Draft(const pb::DraftRequest& request, pb::DraftResponse* response,
-                       Cancelled cancelled, Done done) {
+template <typename Request, typename Pass>
+void WorkerRpcs::PostPass(const Request& request, Cancelled cancelled, Done done, Pass pass) {
   if (absl::Status st = codec::Validate(request);
       !st.ok() || !(st = CheckEpoch(request.expected_epoch())).ok()) {
     std::move(done)(st);
     return;
   }
-  std::vector<DraftSequenceRequest> batch;
+  std::vector<decltype(codec::Decode(request.sequences(0)))> batch;
   batch.reserve(static_cast<size_t>(request.sequences_size()));
-  for (const pb::DraftSequence& s : request.sequences()) batch.push_back(codec::Decode(s));
-  engine_->Post([response, cancelled = std::move(cancelled), done = std::move(done),
+  for (const auto& s : request.sequences()) batch.push_back(codec::Decode(s));
+  engine_->Post([cancelled = std::move(cancelled), done = std::move(done), pass = std::move(pass),
                  batch = std::move(batch)](WorkerRuntime& runtime) mutable {
     // A call cancelled while queued costs nothing; one cancelled mid-way runs to the end, so
     // the cache and kept rows stay consistent with what the runtime reports next time.
@@ -47,38 +47,32 @@ void WorkerRpcs::Draft(const pb::DraftRequest& request, pb::DraftResponse* respo
       std::move(done)(absl::CancelledError("the call was cancelled"));
       return;
     }
-    runtime.Draft(batch,
-                  [&](const DraftStep& step) { codec::Encode(step, runtime.kv_free(), response); });
+    pass(runtime, batch);
     std::move(done)(absl::OkStatus());
   });
 }
 
+void WorkerRpcs::Draft(const pb::DraftRequest& request, pb::DraftResponse* response,
+                       Cancelled cancelled, Done done) {
+  PostPass(request, std::move(cancelled), std::move(done),
+           [response](WorkerRuntime& runtime, const std::vector<DraftSequenceRequest>& batch) {
+             runtime.Draft(batch, [&](const DraftStep& step) {
+               codec::Encode(step, runtime.kv_free(), response);
+             });
+           });
+}
+
 void WorkerRpcs::Verify(const pb::VerifyRequest& request, pb::VerifyResponse* response,
                         Cancelled cancelled, Done done) {
-  if (absl::Status st = codec::Validate(request);
-      !st.ok() || !(st = CheckEpoch(request.expected_epoch())).ok()) {
-    std::move(done)(st);
-    return;
-  }
-  std::vector<VerifySequenceRequest> batch;
-  batch.reserve(static_cast<size_t>(request.sequences_size()));
-  for (const pb::VerifySequence& s : request.sequences()) batch.push_back(codec::Decode(s));
-  engine_->Post([response, cancelled = std::move(cancelled), done = std::move(done),
-                 batch = std::move(batch)](WorkerRuntime& runtime) mutable {
-    // As in Draft: a call cancelled while queued costs nothing, one cancelled mid-way runs to
-    // the end.
-    if (cancelled()) {
-      std::move(done)(absl::CancelledError("the call was cancelled"));
-      return;
-    }
-    int64_t forward_ns = 0;
-    for (const VerifySequenceResult& result : runtime.Verify(batch)) {
-      forward_ns = std::max(forward_ns, result.forward_ns);
-      codec::Encode(result, runtime.kv_free(), response->add_results());
-    }
-    response->set_forward_ns(forward_ns);
-    std::move(done)(absl::OkStatus());
-  });
+  PostPass(request, std::move(cancelled), std::move(done),
+           [response](WorkerRuntime& runtime, const std::vector<VerifySequenceRequest>& batch) {
+             int64_t forward_ns = 0;
+             for (const VerifySequenceResult& result : runtime.Verify(batch)) {
+               forward_ns = std::max(forward_ns, result.forward_ns);
+               codec::Encode(result, runtime.kv_free(), response->add_results());
+             }
+             response->set_forward_ns(forward_ns);
+           });
 }
 
 void WorkerRpcs::Truncate(const pb::TruncateRequest& request, pb::TruncateResponse* response,

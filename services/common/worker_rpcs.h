@@ -68,6 +68,10 @@ class WorkerRpcs {
   // OK unless the caller expects another process: `expected` is a request's expected_epoch, and
   // 0 checks nothing.
   absl::Status CheckEpoch(uint64_t expected) const;
+  // Draft and Verify: checks the request and decodes its sequences, then runs
+  // `pass(runtime, batch)` on the engine thread and finishes the call.
+  template <typename Request, typename Pass>
+  void PostPass(const Request& request, Cancelled cancelled, Done done, Pass pass);
 
   EngineThread* engine_;  // not owned
   const worker::v1::InfoResponse info_;
