@@ -26,9 +26,11 @@
 #                  malformed requests against a twin, greedy speculative == plain for every
 #                  K, and the chi-square distribution tests
 #   speedup        speculative speed-up in process, 3B target with an early-exit draft, K = 2, 4, 6
-#   serve_speedup  the same over gRPC: `specd serve --backend cuda` and `specd bench --compare`
-#                  (speed-up, efficiency, coordinator overhead per round), then where a worker
-#                  call's time goes (worker_rpc_bench), packed services only
+#   serve_speedup  the same over the services: `specd serve --backend cuda` (the round's calls
+#                  on the workers' same-host sockets, the rest on gRPC) and `specd bench
+#                  --compare` (speed-up, efficiency, coordinator overhead per round), then where
+#                  a worker call's time goes over gRPC and over the socket (worker_rpc_bench),
+#                  packed services only
 #   hf_generate    transformers' plain and assisted generate() on the 3B pair's checkpoint
 #   concurrency    tokens/s against 1..64 streams over gRPC, K = 0, fixed K = 4 and adaptive K
 #   sanitize       compute-sanitizer's memcheck and racecheck over the CUDA-only tests
