@@ -10,30 +10,11 @@ EngineThread::EngineThread(std::unique_ptr<WorkerRuntime> runtime, DeviceLost on
 EngineThread::~EngineThread() { Stop(); }
 
 void EngineThread::Post(Job job) {
-  unfinished_.fetch_add(1);
-  queue_.Post([this, job = std::move(job)]() mutable {
-    Run(std::move(job));
-    unfinished_.fetch_sub(1);
-  });
-}
-
-void EngineThread::RunOrPost(Job job) {
-  // A job posted after the count was read is concurrent with this one: either order is one the
-  // callers could have seen.
-  if (unfinished_.load() == 0 && run_mu_.TryLock()) {
-    RunLocked(std::move(job));
-    run_mu_.Unlock();
-    return;
-  }
-  Post(std::move(job));
+  queue_.Post([this, job = std::move(job)]() mutable { Run(std::move(job)); });
 }
 
 void EngineThread::Run(Job job) {
   absl::MutexLock lock(&run_mu_);
-  RunLocked(std::move(job));
-}
-
-void EngineThread::RunLocked(Job job) {
   std::move(job)(*runtime_);
   if (!on_device_lost_) return;
   if (const absl::Status health = runtime_->engine().backend().Health(); !health.ok()) {

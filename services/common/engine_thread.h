@@ -6,8 +6,6 @@
 #ifndef SPECD_SERVICES_COMMON_ENGINE_THREAD_H_
 #define SPECD_SERVICES_COMMON_ENGINE_THREAD_H_
 
-#include <atomic>
-#include <cstdint>
 #include <memory>
 
 #include "absl/base/thread_annotations.h"
@@ -35,25 +33,17 @@ class EngineThread {
   // on the caller's thread), so a reactor waiting on it always finishes.
   void Post(Job job);
 
-  // Runs `job` on the calling thread when no job is queued or running, else queues it as Post
-  // does; either way after every job posted before it. For a caller that waits for the job
-  // anyway (the same-host socket's connection threads), it saves the hand-off to the engine
-  // thread and back: two thread wake-ups. Never from a thread that must not block (gRPC's).
-  void RunOrPost(Job job);
-
   // Runs every queued job, then joins the thread. Idempotent.
   void Stop() { queue_.Stop(); }
 
  private:
   void Run(Job job);
-  void RunLocked(Job job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(run_mu_);
 
   // Held while a job runs: the queue's one thread needs it only for the jobs run inline after
   // Stop(), which may come from several threads at once.
   absl::Mutex run_mu_;
   std::unique_ptr<WorkerRuntime> runtime_ ABSL_GUARDED_BY(run_mu_);
   DeviceLost on_device_lost_ ABSL_GUARDED_BY(run_mu_);  // empty once run
-  std::atomic<int64_t> unfinished_{0};                  // posted jobs not yet run to the end
   WorkQueue queue_{1};                                  // last: stopped before the runtime goes
 };
 

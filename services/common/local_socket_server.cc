@@ -38,7 +38,7 @@ bool PeerGone(int fd) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<LocalSocketServer>> LocalSocketServer::Start(const std::string& path,
-                                                                            const WorkerRpcs& rpcs,
+                                                                            WorkerRpcs* rpcs,
                                                                             std::string program) {
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
@@ -67,7 +67,7 @@ absl::StatusOr<std::unique_ptr<LocalSocketServer>> LocalSocketServer::Start(cons
   struct stat bound {};
   lstat(path.c_str(), &bound);
   std::unique_ptr<LocalSocketServer> server(
-      new LocalSocketServer(path, fd, rpcs.InlineWhenIdle(), std::move(program)));
+      new LocalSocketServer(path, fd, rpcs, std::move(program)));
   server->inode_ = bound.st_ino;
   server->accept_thread_ = std::thread([s = server.get()] { s->AcceptLoop(); });
   return server;
@@ -140,7 +140,7 @@ void LocalSocketServer::AcceptLoop() {
 
 void LocalSocketServer::Serve(Connection* connection) {
   const int fd = connection->fd;
-  const std::string hello = local::EncodeHello({rpcs_.epoch(), kWorkerProtocolVersion});
+  const std::string hello = local::EncodeHello({rpcs_->epoch(), kWorkerProtocolVersion});
   absl::Status status = local::WriteFrame(fd, local::kHelloTag, hello, absl::Now() + kWriteTimeout);
   while (status.ok()) {
     absl::StatusOr<local::Frame> request = local::ReadFrame(fd, absl::InfiniteFuture());
@@ -180,37 +180,37 @@ LocalSocketServer::Reply LocalSocketServer::Call(const local::Frame& request, in
     if (!status.ok()) return {status.code(), std::string(status.message())};
     return {absl::StatusCode::kOk, response_message.SerializeAsString()};
   };
-  const bool draft = rpcs_.role() == pb::WORKER_ROLE_DRAFT;
+  const bool draft = rpcs_->role() == pb::WORKER_ROLE_DRAFT;
   auto cancelled = [fd] { return PeerGone(fd); };
   switch (method) {
     case local::Method::kDraft:
       if (!draft) break;
       return run(pb::DraftRequest(), pb::DraftResponse(), [&](auto& req, auto* resp, auto done) {
-        rpcs_.Draft(req, resp, cancelled, std::move(done));
+        rpcs_->Draft(req, resp, cancelled, std::move(done));
       });
     case local::Method::kVerify:
       if (draft) break;
       return run(pb::VerifyRequest(), pb::VerifyResponse(), [&](auto& req, auto* resp, auto done) {
-        rpcs_.Verify(req, resp, cancelled, std::move(done));
+        rpcs_->Verify(req, resp, cancelled, std::move(done));
       });
     case local::Method::kQueryLogprobs:
       if (draft) break;
       return run(pb::QueryLogprobsRequest(), pb::QueryLogprobsResponse(),
                  [&](auto& req, auto* resp, auto done) {
-                   rpcs_.QueryLogprobs(req, resp, std::move(done));
+                   rpcs_->QueryLogprobs(req, resp, std::move(done));
                  });
     case local::Method::kTruncate:
       return run(
           pb::TruncateRequest(), pb::TruncateResponse(),
-          [&](auto& req, auto* resp, auto done) { rpcs_.Truncate(req, resp, std::move(done)); });
+          [&](auto& req, auto* resp, auto done) { rpcs_->Truncate(req, resp, std::move(done)); });
     case local::Method::kReadRows:
       return run(
           pb::ReadRowsRequest(), pb::ReadRowsResponse(),
-          [&](auto& req, auto* resp, auto done) { rpcs_.ReadRows(req, resp, std::move(done)); });
+          [&](auto& req, auto* resp, auto done) { rpcs_->ReadRows(req, resp, std::move(done)); });
     case local::Method::kRelease:
       return run(
           pb::ReleaseRequest(), pb::ReleaseResponse(),
-          [&](auto& req, auto* resp, auto done) { rpcs_.Release(req, resp, std::move(done)); });
+          [&](auto& req, auto* resp, auto done) { rpcs_->Release(req, resp, std::move(done)); });
   }
   return {absl::StatusCode::kUnimplemented,
           absl::StrCat("the ", draft ? "draft" : "target", " worker serves no method ",

@@ -29,11 +29,9 @@ class LocalSocketServer {
   static constexpr int kMaxConnections = 64;
 
   // Listens on `path`, replacing a socket a previous process left there (never another kind of
-  // file), readable and writable by this user only. Serves `rpcs`' calls, each run on its
-  // connection's thread while the engine thread is idle (WorkerRpcs::InlineWhenIdle): the thread
-  // waits for it anyway. The engine thread must outlive the server.
+  // file), readable and writable by this user only. `rpcs` must outlive the server.
   static absl::StatusOr<std::unique_ptr<LocalSocketServer>> Start(const std::string& path,
-                                                                  const WorkerRpcs& rpcs,
+                                                                  WorkerRpcs* rpcs,
                                                                   std::string program);
   ~LocalSocketServer();  // Stop()
 
@@ -56,11 +54,8 @@ class LocalSocketServer {
     std::string payload;  // the response message, or the error's message
   };
 
-  LocalSocketServer(std::string path, int listen_fd, WorkerRpcs rpcs, std::string program)
-      : path_(std::move(path)),
-        listen_fd_(listen_fd),
-        rpcs_(std::move(rpcs)),
-        program_(std::move(program)) {}
+  LocalSocketServer(std::string path, int listen_fd, WorkerRpcs* rpcs, std::string program)
+      : path_(std::move(path)), listen_fd_(listen_fd), rpcs_(rpcs), program_(std::move(program)) {}
 
   void AcceptLoop();
   void Serve(Connection* connection);
@@ -70,7 +65,7 @@ class LocalSocketServer {
 
   const std::string path_;
   const int listen_fd_;
-  WorkerRpcs rpcs_;
+  WorkerRpcs* const rpcs_;
   const std::string program_;
   ino_t inode_ = 0;  // of the socket file bound at `path_`
   std::thread accept_thread_;

@@ -382,7 +382,7 @@ int WorkerMain(int argc, char** argv, const WorkerMainSpec& spec) {
   std::unique_ptr<LocalSocketServer> local_server;
   if (!config->local_socket.empty()) {
     absl::StatusOr<std::unique_ptr<LocalSocketServer>> started =
-        LocalSocketServer::Start(config->local_socket, rpcs, spec.program);
+        LocalSocketServer::Start(config->local_socket, &rpcs, spec.program);
     if (!started.ok()) return Fail(spec, started.status());
     local_server = *std::move(started);
   }

@@ -15,7 +15,7 @@ namespace pb = ::specd::worker::v1;
 void WorkerRpcs::Info(const pb::InfoRequest& request, pb::InfoResponse* response, Done done) {
   // The copy (megabytes with the tokenizer files) is made here, not on the engine thread.
   *response = request.omit_tokenizer_files() ? info_without_files_ : info_;
-  Submit([response, done = std::move(done)](WorkerRuntime& runtime) mutable {
+  engine_->Post([response, done = std::move(done)](WorkerRuntime& runtime) mutable {
     response->set_kv_free_blocks(runtime.kv_free().blocks);
     std::move(done)(absl::OkStatus());
   });
@@ -39,8 +39,8 @@ void WorkerRpcs::PostPass(const Request& request, Cancelled cancelled, Done done
   std::vector<decltype(codec::Decode(request.sequences(0)))> batch;
   batch.reserve(static_cast<size_t>(request.sequences_size()));
   for (const auto& s : request.sequences()) batch.push_back(codec::Decode(s));
-  Submit([cancelled = std::move(cancelled), done = std::move(done), pass = std::move(pass),
-          batch = std::move(batch)](WorkerRuntime& runtime) mutable {
+  engine_->Post([cancelled = std::move(cancelled), done = std::move(done), pass = std::move(pass),
+                 batch = std::move(batch)](WorkerRuntime& runtime) mutable {
     // A call cancelled while queued costs nothing; one cancelled mid-way runs to the end, so
     // the cache and kept rows stay consistent with what the runtime reports next time.
     if (cancelled()) {
@@ -81,7 +81,7 @@ void WorkerRpcs::Truncate(const pb::TruncateRequest& request, pb::TruncateRespon
     std::move(done)(st);
     return;
   }
-  Submit([&request, response, done = std::move(done)](WorkerRuntime& runtime) mutable {
+  engine_->Post([&request, response, done = std::move(done)](WorkerRuntime& runtime) mutable {
     for (const TruncateSequenceRequest& r : codec::Decode(request)) {
       const SequenceAnswer<TruncateResult> answer{r.seq, runtime.Truncate(r)};
       codec::Encode(answer, runtime.kv_free(), response->add_results());
@@ -96,7 +96,7 @@ void WorkerRpcs::ReadRows(const pb::ReadRowsRequest& request, pb::ReadRowsRespon
     std::move(done)(st);
     return;
   }
-  Submit([&request, response, done = std::move(done)](WorkerRuntime& runtime) mutable {
+  engine_->Post([&request, response, done = std::move(done)](WorkerRuntime& runtime) mutable {
     for (const RowQuery& q : codec::Decode(request)) {
       const SequenceAnswer<ProbRow> answer{q.seq, runtime.ReadRow(q.seq, q.step)};
       const absl::StatusOr<int64_t> cached = runtime.CachedLength(q.seq);
@@ -112,7 +112,7 @@ void WorkerRpcs::QueryLogprobs(const pb::QueryLogprobsRequest& request,
     std::move(done)(st);
     return;
   }
-  Submit([&request, response, done = std::move(done)](WorkerRuntime& runtime) mutable {
+  engine_->Post([&request, response, done = std::move(done)](WorkerRuntime& runtime) mutable {
     for (const LogprobQuery& q : codec::Decode(request)) {
       codec::Encode({q.seq, runtime.QueryLogprobs(q.seq, q.step, q.tokens)},
                     response->add_answers());
@@ -123,7 +123,7 @@ void WorkerRpcs::QueryLogprobs(const pb::QueryLogprobsRequest& request,
 
 void WorkerRpcs::Release(const pb::ReleaseRequest& request, pb::ReleaseResponse* response,
                          Done done) {
-  Submit(
+  engine_->Post(
       [seq = request.seq_id(), response, done = std::move(done)](WorkerRuntime& runtime) mutable {
         const absl::Status status = runtime.Release(seq);
         if (status.ok()) {
@@ -135,7 +135,7 @@ void WorkerRpcs::Release(const pb::ReleaseRequest& request, pb::ReleaseResponse*
 }
 
 void WorkerRpcs::ReleaseAll(pb::ReleaseAllResponse* response, Done done) {
-  Submit([this, response, done = std::move(done)](WorkerRuntime& runtime) mutable {
+  engine_->Post([this, response, done = std::move(done)](WorkerRuntime& runtime) mutable {
     const int64_t free_before = runtime.kv_free().blocks;
     const int64_t released = runtime.ReleaseAll();
     const int64_t free_blocks = runtime.kv_free().blocks;

@@ -56,14 +56,6 @@ class WorkerRpcs {
                Done done);
   void ReleaseAll(worker::v1::ReleaseAllResponse* response, Done done);
 
-  // The same calls, whose jobs run on the calling thread while the engine thread is idle
-  // (EngineThread::RunOrPost): for a transport whose threads wait for them anyway.
-  WorkerRpcs InlineWhenIdle() const {
-    WorkerRpcs rpcs = *this;
-    rpcs.inline_when_idle_ = true;
-    return rpcs;
-  }
-
   worker::v1::WorkerRole role() const { return info_.role(); }
   uint64_t epoch() const { return info_.epoch(); }
   EngineThread& engine() { return *engine_; }
@@ -81,16 +73,7 @@ class WorkerRpcs {
   template <typename Request, typename Pass>
   void PostPass(const Request& request, Cancelled cancelled, Done done, Pass pass);
 
-  void Submit(EngineThread::Job job) {
-    if (inline_when_idle_) {
-      engine_->RunOrPost(std::move(job));
-    } else {
-      engine_->Post(std::move(job));
-    }
-  }
-
   EngineThread* engine_;  // not owned
-  bool inline_when_idle_ = false;
   const worker::v1::InfoResponse info_;
   const worker::v1::InfoResponse info_without_files_;  // for InfoRequest.omit_tokenizer_files
   const std::string program_;

@@ -7,12 +7,9 @@
 #include <chrono>
 #include <future>
 #include <memory>
-#include <thread>
 #include <utility>
-#include <vector>
 
 #include "absl/status/status.h"
-#include "absl/synchronization/mutex.h"
 #include "common/engine/llama_engine.h"
 #include "common/model/weights.h"
 #include "common/synth/synth.h"
@@ -85,45 +82,6 @@ TEST_F(EngineThreadTest, ALostDeviceIsHandedToTheHandlerOnceAfterItsJob) {
   RunJob(thread);
   thread.Stop();
   EXPECT_EQ(calls.load(), 1);
-}
-
-TEST_F(EngineThreadTest, RunOrPostRunsOnTheCallerWhenIdleAndAfterEarlierJobsOtherwise) {
-  EngineThread thread(std::move(runtime_), [](const absl::Status&) {});
-  // Idle: the caller's own thread runs it, and has when RunOrPost returns.
-  std::thread::id ran_on;
-  thread.RunOrPost([&](WorkerRuntime&) { ran_on = std::this_thread::get_id(); });
-  EXPECT_EQ(ran_on, std::this_thread::get_id());
-
-  // Busy: it is queued behind the running job and the one queued after it, and runs on the
-  // engine thread in that order.
-  std::promise<void> release;
-  std::shared_future<void> released = release.get_future().share();
-  std::promise<void> started;
-  std::vector<int> order;
-  absl::Mutex mu;
-  thread.Post([&](WorkerRuntime&) {
-    started.set_value();
-    released.wait();
-    absl::MutexLock lock(&mu);
-    order.push_back(1);
-  });
-  thread.Post([&](WorkerRuntime&) {
-    absl::MutexLock lock(&mu);
-    order.push_back(2);
-  });
-  started.get_future().wait();
-  std::promise<std::thread::id> third;
-  thread.RunOrPost([&](WorkerRuntime&) {
-    {
-      absl::MutexLock lock(&mu);
-      order.push_back(3);
-    }
-    third.set_value(std::this_thread::get_id());
-  });
-  release.set_value();
-  EXPECT_NE(third.get_future().get(), std::this_thread::get_id());
-  thread.Stop();
-  EXPECT_EQ(order, (std::vector<int>{1, 2, 3}));
 }
 
 }  // namespace
