@@ -76,6 +76,17 @@ uint32_t GetU32(const char* in) {
 
 }  // namespace
 
+absl::StatusOr<sockaddr_un> UnixAddress(const std::string& path) {
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (path.empty() || path.size() >= sizeof(addr.sun_path)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a path of 1 to ", sizeof(addr.sun_path) - 1, " bytes, got ", path.size()));
+  }
+  std::memcpy(addr.sun_path, path.data(), path.size());
+  return addr;
+}
+
 const char* MethodName(Method m) {
   switch (m) {
     case Method::kDraft:

@@ -12,6 +12,8 @@
 #ifndef SPECD_SERVICES_COMMON_LOCAL_FRAME_H_
 #define SPECD_SERVICES_COMMON_LOCAL_FRAME_H_
 
+#include <sys/un.h>
+
 #include <cstdint>
 #include <string>
 
@@ -35,6 +37,10 @@ const char* MethodName(Method m);
 inline constexpr uint8_t kHelloTag = 0x68;
 // As the coordinator's gRPC channel: a long prompt's Verify is megabytes at most.
 inline constexpr uint32_t kMaxFrameBytes = 256u << 20;
+
+// The address of the Unix socket at `path`; INVALID_ARGUMENT for a path that cannot be one
+// (empty, or too long for sun_path).
+absl::StatusOr<sockaddr_un> UnixAddress(const std::string& path);
 
 struct Frame {
   uint8_t tag = 0;

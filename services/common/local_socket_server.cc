@@ -40,13 +40,10 @@ bool PeerGone(int fd) {
 absl::StatusOr<std::unique_ptr<LocalSocketServer>> LocalSocketServer::Start(const std::string& path,
                                                                             WorkerRpcs* rpcs,
                                                                             std::string program) {
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  if (path.empty() || path.size() >= sizeof(addr.sun_path)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--local-socket: a path of 1 to ", sizeof(addr.sun_path) - 1, " bytes, got ", path.size()));
+  const absl::StatusOr<sockaddr_un> addr = local::UnixAddress(path);
+  if (!addr.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--local-socket: ", addr.status().message()));
   }
-  std::memcpy(addr.sun_path, path.data(), path.size());
   struct stat st {};
   if (lstat(path.c_str(), &st) == 0) {
     if (!S_ISSOCK(st.st_mode)) {
@@ -58,7 +55,7 @@ absl::StatusOr<std::unique_ptr<LocalSocketServer>> LocalSocketServer::Start(cons
   const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return SocketError(path, "create a socket");
   // Nobody can connect before listen(), so the mode is set before anyone could use the socket.
-  if (bind(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) != 0 ||
+  if (bind(fd, reinterpret_cast<const sockaddr*>(&*addr), sizeof(*addr)) != 0 ||
       chmod(path.c_str(), 0600) != 0 || listen(fd, 16) != 0) {
     const absl::Status status = SocketError(path, "listen");
     close(fd);

@@ -58,7 +58,6 @@ class WorkerRpcs {
 
   worker::v1::WorkerRole role() const { return info_.role(); }
   uint64_t epoch() const { return info_.epoch(); }
-  EngineThread& engine() { return *engine_; }
 
  private:
   static worker::v1::InfoResponse WithoutFiles(worker::v1::InfoResponse info) {

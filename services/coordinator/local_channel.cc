@@ -36,15 +36,11 @@ LocalChannel::~LocalChannel() {
 }
 
 absl::StatusOr<int> LocalChannel::Connect(absl::Time deadline) const {
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  if (path_.empty() || path_.size() >= sizeof(addr.sun_path)) {
-    return absl::UnavailableError(absl::StrCat("no socket can be at ", path_));
-  }
-  std::memcpy(addr.sun_path, path_.data(), path_.size());
+  const absl::StatusOr<sockaddr_un> addr = local::UnixAddress(path_);
+  if (!addr.ok()) return absl::UnavailableError(absl::StrCat("no socket can be at ", path_));
   const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (fd < 0) return absl::UnavailableError(absl::StrCat("socket: ", strerror(errno)));
-  if (connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) != 0) {
+  if (connect(fd, reinterpret_cast<const sockaddr*>(&*addr), sizeof(*addr)) != 0) {
     const absl::Status status =
         absl::UnavailableError(absl::StrCat("cannot connect to ", path_, ": ", strerror(errno)));
     close(fd);

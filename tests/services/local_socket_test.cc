@@ -160,14 +160,21 @@ class LocalSocketWorkerTest : public ::testing::Test {
     return info;
   }
 
+  // A raw connection to `path`, or -1.
+  static int RawConnect(const std::string& path) {
+    const int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+    const absl::StatusOr<sockaddr_un> addr = local::UnixAddress(path);
+    if (!addr.ok() || connect(fd, reinterpret_cast<const sockaddr*>(&*addr), sizeof(*addr)) != 0) {
+      close(fd);
+      return -1;
+    }
+    return fd;
+  }
+
   // A raw connection whose hello has been read.
   static int Connect(const std::string& path) {
-    const int fd = socket(AF_UNIX, SOCK_STREAM, 0);
-    sockaddr_un addr{};
-    addr.sun_family = AF_UNIX;
-    std::memcpy(addr.sun_path, path.data(), path.size());
-    EXPECT_EQ(connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)), 0)
-        << strerror(errno);
+    const int fd = RawConnect(path);
+    EXPECT_GE(fd, 0) << "cannot connect to " << path;
     const absl::StatusOr<local::Frame> hello = local::ReadFrame(fd, Soon());
     EXPECT_TRUE(hello.ok() && local::DecodeHello(*hello).ok()) << hello.status();
     return fd;
@@ -316,11 +323,8 @@ TEST_F(LocalSocketWorkerTest, MalformedRequestsGetTheirStatusAndHarmNothing) {
   // More connections than the worker keeps: the extra ones are closed at once.
   std::vector<int> many;
   for (int i = 0; i < 70; ++i) {
-    const int c = socket(AF_UNIX, SOCK_STREAM, 0);
-    sockaddr_un addr{};
-    addr.sun_family = AF_UNIX;
-    std::memcpy(addr.sun_path, path.data(), path.size());
-    ASSERT_EQ(connect(c, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)), 0);
+    const int c = RawConnect(path);
+    ASSERT_GE(c, 0);
     many.push_back(c);
   }
   int refused = 0;
