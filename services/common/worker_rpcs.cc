@@ -75,49 +75,41 @@ void WorkerRpcs::Verify(const pb::VerifyRequest& request, pb::VerifyResponse* re
            });
 }
 
-void WorkerRpcs::Truncate(const pb::TruncateRequest& request, pb::TruncateResponse* response,
-                          Done done) {
+template <typename Request, typename Answer>
+void WorkerRpcs::PostQueries(const Request& request, Done done, Answer answer) {
   if (const absl::Status st = codec::Validate(request); !st.ok()) {
     std::move(done)(st);
     return;
   }
-  engine_->Post([&request, response, done = std::move(done)](WorkerRuntime& runtime) mutable {
-    for (const TruncateSequenceRequest& r : codec::Decode(request)) {
-      const SequenceAnswer<TruncateResult> answer{r.seq, runtime.Truncate(r)};
-      codec::Encode(answer, runtime.kv_free(), response->add_results());
-    }
+  engine_->Post([&request, done = std::move(done),
+                 answer = std::move(answer)](WorkerRuntime& runtime) mutable {
+    for (const auto& query : codec::Decode(request)) answer(runtime, query);
     std::move(done)(absl::OkStatus());
   });
 }
 
+void WorkerRpcs::Truncate(const pb::TruncateRequest& request, pb::TruncateResponse* response,
+                          Done done) {
+  PostQueries(request, std::move(done),
+              [response](WorkerRuntime& runtime, const TruncateSequenceRequest& r) {
+                const SequenceAnswer<TruncateResult> answer{r.seq, runtime.Truncate(r)};
+                codec::Encode(answer, runtime.kv_free(), response->add_results());
+              });
+}
+
 void WorkerRpcs::ReadRows(const pb::ReadRowsRequest& request, pb::ReadRowsResponse* response,
                           Done done) {
-  if (const absl::Status st = codec::Validate(request); !st.ok()) {
-    std::move(done)(st);
-    return;
-  }
-  engine_->Post([&request, response, done = std::move(done)](WorkerRuntime& runtime) mutable {
-    for (const RowQuery& q : codec::Decode(request)) {
-      const SequenceAnswer<ProbRow> answer{q.seq, runtime.ReadRow(q.seq, q.step)};
-      const absl::StatusOr<int64_t> cached = runtime.CachedLength(q.seq);
-      codec::Encode(answer, cached.value_or(0), runtime.kv_free(), response->add_rows());
-    }
-    std::move(done)(absl::OkStatus());
+  PostQueries(request, std::move(done), [response](WorkerRuntime& runtime, const RowQuery& q) {
+    const SequenceAnswer<ProbRow> answer{q.seq, runtime.ReadRow(q.seq, q.step)};
+    const absl::StatusOr<int64_t> cached = runtime.CachedLength(q.seq);
+    codec::Encode(answer, cached.value_or(0), runtime.kv_free(), response->add_rows());
   });
 }
 
 void WorkerRpcs::QueryLogprobs(const pb::QueryLogprobsRequest& request,
                                pb::QueryLogprobsResponse* response, Done done) {
-  if (const absl::Status st = codec::Validate(request); !st.ok()) {
-    std::move(done)(st);
-    return;
-  }
-  engine_->Post([&request, response, done = std::move(done)](WorkerRuntime& runtime) mutable {
-    for (const LogprobQuery& q : codec::Decode(request)) {
-      codec::Encode({q.seq, runtime.QueryLogprobs(q.seq, q.step, q.tokens)},
-                    response->add_answers());
-    }
-    std::move(done)(absl::OkStatus());
+  PostQueries(request, std::move(done), [response](WorkerRuntime& runtime, const LogprobQuery& q) {
+    codec::Encode({q.seq, runtime.QueryLogprobs(q.seq, q.step, q.tokens)}, response->add_answers());
   });
 }
 

@@ -71,6 +71,10 @@ class WorkerRpcs {
   // `pass(runtime, batch)` on the engine thread and finishes the call.
   template <typename Request, typename Pass>
   void PostPass(const Request& request, Cancelled cancelled, Done done, Pass pass);
+  // Truncate, ReadRows and QueryLogprobs: checks the request, then on the engine thread calls
+  // `answer(runtime, query)` for each of its queries in order and finishes the call.
+  template <typename Request, typename Answer>
+  void PostQueries(const Request& request, Done done, Answer answer);
 
   EngineThread* engine_;  // not owned
   const worker::v1::InfoResponse info_;
