@@ -153,6 +153,57 @@ void Fail(RoundStats& stats, absl::Status status) {
   if (stats.status.ok()) stats.status = std::move(status);
 }
 
+// Before anything indexes a Verify result: the shapes its request implies (worker_verify.cc), and
+// the position the coordinator's own length implies. A worker of another build, or a broken one,
+// then fails its sequence with a message, never the coordinator (nor the batch's other sequences).
+absl::Status CheckVerifyResult(const SpeculativeSequence& s, const Proposal& prop,
+                               const VerifySequenceResult& v) {
+  const size_t n = prop.tokens.size();
+  // Row r has a child: a chain's rows 0..K-1; in a tree, row 0 and each node's row that is a
+  // parent.
+  std::vector<bool> has_child(n + 1, !prop.tree());
+  if (prop.tree()) {
+    for (const int32_t parent : prop.parents) has_child[static_cast<size_t>(parent + 1)] = true;
+  } else {
+    has_child[n] = false;
+  }
+  const size_t with_child =
+      static_cast<size_t>(std::count(has_child.begin(), has_child.end(), true));
+  const auto mismatch = [&](const char* what, size_t got, size_t want) {
+    return absl::InternalError(absl::StrCat("the target worker returned ", got, " ", what,
+                                            " for sequence ", s.id, ", whose round needs ", want));
+  };
+  if (v.argmax.size() != n + 1) return mismatch("argmax rows", v.argmax.size(), n + 1);
+  if (v.p_draft.size() != n) return mismatch("draft probabilities", v.p_draft.size(), n);
+  if (static_cast<int64_t>(v.position) != static_cast<int64_t>(s.tokens.size())) {
+    return absl::InternalError(absl::StrCat("the target worker verified sequence ", s.id,
+                                            " at position ", v.position, ", not at its length ",
+                                            s.tokens.size()));
+  }
+  if (s.sampling.greedy()) return absl::OkStatus();
+  if (prop.tree() && v.leaf_bonus.size() != n + 1 - with_child) {
+    return mismatch("leaf bonus tokens", v.leaf_bonus.size(), n + 1 - with_child);
+  }
+  // M candidates per row with a child; M = 0 leaves one empty list per draft.
+  const size_t m = static_cast<size_t>(s.num_candidates);
+  const size_t rows = m > 0 ? with_child : n;
+  if (v.candidate_tokens.size() != rows) {
+    return mismatch("candidate rows", v.candidate_tokens.size(), rows);
+  }
+  if (v.candidate_probs.size() != rows) {
+    return mismatch("candidate probability rows", v.candidate_probs.size(), rows);
+  }
+  for (size_t r = 0; r < rows; ++r) {
+    if (v.candidate_tokens[r].size() != m) {
+      return mismatch("candidates in a row", v.candidate_tokens[r].size(), m);
+    }
+    if (v.candidate_probs[r].size() != m) {
+      return mismatch("candidate probabilities in a row", v.candidate_probs[r].size(), m);
+    }
+  }
+  return absl::OkStatus();
+}
+
 // The exact residual fallback for sampled chains none of whose candidates passed: both workers'
 // kept rows at the rejection step, fetched for the whole batch with one call per worker, the two
 // calls at once. Deterministic proposals need only the target's row.
@@ -650,6 +701,10 @@ std::vector<RoundStats> RunSpeculationRound(WorkerApi& draft, WorkerApi& target,
     if (prop.judge == Judge::kForced) {
       stats[i].prefilling = true;  // nothing drawn: the prompt is still being read
       if (absl::Status st = RecordPromptScores(s, prop, v); !st.ok()) Fail(stats[i], std::move(st));
+      continue;
+    }
+    if (absl::Status shape = CheckVerifyResult(s, prop, v); !shape.ok()) {
+      Fail(stats[i], std::move(shape));
       continue;
     }
     Resolution& res = resolutions.emplace_back();

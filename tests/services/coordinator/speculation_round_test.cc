@@ -4,14 +4,18 @@
 #include "services/coordinator/speculation_round.h"
 
 #include <algorithm>
+#include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "common/engine/decode_loop.h"
 #include "common/synth/synth.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "services/coordinator/local_worker.h"
 #include "tests/common/engine/engine_test_util.h"
+#include "tests/services/coordinator/forwarding_worker.h"
 #include "tests/test_util.h"
 
 namespace specd {
@@ -360,6 +364,123 @@ TEST(SpeculationRoundTest, PromptsOverThePassBudgetPrefillFirstComeFirstServed) 
   EXPECT_TRUE(third[1].prefilling);
   pair.Release(seqs);
 }
+
+// A target whose Verify results for one sequence, in rounds with drafts, are damaged by
+// `mangle`, as a worker of another build or a broken one might send them.
+class MangledVerifyTarget final : public testing::ForwardingWorker {
+ public:
+  MangledVerifyTarget(WorkerApi& inner, SeqId victim,
+                      std::function<void(VerifySequenceResult&)> mangle)
+      : ForwardingWorker(inner), victim_(victim), mangle_(std::move(mangle)) {}
+  absl::StatusOr<std::vector<VerifySequenceResult>> Verify(
+      std::span<const VerifySequenceRequest> batch) override {
+    absl::StatusOr<std::vector<VerifySequenceResult>> results = inner_.Verify(batch);
+    if (results.ok()) {
+      for (VerifySequenceResult& v : *results) {
+        if (v.seq == victim_ && v.status.ok() && !v.p_draft.empty()) mangle_(v);
+      }
+    }
+    return results;
+  }
+
+ private:
+  const SeqId victim_;
+  const std::function<void(VerifySequenceResult&)> mangle_;
+};
+
+struct MangleCase {
+  std::string name;
+  bool sampled = false;
+  TreeShape tree;
+  std::function<void(VerifySequenceResult&)> mangle;
+  std::string message;  // in the victim's error
+};
+
+void PrintTo(const MangleCase& c, std::ostream* os) { *os << c.name; }
+
+class MalformedVerifyTest : public ::testing::TestWithParam<MangleCase> {};
+
+// A malformed Verify result fails its own sequence with INTERNAL and a message naming the
+// target worker; the coordinator reads nothing out of bounds, the other sequence of the batch
+// generates exactly what it generates alone, and every KV block comes back.
+TEST_P(MalformedVerifyTest, FailsOnlyItsSequence) {
+  const MangleCase& c = GetParam();
+  SmallPair pair;
+  const auto make = [&](SeqId id) {
+    SpeculativeSequence s;
+    s.id = id;
+    s.tokens = {1, 7, 9, static_cast<int32_t>(20 + id)};
+    s.prompt_len = 4;
+    s.num_speculative_tokens = 3;
+    s.tree = c.tree;
+    s.seed = 99 + id;
+    s.sampling.temperature = c.sampled ? 1.0f : 0.0f;
+    return s;
+  };
+  std::vector<SpeculativeSequence> alone = {make(2)};
+  Generate(*pair.draft, *pair.target, alone, 12, 256);
+  pair.Release(alone);
+
+  MangledVerifyTarget target(*pair.target, /*victim=*/1, c.mangle);
+  std::vector<SpeculativeSequence> seqs = {make(1), make(2)};
+  absl::Status victim_status;
+  while (seqs[1].tokens.size() < alone[0].tokens.size()) {
+    std::vector<SpeculativeSequence*> running = {&seqs[1]};
+    if (victim_status.ok()) running.insert(running.begin(), &seqs[0]);
+    const std::vector<RoundStats> stats =
+        RunSpeculationRound(*pair.draft, target, running, RoundOptions{256});
+    ASSERT_TRUE(stats.back().status.ok()) << stats.back().status;
+    if (running.size() == 2 && !stats[0].status.ok()) victim_status = stats[0].status;
+  }
+  seqs[1].tokens.resize(alone[0].tokens.size());
+  EXPECT_EQ(seqs[1].tokens, alone[0].tokens);
+  EXPECT_EQ(victim_status.code(), absl::StatusCode::kInternal) << victim_status;
+  EXPECT_THAT(std::string(victim_status.message()), ::testing::HasSubstr("target worker"));
+  EXPECT_THAT(std::string(victim_status.message()), ::testing::HasSubstr(c.message));
+  pair.Release(seqs);
+  EXPECT_EQ(pair.target->runtime().engine().kv().used_blocks(), 0);
+  EXPECT_EQ(pair.draft->runtime().engine().kv().used_blocks(), 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, MalformedVerifyTest,
+    ::testing::Values(MangleCase{"argmax_short",
+                                 false,
+                                 {},
+                                 [](VerifySequenceResult& v) { v.argmax.pop_back(); },
+                                 "argmax rows"},
+                      MangleCase{"p_draft_long",
+                                 false,
+                                 {},
+                                 [](VerifySequenceResult& v) { v.p_draft.push_back(0.5f); },
+                                 "draft probabilities"},
+                      MangleCase{"position_off",
+                                 false,
+                                 {},
+                                 [](VerifySequenceResult& v) { v.position += 1; },
+                                 "at position"},
+                      MangleCase{"candidate_rows_short",
+                                 true,
+                                 {},
+                                 [](VerifySequenceResult& v) { v.candidate_tokens.pop_back(); },
+                                 "candidate rows"},
+                      MangleCase{
+                          "candidate_probs_short",
+                          true,
+                          {},
+                          [](VerifySequenceResult& v) { v.candidate_probs.back().pop_back(); },
+                          "candidate probabilities in a row"},
+                      MangleCase{"tree_leaf_bonus_short",
+                                 true,
+                                 {2, 1},
+                                 [](VerifySequenceResult& v) { v.leaf_bonus.pop_back(); },
+                                 "leaf bonus tokens"},
+                      MangleCase{"tree_argmax_long",
+                                 false,
+                                 {2, 2},
+                                 [](VerifySequenceResult& v) { v.argmax.push_back(0); },
+                                 "argmax rows"}),
+    [](const ::testing::TestParamInfo<MangleCase>& info) { return info.param.name; });
 
 TEST(SpeculationRoundTest, SampledRoundsRunToTheLimitAndFreeEverything) {
   ScopedTempDir dir;
