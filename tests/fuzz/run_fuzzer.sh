@@ -20,6 +20,7 @@ work=$2
 seconds=$3
 src=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cxx=${CXX:-clang++}
+gen=$(dirname "$work")/proto  # generated sources, shared by the targets
 
 tokenizer_sources=()
 for s in added_tokens bpe byte_level decoder incremental_detokenizer json_fields llama2c_import \
@@ -52,20 +53,21 @@ case "$target" in
            libpcre2-8 libcrypto)
     ;;
   request | openai_request)
-    # The public proto's C++ is generated here, as the main build does with its own protoc rule.
-    mkdir -p "$work/proto/specd/v1"
+    # The public proto's C++ is generated once for both targets, as the main build does with its
+    # own protoc rule.
+    mkdir -p "$gen/specd/v1"
     proto="$src/proto/specd/v1/generation.proto"
-    if [[ ! -f "$work/proto/specd/v1/generation.pb.cc" ||
-          "$proto" -nt "$work/proto/specd/v1/generation.pb.cc" ]]; then
-      protoc --proto_path="$src/proto" --cpp_out="$work/proto" "$proto"
+    if [[ ! -f "$gen/specd/v1/generation.pb.cc" ||
+          "$proto" -nt "$gen/specd/v1/generation.pb.cc" ]]; then
+      protoc --proto_path="$src/proto" --cpp_out="$gen" "$proto"
     fi
-    sources=("$work/proto/specd/v1/generation.pb.cc"
+    sources=("$gen/specd/v1/generation.pb.cc"
              "$src/services/coordinator/request_validation.cc"
              "$src/services/coordinator/tool_calls.cc"
              "$src/common/protocol/draft_tree.cc"
              "$src/base/sampling_params.cc" "${tokenizer_sources[@]}")
     header_dirs=("$src/services" "$src/common" "$src/base" "$src/tests/common/tokenizer"
-                 "$work/proto")
+                 "$gen")
     pkgs+=(absl_flat_hash_map absl_flat_hash_set absl_synchronization absl_str_format
            libpcre2-8 libcrypto protobuf)
     if [[ "$target" == openai_request ]]; then
@@ -93,8 +95,9 @@ header_dirs+=("$src/tests/fuzz")
 obj_dir=$(dirname "$work")/obj
 mkdir -p "$obj_dir" "$work/corpus" "$work/artifacts"
 binary="$work/${target}_fuzzer"
-flags=(-std=c++20 -g -O1 -fno-omit-frame-pointer -fsanitize=fuzzer,address,undefined
-       -fno-sanitize-recover=all -I"$src" -I"$work/proto")
+# Line tables are all that sanitizer reports need; full debug info only slows the compile.
+flags=(-std=c++20 -gline-tables-only -O1 -fno-omit-frame-pointer -fsanitize=fuzzer,address,undefined
+       -fno-sanitize-recover=all -I"$src" -I"$gen")
 # Debian's Abseil and protobuf ship pkg-config files; the libraries were built with g++ but share
 # its ABI.
 read -r -a pkg_cflags <<<"$(pkg-config --cflags "${pkgs[@]}")"
@@ -103,7 +106,7 @@ read -r -a pkg_libs <<<"$(pkg-config --libs "${pkgs[@]}")"
 objects=()
 for s in "${sources[@]}"; do
   rel=${s#"$src/"}
-  rel=${rel#"$work/"}
+  rel=${rel#"$gen/"}
   o="$obj_dir/$(tr / _ <<<"${rel%.cc}").o"
   objects+=("$o")
   if [[ ! -f "$o" || -n "$(find "$s" "${header_dirs[@]}" -name '*.h' -newer "$o" -o \
