@@ -365,8 +365,8 @@ TEST(SpeculationRoundTest, PromptsOverThePassBudgetPrefillFirstComeFirstServed) 
   pair.Release(seqs);
 }
 
-// A target whose Verify results for one sequence, in rounds with drafts, are damaged by
-// `mangle`, as a worker of another build or a broken one might send them.
+// Workers whose replies about one sequence are damaged, as a worker of another build or a broken
+// one might send them: the target's Verify results in rounds with drafts, or the draft's steps.
 class MangledVerifyTarget final : public testing::ForwardingWorker {
  public:
   MangledVerifyTarget(WorkerApi& inner, SeqId victim,
@@ -388,22 +388,60 @@ class MangledVerifyTarget final : public testing::ForwardingWorker {
   const std::function<void(VerifySequenceResult&)> mangle_;
 };
 
+class MangledDraftWorker final : public testing::ForwardingWorker {
+ public:
+  using Mangle = std::function<void(SeqId, int32_t step, std::vector<DraftToken>&)>;
+  MangledDraftWorker(WorkerApi& inner, SeqId victim, Mangle mangle)
+      : ForwardingWorker(inner), victim_(victim), mangle_(std::move(mangle)) {}
+  absl::StatusOr<std::vector<SequenceOutcome>> Draft(
+      std::span<const DraftSequenceRequest> batch,
+      const std::function<void(const DraftStep&)>& on_step) override {
+    return inner_.Draft(batch, [&](const DraftStep& step) {
+      std::vector<DraftToken> tokens(step.tokens.begin(), step.tokens.end());
+      mangle_(victim_, step.step, tokens);
+      DraftStep damaged = step;
+      damaged.tokens = tokens;
+      on_step(damaged);
+    });
+  }
+
+ private:
+  const SeqId victim_;
+  const Mangle mangle_;
+};
+
+// The victim's token at `step` of a Draft call: dropped, or sent twice.
+MangledDraftWorker::Mangle DamageDraftToken(int32_t at_step, bool twice) {
+  return [at_step, twice](SeqId victim, int32_t step, std::vector<DraftToken>& tokens) {
+    if (step != at_step) return;
+    const auto it = std::find_if(tokens.begin(), tokens.end(),
+                                 [&](const DraftToken& t) { return t.seq == victim; });
+    if (it == tokens.end()) return;
+    if (twice) {
+      tokens.insert(it, *it);
+    } else {
+      tokens.erase(it);
+    }
+  };
+}
+
 struct MangleCase {
   std::string name;
   bool sampled = false;
   TreeShape tree;
-  std::function<void(VerifySequenceResult&)> mangle;
-  std::string message;  // in the victim's error
+  std::function<void(VerifySequenceResult&)> verify;  // the target's damage, or
+  MangledDraftWorker::Mangle draft;                   // the draft's
+  std::string message;                                // in the victim's error
 };
 
 void PrintTo(const MangleCase& c, std::ostream* os) { *os << c.name; }
 
-class MalformedVerifyTest : public ::testing::TestWithParam<MangleCase> {};
+class MalformedReplyTest : public ::testing::TestWithParam<MangleCase> {};
 
-// A malformed Verify result fails its own sequence with INTERNAL and a message naming the
-// target worker; the coordinator reads nothing out of bounds, the other sequence of the batch
-// generates exactly what it generates alone, and every KV block comes back.
-TEST_P(MalformedVerifyTest, FailsOnlyItsSequence) {
+// A malformed reply fails its own sequence with INTERNAL and a message naming the worker; the
+// coordinator reads nothing out of bounds, the other sequence of the batch generates exactly what
+// it generates alone, and every KV block comes back.
+TEST_P(MalformedReplyTest, FailsOnlyItsSequence) {
   const MangleCase& c = GetParam();
   SmallPair pair;
   const auto make = [&](SeqId id) {
@@ -421,21 +459,26 @@ TEST_P(MalformedVerifyTest, FailsOnlyItsSequence) {
   Generate(*pair.draft, *pair.target, alone, 12, 256);
   pair.Release(alone);
 
-  MangledVerifyTarget target(*pair.target, /*victim=*/1, c.mangle);
-  std::vector<SpeculativeSequence> seqs = {make(1), make(2)};
+  const SeqId victim = 1;
+  MangledVerifyTarget target(
+      *pair.target, victim, c.verify ? c.verify : [](VerifySequenceResult&) {});
+  MangledDraftWorker draft(
+      *pair.draft, victim, c.draft ? c.draft : [](SeqId, int32_t, std::vector<DraftToken>&) {});
+  std::vector<SpeculativeSequence> seqs = {make(victim), make(2)};
   absl::Status victim_status;
   while (seqs[1].tokens.size() < alone[0].tokens.size()) {
     std::vector<SpeculativeSequence*> running = {&seqs[1]};
     if (victim_status.ok()) running.insert(running.begin(), &seqs[0]);
     const std::vector<RoundStats> stats =
-        RunSpeculationRound(*pair.draft, target, running, RoundOptions{256});
+        RunSpeculationRound(draft, target, running, RoundOptions{256});
     ASSERT_TRUE(stats.back().status.ok()) << stats.back().status;
     if (running.size() == 2 && !stats[0].status.ok()) victim_status = stats[0].status;
   }
   seqs[1].tokens.resize(alone[0].tokens.size());
   EXPECT_EQ(seqs[1].tokens, alone[0].tokens);
   EXPECT_EQ(victim_status.code(), absl::StatusCode::kInternal) << victim_status;
-  EXPECT_THAT(std::string(victim_status.message()), ::testing::HasSubstr("target worker"));
+  EXPECT_THAT(std::string(victim_status.message()),
+              ::testing::HasSubstr(c.verify ? "target worker" : "draft worker"));
   EXPECT_THAT(std::string(victim_status.message()), ::testing::HasSubstr(c.message));
   pair.Release(seqs);
   EXPECT_EQ(pair.target->runtime().engine().kv().used_blocks(), 0);
@@ -443,43 +486,56 @@ TEST_P(MalformedVerifyTest, FailsOnlyItsSequence) {
 }
 
 INSTANTIATE_TEST_SUITE_P(
-    Shapes, MalformedVerifyTest,
-    ::testing::Values(MangleCase{"argmax_short",
-                                 false,
-                                 {},
-                                 [](VerifySequenceResult& v) { v.argmax.pop_back(); },
-                                 "argmax rows"},
-                      MangleCase{"p_draft_long",
-                                 false,
-                                 {},
-                                 [](VerifySequenceResult& v) { v.p_draft.push_back(0.5f); },
-                                 "draft probabilities"},
-                      MangleCase{"position_off",
-                                 false,
-                                 {},
-                                 [](VerifySequenceResult& v) { v.position += 1; },
-                                 "at position"},
-                      MangleCase{"candidate_rows_short",
-                                 true,
-                                 {},
-                                 [](VerifySequenceResult& v) { v.candidate_tokens.pop_back(); },
-                                 "candidate rows"},
-                      MangleCase{
-                          "candidate_probs_short",
-                          true,
-                          {},
-                          [](VerifySequenceResult& v) { v.candidate_probs.back().pop_back(); },
-                          "candidate probabilities in a row"},
-                      MangleCase{"tree_leaf_bonus_short",
-                                 true,
-                                 {2, 1},
-                                 [](VerifySequenceResult& v) { v.leaf_bonus.pop_back(); },
-                                 "leaf bonus tokens"},
-                      MangleCase{"tree_argmax_long",
-                                 false,
-                                 {2, 2},
-                                 [](VerifySequenceResult& v) { v.argmax.push_back(0); },
-                                 "argmax rows"}),
+    Replies, MalformedReplyTest,
+    ::testing::Values(
+        MangleCase{"argmax_short",
+                   false,
+                   {},
+                   [](VerifySequenceResult& v) { v.argmax.pop_back(); },
+                   nullptr,
+                   "argmax rows"},
+        MangleCase{"p_draft_long",
+                   false,
+                   {},
+                   [](VerifySequenceResult& v) { v.p_draft.push_back(0.5f); },
+                   nullptr,
+                   "draft probabilities"},
+        MangleCase{"position_off",
+                   false,
+                   {},
+                   [](VerifySequenceResult& v) { v.position += 1; },
+                   nullptr,
+                   "at position"},
+        MangleCase{"candidate_rows_short",
+                   true,
+                   {},
+                   [](VerifySequenceResult& v) { v.candidate_tokens.pop_back(); },
+                   nullptr,
+                   "candidate rows"},
+        MangleCase{"candidate_probs_short",
+                   true,
+                   {},
+                   [](VerifySequenceResult& v) { v.candidate_probs.back().pop_back(); },
+                   nullptr,
+                   "candidate probabilities in a row"},
+        MangleCase{"tree_leaf_bonus_short",
+                   true,
+                   {2, 1},
+                   [](VerifySequenceResult& v) { v.leaf_bonus.pop_back(); },
+                   nullptr,
+                   "leaf bonus tokens"},
+        MangleCase{"tree_argmax_long",
+                   false,
+                   {2, 2},
+                   [](VerifySequenceResult& v) { v.argmax.push_back(0); },
+                   nullptr,
+                   "argmax rows"},
+        MangleCase{
+            "draft_token_dropped", true, {}, nullptr, DamageDraftToken(2, false), "2 of 3 tokens"},
+        MangleCase{
+            "draft_token_twice", false, {}, nullptr, DamageDraftToken(1, true), "4 of 3 tokens"},
+        MangleCase{
+            "tree_node_dropped", false, {2, 1}, nullptr, DamageDraftToken(1, false), "tree nodes"}),
     [](const ::testing::TestParamInfo<MangleCase>& info) { return info.param.name; });
 
 TEST(SpeculationRoundTest, SampledRoundsRunToTheLimitAndFreeEverything) {
