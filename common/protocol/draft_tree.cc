@@ -51,6 +51,17 @@ std::vector<int32_t> TreeDepths(const std::vector<int32_t>& parents) {
   return depths;
 }
 
+std::vector<bool> RowsWithChildren(size_t n, const std::vector<int32_t>& tree_parents) {
+  if (tree_parents.empty()) {
+    std::vector<bool> rows(n + 1, true);
+    rows[n] = false;
+    return rows;
+  }
+  std::vector<bool> rows(n + 1, false);
+  for (const int32_t parent : tree_parents) rows[static_cast<size_t>(parent + 1)] = true;
+  return rows;
+}
+
 absl::Status ValidateTreeShape(const TreeShape& shape, int32_t k, const char* field) {
   if (shape.branching < 2 || shape.branching > kMaxTreeBranching) {
     return absl::InvalidArgumentError(absl::StrCat(field, ".branching must be in [2, ",

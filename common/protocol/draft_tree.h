@@ -39,6 +39,10 @@ int32_t TreeNodeCount(const TreeShape& shape, int32_t k);
 std::vector<int32_t> TreeParents(const TreeShape& shape, int32_t k);
 // Depth of each node (1-based) given parents as above.
 std::vector<int32_t> TreeDepths(const std::vector<int32_t>& parents);
+// Which of a Verify's rows 0..N have a child (row 0 is the last committed token's, row i + 1 node
+// i's), for `n` drafts whose parents are `tree_parents` as above, or that form one chain when it is
+// empty. The target draws candidates from these rows and a bonus from every other (a leaf).
+std::vector<bool> RowsWithChildren(size_t n, const std::vector<int32_t>& tree_parents);
 
 // OK, or INVALID_ARGUMENT naming `field` when b is outside [2, kMaxTreeBranching], d outside
 // [1, k] or the tree has more than kMaxTreeNodes nodes.

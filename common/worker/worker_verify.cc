@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/philox.h"
 #include "base/status_macros.h"
+#include "common/protocol/draft_tree.h"
 #include "common/worker/worker_runtime.h"
 #include "common/worker/worker_runtime_internal.h"
 
@@ -77,11 +78,12 @@ struct DraftShape {
       for (size_t i = 0; i < n; ++i) parents.push_back(static_cast<int32_t>(i) - 1);
     }
     depths = TreeDepths(parents);
-    row_has_child.assign(n + 1, false);
-    for (size_t i = 0; i < n; ++i) {
-      const int32_t p = parents[i];
-      row_has_child[static_cast<size_t>(p + 1)] = true;
-      if (tree) masks.push_back((uint64_t{1} << i) | (p < 0 ? 0 : masks[static_cast<size_t>(p)]));
+    row_has_child = RowsWithChildren(n, req.tree_parents);
+    if (tree) {
+      for (size_t i = 0; i < n; ++i) {
+        const int32_t p = parents[i];
+        masks.push_back((uint64_t{1} << i) | (p < 0 ? 0 : masks[static_cast<size_t>(p)]));
+      }
     }
   }
   // Tokens from the root down to node `i` (i = -1: none).

@@ -6,6 +6,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "common/protocol/draft_tree.h"
 #include "services/coordinator/accept_reject.h"
 #include "services/coordinator/pass_budget.h"
 #include "services/coordinator/tree_accept.h"
@@ -159,14 +160,7 @@ void Fail(RoundStats& stats, absl::Status status) {
 absl::Status CheckVerifyResult(const SpeculativeSequence& s, const Proposal& prop,
                                const VerifySequenceResult& v) {
   const size_t n = prop.tokens.size();
-  // Row r has a child: a chain's rows 0..K-1; in a tree, row 0 and each node's row that is a
-  // parent.
-  std::vector<bool> has_child(n + 1, !prop.tree());
-  if (prop.tree()) {
-    for (const int32_t parent : prop.parents) has_child[static_cast<size_t>(parent + 1)] = true;
-  } else {
-    has_child[n] = false;
-  }
+  const std::vector<bool> has_child = RowsWithChildren(n, prop.parents);
   const size_t with_child =
       static_cast<size_t>(std::count(has_child.begin(), has_child.end(), true));
   const auto mismatch = [&](const char* what, size_t got, size_t want) {

@@ -35,6 +35,17 @@ TEST(DraftTreeTest, ThreeWideOneLevelAndDepthCappedAtK) {
   EXPECT_THAT(TreeParents({2, 3}, 2), ElementsAre(-1, -1, 0, 0, 1, 1));
 }
 
+TEST(DraftTreeTest, RowsWithChildrenOfChainsAndTrees) {
+  // A chain: every row but the last has its next draft; K = 0 is one leaf row.
+  EXPECT_THAT(RowsWithChildren(3, {}), ElementsAre(true, true, true, false));
+  EXPECT_THAT(RowsWithChildren(0, {}), ElementsAre(false));
+  // (3, 1) to depth 2: row 0 has n0..n2; rows of n0..n2 have n3..n5; n3..n5 are leaves.
+  EXPECT_THAT(RowsWithChildren(6, {-1, -1, -1, 0, 1, 2}),
+              ElementsAre(true, true, true, true, false, false, false));
+  // Any forest the protocol allows: n1 is a leaf before n2, which has a child.
+  EXPECT_THAT(RowsWithChildren(3, {-1, -1, 1}), ElementsAre(true, false, true, false));
+}
+
 TEST(DraftTreeTest, ShapesOutsideTheLimitsAreRejectedNamingTheField) {
   EXPECT_TRUE(ValidateTreeShape({2, 2}, 4, "t").ok());
   EXPECT_THAT(ValidateTreeShape({1, 2}, 4, "speculation.tree").message(),
