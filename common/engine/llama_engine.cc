@@ -9,9 +9,11 @@
 #include "absl/hash/hash.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/synchronization/mutex.h"
 #include "base/absl_string.h"
 #include "base/math.h"
 #include "base/status_macros.h"
+#include "common/engine/backend_self_check.h"
 #include "common/model/config.h"
 
 namespace specd {
@@ -778,12 +780,42 @@ absl::StatusOr<int64_t> KvTokensForShare(const ModelMemory& own, double fraction
   return tokens;
 }
 
+namespace {
+
+// SelfCheckBackend once per process for each back end, device and model shape: a tool that makes
+// several engines (a draft and its target, a benchmark's repetitions) pays for one check.
+absl::Status SelfCheckBackendOnce(const kernels::BackendOptions& backend_options,
+                                  const ModelConfig& config, const EngineOptions& options) {
+  const ModelConfig c = SelfCheckConfig(config);
+  const std::string key = absl::StrCat(
+      ToAbsl(kernels::BackendKindName(backend_options.kind)), "/", backend_options.device, "/",
+      backend_options.programmatic_launch, "/", ToAbsl(kernels::DTypeName(c.torch_dtype)), "/",
+      ToAbsl(kernels::DTypeName(options.kv_dtype)), "/", options.kv_block_size, "/", c.hidden_size,
+      "/", c.intermediate_size, "/", c.num_heads, "/", c.num_kv_heads, "/", c.head_dim, "/",
+      c.vocab_size, "/", c.tie_word_embeddings, "/", c.rope_theta, "/",
+      static_cast<int>(c.rope_scaling.type), "/", c.rope_scaling.factor, "/", c.rms_norm_eps);
+  static absl::Mutex mu(absl::kConstInit);
+  // Never destroyed, so that no engine made during static destruction finds it gone.
+  static auto* passed = new absl::flat_hash_set<std::string>();
+  absl::MutexLock lock(&mu);
+  if (passed->contains(key)) return absl::OkStatus();
+  SPECD_RETURN_IF_ERROR(SelfCheckBackend(
+      [&backend_options] { return kernels::CreateBackend(backend_options); }, config, options));
+  passed->insert(key);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<LlamaEngine>> CreateEngine(
     const std::filesystem::path& dir, const kernels::BackendOptions& backend_options,
     const EngineOptions& options, const LoadOptions& load) {
   SPECD_ASSIGN_OR_RETURN(std::unique_ptr<ModelWeights> weights, LoadModelWeights(dir, load));
   SPECD_ASSIGN_OR_RETURN(std::unique_ptr<kernels::Backend> backend,
                          kernels::CreateBackend(backend_options));
+  if (backend->num_threads() == 0) {  // a device back end; the CPU is the check's reference
+    SPECD_RETURN_IF_ERROR(SelfCheckBackendOnce(backend_options, weights->config, options));
+  }
   return LlamaEngine::Create(std::move(weights), std::move(backend), options);
 }
 

@@ -1,7 +1,8 @@
 # shellcheck shell=bash
 # Sourced by pack.sh and device_check.sh: the binaries the device checks run, as paths under a
 # build tree (each one's CMake target is its file name).
-GPU_ENGINE_TESTS=(tests/common/engine/engine_batch_invariance_test
+GPU_ENGINE_TESTS=(tests/common/engine/engine_backend_self_check_test
+                  tests/common/engine/engine_batch_invariance_test
                   tests/common/engine/engine_tree_and_kv_dtype_test
                   tests/common/engine/engine_prefix_cache_test
                   tests/common/worker/worker_adversarial_test

@@ -21,7 +21,8 @@
 #   attention      paged attention alone at the 1B and 3B decode and verify shapes, contexts 128
 #                  to 8192: what it adds per token next to streaming the weights once
 #   engine_tests   engine-level tests that compare an engine with itself, on CUDA
-#                  (SPECD_TEST_BACKEND=cuda): batch invariance, draft trees and KV dtypes, prefix
+#                  (SPECD_TEST_BACKEND=cuda): the start-up self-check on the 1B and 3B head
+#                  shapes in every dtype (every CUDA engine runs it first), batch invariance, draft trees and KV dtypes, prefix
 #                  caching (cached KV and copy on write against recomputing), a worker under
 #                  malformed requests against a twin, greedy speculative == plain for every
 #                  K, and the chi-square distribution tests

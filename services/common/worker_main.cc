@@ -285,8 +285,9 @@ absl::StatusOr<std::unique_ptr<LlamaEngine>> LoadEngine(const WorkerMainSpec& sp
                         << engine->kv_bytes_per_token() << " bytes/token), prefix caching "
                         << (engine->kv().prefix_caching() ? "on" : "off") << "; max_seq_len "
                         << engine->max_seq_len() << ", max pass " << engine->max_pass_tokens()
-                        << " tokens; " << engine->backend().name() << " back end, "
-                        << engine->backend().num_threads() << " threads";
+                        << " tokens; " << engine->backend().name() << " back end"
+                        << (engine->backend().num_threads() == 0 ? " (passed its self-check)" : "")
+                        << ", " << engine->backend().num_threads() << " threads";
   return engine;
 }
 

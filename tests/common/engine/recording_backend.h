@@ -114,26 +114,10 @@ class RecordingBackend : public kernels::Backend {
   int64_t eager_ops() const { return eager_ops_; }
 
  protected:
-  absl::StatusOr<void*> AllocateRaw(int64_t bytes, kernels::MemoryKind kind) override {
-    (void)kind;
-    if (recording_) return Refused("Allocate");
-    return kernels::cpu::AllocateHostMemory(bytes);
-  }
-  void FreeRaw(void* data, int64_t bytes, kernels::MemoryKind kind) override {
-    (void)kind;
-    kernels::cpu::FreeHostMemory(data, bytes);
-  }
-
- private:
   using Step = std::function<absl::Status()>;
-  struct Steps final : kernels::RecordedWork {
-    explicit Steps(std::vector<Step> s) : steps(std::move(s)) {}
-    const std::vector<Step> steps;
-  };
 
-  static absl::Status Refused(const char* call) {
-    return absl::FailedPreconditionError(absl::StrCat(call, " while recording"));
-  }
+  kernels::Backend& inner() { return *inner_; }
+
   // Runs `step` now, or keeps it when recording. As the CUDA back end: an op whose argument
   // check (`checked`) fails is not recorded, and spoils the recording.
   absl::Status Enqueue(const absl::Status& checked, Step step) {
@@ -149,6 +133,25 @@ class RecordingBackend : public kernels::Backend {
     return absl::OkStatus();
   }
 
+  absl::StatusOr<void*> AllocateRaw(int64_t bytes, kernels::MemoryKind kind) override {
+    (void)kind;
+    if (recording_) return Refused("Allocate");
+    return kernels::cpu::AllocateHostMemory(bytes);
+  }
+  void FreeRaw(void* data, int64_t bytes, kernels::MemoryKind kind) override {
+    (void)kind;
+    kernels::cpu::FreeHostMemory(data, bytes);
+  }
+
+ private:
+  struct Steps final : kernels::RecordedWork {
+    explicit Steps(std::vector<Step> s) : steps(std::move(s)) {}
+    const std::vector<Step> steps;
+  };
+
+  static absl::Status Refused(const char* call) {
+    return absl::FailedPreconditionError(absl::StrCat(call, " while recording"));
+  }
   std::unique_ptr<kernels::Backend> inner_;
   bool recording_ = false;
   std::vector<Step> steps_;
