@@ -22,6 +22,7 @@
 #include "base/sampling_params.h"
 #include "base/status_macros.h"
 #include "common/model/weights.h"
+#include "common/sampling/logprob_rows.h"
 #include "common/sampling/row_pool.h"
 #include "common/sampling/row_sampler.h"
 #include "common/synth/synth.h"
@@ -36,8 +37,13 @@ constexpr int64_t kDecodeSteps = 12;
 // 16 bits may round a value the other way. A broken kernel is off by far more.
 constexpr double kLogitToleranceF32Kv = 1e-3;
 constexpr double kLogitTolerance16BitKv = 1e-2;
-// The largest difference of a processed probability from the CPU's, on the same logits.
+// The largest difference of a processed probability, or of a logprob, from the CPU's, on the
+// same logits.
 constexpr double kProbTolerance = 1e-5;
+constexpr double kLogprobTolerance = 1e-4;
+// Logit rows of the sampling check: two of each RowCase, each with its top logprobs.
+constexpr int64_t kSampledRows = 8;
+constexpr int32_t kTopLogprobs = 5;
 
 // A directory of its own under the system's temporary directory, removed on destruction.
 class TempDir {
@@ -204,8 +210,9 @@ absl::StatusOr<std::vector<int32_t>> DecodeBothWays(LlamaEngine& engine,
   return tokens;
 }
 
-// The sampling ops on one engine's back end over host `logits`: rows processed with several
-// sampling settings (greedy, plain, every filter and penalty), and draws from the sampled rows.
+// The per-token ops on one engine's back end over host `logits`: rows processed with several
+// sampling settings (greedy, plain, every filter and penalty, classifier-free guidance), draws
+// from the sampled rows, and every row's raw logprobs.
 struct SamplingResult {
   std::vector<int32_t> argmax;
   std::vector<int32_t> row_error;
@@ -213,6 +220,9 @@ struct SamplingResult {
   std::vector<kernels::Draw> draws;
   std::vector<int32_t> tokens, draw_error;
   std::vector<float> token_probs;
+  // Raw logprobs of every processed row: its top kTopLogprobs, and token 3's.
+  std::vector<int32_t> top_ids;
+  std::vector<float> top_logprobs, queried;
 };
 
 struct RowCase {
@@ -238,12 +248,14 @@ std::vector<RowCase> RowCases() {
           {penalised, kernels::RowMode::kArgmaxOfProcessed}};
 }
 
+// `logits` holds kSampledRows rows to process, then the unconditional companion of row 0, which
+// classifier-free guidance combines into it first.
 absl::StatusOr<SamplingResult> Sample(LlamaEngine& engine, std::span<const float> logits,
                                       std::span<const int32_t> prompt,
                                       std::span<const int32_t> output) {
   kernels::Backend& backend = engine.backend();
   const int64_t vocab = engine.logits_width();
-  const int64_t rows = static_cast<int64_t>(logits.size()) / vocab;
+  const int64_t rows = kSampledRows;
   const int64_t bytes = static_cast<int64_t>(logits.size() * sizeof(float));
   SPECD_ASSIGN_OR_RETURN(kernels::Buffer device,
                          backend.Allocate(bytes, kernels::MemoryKind::kScratch, "self-check rows"));
@@ -271,7 +283,9 @@ absl::StatusOr<SamplingResult> Sample(LlamaEngine& engine, std::span<const float
       result.draws.push_back(d);
     }
   }
-  SPECD_RETURN_IF_ERROR(sampler.Run(device.as<float>(), rows, pool));
+  sampler.AddGuidance(0, static_cast<int32_t>(rows), 1.5f);
+  sampler.KeepPenalized();
+  SPECD_RETURN_IF_ERROR(sampler.Run(device.as<float>(), rows + 1, pool));
   for (int64_t r = 0; r < rows; ++r) {
     result.argmax.push_back(sampler.argmax(static_cast<int32_t>(r)));
     result.row_error.push_back(sampler.row_error(static_cast<int32_t>(r)));
@@ -285,6 +299,21 @@ absl::StatusOr<SamplingResult> Sample(LlamaEngine& engine, std::span<const float
     result.tokens.push_back(sampler.token(static_cast<int32_t>(i)));
     result.token_probs.push_back(sampler.token_prob(static_cast<int32_t>(i)));
     result.draw_error.push_back(sampler.draw_error(static_cast<int32_t>(i)));
+  }
+  LogprobRows logprobs(backend);
+  logprobs.Clear();
+  for (int64_t r = 0; r < rows; ++r) {
+    const int32_t row =
+        logprobs.AddRow({sampler.penalized(static_cast<int32_t>(r)), -1}, kTopLogprobs, -1);
+    logprobs.AddQuery(row, 3);
+  }
+  SPECD_RETURN_IF_ERROR(logprobs.Run(pool));
+  for (int32_t r = 0; r < rows; ++r) {
+    const std::span<const int32_t> ids = logprobs.top_ids(r);
+    const std::span<const float> values = logprobs.top_logprobs(r);
+    result.top_ids.insert(result.top_ids.end(), ids.begin(), ids.end());
+    result.top_logprobs.insert(result.top_logprobs.end(), values.begin(), values.end());
+    result.queried.push_back(logprobs.query(r));
   }
   pool.Release(slots);
   return result;
@@ -312,7 +341,23 @@ absl::Status CheckSampling(Engines& e, std::span<const float> cpu_logits,
       }
     }
   }
-  const std::vector<RowCase> cases = RowCases();
+  for (size_t i = 0; i < want.top_ids.size(); ++i) {
+    if (got.top_ids[i] != want.top_ids[i] ||
+        !(std::abs(got.top_logprobs[i] - want.top_logprobs[i]) <= kLogprobTolerance)) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "row %d's top logprob %d is token %d at %g where the CPU's is token %d at %g "
+          "(tolerance %g)",
+          i / kTopLogprobs, i % kTopLogprobs, got.top_ids[i], got.top_logprobs[i], want.top_ids[i],
+          want.top_logprobs[i], kLogprobTolerance));
+    }
+  }
+  for (size_t r = 0; r < want.queried.size(); ++r) {
+    if (!(std::abs(got.queried[r] - want.queried[r]) <= kLogprobTolerance)) {
+      return absl::FailedPreconditionError(
+          absl::StrFormat("row %d gives token 3 logprob %g where the CPU gives %g (tolerance %g)",
+                          r, got.queried[r], want.queried[r], kLogprobTolerance));
+    }
+  }
   for (size_t i = 0; i < got.draws.size(); ++i) {
     const kernels::Draw& d = got.draws[i];
     const size_t r = static_cast<size_t>(d.position - kPromptLen);
@@ -420,9 +465,23 @@ absl::Status RunChecks(Engines& e, double tolerance) {
                                         "a draft tree's nodes and their paths fed linearly"));
 
   // The per-token math on the CPU's logits of the prompt, with the decoded tokens as the output
-  // the penalties read.
-  return CheckSampling(e, std::span<const float>(cpu_rows).first(8 * vocab), prompt,
-                       std::span<const int32_t>(decoded).first(4));
+  // the penalties read. The synthetic model's rows are nearly one-hot, which would leave little
+  // to sample, so each is first rescaled to a standard deviation of 1.5: then tens of tokens
+  // share the mass and the filters cut somewhere inside it.
+  std::vector<float> sampled(cpu_rows.begin(), cpu_rows.begin() + (kSampledRows + 1) * vocab);
+  for (int64_t r = 0; r <= kSampledRows; ++r) {
+    const std::span<float> row = std::span<float>(sampled).subspan(r * vocab, vocab);
+    double sum = 0;
+    double sum_sq = 0;
+    for (const float x : row) {
+      sum += x;
+      sum_sq += static_cast<double>(x) * x;
+    }
+    const double mean = sum / static_cast<double>(vocab);
+    const double sd = std::sqrt(std::max(sum_sq / static_cast<double>(vocab) - mean * mean, 1e-12));
+    for (float& x : row) x = static_cast<float>((x - mean) / sd * 1.5);
+  }
+  return CheckSampling(e, sampled, prompt, std::span<const int32_t>(decoded).first(4));
 }
 
 }  // namespace

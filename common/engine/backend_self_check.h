@@ -8,8 +8,9 @@
 //     else is in the batch, whether a step is a recorded (CUDA graph) replay, or whether its
 //     tokens come as a draft tree;
 //   - the CPU's logits within a tolerance, and the CPU's greedy choices up to near-ties;
-//   - the CPU's processed distribution within a tolerance, draws that are exactly the inverse CDF
-//     of its own rows at the Philox uniforms, and the CPU's argmax on the same logits.
+//   - on the CPU's logits: the CPU's processed distribution (guided rows included) and logprobs
+//     within a tolerance, the CPU's argmax, and draws that are exactly the inverse CDF of its own
+//     rows at the Philox uniforms.
 // The conformance suite (tests/kernels/conformance) tests each op thoroughly; this runs the
 // engine's own code paths once, in milliseconds, where the model is about to be served.
 #ifndef SPECD_COMMON_ENGINE_BACKEND_SELF_CHECK_H_

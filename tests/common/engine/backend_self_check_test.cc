@@ -52,6 +52,8 @@ class FaultyBackend : public testing::RecordingBackend {
     std::function<void(const kernels::MatmulArgs&, bool replaying)> matmul;
     std::function<void(const kernels::AttentionArgs&)> attention;
     std::function<void(const kernels::SampleRowsArgs&)> sample_rows;
+    std::function<void(const kernels::CombineLogitsArgs&)> combine_logits;
+    std::function<void(const kernels::LogprobsArgs&)> logprobs;
   };
   explicit FaultyBackend(Hooks hooks)
       : RecordingBackend(*kernels::CreateCpuBackend(2)), hooks_(std::move(hooks)) {}
@@ -74,6 +76,20 @@ class FaultyBackend : public testing::RecordingBackend {
     return Enqueue(kernels::ValidateSampleRowsArgs(a), [a, this] {
       const absl::Status st = inner().SampleRows(a);
       if (st.ok() && hooks_.sample_rows) hooks_.sample_rows(a);
+      return st;
+    });
+  }
+  absl::Status CombineLogits(const kernels::CombineLogitsArgs& a) override {
+    return Enqueue(kernels::ValidateCombineLogitsArgs(a), [a, this] {
+      const absl::Status st = inner().CombineLogits(a);
+      if (st.ok() && hooks_.combine_logits) hooks_.combine_logits(a);
+      return st;
+    });
+  }
+  absl::Status Logprobs(const kernels::LogprobsArgs& a) override {
+    return Enqueue(kernels::ValidateLogprobsArgs(a), [a, this] {
+      const absl::Status st = inner().Logprobs(a);
+      if (st.ok() && hooks_.logprobs) hooks_.logprobs(a);
       return st;
     });
   }
@@ -219,6 +235,28 @@ TEST(BackendSelfCheckTest, DrawsThatAreNotTheInverseCdfFail) {
   const absl::Status st = SelfCheckBackend(Faulty(hooks), Served(), Options(kernels::DType::kF32));
   EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition) << st;
   EXPECT_THAT(std::string(st.message()), HasSubstr("the inverse CDF of the same row"));
+}
+
+TEST(BackendSelfCheckTest, GuidanceThatIsOffFails) {
+  FaultyBackend::Hooks hooks;
+  hooks.combine_logits = [](const kernels::CombineLogitsArgs& a) {
+    for (int64_t i = 0; i < a.n_pairs; ++i) {
+      Nudge(a.logits + static_cast<int64_t>(a.cond_rows[i]) * a.vocab, a.vocab, 1e-2);
+    }
+  };
+  const absl::Status st = SelfCheckBackend(Faulty(hooks), Served(), Options(kernels::DType::kF32));
+  EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition) << st;
+  EXPECT_THAT(std::string(st.message()), HasSubstr("processed row 0 gives token"));
+}
+
+TEST(BackendSelfCheckTest, LogprobsThatAreOffFail) {
+  FaultyBackend::Hooks hooks;
+  hooks.logprobs = [](const kernels::LogprobsArgs& a) {
+    for (int64_t i = 0; i < a.n_queries; ++i) a.query_logprobs[i] -= 1e-3f;
+  };
+  const absl::Status st = SelfCheckBackend(Faulty(hooks), Served(), Options(kernels::DType::kF32));
+  EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition) << st;
+  EXPECT_THAT(std::string(st.message()), HasSubstr("row 0 gives token 3 logprob"));
 }
 
 TEST(BackendSelfCheckTest, ABackEndThatCannotBeMadeKeepsItsError) {
