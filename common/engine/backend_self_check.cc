@@ -32,6 +32,7 @@ namespace {
 
 constexpr int64_t kPromptLen = 20;
 constexpr int64_t kDecodeSteps = 12;
+constexpr int64_t kMaxSeqLen = 64;  // the longest sequence the check feeds is 32 tokens
 // The largest max|a - b| / max|b| of a logit row against the CPU's: both back ends read the same
 // weights and accumulate in f32, so only the order of the sums differs (~1e-6), and a KV cache in
 // 16 bits may round a value the other way. A broken kernel is off by far more.
@@ -439,7 +440,7 @@ absl::Status RunChecks(Engines& e, double tolerance) {
 
   // A draft tree: node 0 follows the prompt, nodes 1 and 2 are its children (both at the next
   // position). Each node's row must be the bits of its path fed linearly.
-  const int32_t sibling = static_cast<int32_t>(3 + (decoded[1] - 3 + 1) % (vocab - 3));
+  const int32_t sibling = decoded[1] == 3 ? 4 : 3;
   const std::vector<int32_t> nodes = {decoded[0], decoded[1], sibling};
   std::vector<int32_t> feed = prompt;
   feed.insert(feed.end(), nodes.begin(), nodes.end());
@@ -495,7 +496,8 @@ ModelConfig SelfCheckConfig(const ModelConfig& served) {
   c.hidden_size = std::min<int64_t>(served.hidden_size, 256);
   c.intermediate_size = std::min<int64_t>(served.intermediate_size, 384);
   // Under kMinTokenizerVocab: the synthetic checkpoint needs no tokenizer.
-  c.vocab_size = std::min<int64_t>(served.vocab_size, 256);
+  c.vocab_size = 256;
+  c.max_position_embeddings = std::max<int64_t>(served.max_position_embeddings, kMaxSeqLen);
   c.bos_token_ids = {1};
   c.eos_token_ids = {2};
   return c;
@@ -516,7 +518,7 @@ absl::Status RunSelfCheck(const BackendFactory& make, const ModelConfig& served,
   EngineOptions options;
   options.kv_block_size = served_options.kv_block_size;
   options.kv_capacity_tokens = 1024;
-  options.max_seq_len = 64;
+  options.max_seq_len = kMaxSeqLen;
   options.kv_dtype = served_options.kv_dtype;
   options.prefix_caching = false;
   options.record_forwards = true;

@@ -177,6 +177,16 @@ TEST(BackendSelfCheckTest, TheRecordingCpuBackEndPassesWithEveryKvDtype) {
   }
 }
 
+// The chi-square tests' model: 16 tokens, 32 positions, which the check's model must not inherit.
+TEST(BackendSelfCheckTest, ATinyServedModelStillGetsAWholeCheck) {
+  const ModelConfig served = testing::ChiSquareTestSpec().config;
+  const ModelConfig check = SelfCheckConfig(served);
+  EXPECT_EQ(check.vocab_size, 256);
+  EXPECT_GE(check.max_position_embeddings, 64);
+  const absl::Status st = SelfCheckBackend(Faulty({}), served, Options(kernels::DType::kF32));
+  EXPECT_TRUE(st.ok()) << st;
+}
+
 TEST(BackendSelfCheckTest, AKernelThatIsNotRowInvariantFails) {
   // As a split-K chosen from the number of rows would: passes of several rows round row 0
   // differently.
