@@ -521,7 +521,8 @@ absl::Status RunSelfCheck(const BackendFactory& make, const ModelConfig& served,
   options.max_seq_len = kMaxSeqLen;
   options.kv_dtype = served_options.kv_dtype;
   options.prefix_caching = false;
-  options.record_forwards = true;
+  // As served: with recording off (--cuda-graphs off) replays are not what would be served.
+  options.record_forwards = served_options.record_forwards;
   SPECD_ASSIGN_OR_RETURN(Engines engines, MakeEngines(make, dir.path(), options));
   backend_name = engines.checked->backend().name();
   return RunChecks(engines, options.kv_dtype == kernels::DType::kF32 ? kLogitToleranceF32Kv

@@ -33,7 +33,8 @@ using BackendFactory = std::function<absl::StatusOr<std::unique_ptr<kernels::Bac
 ModelConfig SelfCheckConfig(const ModelConfig& served);
 
 // Runs the check on a back end `make` returns (the check's engines free all their memory before
-// this returns), for a model of `served` config with `served_options`' KV dtype and block size.
+// this returns), for a model of `served` config with `served_options`' KV dtype, block size and
+// recording.
 // FAILED_PRECONDITION naming the back end and the property it broke, with numbers. An error that
 // stops the check from running (no temporary directory, out of memory, a failed kernel launch)
 // keeps its own code, its message saying it came from the check.

@@ -790,10 +790,11 @@ absl::Status SelfCheckBackendOnce(const kernels::BackendOptions& backend_options
   const std::string key = absl::StrCat(
       ToAbsl(kernels::BackendKindName(backend_options.kind)), "/", backend_options.device, "/",
       backend_options.programmatic_launch, "/", ToAbsl(kernels::DTypeName(c.torch_dtype)), "/",
-      ToAbsl(kernels::DTypeName(options.kv_dtype)), "/", options.kv_block_size, "/", c.hidden_size,
-      "/", c.intermediate_size, "/", c.num_heads, "/", c.num_kv_heads, "/", c.head_dim, "/",
-      c.vocab_size, "/", c.tie_word_embeddings, "/", c.rope_theta, "/",
-      static_cast<int>(c.rope_scaling.type), "/", c.rope_scaling.factor, "/", c.rms_norm_eps);
+      ToAbsl(kernels::DTypeName(options.kv_dtype)), "/", options.kv_block_size, "/",
+      options.record_forwards, "/", c.hidden_size, "/", c.intermediate_size, "/", c.num_heads, "/",
+      c.num_kv_heads, "/", c.head_dim, "/", c.vocab_size, "/", c.tie_word_embeddings, "/",
+      c.rope_theta, "/", static_cast<int>(c.rope_scaling.type), "/", c.rope_scaling.factor, "/",
+      c.rms_norm_eps);
   static absl::Mutex mu(absl::kConstInit);
   // Never destroyed, so that no engine made during static destruction finds it gone.
   static auto* passed = new absl::flat_hash_set<std::string>();
