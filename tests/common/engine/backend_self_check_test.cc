@@ -141,6 +141,17 @@ TEST(BackendSelfCheckTest, TheCudaCodeOverTheEmulatorPasses) {
   }
 }
 
+// CreateEngine checks the back ends that compute on a device, which say so with no host threads.
+TEST(BackendSelfCheckTest, CreateEngineTellsTheCudaBackEndFromTheCpu) {
+  absl::StatusOr<std::unique_ptr<kernels::Backend>> cuda =
+      kernels::CreateEmulatedCudaBackend(kernels::CudaBackendOptions());
+  if (!cuda.ok()) GTEST_SKIP() << cuda.status();
+  EXPECT_EQ((*cuda)->num_threads(), 0);
+  absl::StatusOr<std::unique_ptr<kernels::Backend>> cpu = kernels::CreateCpuBackend(1);
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  EXPECT_GT((*cpu)->num_threads(), 0);
+}
+
 // On a GPU (scripts/gpu/device_check.sh's engine_tests stage): the real CUDA back end, on the
 // shapes of the benchmark pair, with every weight dtype and KV cache precision.
 TEST(BackendSelfCheckTest, TheCudaBackEndPassesOnThisDevice) {
