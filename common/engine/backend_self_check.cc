@@ -487,6 +487,8 @@ absl::Status RunChecks(Engines& e, double tolerance) {
 
 }  // namespace
 
+bool NeedsSelfCheck(const kernels::Backend& backend) { return backend.num_threads() == 0; }
+
 ModelConfig SelfCheckConfig(const ModelConfig& served) {
   ModelConfig c = served;
   const int64_t group = served.num_heads / std::max<int64_t>(1, served.num_kv_heads);

@@ -29,6 +29,10 @@ namespace specd {
 
 using BackendFactory = std::function<absl::StatusOr<std::unique_ptr<kernels::Backend>>()>;
 
+// Whether engines on `backend` run the check first: it computes on a device (it has no host
+// threads). The CPU is the check's reference.
+bool NeedsSelfCheck(const kernels::Backend& backend);
+
 // The synthetic model's config for a served model's.
 ModelConfig SelfCheckConfig(const ModelConfig& served);
 

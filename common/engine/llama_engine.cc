@@ -786,15 +786,12 @@ namespace {
 // several engines (a draft and its target, a benchmark's repetitions) pays for one check.
 absl::Status SelfCheckBackendOnce(const kernels::BackendOptions& backend_options,
                                   const ModelConfig& config, const EngineOptions& options) {
-  const ModelConfig c = SelfCheckConfig(config);
-  const std::string key = absl::StrCat(
-      ToAbsl(kernels::BackendKindName(backend_options.kind)), "/", backend_options.device, "/",
-      backend_options.programmatic_launch, "/", ToAbsl(kernels::DTypeName(c.torch_dtype)), "/",
-      ToAbsl(kernels::DTypeName(options.kv_dtype)), "/", options.kv_block_size, "/",
-      options.record_forwards, "/", c.hidden_size, "/", c.intermediate_size, "/", c.num_heads, "/",
-      c.num_kv_heads, "/", c.head_dim, "/", c.vocab_size, "/", c.tie_word_embeddings, "/",
-      c.rope_theta, "/", static_cast<int>(c.rope_scaling.type), "/", c.rope_scaling.factor, "/",
-      c.rms_norm_eps);
+  // The check's model is all the served model lends it (its config.json) and the options below.
+  const std::string key =
+      absl::StrCat(ToAbsl(kernels::BackendKindName(backend_options.kind)), "/",
+                   backend_options.device, "/", backend_options.programmatic_launch, "/",
+                   ToAbsl(kernels::DTypeName(options.kv_dtype)), "/", options.kv_block_size, "/",
+                   options.record_forwards, "/", ModelConfigToJson(SelfCheckConfig(config)));
   static absl::Mutex mu(absl::kConstInit);
   // Never destroyed, so that no engine made during static destruction finds it gone.
   static auto* passed = new absl::flat_hash_set<std::string>();
@@ -814,7 +811,7 @@ absl::StatusOr<std::unique_ptr<LlamaEngine>> CreateEngine(
   SPECD_ASSIGN_OR_RETURN(std::unique_ptr<ModelWeights> weights, LoadModelWeights(dir, load));
   SPECD_ASSIGN_OR_RETURN(std::unique_ptr<kernels::Backend> backend,
                          kernels::CreateBackend(backend_options));
-  if (backend->num_threads() == 0) {  // a device back end; the CPU is the check's reference
+  if (NeedsSelfCheck(*backend)) {
     SPECD_RETURN_IF_ERROR(SelfCheckBackendOnce(backend_options, weights->config, options));
   }
   return LlamaEngine::Create(std::move(weights), std::move(backend), options);

@@ -22,6 +22,7 @@
 #include "base/flags.h"
 #include "base/log_line.h"
 #include "base/status_macros.h"
+#include "common/engine/backend_self_check.h"
 #include "common/engine/llama_engine.h"
 #include "common/model/checkpoint.h"
 #include "common/model/config.h"
@@ -286,7 +287,7 @@ absl::StatusOr<std::unique_ptr<LlamaEngine>> LoadEngine(const WorkerMainSpec& sp
                         << (engine->kv().prefix_caching() ? "on" : "off") << "; max_seq_len "
                         << engine->max_seq_len() << ", max pass " << engine->max_pass_tokens()
                         << " tokens; " << engine->backend().name() << " back end"
-                        << (engine->backend().num_threads() == 0 ? " (passed its self-check)" : "")
+                        << (NeedsSelfCheck(engine->backend()) ? " (passed its self-check)" : "")
                         << ", " << engine->backend().num_threads() << " threads";
   return engine;
 }
