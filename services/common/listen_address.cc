@@ -5,11 +5,19 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "grpc/grpc.h"
 
 namespace specd {
 
 std::string ListenAddress::Bound(int port) const {
   return unix_socket ? grpc : absl::StrCat(host, ":", port);
+}
+
+void ListenAddress::AddTo(grpc::ServerBuilder& builder,
+                          const std::shared_ptr<grpc::ServerCredentials>& credentials,
+                          int* port) const {
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  builder.AddListeningPort(grpc, credentials, port);
 }
 
 absl::StatusOr<ListenAddress> ParseListenAddress(absl::string_view flag, absl::string_view value) {

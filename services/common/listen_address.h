@@ -4,10 +4,13 @@
 #ifndef SPECD_SERVICES_COMMON_LISTEN_ADDRESS_H_
 #define SPECD_SERVICES_COMMON_LISTEN_ADDRESS_H_
 
+#include <memory>
 #include <string>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "grpcpp/security/server_credentials.h"
+#include "grpcpp/server_builder.h"
 
 namespace specd {
 
@@ -23,6 +26,14 @@ struct ListenAddress {
   // What a client dials once gRPC has bound it: "host:port" with the port it picked, or the
   // Unix socket as given.
   std::string Bound(int port) const;
+
+  // Adds this address to `builder`, for this process alone. gRPC sets SO_REUSEPORT by default, so
+  // a second server on a port already taken would start without an error and take a share of
+  // its connections: a second coordinator started by mistake, or a service that `specd serve`
+  // restarts on an address another program took meanwhile, would answer some clients for the
+  // first. Without it, BuildAndStart fails and the service says it cannot listen.
+  void AddTo(grpc::ServerBuilder& builder,
+             const std::shared_ptr<grpc::ServerCredentials>& credentials, int* port) const;
 };
 
 // INVALID_ARGUMENT, naming `flag`, for anything but host:port (port 0 to 65535) or a Unix

@@ -392,12 +392,13 @@ int WorkerMain(int argc, char** argv, const WorkerMainSpec& spec) {
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort(config->listen.grpc, grpc::InsecureServerCredentials(), &port);
+  config->listen.AddTo(builder, grpc::InsecureServerCredentials(), &port);
   builder.RegisterService(service.get());
   const std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) {
     return Fail(spec, absl::UnavailableError(
-                          absl::StrCat("--listen: cannot listen on ", config->listen.grpc)));
+                          absl::StrCat("--listen: cannot listen on ", config->listen.grpc,
+                                       " (is another program listening there?)")));
   }
   server->GetHealthCheckService()->SetServingStatus(spec.service_name, true);
   const std::string bound = config->listen.Bound(port);

@@ -325,7 +325,7 @@ int Run(int argc, char** argv) {
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort(listen->grpc, api->credentials, &port);
+  listen->AddTo(builder, api->credentials, &port);
   // A bigger request is refused by gRPC with RESOURCE_EXHAUSTED before any handler sees it.
   builder.SetMaxReceiveMessageSize(static_cast<int>(api->max_request_bytes));
   builder.RegisterService(&service);
@@ -333,7 +333,7 @@ int Run(int argc, char** argv) {
   if (server == nullptr || port == 0) {
     // gRPC checks the certificate and key only here, and logs which one it rejected.
     return Fail(absl::UnavailableError(absl::StrCat(
-        "--listen: cannot listen on ", listen->grpc,
+        "--listen: cannot listen on ", listen->grpc, " (is another program listening there?)",
         api->tls ? ", or --tls-cert and --tls-key are not a certificate chain and its private key"
                  : "")));
   }

@@ -619,6 +619,38 @@ TEST_F(WorkerProcessTest, AnIpv6WorkerServesMetricsOnLoopback) {
   EXPECT_EQ(target->Terminate(), 0);
 }
 
+// gRPC would share a taken port with SO_REUSEPORT: a second service started there by mistake, or
+// one that `specd serve` restarts on an address another program took meanwhile, would answer a
+// share of the first one's clients. Each service refuses to start instead.
+TEST_F(WorkerProcessTest, AServiceOnATakenPortRefusesToStartAndTheFirstKeepsEveryClient) {
+  auto target = Start(false, {"--metrics-port", "-1"});
+  ASSERT_TRUE(target);
+  const std::string taken = target->address();
+  const std::string refusal =
+      absl::StrCat("--listen: cannot listen on ", taken, " (is another program listening there?)");
+  const absl::StatusOr<std::unique_ptr<ChildProcess>> second = ChildProcess::Start(
+      DraftWorkerBinary(), WorkerArgs(model(), {"--listen", taken, "--metrics-port", "-1"}));
+  ASSERT_FALSE(second.ok()) << "a second worker started on " << taken;
+  EXPECT_THAT(second.status().message(), HasSubstr(refusal));
+  const absl::StatusOr<std::unique_ptr<ChildProcess>> coordinator =
+      ChildProcess::Start(BuiltBinary("services/coordinator/specd-coordinator"),
+                          {"--listen", taken, "--target", taken, "--metrics-port", "-1"});
+  ASSERT_FALSE(coordinator.ok()) << "a coordinator started on " << taken;
+  EXPECT_THAT(coordinator.status().message(), HasSubstr(refusal));
+  // Each new connection (no shared subchannel) reaches the first worker.
+  for (int i = 0; i < 8; ++i) {
+    grpc::ChannelArguments args;
+    args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+    auto stub = pb::TargetWorker::NewStub(
+        grpc::CreateCustomChannel(taken, grpc::InsecureChannelCredentials(), args));
+    grpc::ClientContext context;
+    pb::InfoResponse info;
+    ASSERT_TRUE(stub->Info(&context, {}, &info).ok()) << "connection " << i;
+    EXPECT_EQ(info.role(), pb::WORKER_ROLE_TARGET) << "connection " << i;
+  }
+  EXPECT_EQ(target->Terminate(), 0);
+}
+
 TEST_F(WorkerProcessTest, MetricsCanBeTurnedOff) {
   auto target = Start(false, {"--metrics-port", "-1"});
   ASSERT_TRUE(target);
