@@ -1,8 +1,10 @@
-// `specd serve`: starts the target worker, the draft worker and the coordinator on loopback,
+// `specd serve`: starts the target worker, the draft worker and the coordinator on one host,
 // waits until they serve, prints the public address, and supervises them. A child that exits
 // unexpectedly is restarted on the address it had, with exponential backoff: the coordinator knows
-// its workers by address and replays their sequences, so a worker crash costs no request.
-// Ctrl-C or SIGTERM stops all three.
+// its workers by address and replays their sequences, so a worker crash costs no request. The
+// workers listen on Unix sockets in a directory only this user can enter: no other program can
+// take a worker's address while it restarts, and no other local user can call the workers' API,
+// which has no authentication. Ctrl-C or SIGTERM stops all three.
 #include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
@@ -42,7 +44,8 @@ constexpr char kProgram[] = "specd serve";
 
 constexpr char kSummary[] =
     "Serve a model with speculative decoding: a target worker, a draft worker and the\n"
-    "coordinator, on loopback. Prints `listening on HOST:PORT` when ready, as each service does.\n"
+    "coordinator, the workers on Unix sockets in a private directory. Prints `listening on\n"
+    "HOST:PORT` when ready, as each service does.\n"
     "A child that exits unexpectedly is restarted on the same address (backoff 0.5 s doubling\n"
     "to 10 s); stderr gets one line per restart and one `NAME pid N on ADDR` line per start.\n"
     "Every specd-coordinator flag but its addresses is taken here and passed on: TLS, the\n"
@@ -436,7 +439,7 @@ int RunServe(const std::vector<std::string>& argv) {
     }
   }
   target.args.insert(target.args.end(), {"--local-socket", *socket_dir + "/target-worker.sock"});
-  target.listen = "127.0.0.1:0";
+  target.listen = "unix:" + *socket_dir + "/target-worker-grpc.sock";
   target.metrics_port = metrics_ports[1];
   if (absl::Status st = Start(target, signals, pid_dir); !st.ok()) return fail(st);
 
@@ -460,7 +463,7 @@ int RunServe(const std::vector<std::string>& argv) {
                                            "--gpu-memory-peer", args->Get("target")});
     }
     draft.args.insert(draft.args.end(), {"--local-socket", *socket_dir + "/draft-worker.sock"});
-    draft.listen = "127.0.0.1:0";
+    draft.listen = "unix:" + *socket_dir + "/draft-worker-grpc.sock";
     draft.metrics_port = metrics_ports[2];
     if (absl::Status st = Start(draft, signals, pid_dir); !st.ok()) return fail(st);
     draft_addr = draft.listen;

@@ -598,17 +598,6 @@ TEST_F(InProcessFaultTest, PlainDecodingGoesOnWhileTheDraftWorkerIsAway) {
 
 using Stream = testing::ServeProcess::Stream;
 
-// `specd serve` over the tiny synthetic pair, with short fault timeouts.
-std::unique_ptr<testing::ServeProcess> StartServe(const std::filesystem::path& model,
-                                                  const std::filesystem::path& pid_dir,
-                                                  int unavailable_s, int64_t kv_tokens = 16384) {
-  return testing::ServeProcess::Start(
-      {"--target", model.string(), "--draft-exit-layer", "1", "--threads", "1", "--kv-tokens",
-       std::to_string(kv_tokens), "--max-running", "16", "--worker-call-timeout-seconds", "1",
-       "--worker-unavailable-seconds", std::to_string(unavailable_s)},
-      pid_dir);
-}
-
 // 16 requests of 40 tokens: even ones greedy, odd ones sampled at temperature 1 with a seed;
 // every fourth drafts a 2x2 tree, so a killed worker dies mid-tree too. `guided`: every other one
 // (none of the trees) with classifier-free guidance, half of those with a guided draft.
@@ -671,6 +660,19 @@ class ServeFaultTest : public ::testing::Test {
     ASSERT_TRUE(WriteSyntheticModel(spec, model_).ok());
   }
 
+  // `specd serve` over the tiny synthetic pair, with short fault timeouts. The coordinator listens
+  // on a Unix socket in the test's own directory: tests that kill it expect nothing but it, or
+  // nothing at all, at its address until it is back, and a TCP port it left free could meanwhile
+  // go to a process of a test running beside this one.
+  std::unique_ptr<testing::ServeProcess> StartServe(int unavailable_s, int64_t kv_tokens = 16384) {
+    return testing::ServeProcess::Start(
+        {"--listen", "unix:" + (tmp_.path() / "coordinator.sock").string(), "--target",
+         model_.string(), "--draft-exit-layer", "1", "--threads", "1", "--kv-tokens",
+         std::to_string(kv_tokens), "--max-running", "16", "--worker-call-timeout-seconds", "1",
+         "--worker-unavailable-seconds", std::to_string(unavailable_s)},
+        pids_);
+  }
+
   ScopedTempDir tmp_;
   std::filesystem::path model_, pids_;
 };
@@ -684,7 +686,7 @@ class ServeCrashTest : public ServeFaultTest, public ::testing::WithParamInterfa
 
 TEST_P(ServeCrashTest, SigkilledWorkerIsRestartedAndEveryStreamIsUnchanged) {
   const std::string victim = GetParam().victim;
-  auto serve = StartServe(model_, pids_, /*unavailable_s=*/30);
+  auto serve = StartServe(/*unavailable_s=*/30);
   ASSERT_NE(serve, nullptr);
   const std::vector<v1::GenerateRequest> reqs = SixteenStreams(40, GetParam().guided);
   const std::vector<Stream> reference = serve->Generate(reqs);
@@ -722,7 +724,7 @@ INSTANTIATE_TEST_SUITE_P(Workers, ServeCrashTest,
                          });
 
 TEST_F(ServeFaultTest, HungTargetThatResumesInTimeCostsNothing) {
-  auto serve = StartServe(model_, pids_, /*unavailable_s=*/20);
+  auto serve = StartServe(/*unavailable_s=*/20);
   ASSERT_NE(serve, nullptr);
   const std::vector<v1::GenerateRequest> reqs = SixteenStreams();
   const std::vector<Stream> reference = serve->Generate(reqs);
@@ -742,7 +744,7 @@ TEST_F(ServeFaultTest, HungTargetThatResumesInTimeCostsNothing) {
 }
 
 TEST_F(ServeFaultTest, HungTargetFailsItsRequestsAfterTheAllowedTime) {
-  auto serve = StartServe(model_, pids_, /*unavailable_s=*/2);
+  auto serve = StartServe(/*unavailable_s=*/2);
   ASSERT_NE(serve, nullptr);
   const std::string target = serve->Address("target worker");
   const pid_t pid = serve->Pid("target-worker");
@@ -771,7 +773,7 @@ TEST_F(ServeFaultTest, HungTargetFailsItsRequestsAfterTheAllowedTime) {
 // coordinator probes a worker that has been quiet for two seconds: health turns NOT_SERVING
 // without a request, and back once the worker resumes, with nothing lost.
 TEST_F(ServeFaultTest, ATargetThatHangsWhileNothingRunsTurnsHealthNotServingUntilItResumes) {
-  auto serve = StartServe(model_, pids_, /*unavailable_s=*/20);
+  auto serve = StartServe(/*unavailable_s=*/20);
   ASSERT_NE(serve, nullptr);
   const v1::GenerateRequest req = SixteenStreams(8)[1];
   const std::vector<Stream> before = serve->Generate({req});
@@ -796,7 +798,7 @@ TEST_F(ServeFaultTest, ATargetThatHangsWhileNothingRunsTurnsHealthNotServingUnti
 }
 
 TEST_F(ServeFaultTest, KilledCoordinatorIsRestartedOnTheSameAddress) {
-  auto serve = StartServe(model_, pids_, 30);
+  auto serve = StartServe(30);
   ASSERT_NE(serve, nullptr);
   const v1::GenerateRequest req = SixteenStreams(8)[1];
   const std::vector<Stream> before = serve->Generate({req});
@@ -823,7 +825,7 @@ TEST_F(ServeFaultTest, KilledCoordinatorIsRestartedOnTheSameAddress) {
 // A coordinator that dies mid-stream cannot release its sequences; the workers serve one
 // coordinator, and the one that starts next claims them and frees what its predecessor left.
 TEST_F(ServeFaultTest, ACoordinatorKilledMidStreamLeavesNoKvBlocksBehind) {
-  auto serve = StartServe(model_, pids_, 30);
+  auto serve = StartServe(30);
   ASSERT_NE(serve, nullptr);
   const pid_t pid = serve->Pid("coordinator");
   ASSERT_GT(pid, 0);
@@ -851,7 +853,7 @@ TEST_F(ServeFaultTest, ACoordinatorKilledMidStreamLeavesNoKvBlocksBehind) {
 
 TEST_F(ServeFaultTest, KvPoolForThreeSequencesServesTwelveStreamsUnchanged) {
   // Each stream grows to about 5 blocks of 16 tokens; 240 tokens hold 15 blocks, three streams.
-  auto serve = StartServe(model_, pids_, 30, /*kv_tokens=*/240);
+  auto serve = StartServe(30, /*kv_tokens=*/240);
   ASSERT_NE(serve, nullptr);
   std::vector<v1::GenerateRequest> reqs = SixteenStreams(64);
   reqs.resize(12);
