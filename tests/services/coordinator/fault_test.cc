@@ -660,17 +660,24 @@ class ServeFaultTest : public ::testing::Test {
     ASSERT_TRUE(WriteSyntheticModel(spec, model_).ok());
   }
 
-  // `specd serve` over the tiny synthetic pair, with short fault timeouts. The coordinator listens
-  // on a Unix socket in the test's own directory: tests that kill it expect nothing but it, or
-  // nothing at all, at its address until it is back, and a TCP port it left free could meanwhile
-  // go to a process of a test running beside this one.
-  std::unique_ptr<testing::ServeProcess> StartServe(int unavailable_s, int64_t kv_tokens = 16384) {
+  // `specd serve` over the tiny synthetic pair, with short fault timeouts, the coordinator on
+  // `listen`.
+  std::unique_ptr<testing::ServeProcess> StartServeOn(const std::string& listen, int unavailable_s,
+                                                      int64_t kv_tokens = 16384) {
     return testing::ServeProcess::Start(
-        {"--listen", "unix:" + (tmp_.path() / "coordinator.sock").string(), "--target",
-         model_.string(), "--draft-exit-layer", "1", "--threads", "1", "--kv-tokens",
-         std::to_string(kv_tokens), "--max-running", "16", "--worker-call-timeout-seconds", "1",
-         "--worker-unavailable-seconds", std::to_string(unavailable_s)},
+        {"--listen", listen, "--target", model_.string(), "--draft-exit-layer", "1", "--threads",
+         "1", "--kv-tokens", std::to_string(kv_tokens), "--max-running", "16",
+         "--worker-call-timeout-seconds", "1", "--worker-unavailable-seconds",
+         std::to_string(unavailable_s)},
         pids_);
+  }
+
+  // The coordinator on a Unix socket in the test's own directory: tests that kill it expect
+  // nothing but it, or nothing at all, at its address until it is back, and a TCP port it left
+  // free could meanwhile go to a process of a test running beside this one.
+  std::unique_ptr<testing::ServeProcess> StartServe(int unavailable_s, int64_t kv_tokens = 16384) {
+    return StartServeOn("unix:" + (tmp_.path() / "coordinator.sock").string(), unavailable_s,
+                        kv_tokens);
   }
 
   ScopedTempDir tmp_;
@@ -820,6 +827,36 @@ TEST_F(ServeFaultTest, KilledCoordinatorIsRestartedOnTheSameAddress) {
   EXPECT_NE(serve->Pid("coordinator"), pid);
   EXPECT_THAT(serve->StderrText(), HasSubstr("the coordinator (pid " + std::to_string(pid) +
                                              ") was killed by signal 9"));
+}
+
+// `--listen 127.0.0.1:0`: the restarted coordinator takes the port the first one was given, not
+// another free one, so clients keep their address. While it is down, another program may be given
+// that port (a test running beside this one): the restart is then refused and serve retries, so
+// this waits for the first stream's own tokens and checks nothing in between; the test above
+// checks what clients see meanwhile.
+TEST_F(ServeFaultTest, ACoordinatorOnAPickedTcpPortIsRestartedOnThatPort) {
+  auto serve = StartServeOn("127.0.0.1:0", 30);
+  ASSERT_NE(serve, nullptr);
+  const std::string address = serve->address();
+  ASSERT_THAT(address, ::testing::StartsWith("127.0.0.1:"));
+  const v1::GenerateRequest req = SixteenStreams(8)[1];
+  const std::vector<Stream> before = serve->Generate({req});
+  ASSERT_TRUE(before[0].status.ok()) << before[0].status.error_message();
+  const pid_t pid = serve->Pid("coordinator");
+  ASSERT_GT(pid, 0);
+  kill(pid, SIGKILL);
+  std::vector<Stream> after;
+  for (int i = 0; i < 300; ++i) {
+    serve->Reconnect();
+    after = serve->Generate({req});
+    if (after[0].status.ok() && after[0].tokens == before[0].tokens) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  ASSERT_TRUE(after[0].status.ok()) << after[0].status.error_message() << serve->StderrText();
+  EXPECT_EQ(after[0].tokens, before[0].tokens);
+  EXPECT_NE(serve->Pid("coordinator"), pid);
+  EXPECT_EQ(serve->address(), address);
+  EXPECT_EQ(serve->Address("coordinator"), address) << serve->StderrText();
 }
 
 // A coordinator that dies mid-stream cannot release its sequences; the workers serve one
