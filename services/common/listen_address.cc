@@ -20,6 +20,11 @@ void ListenAddress::AddTo(grpc::ServerBuilder& builder,
   builder.AddListeningPort(grpc, credentials, port);
 }
 
+std::string ListenAddress::CannotListen() const {
+  return absl::StrCat("--listen: cannot listen on ", grpc,
+                      " (is another program listening there?)");
+}
+
 absl::StatusOr<ListenAddress> ParseListenAddress(absl::string_view flag, absl::string_view value) {
   ListenAddress a;
   a.grpc = std::string(value);

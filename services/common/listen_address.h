@@ -34,6 +34,8 @@ struct ListenAddress {
   // first. Without it, BuildAndStart fails and the service says it cannot listen.
   void AddTo(grpc::ServerBuilder& builder,
              const std::shared_ptr<grpc::ServerCredentials>& credentials, int* port) const;
+  // What a service says when BuildAndStart fails on this address.
+  std::string CannotListen() const;
 };
 
 // INVALID_ARGUMENT, naming `flag`, for anything but host:port (port 0 to 65535) or a Unix

@@ -396,9 +396,7 @@ int WorkerMain(int argc, char** argv, const WorkerMainSpec& spec) {
   builder.RegisterService(service.get());
   const std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) {
-    return Fail(spec, absl::UnavailableError(
-                          absl::StrCat("--listen: cannot listen on ", config->listen.grpc,
-                                       " (is another program listening there?)")));
+    return Fail(spec, absl::UnavailableError(config->listen.CannotListen()));
   }
   server->GetHealthCheckService()->SetServingStatus(spec.service_name, true);
   const std::string bound = config->listen.Bound(port);

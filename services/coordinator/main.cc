@@ -333,7 +333,7 @@ int Run(int argc, char** argv) {
   if (server == nullptr || port == 0) {
     // gRPC checks the certificate and key only here, and logs which one it rejected.
     return Fail(absl::UnavailableError(absl::StrCat(
-        "--listen: cannot listen on ", listen->grpc, " (is another program listening there?)",
+        listen->CannotListen(),
         api->tls ? ", or --tls-cert and --tls-key are not a certificate chain and its private key"
                  : "")));
   }
