@@ -66,8 +66,10 @@ absl::Status RunProbePair(cudaStream_t stream, int* pair, int value, bool record
   if (record) {
     const cudaError_t ended = cudaStreamEndCapture(stream, &graph);
     absl::Status st = CudaStatus(launched != cudaSuccess ? launched : ended, "capturing a launch");
-    if (st.ok()) st = CudaStatus(cudaGraphInstantiate(&exec, graph, 0), "cudaGraphInstantiate");
-    if (st.ok()) st = CudaStatus(cudaGraphLaunch(exec, stream), "cudaGraphLaunch");
+    if (st.ok()) {
+      st.Update(CudaStatus(cudaGraphInstantiate(&exec, graph, 0), "cudaGraphInstantiate"));
+    }
+    if (st.ok()) st.Update(CudaStatus(cudaGraphLaunch(exec, stream), "cudaGraphLaunch"));
     if (exec != nullptr) (void)cudaGraphExecDestroy(exec);
     if (graph != nullptr) (void)cudaGraphDestroy(graph);
     SPECD_RETURN_IF_ERROR(st);
@@ -157,7 +159,7 @@ absl::Status ProbeProgrammaticLaunch(cudaStream_t stream) {
   void* pair = nullptr;
   SPECD_RETURN_IF_ERROR(CudaStatus(cudaMalloc(&pair, 2 * sizeof(int)), "cudaMalloc"));
   absl::Status st = RunProbePair(stream, static_cast<int*>(pair), 7, /*record=*/false);
-  if (st.ok()) st = RunProbePair(stream, static_cast<int*>(pair), 11, /*record=*/true);
+  if (st.ok()) st.Update(RunProbePair(stream, static_cast<int*>(pair), 11, /*record=*/true));
   (void)cudaFree(pair);
   return st;
 }
