@@ -122,11 +122,23 @@ struct MatmulArgs {
 //! first half in one op: parts[0].y receives silu(gate) * up with exactly the bits SwiGlu would
 //! give on the two products, and parts[1].y is scratch the back end may leave unwritten (a GPU
 //! computes both products in the same warp and never stores `up`).
+//! With `input_norm.weight`, the attention's or the MLP's norm folded in: the parts' x is the
+//! raw residual stream, and every product reads RMSNorm(x) (RmsNormArgs, with this weight and eps
+//! over w.cols) instead, with exactly the bits of RmsNorm into `input_norm.normed` followed by the
+//! group on `normed`. `normed` [n_tokens, w.cols] is scratch the back end may write or leave (a
+//! GPU normalizes a decode or verify pass inside the product, saving a launch); it is x itself or
+//! overlaps nothing else, and x's contents are undefined after when it is x.
 inline constexpr int kMaxMatmulGroup = 3;
+struct InputNorm {
+  const float* weight = nullptr;  //!< [w.cols]; null: the parts read x as it is
+  float eps = 1e-5f;
+  float* normed = nullptr;  //!< [n_tokens, w.cols] scratch
+};
 struct MatmulGroupArgs {
   std::array<MatmulArgs, kMaxMatmulGroup> parts{};
   int n_parts = 0;
   bool swiglu = false;
+  InputNorm input_norm;
 };
 
 //! y[t, :] = x[t, :] / sqrt(mean(x[t, :]^2) + eps) * weight   (Llama RMSNorm, f32 math).

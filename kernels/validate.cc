@@ -155,7 +155,29 @@ absl::Status ValidateMatmulGroupArgs(const MatmulGroupArgs& args) {
           absl::StrCat(kOp, ": parts[", i, "] must share x, n_tokens and w.cols with parts[0]"));
     }
   }
+  const InputNorm& norm = args.input_norm;
+  if (norm.weight != nullptr && (!(norm.eps >= 0.0f) || !std::isfinite(norm.eps))) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(kOp, ": input_norm.eps must be finite and >= 0"));
+  }
   if (first.n_tokens == 0) return absl::OkStatus();
+  if (norm.weight != nullptr) {
+    SPECD_RETURN_IF_ERROR(CheckNotNull(kOp, "input_norm.normed", norm.normed));
+    const int64_t normed_bytes = first.n_tokens * first.w.cols * 4;
+    if (norm.normed != first.x) {
+      SPECD_RETURN_IF_ERROR(CheckNoOverlap(kOp, "input_norm.normed", norm.normed, normed_bytes, "x",
+                                           first.x, normed_bytes));
+    }
+    for (int i = 0; i < args.n_parts; ++i) {
+      const MatmulArgs& p = args.parts[static_cast<size_t>(i)];
+      SPECD_RETURN_IF_ERROR(CheckNoOverlap(kOp, "input_norm.normed", norm.normed, normed_bytes,
+                                           absl::StrCat("parts[", i, "].y"), p.y,
+                                           p.n_tokens * p.w.rows * 4));
+      SPECD_RETURN_IF_ERROR(CheckNoOverlap(kOp, "input_norm.normed", norm.normed, normed_bytes,
+                                           absl::StrCat("parts[", i, "].w.data"), p.w.data,
+                                           p.w.rows * p.w.cols * DTypeSize(p.w.dtype)));
+    }
+  }
   for (int i = 0; i < args.n_parts; ++i) {
     const MatmulArgs& a = args.parts[static_cast<size_t>(i)];
     for (int j = 0; j < args.n_parts; ++j) {

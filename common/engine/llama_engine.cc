@@ -598,14 +598,14 @@ absl::Status LlamaEngine::EnqueueModel(int64_t n_tokens, int64_t n_logits) {
   SPECD_RETURN_IF_ERROR(
       be.GatherRows({x, meta_.logit_rows, xr, n_tokens, n_logits, c.hidden_size}));
   const float eps = static_cast<float>(c.rms_norm_eps);
-  SPECD_RETURN_IF_ERROR(
-      be.RmsNorm({xr, weights_.final_norm, xr, n_logits, c.hidden_size, eps}));  // final_norm
-  return be.Matmul({xr, weights_.lm_head, s_.logits.as<float>(), n_logits});
+  // final_norm, folded into the classifier (xr is scratch from here on).
+  return be.MatmulGroup({.parts = {{{xr, weights_.lm_head, s_.logits.as<float>(), n_logits}}},
+                         .n_parts = 1,
+                         .input_norm = {weights_.final_norm, eps, xr}});
 }
 
 absl::Status LlamaEngine::RunLayers(int64_t n) {
   const ModelConfig& c = config_;
-  const int64_t dim = c.hidden_size;
   float* x = s_.x.as<float>();
   float* h = s_.h.as<float>();
   float* q = s_.q.as<float>();
@@ -631,12 +631,13 @@ absl::Status LlamaEngine::RunLayers(int64_t n) {
     cache.block_size = kv_->block_size();
     cache.kv_dim = c.kv_dim();
     // attn_norm -> q/k/v -> rope -> store -> attention -> attn_out (o_proj) -> residual.
-    // Grouped products, one Rope for q and k that also stores k and v, SwiGlu in the gate/up
-    // product and the residual folded into o_proj and down_proj save launches (eight of sixteen
-    // per layer on a GPU) with the same bits as separate ops.
-    SPECD_RETURN_IF_ERROR(be.RmsNorm({x, w.attn_norm, h, n, dim, eps}));
-    SPECD_RETURN_IF_ERROR(be.MatmulGroup(
-        {.parts = {{{h, w.wq, q, n}, {h, w.wk, k, n}, {h, w.wv, v, n}}}, .n_parts = 3}));
+    // Grouped products with their norms folded in, one Rope for q and k that also stores k and
+    // v, SwiGlu in the gate/up product and the residual folded into o_proj and down_proj save
+    // launches (ten of sixteen per layer on a GPU, decoding) with the same bits as separate ops.
+    SPECD_RETURN_IF_ERROR(
+        be.MatmulGroup({.parts = {{{x, w.wq, q, n}, {x, w.wk, k, n}, {x, w.wv, v, n}}},
+                        .n_parts = 3,
+                        .input_norm = {w.attn_norm, eps, h}}));
     SPECD_RETURN_IF_ERROR(
         be.Rope({q, meta_.pos, weights_.inv_freq, n, c.num_heads, c.head_dim, k, c.num_kv_heads,
                  kernels::StoreKvArgs{k, v, cache, meta_.token_seq, meta_.slot, n}}));
@@ -656,9 +657,10 @@ absl::Status LlamaEngine::RunLayers(int64_t n) {
     SPECD_RETURN_IF_ERROR(be.Attention(a));
     SPECD_RETURN_IF_ERROR(be.Matmul({att, w.wo, x, n, /*accumulate=*/true}));  // x += attn_out
     // ffn_norm -> gate/up with swiglu (into gate; up is scratch) -> down (ffn_out) -> residual
-    SPECD_RETURN_IF_ERROR(be.RmsNorm({x, w.ffn_norm, h, n, dim, eps}));
-    SPECD_RETURN_IF_ERROR(be.MatmulGroup(
-        {.parts = {{{h, w.w_gate, gate, n}, {h, w.w_up, up, n}}}, .n_parts = 2, .swiglu = true}));
+    SPECD_RETURN_IF_ERROR(be.MatmulGroup({.parts = {{{x, w.w_gate, gate, n}, {x, w.w_up, up, n}}},
+                                          .n_parts = 2,
+                                          .swiglu = true,
+                                          .input_norm = {w.ffn_norm, eps, h}}));
     SPECD_RETURN_IF_ERROR(be.Matmul({gate, w.w_down, x, n, /*accumulate=*/true}));  // x += ffn_out
   }
   return absl::OkStatus();

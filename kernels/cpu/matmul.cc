@@ -8,6 +8,7 @@
 #include "base/math.h"
 #include "base/status_macros.h"
 #include "kernels/cpu/elementwise.h"
+#include "kernels/cpu/rmsnorm.h"
 #include "kernels/validate.h"
 
 namespace specd::kernels::cpu {
@@ -76,9 +77,21 @@ absl::Status CpuMatmul(const MatmulArgs& args, const CpuContext& ctx) {
 absl::Status CpuMatmulGroup(const MatmulGroupArgs& args, const CpuContext& ctx) {
   SPECD_RETURN_IF_ERROR(ValidateMatmulGroupArgs(args));
   if (args.parts[0].n_tokens == 0) return absl::OkStatus();
+  // The norm goes through memory, as the separate op's: its bits by construction (a CPU launch
+  // costs nothing to save).
+  const InputNorm& norm = args.input_norm;
+  const float* x = args.parts[0].x;
+  if (norm.weight != nullptr) {
+    SPECD_RETURN_IF_ERROR(CpuRmsNorm(
+        {x, norm.weight, norm.normed, args.parts[0].n_tokens, args.parts[0].w.cols, norm.eps},
+        ctx));
+    x = norm.normed;
+  }
   std::array<MatmulTask, kMaxMatmulGroup> tasks{};
   for (int i = 0; i < args.n_parts; ++i) {
-    tasks[static_cast<size_t>(i)] = TaskOf(args.parts[static_cast<size_t>(i)]);
+    MatmulArgs part = args.parts[static_cast<size_t>(i)];
+    part.x = x;
+    tasks[static_cast<size_t>(i)] = TaskOf(part);
   }
   RunTasks({tasks.data(), static_cast<size_t>(args.n_parts)}, ctx);
   if (!args.swiglu) return absl::OkStatus();

@@ -135,6 +135,23 @@ __device__ T BlockSum(T v, T* smem) {
   return WarpSum(w);
 }
 
+// RMSNorm's two halves, shared by RmsNorm and the products that fold it in (MatmulGroup's
+// input_norm), so that both give the same bits. RowInvRms is 1 / sqrt(mean(row^2) + eps): thread
+// i of a kNormThreads-thread block sums the squares of elements i, i + kNormThreads, ... with
+// fused multiply-adds, then BlockSum. Every thread of the block calls it (it has barriers) and
+// gets the result; `smem` holds 32 floats.
+inline constexpr int kNormThreads = 128;
+__device__ __forceinline__ float RowInvRms(const float* row, int64_t dim, float eps, float* smem) {
+  float ss = 0.0f;
+  for (int64_t i = threadIdx.x; i < dim; i += kNormThreads) ss = fmaf(row[i], row[i], ss);
+  const float total = BlockSum(ss, smem);
+  const float mean = __fdiv_rn(total, static_cast<float>(dim));
+  return __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(mean, eps)));
+}
+__device__ __forceinline__ float Normed(float x, float inv_rms, float weight) {
+  return __fmul_rn(__fmul_rn(x, inv_rms), weight);
+}
+
 template <typename T>
 __device__ T BlockMax(T v, T* smem, T lowest) {
   const int lane = threadIdx.x % kWarp;

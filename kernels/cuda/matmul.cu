@@ -6,6 +6,7 @@
 #include "base/status_macros.h"
 #include "kernels/cuda/device_common.cuh"
 #include "kernels/cuda/elementwise.h"
+#include "kernels/cuda/rmsnorm.h"
 #include "kernels/validate.h"
 
 namespace specd::kernels::cuda {
@@ -70,12 +71,16 @@ struct Parts {
   unsigned block_end[kMaxMatmulGroup];
   bool accumulate[kMaxMatmulGroup];
   int n_parts;
+  const float* norm;  // MatmulGroupArgs::input_norm's weight, or null
+  float eps;
 };
 
 // A warp computes TW tokens x RW rows of one part; a block has kWarps warps on consecutive row
 // groups of that part and the same tokens. See matmul.h for the one reduction order every
 // (TW, RW) follows. With kSwiGlu the grid covers the gate's rows only, and a warp computes its RW
 // rows of the gate AND of up (parts 0 and 1), so it writes silu(gate) * up without storing up.
+// With parts.norm, the block first finds its tokens' 1/rms as RmsNorm does, and normalizes x as
+// it loads it, with RmsNorm's bits.
 template <DType D, int TW, int RW, bool kSwiGlu>
 __global__ void __launch_bounds__(kThreads)
     MatmulKernel(const float* __restrict__ x, const Parts parts, int64_t n_tokens, int64_t cols,
@@ -105,8 +110,19 @@ __global__ void __launch_bounds__(kThreads)
   const int warp = threadIdx.x / kWarp;
   const int64_t row0 = (int64_t{block} * kWarps + warp) * RW;
   const int64_t t0 = int64_t{blockIdx.y} * TW;
-  if (row0 >= rows) return;  // no block-wide barrier below
   const int nt = static_cast<int>(min(static_cast<int64_t>(TW), n_tokens - t0));
+  const float* __restrict__ norm = parts.norm;
+  __shared__ float inv_rms[TW];
+  if (norm != nullptr) {
+    __shared__ float smem[kWarp];
+    static_assert(kThreads == kNormThreads, "the norm's reduction order is RmsNorm's");
+    for (int t = 0; t < nt; ++t) {
+      const float r = RowInvRms(x + (t0 + t) * cols, cols, parts.eps, smem);
+      if (threadIdx.x == 0) inv_rms[t] = r;
+    }
+    __syncthreads();
+  }
+  if (row0 >= rows) return;  // no block-wide barrier below
   int64_t wbase[RW];
 #pragma unroll
   for (int r = 0; r < RW; ++r) wbase[r] = min(row0 + r, rows - 1) * cols;
@@ -120,6 +136,8 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t nfull = cols / kChunkElems;
 #pragma unroll 2
   for (int64_t c = lane; c < nfull; c += kWarp) {
+    float gv[kChunkElems];
+    if (norm != nullptr) LoadX8(norm, c * kChunkElems, vec, gv);
     float wv[kMats * RW][kChunkElems];
 #pragma unroll
     for (int m = 0; m < kMats; ++m) {
@@ -133,6 +151,11 @@ __global__ void __launch_bounds__(kThreads)
       if (t < nt) {
         float xv[kChunkElems];
         LoadX8(x + (t0 + t) * cols, c * kChunkElems, vec, xv);
+        if (norm != nullptr) {
+          const float r = inv_rms[t];
+#pragma unroll
+          for (int e = 0; e < kChunkElems; ++e) xv[e] = Normed(xv[e], r, gv[e]);
+        }
 #pragma unroll
         for (int r = 0; r < kMats * RW; ++r) {
 #pragma unroll
@@ -153,7 +176,8 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
       for (int t = 0; t < TW; ++t) {
         if (t < nt) {
-          const float xv = __ldg(x + (t0 + t) * cols + i);
+          float xv = __ldg(x + (t0 + t) * cols + i);
+          if (norm != nullptr) xv = Normed(xv, inv_rms[t], __ldg(norm + i));
 #pragma unroll
           for (int r = 0; r < kMats * RW; ++r) acc[t][r] = fmaf(xv, wv[r], acc[t][r]);
         }
@@ -183,6 +207,8 @@ cudaError_t Launch(const MatmulGroupArgs& g, bool vec, const CudaContext& ctx,
                    cudaStream_t stream) {
   Parts parts{};
   parts.n_parts = g.n_parts;
+  parts.norm = g.input_norm.weight;
+  parts.eps = g.input_norm.eps;
   unsigned blocks = 0;
   for (int i = 0; i < g.n_parts; ++i) {
     const MatmulArgs& a = g.parts[static_cast<size_t>(i)];
@@ -249,19 +275,6 @@ absl::Status LaunchMatmulGroup(const MatmulGroupArgs& g, const CudaContext& ctx,
   SPECD_RETURN_IF_ERROR(ValidateMatmulGroupArgs(g));
   const MatmulArgs& first = g.parts[0];
   if (first.n_tokens == 0) return absl::OkStatus();
-  // One launch covers parts of one dtype; a mixed group (never made by the engine, whose layers
-  // have one dtype) runs part by part, then SwiGlu, with the same bits.
-  for (int i = 1; i < g.n_parts; ++i) {
-    if (g.parts[static_cast<size_t>(i)].w.dtype != first.w.dtype) {
-      for (int j = 0; j < g.n_parts; ++j) {
-        SPECD_RETURN_IF_ERROR(
-            LaunchMatmul(g.parts[static_cast<size_t>(j)], ctx, stream, tokens_per_warp));
-      }
-      if (!g.swiglu) return absl::OkStatus();
-      return LaunchSwiGlu({first.y, g.parts[1].y, first.y, first.n_tokens, first.w.rows}, ctx,
-                          stream);
-    }
-  }
   // This back end's own choices and limits: the tile shape, and the grid's dimensions.
   int tw = tokens_per_warp;
   if (tw == 0) tw = first.n_tokens == 1 ? 1 : first.n_tokens == 2 ? 2 : first.n_tokens <= 4 ? 4 : 8;
@@ -272,8 +285,36 @@ absl::Status LaunchMatmulGroup(const MatmulGroupArgs& g, const CudaContext& ctx,
   if (DivUp(first.n_tokens, tw) > 65535 || DivUp(TotalRows(g), kWarps) > 0x7fffffff) {
     return absl::InvalidArgumentError("Matmul: too many tokens or rows for one launch");
   }
+  bool one_dtype = true;
+  for (int i = 1; i < g.n_parts; ++i) {
+    one_dtype = one_dtype && g.parts[static_cast<size_t>(i)].w.dtype == first.w.dtype;
+  }
+  // The folded norm pays where the product is one tile of tokens (a decode or verify pass): it
+  // saves RmsNorm's launch. Over more tokens every block would normalize its tile again, so
+  // RmsNorm runs first, once per token, with the same bits.
+  const InputNorm& norm = g.input_norm;
+  if (norm.weight != nullptr && (!one_dtype || DivUp(first.n_tokens, tw) > 1)) {
+    SPECD_RETURN_IF_ERROR(LaunchRmsNorm(
+        {first.x, norm.weight, norm.normed, first.n_tokens, first.w.cols, norm.eps}, ctx, stream));
+    MatmulGroupArgs on_normed = g;
+    on_normed.input_norm = {};
+    for (int i = 0; i < g.n_parts; ++i) on_normed.parts[static_cast<size_t>(i)].x = norm.normed;
+    return LaunchMatmulGroup(on_normed, ctx, stream, tokens_per_warp);
+  }
+  // One launch covers parts of one dtype; a mixed group (never made by the engine, whose layers
+  // have one dtype) runs part by part, then SwiGlu, with the same bits.
+  if (!one_dtype) {
+    for (int j = 0; j < g.n_parts; ++j) {
+      SPECD_RETURN_IF_ERROR(
+          LaunchMatmul(g.parts[static_cast<size_t>(j)], ctx, stream, tokens_per_warp));
+    }
+    if (!g.swiglu) return absl::OkStatus();
+    return LaunchSwiGlu({first.y, g.parts[1].y, first.y, first.n_tokens, first.w.rows}, ctx,
+                        stream);
+  }
   // Vector loads need every row (and chunk) 16-byte aligned: cols % 8 == 0 and aligned bases.
-  bool vec = first.w.cols % kChunkElems == 0 && Aligned16(first.x);
+  bool vec = first.w.cols % kChunkElems == 0 && Aligned16(first.x) &&
+             (norm.weight == nullptr || Aligned16(norm.weight));
   for (int i = 0; i < g.n_parts; ++i)
     vec = vec && Aligned16(g.parts[static_cast<size_t>(i)].w.data);
   cudaError_t e = cudaSuccess;

@@ -1,7 +1,7 @@
 // RMSNorm on the GPU (see RmsNormArgs in kernels/backend.h), beside kernels/cpu/rmsnorm.h.
-// Invariance: one 256-thread block per row; each thread sums the squares of a fixed strided set
-// of elements in order, then a fixed tree combines the threads, so a row's bits depend on the
-// row alone.
+// Invariance: one block per row; each thread sums the squares of a fixed strided set of
+// elements in order, then a fixed tree combines the threads (RowInvRms in device_common.cuh), so
+// a row's bits depend on the row alone. MatmulGroup's input_norm computes the same bits.
 #ifndef SPECD_KERNELS_CUDA_RMSNORM_H_
 #define SPECD_KERNELS_CUDA_RMSNORM_H_
 

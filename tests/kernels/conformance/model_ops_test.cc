@@ -1,7 +1,8 @@
-// Conformance of the model ops (Matmul, MatmulGroup with and without swiglu, RmsNorm, Rope, SwiGlu,
-// Embedding, GatherRows) on every available back end: against double-precision references written
-// independently of kernels/, with finite outputs, intact guard zones, and batch invariance (a row
-// alone and among 1..63 others, at any position, gives the same bits).
+// Conformance of the model ops (Matmul, MatmulGroup with and without swiglu or a folded norm,
+// RmsNorm, Rope, SwiGlu, Embedding, GatherRows) on every available back end: against
+// double-precision references written independently of kernels/, with finite outputs, intact
+// guard zones, and batch invariance (a row alone and among 1..63 others, at any position, gives
+// the same bits).
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -248,6 +249,69 @@ TEST_P(ModelOpsTest, SwiGluGroupHasTheBitsOfSwiGluOnItsProducts) {
   EXPECT_TRUE(SameBits(gated(wg, wu, x, n), separate(wg, wu, x, n)));
 }
 
+// The attention's and the MLP's norms folded into their products: RmsNorm's bits, then the
+// group's, for every dtype, both load paths, one tile of tokens and several (where a GPU runs
+// RmsNorm first), grouped and gated products and the classifier's normalize-in-place form; and
+// the residual stream x is left as it was.
+TEST_P(ModelOpsTest, MatmulGroupWithInputNormHasTheBitsOfRmsNormThenTheGroup) {
+  const auto run = [&](MatmulGroupArgs g, const std::vector<float>& x, const float* gain,
+                       bool in_place) {
+    const int64_t n = g.parts[0].n_tokens;
+    const int64_t cols = g.parts[0].w.cols;
+    float* dx = device().Put(x);
+    g.input_norm = {gain, 1e-5f, in_place ? dx : device().Output<float>(n * cols)};
+    for (int p = 0; p < g.n_parts; ++p) g.parts[static_cast<size_t>(p)].x = dx;
+    const absl::Status st = backend().MatmulGroup(g);
+    EXPECT_TRUE(st.ok()) << st;
+    if (!in_place) EXPECT_TRUE(SameBits(device().Get(dx, n * cols), x)) << "x was written";
+    return device().Get(g.parts[0].y, n * g.parts[0].w.rows);
+  };
+  const auto unfused = [&](MatmulGroupArgs g, const std::vector<float>& x,
+                           const std::vector<float>& gain) {
+    const int64_t n = g.parts[0].n_tokens;
+    const float* normed = device().Put(RmsNorm(x, gain, n, g.parts[0].w.cols));
+    for (int p = 0; p < g.n_parts; ++p) g.parts[static_cast<size_t>(p)].x = normed;
+    const absl::Status st = backend().MatmulGroup(g);
+    EXPECT_TRUE(st.ok()) << st;
+    return device().Get(g.parts[0].y, n * g.parts[0].w.rows);
+  };
+  for (const DType dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
+    for (const int64_t cols : {700, 768}) {
+      const std::vector<TestWeight> w = {RandomWeight(dtype, 96, cols, rng_),
+                                         RandomWeight(dtype, 96, cols, rng_),
+                                         RandomWeight(dtype, 40, cols, rng_)};
+      const std::vector<float> gain = RandomFloats(cols, rng_, 0.5f, 1.5f);
+      const float* dgain = device().Put(gain);
+      for (const int64_t n : {1, 2, 3, 5, 8, 9, 17}) {
+        const std::vector<float> x = RandomFloats(n * cols, rng_, -3.0f, 3.0f);
+        const auto part = [&](size_t i) {
+          return MatmulArgs{nullptr,
+                            {device().Put(w[i].bytes), w[i].dtype, w[i].rows, w[i].cols},
+                            device().Output<float>(n * w[i].rows),
+                            n};
+        };
+        const std::string what =
+            absl::StrCat(std::string(DTypeName(dtype)), " ", cols, " columns, ", n, " tokens");
+        MatmulGroupArgs qkv;
+        qkv.n_parts = 3;
+        qkv.parts = {part(0), part(1), part(2)};
+        EXPECT_TRUE(SameBits(run(qkv, x, dgain, false), unfused(qkv, x, gain))) << what;
+        MatmulGroupArgs gated;
+        gated.n_parts = 2;
+        gated.swiglu = true;
+        gated.parts = {part(0), part(1)};
+        EXPECT_TRUE(SameBits(run(gated, x, dgain, false), unfused(gated, x, gain)))
+            << what << ", swiglu";
+        MatmulGroupArgs classifier;
+        classifier.n_parts = 1;
+        classifier.parts = {part(2)};
+        EXPECT_TRUE(SameBits(run(classifier, x, dgain, true), unfused(classifier, x, gain)))
+            << what << ", normalized in place";
+      }
+    }
+  }
+}
+
 // The residual add folded into a product rounds once more, exactly as a separate addition would.
 TEST_P(ModelOpsTest, MatmulAccumulateAddsTheProductToY) {
   for (const DType dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
@@ -310,6 +374,17 @@ TEST_P(ModelOpsTest, MatmulGroupRefusesPartsThatDoNotShareTheirInput) {
   g.n_parts = 3;
   g.parts[2] = g.parts[1];
   EXPECT_EQ(message(g), swiglu_parts);
+  // A folded norm needs its scratch apart from the outputs, and a usable eps.
+  g.n_parts = 2;
+  g.swiglu = false;
+  const float* gain = device().Put(ones);
+  g.input_norm = {gain, 1e-5f, nullptr};
+  EXPECT_EQ(message(g), "MatmulGroup: input_norm.normed must not be null");
+  g.input_norm.normed = y1;
+  EXPECT_EQ(message(g), "MatmulGroup: input_norm.normed must not overlap parts[1].y");
+  g.input_norm.normed = device().Output<float>(16);
+  g.input_norm.eps = -1.0f;
+  EXPECT_EQ(message(g), "MatmulGroup: input_norm.eps must be finite and >= 0");
 }
 
 TEST_P(ModelOpsTest, RmsNormMatchesReferenceAndIsBatchInvariant) {
