@@ -249,6 +249,7 @@ TEST_F(FailureRecoveryTest, FailedActivationGrowthKeepsSmallerPassesRunning) {
   FailingBackend* backend = nullptr;
   std::unique_ptr<LlamaEngine> engine, fresh;
   ASSERT_NO_FATAL_FAILURE(StartFailingAndFresh(&backend, &engine, &fresh));
+  ASSERT_NE(backend, nullptr);
 
   backend->scratch_allocations_left = 2;
   const absl::StatusOr<std::vector<float>> grow = Feed(*engine, 2, Tokens(100, 2), 1);
@@ -271,6 +272,7 @@ TEST_F(FailureRecoveryTest, FailedLogitGrowthKeepsFewerRowsRunning) {
   FailingBackend* backend = nullptr;
   std::unique_ptr<LlamaEngine> engine, fresh;
   ASSERT_NO_FATAL_FAILURE(StartFailingAndFresh(&backend, &engine, &fresh));
+  ASSERT_NE(backend, nullptr);
 
   backend->scratch_allocations_left = 1;
   const absl::StatusOr<std::vector<float>> grow = Feed(*engine, 1, Tokens(20, 2), 20);
