@@ -31,6 +31,9 @@ absl::Status LaunchMatmul(const MatmulArgs& args, const CudaContext& ctx, cudaSt
 // finished sum to y), so every part has its own Matmul's bits. A swiglu group (gate, up) launches
 // warps over the gate's rows that reduce the same rows of both and write silu(gate) * up with
 // SwiGlu's rounding: one launch and no pass over the products instead of two of each.
+// An input_norm over one tile of tokens (the launch's grid has one token tile) is folded in: each
+// block finds its tokens' 1/rms with RmsNorm's reduction (RowInvRms) and normalizes x as it loads
+// it; over more tokens RmsNorm launches first, into input_norm.normed. Same bits either way.
 absl::Status LaunchMatmulGroup(const MatmulGroupArgs& args, const CudaContext& ctx,
                                cudaStream_t stream, int tokens_per_warp = 0);
 
