@@ -29,7 +29,7 @@ void RunProcessed(benchmark::State& state, const SamplingParams& params, int64_t
   for (int64_t i = 0; i < history_len; ++i) history[i] = static_cast<int32_t>((i * 7919) % kVocab);
   std::vector<float> probs(kVocab);
   LogitsProcessor processor;
-  for (auto _ : state) {
+  for ([[maybe_unused]] auto _ : state) {
     const absl::Status status =
         processor.ProcessedDistribution(logits, params, {history, history}, probs);
     if (!status.ok()) state.SkipWithError(std::string(status.message()).c_str());
@@ -72,7 +72,7 @@ void BM_SampleInverseCdf(benchmark::State& state) {
   LogitsProcessor processor;
   (void)processor.ProcessedDistribution(RandomLogits(), SamplingParams{}, {}, probs);
   uint32_t pos = 0;
-  for (auto _ : state) {
+  for ([[maybe_unused]] auto _ : state) {
     benchmark::DoNotOptimize(SampleInverseCdf(probs, StreamUniform(3, pos++, Purpose::kBonus)));
   }
   state.SetItemsProcessed(state.iterations());
