@@ -512,7 +512,6 @@ class CompletionsTest : public ::testing::Test {
   }
 
   static std::vector<double> FirstTokenDistribution() {
-    SamplingParams p;
     const std::filesystem::path in = dir_->path() / "first.json";
     const std::filesystem::path out = dir_->path() / "first_ref.json";
     {
