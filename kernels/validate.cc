@@ -18,6 +18,12 @@ namespace {
 // 2^48 elements is far beyond any real tensor and keeps every offset (times 4 bytes) in range.
 constexpr int64_t kMaxElements = int64_t{1} << 48;
 
+// An RMSNorm's eps: NaN and infinities fail the comparison or the finiteness test.
+absl::Status CheckNormEps(absl::string_view op, absl::string_view field, float eps) {
+  if (eps >= 0.0f && std::isfinite(eps)) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(op, ": ", field, " must be finite and >= 0"));
+}
+
 }  // namespace
 
 absl::Status CheckNotNull(absl::string_view op, absl::string_view field, const void* p) {
@@ -156,10 +162,7 @@ absl::Status ValidateMatmulGroupArgs(const MatmulGroupArgs& args) {
     }
   }
   const InputNorm& norm = args.input_norm;
-  if (norm.weight != nullptr && (!(norm.eps >= 0.0f) || !std::isfinite(norm.eps))) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(kOp, ": input_norm.eps must be finite and >= 0"));
-  }
+  if (norm.weight != nullptr) SPECD_RETURN_IF_ERROR(CheckNormEps(kOp, "input_norm.eps", norm.eps));
   if (first.n_tokens == 0) return absl::OkStatus();
   if (norm.weight != nullptr) {
     SPECD_RETURN_IF_ERROR(CheckNotNull(kOp, "input_norm.normed", norm.normed));
@@ -200,9 +203,7 @@ absl::Status ValidateRmsNormArgs(const RmsNormArgs& args) {
   SPECD_RETURN_IF_ERROR(CheckPositive(kOp, "dim", args.dim));
   SPECD_RETURN_IF_ERROR(CheckNonNegative(kOp, "n_tokens", args.n_tokens));
   SPECD_RETURN_IF_ERROR(CheckElementCount(kOp, "n_tokens x dim", args.n_tokens, args.dim));
-  if (!(args.eps >= 0.0f) || !std::isfinite(args.eps)) {
-    return absl::InvalidArgumentError("RmsNorm: eps must be finite and >= 0");
-  }
+  SPECD_RETURN_IF_ERROR(CheckNormEps(kOp, "eps", args.eps));
   if (args.n_tokens == 0) return absl::OkStatus();
   SPECD_RETURN_IF_ERROR(CheckNotNull(kOp, "x", args.x));
   SPECD_RETURN_IF_ERROR(CheckNotNull(kOp, "weight", args.weight));
